@@ -1,0 +1,89 @@
+"""Helpers shared by benchmarks: free ports, percentiles, worker processes, RESULT lines."""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+def result_line(**kv: object) -> str:
+    parts = []
+    for k, v in kv.items():
+        parts.append(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}")
+    return "RESULT " + " ".join(parts)
+
+
+def run_workers(cmds: list[list[str]], timeout: float, env: dict | None = None) -> list[dict]:
+    """Start worker processes; collect the JSON object each prints after `RESULT_JSON `.
+
+    Every worker prints exactly one such line (followers report their role at
+    once and keep serving). The run ends when all reported or at `timeout`; every
+    process is stopped afterwards. Other output lines are echoed, indented.
+    """
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True, env=env) for c in cmds]
+    lines: queue.Queue[tuple[int, str]] = queue.Queue()
+
+    def pump(i: int, p: subprocess.Popen) -> None:
+        for line in p.stdout:
+            lines.put((i, line))
+        lines.put((i, ""))
+
+    for i, p in enumerate(procs):
+        threading.Thread(target=pump, args=(i, p), daemon=True).start()
+    results: list[dict] = []
+    reported: set[int] = set()
+    ended: set[int] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while len(reported | ended) < len(procs):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                print(f"    timeout after {timeout:.0f}s waiting for workers", flush=True)
+                break
+            try:
+                i, line = lines.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            if not line:
+                ended.add(i)
+            elif line.startswith("RESULT_JSON "):
+                results.append(json.loads(line[len("RESULT_JSON "):]))
+                reported.add(i)
+            else:
+                sys.stdout.write("    " + line)
+                sys.stdout.flush()
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()

@@ -1,0 +1,43 @@
+"""Typed errors a caller of the Raft engine can act on.
+
+Each says whether the outcome of the request is known: a caller may retry a
+`NotLeader` or `ProposalDropped` safely, while `ProposalTimeout` and `NodeStopped`
+mean the command may or may not have been committed.
+"""
+
+from __future__ import annotations
+
+
+class RaftError(Exception):
+    """Base class of every error the engine reports to callers."""
+
+    outcome_known = True
+
+
+class NotLeader(RaftError):
+    """This node is not the leader; `leader_id` is the best hint (0 = unknown)."""
+
+    def __init__(self, leader_id: int = 0, leader_addr: str | None = None) -> None:
+        self.leader_id = leader_id
+        self.leader_addr = leader_addr
+        super().__init__(f"not the leader (leader hint: {leader_id or 'unknown'})")
+
+
+class ProposalDropped(RaftError):
+    """The leader refused the proposal before appending it (e.g. leadership transfer)."""
+
+
+class LeadershipLost(RaftError):
+    """The entry was overwritten by a new leader: it was definitely not committed."""
+
+
+class ProposalTimeout(RaftError):
+    """No result within the deadline; the command may still commit later."""
+
+    outcome_known = False
+
+
+class NodeStopped(RaftError):
+    """The node shut down before the result was known; the command may have committed."""
+
+    outcome_known = False

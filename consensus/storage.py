@@ -1,0 +1,290 @@
+"""The durable Raft log: append-only segment files of CRC-checked records.
+
+Each record is `length (4 bytes, big-endian) | crc32 of payload (4) | payload`,
+the payload a msgpack array whose first element is the record kind:
+
+* ENTRIES `(1, first_index, terms, datas)`: replaces the log from `first_index`
+  on. A truncation after a leader change is just a later record, so files are
+  only ever appended to (and a torn tail truncated on recovery).
+* HARD_STATE `(2, term, vote)`: the last one wins.
+* COMPACTED `(3, index, term)`: entries up to `index` live in a snapshot.
+
+Every segment begins with the current hard state and compaction marker, so whole
+segments that hold only compacted entries can be deleted without losing either.
+
+Writes are buffered; `sync()` writes the buffer with one `os.write` and one
+`fdatasync` (group commit). `sync()` may run on a worker thread while the event
+loop keeps calling `append()`: a lock swaps the buffer, so appends made during a
+sync land in the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgpack
+
+ENTRIES, HARD_STATE, COMPACTED = 1, 2, 3
+_HEADER = struct.Struct(">II")
+_SUFFIX = ".seg"
+log = logging.getLogger("electra.consensus.storage")
+
+
+class CorruptLogError(Exception):
+    """The log is damaged before its tail; starting would risk losing committed data."""
+
+
+@dataclass
+class RecoveredLog:
+    term: int = 0
+    vote: int = 0
+    snapshot_index: int = 0
+    snapshot_term: int = 0
+    terms: list[int] = field(default_factory=list)
+    datas: list[bytes] = field(default_factory=list)
+
+    @property
+    def first_index(self) -> int:
+        return self.snapshot_index + 1
+
+    @property
+    def last_index(self) -> int:
+        return self.snapshot_index + len(self.terms)
+
+
+def _valid_record_after(data: bytes, pos: int) -> bool:
+    """Is there an intact record anywhere after `pos`? Then the damage is not a torn tail.
+
+    Payloads are msgpack arrays of 3 or 4 items, so candidate starts are found with
+    `bytes.find` on those header bytes rather than by trying every offset.
+    """
+    n = len(data)
+    for marker in (b"\x93", b"\x94"):
+        at = data.find(marker, pos + 1 + _HEADER.size)
+        while at != -1:
+            start = at - _HEADER.size
+            length, crc = _HEADER.unpack_from(data, start)
+            end = at + length
+            if length > 0 and end <= n and zlib.crc32(data[at:end]) == crc:
+                return True
+            at = data.find(marker, at + 1)
+    return False
+
+
+def _record(payload: tuple) -> bytes:
+    body = msgpack.packb(payload, use_bin_type=True)
+    return _HEADER.pack(len(body), zlib.crc32(body)) + body
+
+
+class LogStorage:
+    def __init__(self, path: str | os.PathLike, *, fsync: bool = True, segment_bytes: int = 64 << 20) -> None:
+        self.dir = Path(path)
+        self.fsync = fsync
+        self.segment_bytes = segment_bytes
+        self._lock = threading.Lock()
+        self._buf = bytearray()
+        self._fd: int | None = None
+        self._seg_path: Path | None = None
+        self._seg_size = 0
+        self._seg_seq = 0
+        # What the log holds, tracked for segment headers and compaction.
+        self._term = 0
+        self._vote = 0
+        self._snap = (0, 0)
+        self._last_index = 0
+        self._seg_max: dict[Path, int] = {}  # segment -> highest entry index written into it
+        self._gap_until = 0
+
+    @property
+    def last_index(self) -> int:
+        return self._last_index
+
+    # ------------------------------------------------------------------ recovery
+    def open(self) -> RecoveredLog:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        segs = sorted(p for p in self.dir.iterdir() if p.suffix == _SUFFIX and p.stem.isdigit())
+        rec = RecoveredLog()
+        self._gap_until = 0
+        for k, seg in enumerate(segs):
+            self._replay(seg, rec, newest=(k == len(segs) - 1))
+        if self._gap_until:
+            raise CorruptLogError(f"Raft log in {self.dir} misses entries up to {self._gap_until} "
+                                  "(a segment file was deleted or lost); refusing to start")
+        self._term, self._vote = rec.term, rec.vote
+        self._snap = (rec.snapshot_index, rec.snapshot_term)
+        self._last_index = rec.last_index
+        self._seg_seq = int(segs[-1].stem) if segs else 0
+        if segs and segs[-1].stat().st_size < self.segment_bytes:
+            self._open_segment(segs[-1], new=False)
+        else:
+            self._roll()
+        return rec
+
+    def _replay(self, seg: Path, rec: RecoveredLog, newest: bool) -> None:
+        data = seg.read_bytes()
+        pos, n = 0, len(data)
+        seg_max = 0
+        while pos < n:
+            problem = None
+            if n - pos < _HEADER.size:
+                problem = "incomplete record header"
+            else:
+                length, crc = _HEADER.unpack_from(data, pos)
+                end = pos + _HEADER.size + length
+                if length == 0:
+                    problem = "empty record"  # zero-filled space: crc32(b"") is 0, so check it explicitly
+                elif end > n:
+                    problem = f"record length {length} runs past the end of the file"
+                elif zlib.crc32(data[pos + _HEADER.size:end]) != crc:
+                    problem = "checksum mismatch"
+            if problem is not None:
+                all_zero = data.count(0, pos) == n - pos
+                if newest and (all_zero or not _valid_record_after(data, pos)):
+                    log.warning("log %s: torn tail at offset %d (%s); dropping %d bytes", seg, pos, problem, n - pos)
+                    with open(seg, "r+b") as f:
+                        f.truncate(pos)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    break
+                raise CorruptLogError(f"corrupt Raft log {seg} at offset {pos}: {problem}; refusing to start "
+                                      "(restore this node from a peer or a snapshot)")
+            try:
+                body = msgpack.unpackb(data[pos + _HEADER.size:end], raw=False, use_list=True)
+                seg_max = max(seg_max, self._apply_record(body, rec))
+            except CorruptLogError as exc:
+                raise CorruptLogError(f"corrupt Raft log {seg} at offset {pos}: {exc}") from None
+            except Exception as exc:
+                raise CorruptLogError(f"corrupt Raft log {seg} at offset {pos}: undecodable record: {exc}") from None
+            pos = end
+        self._seg_max[seg] = seg_max
+
+    def _apply_record(self, body: list, rec: RecoveredLog) -> int:
+        kind = body[0]
+        if kind == ENTRIES:
+            _, first, terms, datas = body
+            if len(terms) != len(datas):
+                raise CorruptLogError("entry record with mismatched terms and data")
+            if first > rec.last_index + 1:
+                # Only legal where older segments were deleted after compaction; a later
+                # COMPACTED record must cover the gap (checked at the end of open()).
+                self._gap_until = first - 1
+                rec.terms.clear()
+                rec.datas.clear()
+                rec.snapshot_index, rec.snapshot_term = first - 1, -1
+            skip = max(0, rec.snapshot_index + 1 - first)  # entries already folded into the snapshot
+            cut = first + skip - rec.snapshot_index - 1
+            del rec.terms[cut:]
+            del rec.datas[cut:]
+            rec.terms.extend(terms[skip:])
+            rec.datas.extend(datas[skip:])
+            return first + len(terms) - 1
+        if kind == HARD_STATE:
+            _, rec.term, rec.vote = body
+            return 0
+        if kind == COMPACTED:
+            _, index, term = body
+            if index >= self._gap_until:
+                self._gap_until = 0
+            if index >= rec.snapshot_index:
+                drop = min(len(rec.terms), index - rec.snapshot_index)
+                del rec.terms[:drop]
+                del rec.datas[:drop]
+                rec.snapshot_index, rec.snapshot_term = index, term
+            return 0
+        raise CorruptLogError(f"unknown record kind {kind!r}")
+
+    # ------------------------------------------------------------------ writing
+    def append(self, first_index: int, terms: list[int], datas: list[bytes]) -> None:
+        if not terms:
+            return
+        if first_index > self._last_index + 1:
+            raise ValueError(f"gap: appending at {first_index} after last index {self._last_index}")
+        if first_index <= self._snap[0]:
+            raise ValueError(f"appending at {first_index}, inside the compacted prefix (<= {self._snap[0]})")
+        rec = _record((ENTRIES, first_index, terms, datas))
+        with self._lock:
+            self._buf += rec
+            self._last_index = first_index + len(terms) - 1
+            self._seg_max[self._seg_path] = max(self._seg_max.get(self._seg_path, 0), self._last_index)
+
+    def save_hard_state(self, term: int, vote: int) -> None:
+        with self._lock:
+            self._term, self._vote = term, vote
+            self._buf += _record((HARD_STATE, term, vote))
+
+    def compact(self, upto_index: int, upto_term: int) -> None:
+        """Record that entries up to `upto_index` are in a snapshot; delete covered segments at next sync."""
+        with self._lock:
+            if upto_index <= self._snap[0]:
+                return
+            self._snap = (upto_index, upto_term)
+            self._buf += _record((COMPACTED, upto_index, upto_term))
+
+    def sync(self) -> None:
+        """Make everything appended so far durable."""
+        with self._lock:
+            buf, self._buf = self._buf, bytearray()
+        if buf:
+            os.write(self._fd, buf)
+            self._seg_size += len(buf)
+        if self.fsync:
+            os.fdatasync(self._fd)
+        if self._seg_size >= self.segment_bytes:
+            with self._lock:
+                self._roll()
+            self._delete_compacted()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            self.sync()
+            os.close(self._fd)
+            self._fd = None
+
+    # ------------------------------------------------------------------ segments
+    def _roll(self) -> None:
+        """Start a new segment, beginning with the current hard state and compaction marker."""
+        self._seg_seq += 1
+        path = self.dir / f"{self._seg_seq:020d}{_SUFFIX}"
+        self._open_segment(path, new=True)
+        head = _record((HARD_STATE, self._term, self._vote))
+        if self._snap[0]:
+            head += _record((COMPACTED, *self._snap))
+        os.write(self._fd, head)
+        self._seg_size = len(head)
+        self._seg_max[path] = 0
+        if self.fsync:
+            os.fdatasync(self._fd)
+            dfd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+    def _open_segment(self, path: Path, new: bool) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+        flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT | os.O_EXCL if new else 0)
+        self._fd = os.open(path, flags, 0o644)
+        self._seg_path = path
+        self._seg_size = os.fstat(self._fd).st_size
+
+    def _delete_compacted(self) -> None:
+        """Delete the oldest segments whose entries all lie in the durable compacted prefix.
+
+        The COMPACTED record that allows it is already synced into a newer segment, so
+        replay meets it and accepts the missing prefix.
+        """
+        snap = self._snap[0]
+        for seg in sorted(self._seg_max):
+            if seg == self._seg_path or self._seg_max[seg] > snap:
+                break  # only ever delete a prefix of the segments
+            if seg.exists():
+                seg.unlink()
+                log.info("deleted compacted log segment %s", seg)
+            del self._seg_max[seg]

@@ -1,0 +1,225 @@
+"""Peer-to-peer transport for Raft messages: one TCP connection per peer pair.
+
+The node with the lower id dials, the higher one accepts, and both use that one
+connection in both directions. A handshake names cluster and node ids, so a
+stray or misconfigured process is refused. Sends never block and never raise:
+a message for a peer that is not connected (or whose socket buffer is over the
+high-water mark) is dropped and counted, because Raft retransmits anyway.
+Writes are coalesced into one `write()` per event-loop iteration per peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+from collections.abc import Callable, Iterable
+
+import msgpack
+
+from .framing import FrameError, pack_frame, read_frame
+from .messages import Message
+
+PROTO = "electra-raft/1"
+HIGH_WATER = 64 << 20
+
+
+class _Peer:
+    __slots__ = ("id", "writer", "pending", "flush_scheduled", "reader_task")
+
+    def __init__(self, peer_id: int) -> None:
+        self.id = peer_id
+        self.writer: asyncio.StreamWriter | None = None
+        self.pending: list[bytes] = []
+        self.flush_scheduled = False
+        self.reader_task: asyncio.Task | None = None
+
+
+class PeerTransport:
+    def __init__(self, node_id: int, peers: dict[int, tuple[str, int]], on_message: Callable[[Message], None],
+                 *, cluster: str = "electra", logger: logging.Logger | None = None,
+                 high_water: int = HIGH_WATER) -> None:
+        if node_id not in peers:
+            raise ValueError(f"node {node_id} has no address in {sorted(peers)}")
+        self.id = node_id
+        self.addrs = dict(peers)
+        self.on_message = on_message
+        self.cluster = cluster
+        self.log = logger or logging.getLogger("electra.consensus.transport")
+        self.high_water = high_water
+        self.peers = {p: _Peer(p) for p in peers if p != node_id}
+        self.stats = dict.fromkeys(("frames_sent", "frames_received", "dropped", "malformed",
+                                    "rejected_handshakes", "rejected_messages", "reconnects"), 0)
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        host, port = self.addrs[self.id]
+        self._server = await asyncio.start_server(self._accept, host, port)
+        for pid in self.peers:
+            if pid > self.id:
+                self._tasks.append(asyncio.create_task(self._dial_forever(pid), name=f"dial-{self.id}-{pid}"))
+
+    async def stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        for t in self._tasks:
+            t.cancel()
+        for peer in self.peers.values():
+            if peer.reader_task:
+                peer.reader_task.cancel()
+            if peer.writer:
+                peer.writer.close()
+                peer.writer = None
+        if self._server:
+            self._server.close()
+            await self._server.wait_closed()
+        tasks = self._tasks + [p.reader_task for p in self.peers.values() if p.reader_task]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def connected(self, peer_id: int) -> bool:
+        p = self.peers.get(peer_id)
+        return bool(p and p.writer and not p.writer.is_closing())
+
+    # ------------------------------------------------------------------ sending
+    def send(self, msg: Message) -> None:
+        peer = self.peers.get(msg.dst)
+        w = peer.writer if peer else None
+        if w is None or w.is_closing() or w.transport.get_write_buffer_size() > self.high_water:
+            self.stats["dropped"] += 1
+            return
+        peer.pending.append(pack_frame(msg.encode()))
+        if not peer.flush_scheduled:
+            peer.flush_scheduled = True
+            self._loop.call_soon(self._flush, peer)
+
+    def send_many(self, msgs: Iterable[Message]) -> None:
+        for m in msgs:
+            self.send(m)
+
+    def _flush(self, peer: _Peer) -> None:
+        peer.flush_scheduled = False
+        frames, peer.pending = peer.pending, []
+        w = peer.writer
+        if not frames:
+            return
+        if w is None or w.is_closing():
+            self.stats["dropped"] += len(frames)
+            return
+        w.write(b"".join(frames))
+        self.stats["frames_sent"] += len(frames)
+
+    # ------------------------------------------------------------------ connections
+    def _hello(self, to: int) -> bytes:
+        return pack_frame(msgpack.packb({"proto": PROTO, "cluster": self.cluster, "from": self.id, "to": to}))
+
+    def _check_hello(self, frame: bytes, expect_from: int | None) -> int:
+        """Validate a handshake; return the peer id or raise ValueError."""
+        try:
+            h = msgpack.unpackb(frame, raw=False)
+        except Exception as exc:
+            raise ValueError(f"undecodable handshake: {exc}") from exc
+        if not isinstance(h, dict) or h.get("proto") != PROTO:
+            raise ValueError(f"wrong protocol {h.get('proto') if isinstance(h, dict) else h!r}")
+        if h.get("cluster") != self.cluster:
+            raise ValueError(f"wrong cluster {h.get('cluster')!r} (this is {self.cluster!r})")
+        src = h.get("from")
+        if src not in self.peers:
+            raise ValueError(f"unknown node id {src!r}")
+        if h.get("to") != self.id:
+            raise ValueError(f"handshake addressed to node {h.get('to')!r}, this is node {self.id}")
+        if expect_from is not None and src != expect_from:
+            raise ValueError(f"expected node {expect_from}, got node {src}")
+        return src
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _nodelay(writer)
+        try:
+            frame = await asyncio.wait_for(read_frame(reader), timeout=5)
+            src = self._check_hello(frame, None)
+            if src > self.id:  # lower ids dial higher ones, so there is one connection per pair
+                raise ValueError(f"node {src} must accept connections from node {self.id}, not dial it")
+        except (ValueError, FrameError, asyncio.IncompleteReadError, TimeoutError, ConnectionError) as exc:
+            self.stats["rejected_handshakes"] += 1
+            self.log.warning("node %d: rejected connection from %s: %s", self.id,
+                             writer.get_extra_info("peername"), exc)
+            writer.close()
+            return
+        writer.write(self._hello(src))
+        self._attach(self.peers[src], reader, writer)
+
+    async def _dial_forever(self, pid: int) -> None:
+        backoff = 0.05
+        peer = self.peers[pid]
+        host, port = self.addrs[pid]
+        while not self._stopping:
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=2)
+                _nodelay(writer)
+                writer.write(self._hello(pid))
+                self._check_hello(await asyncio.wait_for(read_frame(reader), timeout=5), pid)
+            except (OSError, TimeoutError, ValueError, FrameError, asyncio.IncompleteReadError) as exc:
+                if isinstance(exc, ValueError | FrameError):
+                    self.log.warning("node %d: handshake with node %d failed: %s", self.id, pid, exc)
+                await asyncio.sleep(backoff * (0.5 + random.random()))
+                backoff = min(2.0, backoff * 2)
+                continue
+            backoff = 0.05
+            self.stats["reconnects"] += 1
+            task = self._attach(peer, reader, writer)
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(task)
+            if self._stopping:
+                return
+            await asyncio.sleep(0.05 * (0.5 + random.random()))
+
+    def _attach(self, peer: _Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> asyncio.Task:
+        """Make this connection the peer's one connection, replacing an older one."""
+        if peer.writer is not None:
+            peer.writer.close()
+        if peer.reader_task is not None:
+            peer.reader_task.cancel()
+        peer.writer = writer
+        peer.pending.clear()
+        peer.reader_task = asyncio.create_task(self._read_loop(peer, reader, writer),
+                                               name=f"read-{self.id}-{peer.id}")
+        return peer.reader_task
+
+    async def _read_loop(self, peer: _Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        deliver = self.on_message
+        decode = Message.decode
+        try:
+            while True:
+                frame = await read_frame(reader)
+                msg = decode(frame)
+                self.stats["frames_received"] += 1
+                if msg.src != peer.id or msg.dst != self.id:
+                    self.stats["rejected_messages"] += 1
+                    self.log.warning("node %d: dropped message %r on the connection of node %d",
+                                     self.id, msg, peer.id)
+                    continue
+                deliver(msg)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except (FrameError, ValueError) as exc:
+            self.stats["malformed"] += 1
+            self.log.warning("node %d: malformed frame from node %d, closing the connection: %s",
+                             self.id, peer.id, exc)
+        finally:
+            writer.close()
+            if peer.writer is writer:
+                peer.writer = None
+
+
+def _nodelay(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

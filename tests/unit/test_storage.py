@@ -1,0 +1,158 @@
+"""The durable log: round trips, overwrite semantics, segments, torn tails, corruption."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from electra.consensus.storage import CorruptLogError, LogStorage
+
+
+def reopen(path, **kw):
+    s = LogStorage(path, **kw)
+    return s, s.open()
+
+
+def test_round_trip_entries_and_hard_state(tmp_path):
+    s, rec = reopen(tmp_path)
+    assert (rec.term, rec.vote, rec.last_index) == (0, 0, 0)
+    s.save_hard_state(3, 2)
+    s.append(1, [1, 1, 3], [b"a", b"b", b"c"])
+    s.sync()
+    s.close()
+    _, rec = reopen(tmp_path)
+    assert (rec.term, rec.vote) == (3, 2)
+    assert rec.terms == [1, 1, 3] and rec.datas == [b"a", b"b", b"c"] and rec.first_index == 1
+
+
+def test_later_record_replaces_the_suffix(tmp_path):
+    s, _ = reopen(tmp_path)
+    s.append(1, [1] * 10, [b"%d" % i for i in range(1, 11)])
+    s.append(6, [2, 2], [b"x", b"y"])
+    s.close()
+    _, rec = reopen(tmp_path)
+    assert rec.terms == [1] * 5 + [2, 2]
+    assert rec.datas[-3:] == [b"5", b"x", b"y"]
+
+
+def test_gap_is_refused(tmp_path):
+    s, _ = reopen(tmp_path)
+    s.append(1, [1], [b"a"])
+    with pytest.raises(ValueError):
+        s.append(3, [1], [b"c"])
+
+
+def test_segments_roll_over_and_reopen(tmp_path):
+    s, _ = reopen(tmp_path, segment_bytes=2000)
+    for i in range(1, 201):
+        s.append(i, [1], [b"x" * 50])
+        s.sync()
+    s.save_hard_state(5, 1)
+    s.close()
+    assert len(list(tmp_path.glob("*.seg"))) > 3
+    _, rec = reopen(tmp_path, segment_bytes=2000)
+    assert rec.last_index == 200 and rec.term == 5
+
+
+def _write_some(path, n=20):
+    s, _ = reopen(path)
+    for i in range(1, n + 1):
+        s.append(i, [1], [b"entry-%d" % i])
+        s.sync()
+    s.close()
+    return next(path.glob("*.seg"))
+
+
+@pytest.mark.parametrize("damage", ["cut-mid-record", "garbage", "zeros", "flip-last"])
+def test_torn_tail_is_truncated_and_the_log_stays_usable(tmp_path, damage):
+    seg = _write_some(tmp_path)
+    data = bytearray(seg.read_bytes())
+    good_size = len(data)
+    if damage == "cut-mid-record":
+        data = data[:-5]
+    elif damage == "garbage":
+        data += b"\x00\x00\x01\x00garbage"
+    elif damage == "zeros":
+        data += bytes(4096)
+    else:
+        data[-2] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    s, rec = reopen(tmp_path)
+    want = 19 if damage in ("cut-mid-record", "flip-last") else 20
+    assert rec.last_index == want
+    assert seg.stat().st_size <= good_size
+    s.append(want + 1, [2], [b"after"])
+    s.close()
+    _, rec = reopen(tmp_path)
+    assert rec.last_index == want + 1 and rec.datas[-1] == b"after"
+
+
+def test_corruption_before_the_tail_refuses_to_start(tmp_path):
+    seg = _write_some(tmp_path)
+    data = bytearray(seg.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    with pytest.raises(CorruptLogError) as info:
+        reopen(tmp_path)
+    assert seg.name in str(info.value) and "offset" in str(info.value)
+
+
+def test_corruption_in_an_older_segment_refuses_to_start(tmp_path):
+    s, _ = reopen(tmp_path, segment_bytes=500)
+    for i in range(1, 60):
+        s.append(i, [1], [b"y" * 40])
+        s.sync()
+    s.close()
+    first = sorted(tmp_path.glob("*.seg"))[0]
+    data = bytearray(first.read_bytes())
+    data[-3] ^= 0xFF  # last record of an old segment: not a torn tail, later segments exist
+    first.write_bytes(bytes(data))
+    with pytest.raises(CorruptLogError, match=first.name):
+        reopen(tmp_path, segment_bytes=500)
+
+
+def test_compaction_marker_survives_and_old_segments_go(tmp_path):
+    s, _ = reopen(tmp_path, segment_bytes=600)
+    for i in range(1, 101):
+        s.append(i, [1], [b"z" * 40])
+        s.sync()
+    before = len(list(tmp_path.glob("*.seg")))
+    s.compact(80, 1)
+    for i in range(101, 121):
+        s.append(i, [1], [b"z" * 40])
+        s.sync()
+    s.close()
+    assert len(list(tmp_path.glob("*.seg"))) < before
+    _, rec = reopen(tmp_path, segment_bytes=600)
+    assert (rec.snapshot_index, rec.snapshot_term, rec.first_index, rec.last_index) == (80, 1, 81, 120)
+    assert len(rec.terms) == 40
+
+
+def test_no_fsync_mode_round_trips(tmp_path):
+    s, _ = reopen(tmp_path, fsync=False)
+    s.append(1, [1, 1], [b"a", b"b"])
+    s.close()
+    _, rec = reopen(tmp_path, fsync=False)
+    assert rec.datas == [b"a", b"b"]
+
+
+def test_appends_during_a_concurrent_sync_are_not_lost(tmp_path):
+    s, _ = reopen(tmp_path)
+    stop = threading.Event()
+
+    def syncer():
+        for _ in range(400):
+            if stop.is_set():
+                return
+            s.sync()
+
+    t = threading.Thread(target=syncer)
+    t.start()
+    for i in range(1, 201):
+        s.append(i, [1], [b"%d" % i])
+    stop.set()
+    t.join(timeout=30)
+    s.close()
+    _, rec = reopen(tmp_path)
+    assert rec.datas == [b"%d" % i for i in range(1, 201)]
