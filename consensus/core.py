@@ -45,6 +45,10 @@ class RaftConfig:
     max_inflight: int = 32  # AppendEntries in flight per follower (flow-control window)
     pre_vote: bool = True
     check_quorum: bool = True
+    # Lease reads: how long after a heartbeat round's *send* time a quorum ack keeps this
+    # leader sure that no other leader exists (seconds, on the driver's monotonic clock).
+    # 0 disables them. Safe only below the followers' vote-refusal window (see docs).
+    lease_s: float = 0.0
 
 
 @dataclass
@@ -68,6 +72,10 @@ class Ready:
     apply_terms: list[int] = field(default_factory=list)
     apply_data: list[bytes] = field(default_factory=list)
     role_changed: bool = False
+    read_states: list[tuple[int, int]] = field(default_factory=list)  # (ctx, read index) confirmed
+    reads_dropped: list[int] = field(default_factory=list)  # ctx of local reads that lost their leader
+    snapshot_requests: list[int] = field(default_factory=list)  # peers that need InstallSnapshot
+    reset_to: tuple[int, int] | None = None  # (index, term): storage must drop its log, snapshot installed
 
     @property
     def persist_last(self) -> tuple[int, int]:
@@ -77,19 +85,20 @@ class Ready:
         return self.entries_first + len(self.ent_terms) - 1, self.ent_terms[-1]
 
     def needs_persist(self) -> bool:
-        return self.hard_state is not None or bool(self.ent_terms)
+        return self.hard_state is not None or bool(self.ent_terms) or self.reset_to is not None
 
 
 class ProgressState(IntEnum):
     PROBE = 0  # one AppendEntries at a time until the match point is found
     REPLICATE = 1  # optimistic pipelining within the inflight window
+    SNAPSHOT = 2  # the entries it needs are compacted: an InstallSnapshot transfer is under way
 
 
 class Progress:
     """The leader's view of one follower."""
 
     __slots__ = ("match", "next", "state", "inflight", "probe_sent", "recent_active", "match_at_hb",
-                 "sent_commit")
+                 "sent_commit", "acked_round", "pending_snapshot")
 
     def __init__(self, next_index: int) -> None:
         self.match = 0
@@ -100,6 +109,8 @@ class Progress:
         self.recent_active = False
         self.match_at_hb = -1
         self.sent_commit = 0  # highest commit index this follower has been told
+        self.acked_round = 0  # newest heartbeat round (read/lease confirmation) it answered
+        self.pending_snapshot = 0  # snapshot index being installed on it
 
     def become_probe(self) -> None:
         self.state = ProgressState.PROBE
@@ -113,7 +124,8 @@ class Progress:
         self.inflight.clear()
 
 
-_SEND_NOW_TYPES = frozenset({MsgType.APP, MsgType.HEARTBEAT, MsgType.TIMEOUT_NOW, MsgType.PRE_VOTE})
+_SEND_NOW_TYPES = frozenset({MsgType.APP, MsgType.HEARTBEAT, MsgType.TIMEOUT_NOW, MsgType.PRE_VOTE,
+                             MsgType.READ_INDEX, MsgType.READ_INDEX_RESP})
 
 
 class RaftCore:
@@ -133,9 +145,14 @@ class RaftCore:
         log_data: list[bytes] | None = None,
         commit: int = 0,
         applied: int = 0,
+        snapshot: tuple[int, int] | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        """Start from durable state (all of it is treated as persisted)."""
+        """Start from durable state (all of it is treated as persisted).
+
+        `snapshot` is (index, term) of the newest local state-machine snapshot, which the
+        driver has already restored: it is committed and applied.
+        """
         if node_id not in peers:
             raise ValueError(f"node {node_id} is not in its own peer list {peers}")
         if node_id == NONE or len(set(peers)) != len(peers):
@@ -160,8 +177,11 @@ class RaftCore:
             raise ValueError("log terms and data differ in length")
 
         last = self.last_index()
-        self.commit = min(max(commit, log_offset), last)
-        self.applied_handed = max(applied, log_offset)  # entries handed out for applying
+        self.snap_index, self.snap_term = snapshot or (log_offset, offset_term)
+        if self.snap_index < log_offset:
+            raise ValueError(f"log compacted to {log_offset} but the newest snapshot is {self.snap_index}")
+        self.commit = min(max(commit, self.snap_index), max(last, self.snap_index))
+        self.applied_handed = max(applied, self.snap_index)  # entries handed out for applying
         self.stable = last  # entries known durable
         self.handed = last  # entries handed out for persisting
 
@@ -172,6 +192,22 @@ class RaftCore:
         self.progress: dict[int, Progress] = {}
         self.transferee = NONE
         self.transfer_elapsed = 0
+
+        # Reads. `now` is the driver's monotonic clock (seconds), set before each input.
+        self.now = 0.0
+        self.read_round = 0  # every heartbeat broadcast is a numbered round
+        self.confirmed_round = 0
+        self.round_sent_at: dict[int, float] = {}
+        self.lease_until = 0.0
+        self._reads_unstarted: list[tuple[int, int]] = []  # (ctx, requester)
+        self._reads_pending: deque[tuple[int, int, int, int]] = deque()  # (round, index, ctx, requester)
+        self._read_states: list[tuple[int, int]] = []
+        self._reads_dropped: list[int] = []
+        # A follower's view of its leader, for bounded-staleness follower reads.
+        self.leader_commit = self.commit
+        self.last_leader_contact = float("-inf")  # a restarted follower has heard from nobody
+        self._snap_requests: list[int] = []
+        self._reset_to: tuple[int, int] | None = None
 
         self._msgs: list[Message] = []
         self._hard_dirty = False
@@ -227,7 +263,16 @@ class RaftCore:
         self.timeout = self._random_timeout()
         self.transferee = NONE
         self.progress = {}
+        self._drop_reads()
 
+    def _drop_reads(self) -> None:
+        """A leader that steps down can confirm no read: fail its own, forget forwarded ones."""
+        self._reads_dropped.extend(ctx for ctx, src in self._reads_unstarted if src == self.id)
+        self._reads_dropped.extend(ctx for _, _, ctx, src in self._reads_pending if src == self.id)
+        self._reads_unstarted.clear()
+        self._reads_pending.clear()
+        self.round_sent_at.clear()
+        self.lease_until = 0.0
     def _become_leader(self) -> None:
         self.role = Role.LEADER
         self.lead = self.id
@@ -235,6 +280,8 @@ class RaftCore:
         self.heartbeat_elapsed = 0
         self.elapsed = 0
         self.transferee = NONE
+        self._drop_reads()
+        self.confirmed_round = self.read_round
         nxt = self.last_index() + 1
         self.progress = {p: Progress(nxt) for p in self.peers}
         me = self.progress[self.id]
@@ -330,6 +377,7 @@ class RaftCore:
             return
         self.transferee = target
         self.transfer_elapsed = 0
+        self.lease_until = 0.0  # the target may take over before any lease would end
         pr = self.progress[target]
         if pr.match == self.last_index():
             self._msgs.append(Message(MsgType.TIMEOUT_NOW, self.id, target, self.term))
@@ -376,6 +424,13 @@ class RaftCore:
                 self._handle_append_resp(m)
             elif t == MsgType.HEARTBEAT_RESP:
                 self._handle_heartbeat_resp(m)
+            elif t == MsgType.READ_INDEX:
+                idx = self.lease_read_index()
+                if idx is not None:  # one round trip instead of two while the lease holds
+                    self._msgs.append(Message(MsgType.READ_INDEX_RESP, self.id, m.src, self.term,
+                                              index=idx, context=m.context))
+                else:
+                    self._reads_unstarted.append((m.context, m.src))
         elif t in (MsgType.PRE_VOTE_RESP, MsgType.VOTE_RESP):
             self._handle_vote_resp(m)
         elif t == MsgType.APP:
@@ -386,11 +441,14 @@ class RaftCore:
             self._handle_heartbeat(m)
         elif t == MsgType.TIMEOUT_NOW and self.role == Role.FOLLOWER:
             self._campaign(pre=False, force=True)
+        elif t == MsgType.READ_INDEX_RESP:
+            self._read_states.append((m.context, m.index))
 
     def _become_follower_of(self, m: Message) -> None:
         if self.role != Role.FOLLOWER or self.lead != m.src:
             self._become_follower(m.term, m.src)
         self.elapsed = 0
+        self.last_leader_contact = self.now
 
     # ------------------------------------------------------------------ elections
     def _handle_vote_request(self, m: Message) -> None:
@@ -453,6 +511,8 @@ class RaftCore:
                     self._truncate_and_append(prev + 1 + k, m.ent_terms[k:], m.ent_data[k:])
         if m.commit > self.commit:
             self.commit = min(m.commit, last_new)
+        if m.commit > self.leader_commit:
+            self.leader_commit = m.commit
         self._msgs.append(Message(MsgType.APP_RESP, self.id, m.src, self.term, index=last_new))
 
     def _reject_append(self, m: Message) -> None:
@@ -471,6 +531,8 @@ class RaftCore:
     def _handle_heartbeat(self, m: Message) -> None:
         if m.commit > self.commit:
             self.commit = min(m.commit, self.last_index())
+        if m.index > self.leader_commit:  # heartbeats carry the leader's own commit index in `index`
+            self.leader_commit = m.index
         self._msgs.append(Message(MsgType.HEARTBEAT_RESP, self.id, m.src, self.term,
                                   index=self.last_index(), context=m.context))
 
@@ -482,12 +544,12 @@ class RaftCore:
             if pr.state == ProgressState.REPLICATE:
                 if m.index <= pr.match:
                     return  # stale rejection of an old probe
-            elif m.index != pr.next - 1:
+            elif pr.state == ProgressState.SNAPSHOT or m.index != pr.next - 1:
                 return  # rejection of an append we no longer wait for
             nxt = m.hint_index
             if m.hint_term:
-                pos = bisect.bisect_right(self.log_terms, m.hint_term, 0, min(m.index, self.last_index())
-                                          - self.offset)
+                hi = max(0, min(m.index, self.last_index()) - self.offset)
+                pos = bisect.bisect_right(self.log_terms, m.hint_term, 0, hi)
                 if pos > 0 and self.log_terms[pos - 1] == m.hint_term:
                     nxt = self.offset + pos + 1
             pr.become_probe()
@@ -498,7 +560,8 @@ class RaftCore:
             pr.match = m.index
             if pr.next <= m.index:
                 pr.next = m.index + 1
-            if pr.state == ProgressState.PROBE:
+            if pr.state == ProgressState.PROBE or (pr.state == ProgressState.SNAPSHOT
+                                                   and m.index >= pr.pending_snapshot):
                 pr.become_replicate()
             infl = pr.inflight
             while infl and infl[0] <= m.index:
@@ -516,6 +579,11 @@ class RaftCore:
         pr = self.progress[m.src]
         pr.recent_active = True
         pr.probe_sent = False
+        if m.context > pr.acked_round:
+            pr.acked_round = m.context
+            self._confirm_rounds()
+        if pr.state == ProgressState.SNAPSHOT:
+            return
         if pr.match < self.last_index():
             if pr.state == ProgressState.REPLICATE and pr.match == pr.match_at_hb:
                 # No progress over a whole heartbeat round: appends or acks were lost.
@@ -533,6 +601,8 @@ class RaftCore:
         return False
 
     def _send_append(self, to: int, pr: Progress) -> None:
+        if pr.state == ProgressState.SNAPSHOT:
+            return
         if pr.state == ProgressState.PROBE:
             if pr.probe_sent:
                 return
@@ -540,7 +610,11 @@ class RaftCore:
             return
         prev = pr.next - 1
         prev_term = self.term_at(prev)
-        if prev_term is None:  # compacted: needs a snapshot (not supported yet)
+        if prev_term is None:  # compacted away: only a snapshot can bring this follower up
+            pr.state = ProgressState.SNAPSHOT
+            pr.pending_snapshot = self.snap_index
+            pr.inflight.clear()
+            self._snap_requests.append(to)
             return
         lo = prev - self.offset
         hi = min(self.last_index() - self.offset, lo + self.cfg.max_entries_per_msg)
@@ -571,23 +645,134 @@ class RaftCore:
                     break
 
     def _bcast_heartbeat(self) -> None:
+        """Every broadcast is a numbered round: its quorum ack confirms reads and extends the lease."""
+        self.read_round += 1
+        self.round_sent_at[self.read_round] = self.now
         for pid, pr in self.progress.items():
             if pid != self.id:
-                self._msgs.append(Message(MsgType.HEARTBEAT, self.id, pid, self.term,
-                                          commit=min(pr.match, self.commit), context=pr.next))
+                self._msgs.append(Message(MsgType.HEARTBEAT, self.id, pid, self.term, index=self.commit,
+                                          commit=min(pr.match, self.commit), context=self.read_round))
+        if len(self.peers) == 1:
+            self._confirm_rounds()
+
+    def _confirm_rounds(self) -> None:
+        acked = sorted((self.read_round if pid == self.id else pr.acked_round)
+                       for pid, pr in self.progress.items())
+        r = acked[len(acked) - self.quorum]  # the newest round a quorum has answered
+        if r <= self.confirmed_round:
+            return
+        self.confirmed_round = r
+        sent = self.round_sent_at.get(r)
+        if sent is not None and self.cfg.lease_s > 0 and self.transferee == NONE:
+            self.lease_until = max(self.lease_until, sent + self.cfg.lease_s)
+        for k in [k for k in self.round_sent_at if k <= r]:
+            del self.round_sent_at[k]
+        pending = self._reads_pending
+        while pending and pending[0][0] <= r:
+            _, index, ctx, src = pending.popleft()
+            if src == self.id:
+                self._read_states.append((ctx, index))
+            else:
+                self._msgs.append(Message(MsgType.READ_INDEX_RESP, self.id, src, self.term,
+                                          index=index, context=ctx))
+
+    # ------------------------------------------------------------------ reads
+    def committed_in_term(self) -> bool:
+        """A new leader knows the full commit index only once an entry of its term commits."""
+        return self.term_at(self.commit) == self.term
+
+    def read_index(self, ctx: int) -> None:
+        """Start a ReadIndex read; its (ctx, index) comes back in `Ready.read_states`.
+
+        On a follower the request goes to the leader (a follower read); on the leader
+        all reads queued before the next heartbeat round share that round.
+        """
+        if self.role == Role.LEADER:
+            self._reads_unstarted.append((ctx, self.id))
+        elif self.lead != NONE:
+            self._msgs.append(Message(MsgType.READ_INDEX, self.id, self.lead, self.term, context=ctx))
+        else:
+            raise NotLeader(NONE)
+
+    def lease_read_index(self) -> int | None:
+        """The commit index if this leader's lease holds right now, else None (use ReadIndex)."""
+        if (self.role == Role.LEADER and self.cfg.lease_s > 0 and self.transferee == NONE
+                and self.now < self.lease_until and self.committed_in_term()):
+            return self.commit
+        return None
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot_taken(self, index: int, term: int) -> None:
+        """The driver made a durable snapshot of the state machine at (index, term)."""
+        if index > self.snap_index:
+            self.snap_index, self.snap_term = index, term
+
+    def compact_log(self, upto: int) -> None:
+        """Forget entries up to `upto`; they must be covered by a durable snapshot."""
+        upto = min(upto, self.snap_index, self.applied_handed, self.stable)
+        if upto <= self.offset:
+            return
+        term = self.term_at(upto)
+        cut = upto - self.offset
+        del self.log_terms[:cut]
+        del self.log_data[:cut]
+        self.offset, self.offset_term = upto, term
+
+    def snapshot_done(self, peer: int, ok: bool) -> None:
+        """The driver finished (or gave up) sending a snapshot to `peer`."""
+        pr = self.progress.get(peer) if self.role == Role.LEADER else None
+        if pr is None or pr.state != ProgressState.SNAPSHOT:
+            return
+        snap = pr.pending_snapshot
+        pr.become_probe()
+        if ok:
+            pr.next = max(pr.next, snap + 1)
+        pr.probe_sent = True  # wait for the follower's ack or the next heartbeat before retrying
+
+    def install_snapshot(self, index: int, term: int) -> bool:
+        """A follower's driver restored the state machine from a snapshot at (index, term)."""
+        if index <= self.commit:
+            return False
+        if self.term_at(index) != term:
+            # Our log does not contain the snapshot's last entry: nothing in it can be kept.
+            self.log_terms.clear()
+            self.log_data.clear()
+            self.offset, self.offset_term = index, term
+            self.stable = self.handed = index
+            self._reset_to = (index, term)
+        self.commit = index
+        self.leader_commit = max(self.leader_commit, index)
+        self.applied_handed = max(self.applied_handed, index)
+        self.snapshot_taken(index, term)
+        if self.lead != NONE:
+            self._msgs.append(Message(MsgType.APP_RESP, self.id, self.lead, self.term, index=index))
+        return True
 
     # ------------------------------------------------------------------ output
     def has_ready(self) -> bool:
         return bool(self._msgs or self._hard_dirty or self._bcast_pending
                     or self.handed < self.last_index()
-                    or self.applied_handed < min(self.commit, self.stable))
+                    or self.applied_handed < min(self.commit, self.stable)
+                    or self._read_states or self._reads_dropped or self._snap_requests
+                    or self._reset_to is not None
+                    or (self._reads_unstarted and self.role == Role.LEADER and self.committed_in_term()))
 
     def ready(self) -> Ready:
         """Collect the outputs accumulated since the last call."""
         if self._bcast_pending and self.role == Role.LEADER:
             self._bcast_append()
         self._bcast_pending = False
+        if self._reads_unstarted and self.role == Role.LEADER and self.committed_in_term():
+            # One heartbeat round confirms every read queued since the last one.
+            self._bcast_heartbeat()
+            rnd = self.read_round
+            self._reads_pending.extend((rnd, self.commit, ctx, src) for ctx, src in self._reads_unstarted)
+            self._reads_unstarted.clear()
+            if len(self.peers) == 1:
+                self._confirm_rounds()
         rd = Ready()
+        if self._reset_to is not None:
+            rd.reset_to, self._reset_to = self._reset_to, None
         if self._hard_dirty:
             rd.hard_state = (self.term, self.vote)
             self._hard_dirty = False
@@ -612,4 +797,10 @@ class RaftCore:
             rd.apply_data = self.log_data[lo:upto - self.offset]
             self.applied_handed = upto
         rd.role_changed, self._role_changed = self._role_changed, False
+        if self._read_states:
+            rd.read_states, self._read_states = self._read_states, []
+        if self._reads_dropped:
+            rd.reads_dropped, self._reads_dropped = self._reads_dropped, []
+        if self._snap_requests:
+            rd.snapshot_requests, self._snap_requests = self._snap_requests, []
         return rd

@@ -41,3 +41,16 @@ class NodeStopped(RaftError):
     """The node shut down before the result was known; the command may have committed."""
 
     outcome_known = False
+
+
+class FollowerBehind(RaftError):
+    """A follower read was refused at once: this node is too far behind its leader, or has
+    not heard from one recently. Retry on `leader_id` (0 = unknown) or another node."""
+
+    def __init__(self, reason: str, leader_id: int = 0) -> None:
+        self.leader_id = leader_id
+        super().__init__(f"{reason} (leader hint: {leader_id or 'unknown'})")
+
+
+class ReadTimeout(RaftError):
+    """A read could not be confirmed before its deadline; reads change nothing, so retry."""

@@ -7,7 +7,7 @@ Commands are msgpack arrays `["put", key, value]`, `["get", key]` or
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgpack
 
@@ -52,6 +52,13 @@ class KVStateMachine:
             return False
         return {"error": f"unknown command {kind!r}"}
 
+    def snapshot(self, out: BinaryIO) -> None:
+        out.write(msgpack.packb({"applied": self.applied, "data": self.data}))
+
+    def restore(self, inp: BinaryIO) -> None:
+        state = msgpack.unpackb(inp.read(), strict_map_key=False)
+        self.applied, self.data = state["applied"], state["data"]
+
 
 class CounterStateMachine:
     """Counts applied commands; the cheapest state machine, for throughput benchmarks."""
@@ -64,3 +71,9 @@ class CounterStateMachine:
         self.applied = index
         self.count += 1
         return self.count
+
+    def snapshot(self, out: BinaryIO) -> None:
+        out.write(msgpack.packb([self.applied, self.count]))
+
+    def restore(self, inp: BinaryIO) -> None:
+        self.applied, self.count = msgpack.unpackb(inp.read())

@@ -25,6 +25,10 @@ class MsgType(IntEnum):
     HEARTBEAT = 7
     HEARTBEAT_RESP = 8
     TIMEOUT_NOW = 9  # leadership transfer: campaign now, skipping PreVote and leases
+    READ_INDEX = 10  # follower -> leader: confirm leadership and tell me the commit index
+    READ_INDEX_RESP = 11
+    SNAP = 12  # one chunk of an InstallSnapshot transfer (handled by the runtime, not the core)
+    SNAP_RESP = 13
 
 
 @dataclass(slots=True)
@@ -47,6 +51,10 @@ class Message:
     context: int = 0
     # Vote requests sent because of a leadership transfer bypass leases.
     force: bool = False
+    # InstallSnapshot chunks: byte offset, payload, last-chunk flag; total size in `commit`.
+    offset: int = 0
+    chunk: bytes = b""
+    done: bool = False
 
     def encode(self) -> bytes:
         return msgpack.packb(
@@ -65,6 +73,9 @@ class Message:
                 self.hint_term,
                 self.context,
                 self.force,
+                self.offset,
+                self.chunk,
+                self.done,
             ),
             use_bin_type=True,
         )
@@ -76,20 +87,22 @@ class Message:
             t = msgpack.unpackb(buf, raw=False, use_list=True, strict_map_key=True)
         except Exception as exc:  # msgpack raises several unrelated types
             raise ValueError(f"undecodable raft message: {exc}") from exc
-        if not isinstance(t, list) or len(t) != 14:
-            raise ValueError("raft message must be a 14-field array")
+        if not isinstance(t, list) or len(t) != 17:
+            raise ValueError("raft message must be a 17-field array")
         try:
             msg = Message(MsgType(t[0]), *t[1:])
         except (ValueError, TypeError) as exc:
             raise ValueError(f"bad raft message fields: {exc}") from exc
         ints = (msg.src, msg.dst, msg.term, msg.index, msg.log_term, msg.commit,
-                msg.hint_index, msg.hint_term, msg.context)
+                msg.hint_index, msg.hint_term, msg.context, msg.offset)
         if not all(type(v) is int and v >= 0 for v in ints):
             raise ValueError("raft message integer fields must be non-negative integers")
         if not isinstance(msg.ent_terms, list) or not isinstance(msg.ent_data, list):
             raise ValueError("raft message entries must be arrays")
         if len(msg.ent_terms) != len(msg.ent_data):
             raise ValueError("raft message entry terms and data differ in length")
+        if type(msg.chunk) is not bytes:
+            raise ValueError("raft message chunk must be binary")
         if not all(type(d) is bytes for d in msg.ent_data):
             raise ValueError("raft message entry data must be binary")
         if not all(type(v) is int for v in msg.ent_terms):

@@ -10,31 +10,56 @@ Three mechanisms give throughput:
   leader counts itself only once `persisted()` reports its write durable;
 * pipelined persistence: Readies produced while an fsync runs are queued and
   written together by the next one.
+
+Reads (`read()`) are ReadIndex on the leader, lease reads while the leader's lease
+holds, follower reads (ReadIndex asked of the leader, bounded staleness) on
+followers, or stale local reads. Snapshots are taken every `snapshot_entries`
+applied entries or `snapshot_bytes` of applied commands, the log is compacted
+behind them, and followers that fell behind the compacted log get InstallSnapshot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from .core import RaftConfig, RaftCore, Ready, Role
-from .errors import LeadershipLost, NodeStopped, NotLeader, ProposalTimeout, RaftError
-from .messages import Message
+from .errors import (
+    FollowerBehind,
+    LeadershipLost,
+    NodeStopped,
+    NotLeader,
+    ProposalTimeout,
+    RaftError,
+    ReadTimeout,
+)
+from .messages import Message, MsgType
+from .snapshots import SnapshotMeta, SnapshotReceiver, SnapshotSender, SnapshotStore
 from .storage import LogStorage
 from .transport import PeerTransport
+
+READ_MODES = ("linearizable", "lease", "follower", "stale")
 
 log = logging.getLogger("electra.consensus.node")
 
 
 class StateMachine(Protocol):
     def apply(self, index: int, command: bytes) -> Any: ...
+
+    def snapshot(self, out) -> None:
+        """Stream the whole state into the binary file `out` (deterministic bytes)."""
+
+    def restore(self, inp) -> None:
+        """Replace the whole state with what `snapshot` wrote."""
 
 
 @dataclass
@@ -48,7 +73,27 @@ class NodeConfig:
     propose_timeout_s: float = 10.0
     max_batch: int = 16384  # commands per core.propose() call
     cluster: str = "electra"
+    # Reads.
+    lease_reads: bool = True
+    max_clock_drift: float = 0.1  # assumed bound on relative clock rate error between nodes
+    read_timeout_s: float = 5.0
+    follower_max_lag: int = 1000  # entries behind the leader's commit before follower reads refuse
+    follower_max_silence_s: float | None = None  # default: the minimum election timeout
+    # Snapshots and compaction.
+    snapshot_entries: int = 100_000
+    snapshot_bytes: int = 64 << 20
+    snapshots_kept: int = 3
+    compaction_slack: int = 5000  # entries kept behind a snapshot so short lags catch up from the log
 
+    def lease_s(self) -> float:
+        """Lease length: below the followers' vote-refusal window, shrunk by the drift bound.
+
+        A follower refuses votes for `election_ticks` ticks after hearing from the leader,
+        which is at least (election_ticks - 1) tick intervals of its clock.
+        """
+        if not self.lease_reads or not self.raft.check_quorum:
+            return 0.0
+        return (self.raft.election_ticks - 1) * self.tick_s * (1 - self.max_clock_drift)
 
 class RaftNode:
     """One member of a Raft group. Use `await start()`, then `propose()`."""
@@ -57,6 +102,7 @@ class RaftNode:
         self.cfg = cfg
         self.sm = state_machine
         self.storage = LogStorage(Path(cfg.data_dir) / "raft-log", fsync=cfg.fsync)
+        self.snapshots = SnapshotStore(Path(cfg.data_dir) / "snapshots", keep=cfg.snapshots_kept, fsync=cfg.fsync)
         self.transport = PeerTransport(cfg.node_id, cfg.peers, self._on_message, cluster=cfg.cluster)
         self.core: RaftCore | None = None
         self.applied = 0
@@ -73,20 +119,52 @@ class RaftNode:
         self._running = False
         self._role_listeners: list[Callable[[Role, int, int], None]] = []
         self.metrics = {"proposals": 0, "batches": 0, "fsyncs": 0, "entries_persisted": 0,
-                        "applied": 0, "max_batch": 0}
+                        "applied": 0, "max_batch": 0, "reads_readindex": 0, "reads_lease": 0,
+                        "reads_follower": 0, "reads_stale": 0, "reads_refused": 0, "snapshots_taken": 0,
+                        "snapshots_sent": 0, "snapshots_installed": 0}
+        self._read_ids = itertools.count(1)
+        self._read_waiters: dict[int, tuple[asyncio.Future, float]] = {}  # ctx -> (fut, deadline)
+        self._apply_waiters: list[tuple[int, int, asyncio.Future]] = []  # heap of (index, seq, fut)
+        self._apply_seq = itertools.count()
+        self._snap_meta: SnapshotMeta | None = None
+        self._snapshotting = False
+        self._bytes_since_snap = 0
+        self._senders: dict[int, asyncio.Queue] = {}  # peer -> SNAP_RESP queue of the running transfer
+        self._receiver = SnapshotReceiver(cfg.node_id, self.snapshots.receive_sink)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
         rec = self.storage.open()
+        meta = self.snapshots.latest()
+        snap = (meta.index, meta.term) if meta else (0, 0)
+        if rec.snapshot_index > snap[0]:
+            raise RuntimeError(
+                f"the Raft log in {self.storage.dir} is compacted up to {rec.snapshot_index} but the newest "
+                f"valid snapshot in {self.snapshots.dir} is at {snap[0]}; refusing to start "
+                "(restore the snapshot files or wipe this node's data directory to re-sync it from peers)")
+        if meta is not None:
+            with self.snapshots.open_data(meta) as f:
+                self.sm.restore(f)
+            self._snap_meta = meta
+            if rec.last_index < meta.index or (rec.snapshot_index < meta.index and
+                                                rec.terms[meta.index - rec.first_index] != meta.term):
+                # The snapshot is newer than the log (an install whose log reset was not yet durable).
+                self.storage.reset(meta.index, meta.term)
+                self.storage.sync()
+                rec.terms, rec.datas, rec.snapshot_index, rec.snapshot_term = [], [], meta.index, meta.term
         self.core = RaftCore(
-            self.cfg.node_id, sorted(self.cfg.peers), self.cfg.raft,
+            self.cfg.node_id, sorted(self.cfg.peers), replace(self.cfg.raft, lease_s=self.cfg.lease_s()),
             term=rec.term, vote=rec.vote, log_offset=rec.snapshot_index, offset_term=rec.snapshot_term,
-            log_terms=rec.terms, log_data=rec.datas,
+            log_terms=rec.terms, log_data=rec.datas, snapshot=snap if meta else None,
         )
-        self.applied = rec.snapshot_index
-        log.info("node %d starting: term=%d vote=%d log=[%d..%d] fsync=%s", self.cfg.node_id, rec.term,
-                 rec.vote, rec.first_index, self.core.last_index(), self.cfg.fsync)
+        self.core.now = time.monotonic()
+        self.applied = snap[0]
+        self.restart_seconds = time.monotonic() - t0
+        log.info("node %d starting: term=%d vote=%d snapshot=%d log=[%d..%d] fsync=%s (loaded in %.2fs)",
+                 self.cfg.node_id, rec.term, rec.vote, snap[0], rec.first_index, self.core.last_index(),
+                 self.cfg.fsync, self.restart_seconds)
         self._running = True
         await self.transport.start()
         self._tasks.append(asyncio.create_task(self._persister(), name=f"raft-persist-{self.cfg.node_id}"))
@@ -110,6 +188,14 @@ class RaftNode:
         for _, fut, _ in self._waiters.values():
             if not fut.done():
                 fut.set_exception(err)
+        for fut, _ in self._read_waiters.values():
+            if not fut.done():
+                fut.set_exception(err)
+        for _, _, fut in self._apply_waiters:
+            if not fut.done():
+                fut.set_exception(err)
+        self._read_waiters.clear()
+        self._apply_waiters.clear()
         self._queued_futs.clear()
         self._queued_cmds.clear()
         self._waiters.clear()
@@ -136,6 +222,7 @@ class RaftNode:
             "term": c.term if c else 0, "leader_id": c.lead if c else 0,
             "commit_index": c.commit if c else 0, "applied_index": self.applied,
             "last_index": c.last_index() if c else 0, "peers": sorted(self.cfg.peers),
+            "snapshot_index": c.snap_index if c else 0, "log_first_index": c.offset + 1 if c else 0,
             "fsync": self.cfg.fsync, **self.metrics,
         }
 
@@ -166,6 +253,72 @@ class RaftNode:
         self._kick()
         return fut
 
+    async def read(self, fn: Callable[[Any], Any], mode: str = "linearizable", timeout: float | None = None) -> Any:
+        """Run `fn(state_machine)` under the consistency `mode` asks for.
+
+        * linearizable (default): ReadIndex: confirm leadership with one heartbeat round
+          (shared by every read queued before it), wait until that commit index is applied.
+        * lease: answer locally while the leader's lease holds; otherwise ReadIndex.
+        * follower: on a follower, ask the leader for a read index and wait for it locally;
+          refuse at once (FollowerBehind) when too far behind or out of touch with the leader.
+          On the leader it is a lease read.
+        * stale: local state, no check (admin views).
+        On a follower every mode but stale is a follower read.
+        """
+        if mode not in READ_MODES:
+            raise ValueError(f"unknown read mode {mode!r}; expected one of {READ_MODES}")
+        if not self._running:
+            raise NodeStopped("node is not running")
+        m = self.metrics
+        if mode == "stale":
+            m["reads_stale"] += 1
+            return fn(self.sm)
+        core = self.core
+        core.now = time.monotonic()
+        deadline = core.now + (timeout if timeout is not None else self.cfg.read_timeout_s)
+        if core.role == Role.LEADER:
+            index = core.lease_read_index() if mode in ("lease", "follower") else None
+            if index is not None:
+                m["reads_lease"] += 1
+            else:
+                m["reads_readindex"] += 1
+                index = await self._read_index(deadline)
+        else:
+            self._check_follower_fresh(core)
+            m["reads_follower"] += 1
+            index = await self._read_index(deadline)
+        if self.applied < index:
+            await self._wait_applied(index, deadline)
+        return fn(self.sm)
+
+    def _check_follower_fresh(self, core: RaftCore) -> None:
+        silence = self.cfg.follower_max_silence_s
+        if silence is None:
+            silence = self.cfg.raft.election_ticks * self.cfg.tick_s
+        if core.lead == 0 or core.now - core.last_leader_contact > silence:
+            self.metrics["reads_refused"] += 1
+            raise FollowerBehind(f"node {self.cfg.node_id} has not heard from a leader for over {silence:.2f}s",
+                                 core.lead)
+        lag = core.leader_commit - self.applied
+        if lag > self.cfg.follower_max_lag:
+            self.metrics["reads_refused"] += 1
+            raise FollowerBehind(f"node {self.cfg.node_id} is {lag} entries behind its leader "
+                                 f"(limit {self.cfg.follower_max_lag})", core.lead)
+
+    def _read_index(self, deadline: float) -> asyncio.Future:
+        ctx = next(self._read_ids)
+        fut = self._loop.create_future()
+        self.core.read_index(ctx)  # raises NotLeader when no leader is known
+        self._read_waiters[ctx] = (fut, deadline)
+        self._kick()
+        return fut
+
+    def _wait_applied(self, index: int, deadline: float) -> asyncio.Future:
+        fut = self._loop.create_future()
+        heapq.heappush(self._apply_waiters, (index, next(self._apply_seq), fut))
+        self._read_waiters[-next(self._read_ids)] = (fut, deadline)  # expiry bookkeeping only
+        return fut
+
     async def transfer_leadership(self, target: int, timeout: float = 5.0) -> None:
         """Ask the leader to hand over to `target`; returns once `target` leads."""
         self.core.transfer_leadership(target)
@@ -179,13 +332,23 @@ class RaftNode:
 
     # ------------------------------------------------------------------ event handling
     def _on_message(self, msg: Message) -> None:
-        if self._running:
+        if not self._running:
+            return
+        self.core.now = time.monotonic()
+        if msg.type == MsgType.SNAP:
+            self._on_snapshot_chunk(msg)
+        elif msg.type == MsgType.SNAP_RESP:
+            q = self._senders.get(msg.src)
+            if q is not None:
+                q.put_nowait(msg)
+        else:
             self.core.step(msg)
-            self._kick()
+        self._kick()
 
     def _on_tick(self) -> None:
         if not self._running:
             return
+        self.core.now = time.monotonic()
         self.core.tick()
         self._expire_waiters()
         self._process()
@@ -233,6 +396,20 @@ class RaftNode:
     def _handle_ready(self, rd: Ready) -> None:
         if rd.send_now:
             self.transport.send_many(rd.send_now)
+        if rd.read_states:
+            for ctx, index in rd.read_states:
+                w = self._read_waiters.pop(ctx, None)
+                if w is not None and not w[0].done():
+                    w[0].set_result(index)
+        if rd.reads_dropped:
+            for ctx in rd.reads_dropped:
+                w = self._read_waiters.pop(ctx, None)
+                if w is not None and not w[0].done():
+                    w[0].set_exception(NotLeader(self.core.lead))
+        for peer in rd.snapshot_requests:
+            if peer not in self._senders:
+                self._senders[peer] = asyncio.Queue()
+                self._tasks.append(asyncio.create_task(self._send_snapshot(peer)))
         if rd.needs_persist() or rd.send_after_persist:
             self._persist_queue.append(rd)
             self._persist_wakeup.set()
@@ -267,12 +444,25 @@ class RaftNode:
                         fut.set_result(result)
                     else:
                         fut.set_exception(LeadershipLost(f"entry {idx} was replaced by a new leader"))
+            self._bytes_since_snap += len(data)
             idx += 1
         self.applied = idx - 1
         self.metrics["applied"] = self.applied
+        self._wake_apply_waiters()
+        last_snap = self._snap_meta.index if self._snap_meta else 0
+        if not self._snapshotting and (self.applied - last_snap >= self.cfg.snapshot_entries
+                                       or self._bytes_since_snap >= self.cfg.snapshot_bytes):
+            self._take_snapshot()
+
+    def _wake_apply_waiters(self) -> None:
+        w = self._apply_waiters
+        while w and w[0][0] <= self.applied:
+            _, _, fut = heapq.heappop(w)
+            if not fut.done():
+                fut.set_result(None)
 
     def _expire_waiters(self) -> None:
-        if not self._waiters and not self._queued_futs:
+        if not self._waiters and not self._read_waiters:
             return
         now = time.monotonic()
         expired = []
@@ -284,6 +474,12 @@ class RaftNode:
             _, fut, _ = self._waiters.pop(idx)
             if not fut.done():
                 fut.set_exception(ProposalTimeout(f"entry {idx} not applied before the deadline"))
+        if self._read_waiters:
+            late = [ctx for ctx, (fut, deadline) in self._read_waiters.items() if deadline <= now or fut.done()]
+            for ctx in late:
+                fut, _ = self._read_waiters.pop(ctx)
+                if not fut.done():
+                    fut.set_exception(ReadTimeout("read not confirmed before its deadline"))
 
     # ------------------------------------------------------------------ persistence
     async def _persister(self) -> None:
@@ -300,6 +496,9 @@ class RaftNode:
             wrote = False
             n_entries = 0
             for rd in batch:
+                if rd.reset_to is not None:
+                    storage.reset(*rd.reset_to)
+                    wrote = True
                 if rd.hard_state is not None:
                     storage.save_hard_state(*rd.hard_state)
                     wrote = True
@@ -327,3 +526,100 @@ class RaftNode:
                 if idx:
                     core.persisted(idx, term)
             self._kick()
+
+    # ------------------------------------------------------------------ snapshots
+    def _take_snapshot(self) -> None:
+        """Capture the state at `applied` now; make it durable and compact the log off the loop."""
+        core = self.core
+        index = self.applied
+        term = core.term_at(index)
+        if term is None or index <= (self._snap_meta.index if self._snap_meta else 0):
+            return
+        self._snapshotting = True
+        self._bytes_since_snap = 0
+        try:
+            _, finish = self.snapshots.create(index, term, self.sm.snapshot)
+        except Exception:
+            self._snapshotting = False
+            log.exception("node %d: snapshot at %d failed", self.cfg.node_id, index)
+            return
+
+        async def complete() -> None:
+            try:
+                meta = await self._loop.run_in_executor(None, finish)
+            except Exception:
+                log.exception("node %d: writing snapshot %d failed", self.cfg.node_id, index)
+                return
+            finally:
+                self._snapshotting = False
+            if not self._running:
+                return
+            self._snap_meta = meta
+            self.metrics["snapshots_taken"] += 1
+            core.snapshot_taken(meta.index, meta.term)
+            upto = meta.index - self.cfg.compaction_slack
+            if upto > core.offset:
+                upto_term = core.term_at(upto)
+                core.compact_log(upto)
+                if core.offset == upto:
+                    self.storage.compact(upto, upto_term)
+            log.info("node %d: snapshot at %d (%d bytes); log now starts at %d", self.cfg.node_id,
+                     meta.index, meta.size, core.offset + 1)
+
+        self._tasks.append(asyncio.create_task(complete()))
+
+    async def _send_snapshot(self, peer: int) -> None:
+        """Stream the newest snapshot to `peer`, one chunk in flight, resuming on its offsets."""
+        q = self._senders[peer]
+        ok = False
+        try:
+            meta = self._snap_meta
+            core = self.core
+            if meta is None or core.role != Role.LEADER:
+                return
+            sender = SnapshotSender(self.cfg.node_id, peer, core.term, meta,
+                                    lambda off, n: self.snapshots.read_chunk(meta, off, n))
+            log.info("node %d: sending snapshot %d (%d bytes) to node %d", self.cfg.node_id, meta.index,
+                     meta.file_size, peer)
+            silent = 0
+            while self._running and core.role == Role.LEADER and silent < 3:
+                self.transport.send(sender.next_message())
+                try:
+                    resp = await asyncio.wait_for(q.get(), timeout=max(1.0, self.cfg.tick_s * 20))
+                except TimeoutError:
+                    silent += 1  # resend the same chunk; the receiver tells us where it is
+                    continue
+                silent = 0
+                outcome = sender.on_response(resp)
+                if outcome == "done":
+                    ok = True
+                    self.metrics["snapshots_sent"] += 1
+                    return
+                if outcome == "failed":
+                    return
+        except OSError:
+            log.warning("node %d: snapshot for node %d became unreadable; will retry", self.cfg.node_id, peer)
+        finally:
+            del self._senders[peer]
+            if self._running:
+                self.core.snapshot_done(peer, ok)
+                self._kick()
+
+    def _on_snapshot_chunk(self, m: Message) -> None:
+        core = self.core
+        if m.term < core.term or core.role == Role.LEADER:
+            return
+        # A chunk is contact from the current leader, like a heartbeat.
+        core.step(Message(MsgType.HEARTBEAT, m.src, self.cfg.node_id, m.term))
+        reply, meta = self._receiver.on_chunk(m, core.term)
+        if meta is not None and meta.index > core.commit:
+            with self.snapshots.open_data(meta) as f:
+                self.sm.restore(f)
+            self._snap_meta = meta
+            self.applied = meta.index
+            self._bytes_since_snap = 0
+            core.install_snapshot(meta.index, meta.term)
+            self.metrics["snapshots_installed"] += 1
+            self._wake_apply_waiters()
+            log.info("node %d: installed snapshot %d from node %d", self.cfg.node_id, meta.index, m.src)
+        self.transport.send(reply)

@@ -8,6 +8,7 @@ the payload a msgpack array whose first element is the record kind:
   only ever appended to (and a torn tail truncated on recovery).
 * HARD_STATE `(2, term, vote)`: the last one wins.
 * COMPACTED `(3, index, term)`: entries up to `index` live in a snapshot.
+* RESET `(4, index, term)`: an installed snapshot replaced the whole log.
 
 Every segment begins with the current hard state and compaction marker, so whole
 segments that hold only compacted entries can be deleted without losing either.
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import msgpack
 
-ENTRIES, HARD_STATE, COMPACTED = 1, 2, 3
+ENTRIES, HARD_STATE, COMPACTED, RESET = 1, 2, 3, 4
 _HEADER = struct.Struct(">II")
 _SUFFIX = ".seg"
 log = logging.getLogger("electra.consensus.storage")
@@ -197,6 +198,13 @@ class LogStorage:
                 del rec.datas[:drop]
                 rec.snapshot_index, rec.snapshot_term = index, term
             return 0
+        if kind == RESET:
+            _, index, term = body
+            rec.terms.clear()
+            rec.datas.clear()
+            rec.snapshot_index, rec.snapshot_term = index, term
+            self._gap_until = 0
+            return 0
         raise CorruptLogError(f"unknown record kind {kind!r}")
 
     # ------------------------------------------------------------------ writing
@@ -226,6 +234,14 @@ class LogStorage:
             self._snap = (upto_index, upto_term)
             self._buf += _record((COMPACTED, upto_index, upto_term))
 
+    def reset(self, index: int, term: int) -> None:
+        """Drop the whole log: a snapshot at (index, term) replaced it (InstallSnapshot)."""
+        with self._lock:
+            self._snap = (index, term)
+            self._last_index = index
+            self._buf += _record((RESET, index, term))
+            self._seg_max[self._seg_path] = max(self._seg_max.get(self._seg_path, 0), index)
+
     def sync(self) -> None:
         """Make everything appended so far durable."""
         with self._lock:
@@ -254,7 +270,7 @@ class LogStorage:
         self._open_segment(path, new=True)
         head = _record((HARD_STATE, self._term, self._vote))
         if self._snap[0]:
-            head += _record((COMPACTED, *self._snap))
+            head += _record((RESET if self._last_index == self._snap[0] else COMPACTED, *self._snap))
         os.write(self._fd, head)
         self._seg_size = len(head)
         self._seg_max[path] = 0

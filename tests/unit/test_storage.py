@@ -156,3 +156,30 @@ def test_appends_during_a_concurrent_sync_are_not_lost(tmp_path):
     s.close()
     _, rec = reopen(tmp_path)
     assert rec.datas == [b"%d" % i for i in range(1, 201)]
+
+
+def test_reset_replaces_the_whole_log_and_survives_segment_rolls(tmp_path):
+    s, _ = reopen(tmp_path, segment_bytes=400)
+    s.append(1, [1] * 5, [b"a"] * 5)
+    s.reset(100, 3)
+    s.append(101, [3, 3], [b"x", b"y"])
+    for i in range(103, 130):
+        s.append(i, [3], [b"q" * 30])
+        s.sync()
+    s.close()
+    _, rec = reopen(tmp_path, segment_bytes=400)
+    assert (rec.snapshot_index, rec.snapshot_term, rec.last_index) == (100, 3, 129)
+    assert rec.datas[:2] == [b"x", b"y"]
+
+
+def test_a_missing_middle_segment_refuses_to_start(tmp_path):
+    s, _ = reopen(tmp_path, segment_bytes=400)
+    for i in range(1, 80):
+        s.append(i, [1], [b"m" * 30])
+        s.sync()
+    s.close()
+    segs = sorted(tmp_path.glob("*.seg"))
+    assert len(segs) >= 4
+    segs[1].unlink()
+    with pytest.raises(CorruptLogError, match="misses entries"):
+        reopen(tmp_path, segment_bytes=400)

@@ -1,0 +1,320 @@
+"""State-machine snapshots: the file format, the on-disk store, and chunked transfer.
+
+A snapshot file is a 36-byte header (magic, version, Raft index and term, data
+size, CRC-32 of the data) followed by whatever the state machine streamed out.
+Files are written to a temporary name, fsynced and renamed, so a crash leaves
+either the old set or the new one; a file whose checksum fails is skipped and
+the previous snapshot is used.
+
+InstallSnapshot sends the snapshot *file* verbatim in chunks with byte offsets,
+one chunk in flight per follower. The receiver answers every chunk with the
+offset it expects next, so a transfer interrupted by a lost message or a
+reconnect resumes where it stopped; the finished file is verified exactly like
+a local one before it replaces anything. `SnapshotSender` and
+`SnapshotReceiver` are pure (bytes in, messages out) so the simulator and the
+asyncio runtime share them.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from .messages import Message, MsgType
+
+MAGIC = b"ESNP"
+VERSION = 1
+HEADER = struct.Struct(">4sIQQQI")  # magic, version, index, term, data size, crc32(data)
+CHUNK_SIZE = 1 << 20
+log = logging.getLogger("electra.consensus.snapshots")
+
+
+class SnapshotError(Exception):
+    """A snapshot file is missing, truncated or fails its checksum."""
+
+
+@dataclass(frozen=True)
+class SnapshotMeta:
+    index: int
+    term: int
+    size: int  # bytes of state-machine data (the file is HEADER.size larger)
+    crc: int
+    path: Path | None = None
+
+    @property
+    def file_size(self) -> int:
+        return HEADER.size + self.size
+
+
+def pack_header(index: int, term: int, size: int, crc: int) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, index, term, size, crc)
+
+
+def parse_header(head: bytes) -> tuple[int, int, int, int]:
+    if len(head) < HEADER.size:
+        raise SnapshotError("snapshot shorter than its header")
+    magic, version, index, term, size, crc = HEADER.unpack_from(head)
+    if magic != MAGIC or version != VERSION:
+        raise SnapshotError(f"not an Electra snapshot (magic {magic!r}, version {version})")
+    return index, term, size, crc
+
+
+def verify_blob(blob: bytes) -> SnapshotMeta:
+    """Validate a whole snapshot file held in memory."""
+    index, term, size, crc = parse_header(blob)
+    data = memoryview(blob)[HEADER.size:]
+    if len(data) != size:
+        raise SnapshotError(f"snapshot data is {len(data)} bytes, header says {size}")
+    if zlib.crc32(data) != crc:
+        raise SnapshotError("snapshot checksum mismatch")
+    return SnapshotMeta(index, term, size, crc)
+
+
+def make_blob(index: int, term: int, data: bytes) -> bytes:
+    return pack_header(index, term, len(data), zlib.crc32(data)) + data
+
+
+class _CrcWriter(io.RawIOBase):
+    """File wrapper that counts and checksums what the state machine streams into it."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.crc = 0
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self.crc = zlib.crc32(b, self.crc)
+        self.size += len(b)
+        return self.f.write(b)
+
+
+class SnapshotStore:
+    """A directory of snapshot files `<index>-<term>.snap`, newest `keep` retained."""
+
+    def __init__(self, path: str | os.PathLike, *, keep: int = 3, fsync: bool = True) -> None:
+        self.dir = Path(path)
+        self.keep = max(1, keep)
+        self.fsync = fsync
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for tmp in self.dir.glob("*.tmp"):
+            tmp.unlink()  # an interrupted write or transfer; never trusted
+
+    def _final_path(self, index: int, term: int) -> Path:
+        return self.dir / f"{index:020d}-{term:010d}.snap"
+
+    def list(self) -> list[Path]:
+        return sorted(self.dir.glob("*.snap"), reverse=True)
+
+    def read_meta(self, path: Path, verify: bool = True) -> SnapshotMeta:
+        with open(path, "rb") as f:
+            index, term, size, crc = parse_header(f.read(HEADER.size))
+            if verify:
+                c, n = 0, 0
+                while chunk := f.read(CHUNK_SIZE):
+                    c = zlib.crc32(chunk, c)
+                    n += len(chunk)
+                if n != size:
+                    raise SnapshotError(f"{path}: data is {n} bytes, header says {size}")
+                if c != crc:
+                    raise SnapshotError(f"{path}: checksum mismatch")
+        return SnapshotMeta(index, term, size, crc, path)
+
+    def latest(self) -> SnapshotMeta | None:
+        """The newest snapshot that verifies; corrupt ones are logged and skipped."""
+        for path in self.list():
+            try:
+                return self.read_meta(path)
+            except (SnapshotError, OSError, struct.error) as exc:
+                log.error("snapshot %s is unusable (%s); falling back to an older one", path, exc)
+        return None
+
+    def create(self, index: int, term: int,
+               fill: Callable[[BinaryIO], None]) -> tuple[Path, Callable[[], SnapshotMeta]]:
+        """Stream state into a temporary file now; return a finisher that makes it durable.
+
+        `fill` runs on the caller's thread (the state must not change meanwhile); the
+        finisher (fsync, header, rename, pruning) may run on a worker thread.
+        """
+        tmp = self.dir / f"{index:020d}-{term:010d}.snap.tmp"
+        f = open(tmp, "wb")  # noqa: SIM115 - closed by the finisher
+        f.write(bytes(HEADER.size))
+        w = _CrcWriter(f)
+        try:
+            fill(w)
+        except BaseException:
+            f.close()
+            tmp.unlink(missing_ok=True)
+            raise
+
+        def finish() -> SnapshotMeta:
+            try:
+                f.seek(0)
+                f.write(pack_header(index, term, w.size, w.crc))
+                f.flush()
+                if self.fsync:
+                    os.fsync(f.fileno())
+            finally:
+                f.close()
+            return self._install(tmp, SnapshotMeta(index, term, w.size, w.crc))
+
+        return tmp, finish
+
+    def _install(self, tmp: Path, meta: SnapshotMeta) -> SnapshotMeta:
+        final = self._final_path(meta.index, meta.term)
+        os.replace(tmp, final)
+        if self.fsync:
+            dfd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        for old in self.list()[self.keep:]:
+            old.unlink(missing_ok=True)
+        return SnapshotMeta(meta.index, meta.term, meta.size, meta.crc, final)
+
+    def read_chunk(self, meta: SnapshotMeta, offset: int, n: int) -> bytes:
+        with open(meta.path, "rb") as f:
+            f.seek(offset)
+            return f.read(n)
+
+    def open_data(self, meta: SnapshotMeta) -> BinaryIO:
+        f = open(meta.path, "rb")  # noqa: SIM115 - caller closes
+        f.seek(HEADER.size)
+        return f
+
+    # ------------------------------------------------------------------ receiving side
+    def receive_sink(self, index: int, term: int) -> FileSink:
+        return FileSink(self, index, term)
+
+
+class FileSink:
+    """Where an incoming transfer lands: a temporary file, verified and renamed at the end."""
+
+    def __init__(self, store: SnapshotStore, index: int, term: int) -> None:
+        self.store = store
+        self.tmp = store.dir / f"{index:020d}-{term:010d}.recv.tmp"
+        self.f = open(self.tmp, "w+b")  # noqa: SIM115 - closed in finish/abort
+
+    def write(self, offset: int, data: bytes) -> None:
+        self.f.seek(offset)
+        self.f.write(data)
+
+    def finish(self) -> SnapshotMeta:
+        self.f.flush()
+        if self.store.fsync:
+            os.fsync(self.f.fileno())
+        self.f.close()
+        meta = self.store.read_meta(self.tmp)
+        return self.store._install(self.tmp, meta)
+
+    def abort(self) -> None:
+        self.f.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+class BytesSink:
+    """An in-memory sink, for the simulator and tests."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def write(self, offset: int, data: bytes) -> None:
+        end = offset + len(data)
+        if len(self.buf) < end:
+            self.buf.extend(bytes(end - len(self.buf)))
+        self.buf[offset:end] = data
+
+    def finish(self) -> SnapshotMeta:
+        return verify_blob(bytes(self.buf))
+
+    def abort(self) -> None:
+        self.buf.clear()
+
+
+class SnapshotSender:
+    """Leader side of one transfer: which chunk to send next, given the follower's answers."""
+
+    def __init__(self, me: int, peer: int, term: int, meta: SnapshotMeta,
+                 read: Callable[[int, int], bytes], chunk_size: int = CHUNK_SIZE) -> None:
+        self.me, self.peer, self.term = me, peer, term
+        self.meta = meta
+        self.read = read
+        self.chunk_size = chunk_size
+        self.offset = 0
+        self.restarts = 0
+
+    def next_message(self) -> Message:
+        total = self.meta.file_size
+        chunk = self.read(self.offset, min(self.chunk_size, total - self.offset))
+        return Message(MsgType.SNAP, self.me, self.peer, self.term, index=self.meta.index,
+                       log_term=self.meta.term, commit=total, offset=self.offset, chunk=chunk,
+                       done=self.offset + len(chunk) >= total)
+
+    def on_response(self, m: Message) -> str:
+        """'done', 'continue' or 'failed' (the follower rejected the finished file twice)."""
+        if m.index != self.meta.index or m.log_term != self.meta.term:
+            return "continue"  # an answer about some other transfer
+        if m.done and not m.reject:
+            return "done"
+        if m.reject:
+            self.restarts += 1
+            self.offset = 0
+            return "failed" if self.restarts > 1 else "continue"
+        self.offset = min(m.offset, self.meta.file_size)
+        return "continue"
+
+
+class SnapshotReceiver:
+    """Follower side: accepts chunks in order, answers with the next expected offset."""
+
+    def __init__(self, me: int, new_sink: Callable[[int, int], object]) -> None:
+        self.me = me
+        self.new_sink = new_sink
+        self.key: tuple[int, int] | None = None
+        self.sink = None
+        self.expected = 0
+
+    def on_chunk(self, m: Message, term: int) -> tuple[Message, SnapshotMeta | None]:
+        """Handle one chunk; returns the reply and, when complete and valid, the snapshot."""
+        key = (m.index, m.log_term)
+        if key != self.key:
+            if m.offset != 0:
+                return self._reply(m, term, 0), None  # we have nothing of this one: start over
+            self.abort()
+            self.key, self.sink, self.expected = key, self.new_sink(*key), 0
+        if m.offset != self.expected:
+            return self._reply(m, term, self.expected), None
+        self.sink.write(m.offset, m.chunk)
+        self.expected += len(m.chunk)
+        if not m.done:
+            return self._reply(m, term, self.expected), None
+        sink, self.key, self.sink = self.sink, None, None
+        try:
+            meta = sink.finish()
+        except (SnapshotError, OSError, struct.error) as exc:
+            log.warning("node %d: received snapshot %s is invalid (%s); asking for it again", self.me, key, exc)
+            sink.abort()
+            return self._reply(m, term, 0, reject=True), None
+        if (meta.index, meta.term) != key:
+            return self._reply(m, term, 0, reject=True), None
+        return Message(MsgType.SNAP_RESP, self.me, m.src, term, index=m.index, log_term=m.log_term,
+                       offset=self.expected, done=True), meta
+
+    def _reply(self, m: Message, term: int, offset: int, reject: bool = False) -> Message:
+        return Message(MsgType.SNAP_RESP, self.me, m.src, term, index=m.index, log_term=m.log_term,
+                       offset=offset, reject=reject)
+
+    def abort(self) -> None:
+        if self.sink is not None:
+            self.sink.abort()
+        self.key, self.sink, self.expected = None, None, 0
