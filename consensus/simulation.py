@@ -1,22 +1,29 @@
 """Deterministic simulation of a Raft cluster running the real `RaftCore`.
 
-One seeded random generator drives everything: a simulated clock, a network that
-drops, delays, reorders and duplicates messages, partitions that come and heal,
-disks whose writes are durable only when their (simulated) fsync completes, and
-crashes that lose every unsynced write. Clients issue KV puts and gets through
-the log and the history they observe is checked for linearizability.
+One seeded random generator drives everything: a simulated clock, per-node
+clocks that drift within a bound, a network that drops, delays, reorders and
+duplicates messages, partitions that come and heal, process pauses, disks whose
+writes are durable only when their (simulated) fsync completes, and crashes that
+lose every unsynced write. Nodes take snapshots, compact their logs and send
+InstallSnapshot in chunks (with the same `SnapshotSender`/`SnapshotReceiver` the
+asyncio runtime uses). Clients issue KV puts, and gets in every read mode
+(through the log, ReadIndex, lease, follower); the history they observe is checked
+for linearizability.
 
 After every event the simulator checks Raft's safety properties: at most one
-leader per term, log matching (via prefix hashes keyed by index and term), leader
-completeness, state machine safety (no two nodes apply different commands at one
-index) and monotonic terms and commits. At the end the network heals, every node
-restarts, and the run checks that the cluster converges and that no acknowledged
-write was lost. A failure names its seed so `electra sim --seed N` replays it.
+leader per term, log matching (every (index, term) always has the same command
+and the same predecessor term), leader completeness, state machine safety (no
+two nodes apply different commands at one index, or hold different states after
+one index, snapshots included) and monotonic durable terms and commits. At the
+end the network heals, every node restarts, and the run checks that the cluster
+converges and that no acknowledged write was lost. A failure names its seed so
+`electra sim --seed N` replays it.
 """
 
 from __future__ import annotations
 
 import heapq
+import io
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +34,10 @@ from .core import RaftConfig, RaftCore, Ready, Role
 from .errors import NotLeader, ProposalDropped
 from .kv import KVStateMachine, encode_get, encode_put
 from .linearizability import History, check
-from .messages import Message
+from .messages import Message, MsgType
+from .snapshots import HEADER, BytesSink, SnapshotReceiver, SnapshotSender, make_blob, verify_blob
+
+READ_MODES = ("log", "readindex", "lease", "follower")
 
 
 class SimulationFailure(AssertionError):
@@ -54,6 +64,15 @@ class SimConfig:
     long_delay_rate: float = 0.01  # occasionally a message takes up to 100 ms
     disk_ms: tuple[float, float] = (0.2, 3.0)
     fault_interval_ms: tuple[int, int] = (150, 600)
+    pause_ms: tuple[int, int] = (20, 300)
+    clock_drift: float = 0.02  # each node's clock runs at a rate within 1 +- clock_drift ...
+    max_clock_drift: float = 0.1  # ... which the lease bound assumes to be at most this
+    lease_reads: bool = True
+    get_ratio: float = 0.5
+    snapshot_every: tuple[int, int] = (15, 60)  # entries between snapshots, drawn per seed
+    compaction_slack: int = 4
+    snapshot_chunk: int = 48  # bytes per InstallSnapshot chunk: small, so transfers take several
+    follower_max_lag: int = 20
     raft: RaftConfig = field(default_factory=lambda: RaftConfig(election_ticks=10, heartbeat_ticks=2,
                                                                 max_entries_per_msg=16, max_inflight=4))
     trace: bool = True
@@ -64,9 +83,11 @@ class SimResult:
     seed: int
     ops: int
     ok_ops: int
+    ok_reads: dict[str, int]
     leaders: int
     final_index: int
     events: int
+    snapshots_installed: int
 
 
 class _DiskState:
@@ -75,20 +96,36 @@ class _DiskState:
     def __init__(self) -> None:
         self.term = 0
         self.vote = 0
+        self.offset = 0
+        self.offset_term = 0
         self.terms: list[int] = []
         self.datas: list[bytes] = []
+        self.snapshot: tuple[int, int, bytes] | None = None
 
     def write(self, rd: Ready) -> None:
+        if rd.reset_to is not None:
+            self.offset, self.offset_term = rd.reset_to
+            self.terms.clear()
+            self.datas.clear()
         if rd.hard_state is not None:
             if rd.hard_state[0] < self.term:
                 raise AssertionError(f"durable term goes back from {self.term} to {rd.hard_state[0]}")
             self.term, self.vote = rd.hard_state
         if rd.ent_terms:
-            cut = rd.entries_first - 1
+            cut = rd.entries_first - self.offset - 1
+            if cut < 0:
+                raise AssertionError(f"persisting entries at {rd.entries_first} inside the compacted prefix")
             del self.terms[cut:]
             del self.datas[cut:]
             self.terms.extend(rd.ent_terms)
             self.datas.extend(rd.ent_data)
+
+    def compact(self, upto: int, term: int) -> None:
+        cut = upto - self.offset
+        if cut > 0:
+            del self.terms[:cut]
+            del self.datas[:cut]
+            self.offset, self.offset_term = upto, term
 
 
 class _SimNode:
@@ -98,35 +135,67 @@ class _SimNode:
         self.disk = _DiskState()
         self.alive = False
         self.incarnation = 0
+        self.rate = 1.0 + sim.rng.uniform(-sim.cfg.clock_drift, sim.cfg.clock_drift)
         self.core: RaftCore | None = None
         self.sm = KVStateMachine()
         self.applied = 0
         self.disk_free_at = 0.0
+        self.paused_until = 0.0
         self.pending: dict[int, tuple[int, int, int]] = {}  # index -> (term, client, op_id)
-        self.shadow_hash: list[int] = []  # prefix hash of the in-memory log, from Readies
+        self.reads: dict[int, tuple[int, int, str]] = {}  # ctx -> (client, op_id, key)
+        self.read_wait: list[tuple[int, int, int, str]] = []  # (index, client, op_id, key)
+        self.read_ctx = 0
         self.last_commit = 0
         self.last_term = 0
+        self.snapshotting = False
+        self.senders: dict[int, list] = {}  # peer -> [SnapshotSender, silent rounds, seq]
+        self.receiver: SnapshotReceiver | None = None
+        self.last_sink: BytesSink | None = None
+        self.pending_install: tuple[int, int, bytes] | None = None
+        self.snapshot_every = sim.rng.randrange(*sim.cfg.snapshot_every)
+
+    def local_now(self) -> float:
+        """This node's monotonic clock, in seconds, drifting at its own rate."""
+        return self.sim.now * self.rate / 1000.0
+
+    def _new_sink(self, index: int, term: int) -> BytesSink:
+        self.last_sink = BytesSink()
+        return self.last_sink
 
     def start(self) -> None:
+        sim = self.sim
         self.incarnation += 1
         self.alive = True
         d = self.disk
-        self.core = RaftCore(self.id, self.sim.ids, self.sim.cfg.raft, term=d.term, vote=d.vote,
-                             log_terms=d.terms, log_data=d.datas,
-                             rng=random.Random(self.sim.rng.getrandbits(64)))
         self.sm = KVStateMachine()
         self.applied = 0
-        self.pending = {}
+        snap = None
+        if d.snapshot is not None:
+            idx, term, blob = d.snapshot
+            self.sm.restore(io.BytesIO(blob[HEADER.size:]))
+            self.applied = idx
+            snap = (idx, term)
+            sim.check_state(self, idx)
+        cfg = sim.cfg.raft
+        if sim.cfg.lease_reads:
+            lease = (cfg.election_ticks - 1) * sim.cfg.tick_ms / 1000.0 * (1 - sim.cfg.max_clock_drift)
+            cfg = RaftConfig(**{**cfg.__dict__, "lease_s": lease})
+        self.core = RaftCore(self.id, sim.ids, cfg, term=d.term, vote=d.vote, log_offset=d.offset,
+                             offset_term=d.offset_term, log_terms=d.terms, log_data=d.datas, snapshot=snap,
+                             rng=random.Random(sim.rng.getrandbits(64)))
+        self.core.now = self.local_now()
+        self.pending, self.reads, self.read_wait, self.senders = {}, {}, [], {}
+        self.receiver = SnapshotReceiver(self.id, self._new_sink)
+        self.pending_install = None
+        self.snapshotting = False
         self.last_commit = 0
         self.last_term = d.term  # an unsynced term bump may be lost in a crash; durable terms never go back
-        self.shadow_hash = []
-        h = 0
-        for i, (t, data) in enumerate(zip(d.terms, d.datas, strict=True), start=1):
-            h = hash((h, t, data))
-            self.shadow_hash.append(h)
-            self.sim.check_log_entry(self, i, t, h)
-        self.disk_free_at = self.sim.now
-        self.sim.schedule(self.sim.rng.uniform(0, self.sim.cfg.tick_ms), "tick", self.id, self.incarnation)
+        prev = d.offset_term
+        for k, (t, data) in enumerate(zip(d.terms, d.datas, strict=True)):
+            sim.check_log_entry(self, d.offset + 1 + k, t, data, prev)
+            prev = t
+        self.disk_free_at = sim.now
+        sim.schedule(sim.rng.uniform(0, sim.cfg.tick_ms), "tick", self.id, self.incarnation)
 
     def crash(self) -> None:
         self.alive = False
@@ -147,13 +216,16 @@ class Simulation:
         self.events = 0
         # Global knowledge for invariants.
         self.leader_of_term: dict[int, int] = {}
-        self.entry_hash: dict[tuple[int, int], int] = {}
+        self.entry_info: dict[tuple[int, int], tuple[bytes, int]] = {}  # (index, term) -> (data, prev term)
         self.committed: dict[int, int] = {}  # index -> term, from any node's commit index
-        self.applied_cmd: dict[int, bytes] = {}
+        self.applied_cmd: dict[int, tuple[int, bytes]] = {}  # index -> (term, command)
+        self.state_at: dict[int, bytes] = {}  # index -> state machine contents after applying it
         self.max_committed = 0
         self.partition: dict[int, int] = {}  # node -> side; empty = fully connected
         self.history = History()
         self.acked_writes: list[tuple[int, int, int]] = []  # (index, term, op_id)
+        self.ok_reads = dict.fromkeys(READ_MODES, 0)
+        self.installs = 0
         self._op_seq = 0
         self._clients: dict[int, dict[str, Any]] = {}
         self.faults_on = True
@@ -179,8 +251,7 @@ class Simulation:
     def send(self, m: Message) -> None:
         if not self.connected(m.src, m.dst):
             return
-        r = self.rng.random()
-        if self.faults_on and r < self.cfg.drop_rate:
+        if self.faults_on and self.rng.random() < self.cfg.drop_rate:
             return
         lo, hi = self.cfg.net_delay_ms
         delay = self.rng.uniform(lo, hi)
@@ -192,7 +263,7 @@ class Simulation:
 
     # ------------------------------------------------------------------ node runtime
     def process(self, node: _SimNode) -> None:
-        """Drain the core's Ready, as node.py does: send, persist, apply."""
+        """Drain the core's Ready, as node.py does: send, persist, apply, answer reads."""
         core = node.core
         while core is not None and core.has_ready():
             rd = core.ready()
@@ -207,6 +278,30 @@ class Simulation:
                 self.schedule(done - self.now, "persisted", (node.id, node.incarnation), rd)
             if rd.apply_terms:
                 self.apply(node, rd)
+            for ctx, index in rd.read_states:
+                r = node.reads.pop(ctx, None)
+                if r is not None:
+                    node.read_wait.append((index, *r))
+            for ctx in rd.reads_dropped:
+                r = node.reads.pop(ctx, None)
+                if r is not None:
+                    self.reply(r[0], r[1], "fail", None, None)
+            for peer in rd.snapshot_requests:
+                self.start_snapshot_send(node, peer)
+            if rd.role_changed and core.role != Role.LEADER:
+                node.senders.clear()
+        self.answer_reads(node)
+
+    def answer_reads(self, node: _SimNode) -> None:
+        if not node.read_wait:
+            return
+        keep = []
+        for index, client, op_id, key in node.read_wait:
+            if node.applied >= index:
+                self.reply(client, op_id, "ok", node.sm.data.get(key), None)
+            else:
+                keep.append((index, client, op_id, key))
+        node.read_wait = keep
 
     def observe(self, node: _SimNode, rd: Ready) -> None:
         core = node.core
@@ -220,22 +315,23 @@ class Simulation:
             prev = self.leader_of_term.setdefault(core.term, node.id)
             if prev != node.id:
                 self.fail(f"two leaders in term {core.term}: {prev} and {node.id}")
-            if rd.role_changed and self.max_committed:
-                want = self.committed[self.max_committed]
-                if core.term_at(self.max_committed) != want:
+            if rd.role_changed:
+                # Every entry committed in an earlier term must be in this leader's log. A stale
+                # leader of an old term (a paused candidate) may lack entries of later terms.
+                i = self.max_committed
+                while i > core.offset and self.committed.get(i, 0) >= core.term:
+                    i -= 1
+                if i > core.offset and i in self.committed and core.term_at(i) != self.committed[i]:
                     self.fail(f"leader completeness: node {node.id} leads term {core.term} without "
-                              f"committed entry {self.max_committed} (term {want})")
+                              f"committed entry {i} (term {self.committed[i]})")
         if rd.ent_terms:
-            cut = rd.entries_first - 1
-            del node.shadow_hash[cut:]
-            h = node.shadow_hash[-1] if node.shadow_hash else 0
+            prev = core.term_at(rd.entries_first - 1)
             for k, (t, data) in enumerate(zip(rd.ent_terms, rd.ent_data, strict=True)):
-                h = hash((h, t, data))
-                node.shadow_hash.append(h)
-                self.check_log_entry(node, rd.entries_first + k, t, h)
+                self.check_log_entry(node, rd.entries_first + k, t, data, prev)
+                prev = t
         if core.commit < node.last_commit:
             self.fail(f"node {node.id} commit index went back")
-        for i in range(node.last_commit + 1, core.commit + 1):
+        for i in range(max(node.last_commit, core.offset) + 1, core.commit + 1):
             t = core.term_at(i)
             known = self.committed.get(i)
             if known is None:
@@ -245,10 +341,20 @@ class Simulation:
                 self.fail(f"state machine safety: index {i} committed with terms {known} and {t}")
         node.last_commit = core.commit
 
-    def check_log_entry(self, node: _SimNode, index: int, term: int, h: int) -> None:
-        known = self.entry_hash.setdefault((index, term), h)
-        if known != h:
-            self.fail(f"log matching: node {node.id} entry ({index}, t{term}) has a different prefix")
+    def check_log_entry(self, node: _SimNode, index: int, term: int, data: bytes, prev_term: int | None) -> None:
+        """Log matching, checked locally: an (index, term) always has one command and one predecessor term."""
+        known = self.entry_info.setdefault((index, term), (data, prev_term))
+        if known[0] != data:
+            self.fail(f"log matching: node {node.id} entry ({index}, t{term}) has a different command")
+        if prev_term is not None and known[1] is not None and known[1] != prev_term:
+            self.fail(f"log matching: node {node.id} entry ({index}, t{term}) follows term {prev_term}, "
+                      f"elsewhere term {known[1]}")
+
+    def check_state(self, node: _SimNode, index: int) -> None:
+        state = msgpack.packb(sorted(node.sm.data.items()))
+        known = self.state_at.setdefault(index, state)
+        if known != state:
+            self.fail(f"node {node.id} holds a different state after index {index}")
 
     def apply(self, node: _SimNode, rd: Ready) -> None:
         for k, (t, data) in enumerate(zip(rd.apply_terms, rd.apply_data, strict=True)):
@@ -256,10 +362,11 @@ class Simulation:
             if idx != node.applied + 1:
                 self.fail(f"node {node.id} applied {idx} after {node.applied}")
             node.applied = idx
-            prev = self.applied_cmd.setdefault(idx, data)
-            if prev != data:
+            prev = self.applied_cmd.setdefault(idx, (t, data))
+            if prev != (t, data):
                 self.fail(f"node {node.id} applied a different command at {idx}")
             result = node.sm.apply(idx, data) if data else None
+            self.check_state(node, idx)
             waiter = node.pending.pop(idx, None)
             if waiter is not None:
                 wterm, client, op_id = waiter
@@ -267,6 +374,101 @@ class Simulation:
                     self.reply(client, op_id, "ok", result, (idx, t))
                 else:
                     self.reply(client, op_id, "fail", None, None)
+        if not node.snapshotting and node.applied - (node.core.snap_index) >= node.snapshot_every:
+            self.take_snapshot(node)
+
+    # ------------------------------------------------------------------ snapshots
+    def take_snapshot(self, node: _SimNode) -> None:
+        idx = node.applied
+        term = node.core.term_at(idx)
+        out = io.BytesIO()
+        node.sm.snapshot(out)
+        blob = make_blob(idx, term, out.getvalue())
+        node.snapshotting = True
+        lo, hi = self.cfg.disk_ms
+        self.schedule(self.rng.uniform(lo, hi * 2), "snap_done", (node.id, node.incarnation), (idx, term, blob))
+
+    def snapshot_done(self, node: _SimNode, idx: int, term: int, blob: bytes) -> None:
+        node.snapshotting = False
+        core = node.core
+        if node.disk.snapshot is None or idx > node.disk.snapshot[0]:
+            node.disk.snapshot = (idx, term, blob)
+        core.snapshot_taken(idx, term)
+        upto = idx - self.cfg.compaction_slack
+        if upto > core.offset:
+            upto_term = core.term_at(upto)
+            core.compact_log(upto)
+            if core.offset == upto:
+                node.disk.compact(upto, upto_term)
+        self.process(node)
+
+    def start_snapshot_send(self, node: _SimNode, peer: int) -> None:
+        core = node.core
+        if peer in node.senders:
+            return
+        snap = node.disk.snapshot
+        if snap is None or core.role != Role.LEADER:
+            core.snapshot_done(peer, False)
+            return
+        blob = snap[2]
+        sender = SnapshotSender(node.id, peer, core.term, verify_blob(blob),
+                                lambda off, n: blob[off:off + n], chunk_size=self.cfg.snapshot_chunk)
+        node.senders[peer] = [sender, 0, 0]
+        self.send_chunk(node, peer)
+
+    def send_chunk(self, node: _SimNode, peer: int) -> None:
+        st = node.senders[peer]
+        st[2] += 1
+        self.send(st[0].next_message())
+        self.schedule(60, "snap_timeout", (node.id, node.incarnation), (peer, st[2]))
+
+    def finish_send(self, node: _SimNode, peer: int, ok: bool) -> None:
+        node.senders.pop(peer, None)
+        node.core.snapshot_done(peer, ok)
+        self.process(node)
+
+    def on_snap_resp(self, node: _SimNode, m: Message) -> None:
+        st = node.senders.get(m.src)
+        if st is None:
+            return
+        st[1] = 0
+        outcome = st[0].on_response(m)
+        if outcome == "continue":
+            self.send_chunk(node, m.src)
+        else:
+            self.finish_send(node, m.src, outcome == "done")
+
+    def on_snap_timeout(self, node: _SimNode, peer: int, seq: int) -> None:
+        st = node.senders.get(peer)
+        if st is None or st[2] != seq:
+            return
+        st[1] += 1
+        if st[1] >= 3:
+            self.finish_send(node, peer, False)
+        else:
+            self.send_chunk(node, peer)
+
+    def on_snap_chunk(self, node: _SimNode, m: Message) -> None:
+        core = node.core
+        if m.term < core.term or core.role == Role.LEADER:
+            return
+        core.step(Message(MsgType.HEARTBEAT, m.src, node.id, m.term))
+        reply, meta = node.receiver.on_chunk(m, core.term)
+        if meta is not None and meta.index > core.commit:
+            blob = bytes(node.last_sink.buf)
+            node.sm = KVStateMachine()
+            node.sm.restore(io.BytesIO(blob[HEADER.size:]))
+            node.applied = meta.index
+            self.check_state(node, meta.index)
+            known = self.committed.get(meta.index)
+            if known is not None and known != meta.term:
+                self.fail(f"snapshot at {meta.index} has term {meta.term}, committed term is {known}")
+            if core.install_snapshot(meta.index, meta.term):
+                node.pending_install = (meta.index, meta.term, blob)
+                self.installs += 1
+                self.log(f"n{node.id} installed snapshot {meta.index} from n{m.src}")
+        self.send(reply)
+        self.process(node)
 
     # ------------------------------------------------------------------ clients
     def reply(self, client: int, op_id: int, status: str, result: Any, where: Any) -> None:
@@ -275,47 +477,75 @@ class Simulation:
 
     def client_issue(self, c: int) -> None:
         st = self._clients[c]
-        if not self.faults_on and self.now >= self.cfg.duration_ms:
-            return
         self._op_seq += 1
         op_id = self._op_seq
         key = f"k{self.rng.randrange(self.cfg.keys)}"
-        if self.rng.random() < 0.5:
-            kind, value, cmd = "put", op_id, encode_put(key, op_id)
+        if self.rng.random() >= self.cfg.get_ratio:
+            kind, value, mode = "put", op_id, "log"
         else:
-            kind, value, cmd = "get", None, encode_get(key)
+            kind, value, mode = "get", None, self.rng.choice(READ_MODES)
         self.history.invoke(op_id, c, key, kind, value, self.now)
-        st["op"] = (op_id, kind)
-        target = st["leader"] or self.rng.choice(self.ids)
+        st["op"] = (op_id, kind, mode)
+        if mode == "follower":
+            target = self.rng.choice(self.ids)
+        else:
+            target = st["leader"] or self.rng.choice(self.ids)
         lo, hi = self.cfg.net_delay_ms
-        self.schedule(self.rng.uniform(lo, hi), "request", target, (c, op_id, cmd))
+        self.schedule(self.rng.uniform(lo, hi), "request", target, (c, op_id, kind, key, value, mode))
         self.schedule(self.cfg.client_timeout_ms, "timeout", c, op_id)
 
-    def handle_request(self, node_id: int, c: int, op_id: int, cmd: bytes) -> None:
+    def handle_request(self, node_id: int, c: int, op_id: int, kind: str, key: str, value: Any,
+                       mode: str) -> None:
         node = self.nodes[node_id]
         if not node.alive or node.core is None:
             return  # lost; the client times out
-        try:
-            index = node.core.propose([cmd])
-        except NotLeader as e:
-            self.reply(c, op_id, "not_leader", e.leader_id, None)
+        core = node.core
+        core.now = node.local_now()
+        if mode == "log":
+            cmd = encode_put(key, value) if kind == "put" else encode_get(key)
+            try:
+                index = core.propose([cmd])
+            except NotLeader as e:
+                self.reply(c, op_id, "not_leader", e.leader_id, None)
+                return
+            except ProposalDropped:
+                self.reply(c, op_id, "fail", None, None)
+                return
+            node.pending[index] = (core.term, c, op_id)
+        elif core.role == Role.LEADER:
+            index = core.lease_read_index() if mode in ("lease", "follower") else None
+            if index is not None:
+                node.read_wait.append((index, c, op_id, key))
+            else:
+                node.read_ctx += 1
+                node.reads[node.read_ctx] = (c, op_id, key)
+                core.read_index(node.read_ctx)
+        elif mode == "follower":
+            silence_s = self.cfg.raft.election_ticks * self.cfg.tick_ms / 1000.0
+            if (core.lead == 0 or core.now - core.last_leader_contact > silence_s
+                    or core.leader_commit - node.applied > self.cfg.follower_max_lag):
+                self.reply(c, op_id, "fail", None, None)  # refused at once: reads change nothing
+                return
+            node.read_ctx += 1
+            node.reads[node.read_ctx] = (c, op_id, key)
+            core.read_index(node.read_ctx)
+        else:
+            self.reply(c, op_id, "not_leader", core.lead, None)
             return
-        except ProposalDropped:
-            self.reply(c, op_id, "fail", None, None)
-            return
-        node.pending[index] = (node.core.term, c, op_id)
         self.process(node)
 
     def handle_reply(self, c: int, op_id: int, status: str, result: Any, where: Any) -> None:
         st = self._clients[c]
         if st["op"] is None or st["op"][0] != op_id:
             return  # a late answer for an op that already timed out
-        _, kind = st["op"]
+        _, kind, mode = st["op"]
         st["op"] = None
         if status == "ok":
             self.history.ok(op_id, result, self.now)
             if kind == "put":
                 self.acked_writes.append((where[0], where[1], op_id))
+            else:
+                self.ok_reads[mode] += 1
         else:
             self.history.fail(op_id, self.now)
             if status == "not_leader":
@@ -337,25 +567,28 @@ class Simulation:
         r = self.rng.random()
         alive = [n for n in self.nodes.values() if n.alive]
         dead = [n for n in self.nodes.values() if not n.alive]
-        if r < 0.3:
+        if r < 0.25:
             ids = self.ids[:]
             self.rng.shuffle(ids)
             cut = self.rng.randrange(1, len(ids))
             self.partition = {i: (0 if k < cut else 1) for k, i in enumerate(ids)}
             self.log(f"partition {sorted(ids[:cut])} | {sorted(ids[cut:])}")
-        elif r < 0.5:
+        elif r < 0.42:
             self.partition = {}
             self.log("heal")
-        elif r < 0.7 and alive:
+        elif r < 0.57 and alive:
             n = self.rng.choice(alive)
             n.crash()
             self.log(f"crash n{n.id}")
-        elif r < 0.9 and dead:
+        elif r < 0.75 and dead:
             n = self.rng.choice(dead)
             n.start()
             self.log(f"restart n{n.id}")
+        elif r < 0.9 and alive:
+            n = self.rng.choice(alive)
+            n.paused_until = max(n.paused_until, self.now + self.rng.uniform(*self.cfg.pause_ms))
+            self.log(f"pause n{n.id} until {n.paused_until:.1f}")
         else:
-            # Leader crash, the most interesting crash.
             leaders = [n for n in alive if n.core and n.core.role == Role.LEADER]
             if leaders:
                 leaders[0].crash()
@@ -386,32 +619,60 @@ class Simulation:
                 self.fail(f"exception while handling {kind}: {exc!r}")
         self.final_checks()
         ok_ops = sum(1 for op in self.history.ops() if op.status == "ok")
-        return SimResult(self.seed, len(self.history.ops()), ok_ops, len(self.leader_of_term),
-                         max(n.applied for n in self.nodes.values()), self.events)
+        return SimResult(self.seed, len(self.history.ops()), ok_ops, dict(self.ok_reads), len(self.leader_of_term),
+                         max(n.applied for n in self.nodes.values()), self.events, self.installs)
+
+    def _node_of(self, kind: str, a: Any) -> _SimNode | None:
+        if kind == "msg":
+            return self.nodes[a.dst]
+        if kind in ("tick", "request"):
+            return self.nodes[a]
+        if kind in ("persisted", "snap_done", "snap_timeout"):
+            return self.nodes[a[0]]
+        return None
 
     def dispatch(self, kind: str, a: Any, b: Any) -> None:
+        node = self._node_of(kind, a)
+        if node is not None:
+            if node.alive and self.now < node.paused_until:
+                # A paused process handles nothing; everything waits until it resumes.
+                self._seq += 1
+                heapq.heappush(self._queue, (node.paused_until, self._seq, kind, a, b))
+                return
+            if node.core is not None:
+                node.core.now = node.local_now()
         if kind == "msg":
-            node = self.nodes[a.dst]
             if node.alive and self.connected(a.src, a.dst):
-                node.core.step(a)
-                self.process(node)
+                if a.type == MsgType.SNAP:
+                    self.on_snap_chunk(node, a)
+                elif a.type == MsgType.SNAP_RESP:
+                    self.on_snap_resp(node, a)
+                else:
+                    node.core.step(a)
+                    self.process(node)
         elif kind == "tick":
-            node = self.nodes[a]
             if node.alive and node.incarnation == b:
                 node.core.tick()
                 self.process(node)
-                self.schedule(self.cfg.tick_ms, "tick", a, b)
+                self.schedule(self.cfg.tick_ms / node.rate, "tick", a, b)
         elif kind == "persisted":
-            node_id, inc = a
-            node = self.nodes[node_id]
-            if node.alive and node.incarnation == inc:
+            if node.alive and node.incarnation == a[1]:
                 node.disk.write(b)
+                if b.reset_to is not None and node.pending_install and node.pending_install[:2] == b.reset_to:
+                    node.disk.snapshot = node.pending_install
+                    node.pending_install = None
                 for m in b.send_after_persist:
                     self.send(m)
                 idx, term = b.persist_last
                 if idx:
                     node.core.persisted(idx, term)
                 self.process(node)
+        elif kind == "snap_done":
+            if node.alive and node.incarnation == a[1]:
+                self.snapshot_done(node, *b)
+        elif kind == "snap_timeout":
+            if node.alive and node.incarnation == a[1]:
+                self.on_snap_timeout(node, *b)
         elif kind == "request":
             self.handle_request(a, *b)
         elif kind == "reply":
@@ -428,7 +689,7 @@ class Simulation:
             self.partition = {}
             self.log("settle: heal and restart everything")
             for n in self.nodes.values():
-                if not n.alive:
+                if not n.alive:  # pauses run out by themselves: events they hold must keep their order
                     n.start()
 
     def final_checks(self) -> None:
@@ -446,9 +707,12 @@ class Simulation:
         states = {n.id: msgpack.packb(sorted(n.sm.data.items())) for n in self.nodes.values()}
         if len(set(states.values())) != 1:
             self.fail("replicas applied the same log but hold different state")
-        node = leaders[0]
+        final = max(applied.values())
+        missing = [i for i in range(1, final + 1) if i not in self.applied_cmd]
+        if missing:
+            self.fail(f"indexes {missing[:5]} were never applied by any node")
         for idx, term, op_id in self.acked_writes:
-            if node.core.term_at(idx) != term:
+            if self.applied_cmd[idx][0] != term:
                 self.fail(f"acknowledged write {op_id} at ({idx}, t{term}) lost from the final log")
         result = check(self.history, timeout_s=20.0)
         if not result.ok:

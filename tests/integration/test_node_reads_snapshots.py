@@ -1,0 +1,139 @@
+"""Real RaftNodes over loopback TCP in one process: every read mode, compaction, InstallSnapshot."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from electra.bench.common import free_ports
+from electra.consensus.core import RaftConfig
+from electra.consensus.errors import FollowerBehind, NotLeader, ReadTimeout
+from electra.consensus.kv import KVStateMachine, encode_put
+from electra.consensus.node import NodeConfig, RaftNode
+
+pytestmark = pytest.mark.integration
+
+
+def _configs(tmp_path, **kw):
+    ports = free_ports(3)
+    peers = {i + 1: ("127.0.0.1", p) for i, p in enumerate(ports)}
+    return {i: NodeConfig(node_id=i, peers=peers, data_dir=tmp_path / f"n{i}", tick_s=0.05,
+                          raft=RaftConfig(election_ticks=10, heartbeat_ticks=1), **kw) for i in peers}
+
+
+async def _leader(nodes: dict, timeout=10.0) -> RaftNode:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        leaders = [n for n in nodes.values() if n._running and n.is_leader]
+        if leaders and leaders[0].core.committed_in_term():
+            return leaders[0]
+        await asyncio.sleep(0.02)
+    raise AssertionError("no leader")
+
+
+async def _wait(cond, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+def _get(key):
+    return lambda sm: sm.data.get(key)
+
+
+def test_every_read_mode_sees_acknowledged_writes(tmp_path):
+    async def main():
+        nodes = {i: RaftNode(c, KVStateMachine()) for i, c in _configs(tmp_path).items()}
+        for n in nodes.values():
+            await n.start()
+        try:
+            leader = await _leader(nodes)
+            follower = next(n for n in nodes.values() if n is not leader)
+            for k in range(50):
+                await leader.propose(encode_put("k", k))
+                # After the ack, every consistent read anywhere must see k (or later).
+                assert await leader.read(_get("k")) == k
+                assert await leader.read(_get("k"), mode="lease") == k
+                assert await follower.read(_get("k"), mode="follower") == k
+            # Reads are batched: many concurrent ReadIndex reads share heartbeat rounds.
+            rounds_before = leader.core.read_round
+            values = await asyncio.gather(*(leader.read(_get("k")) for _ in range(500)))
+            assert set(values) == {49}
+            assert leader.core.read_round - rounds_before < 50
+            assert leader.metrics["reads_lease"] >= 40  # the lease served most lease-mode reads
+            assert await follower.read(_get("k"), mode="stale") is not None
+            with pytest.raises(ValueError):
+                await leader.read(_get("k"), mode="bogus")
+        finally:
+            for n in nodes.values():
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_cut_off_follower_refuses_reads_within_its_deadline(tmp_path):
+    async def main():
+        nodes = {i: RaftNode(c, KVStateMachine()) for i, c in _configs(tmp_path).items()}
+        for n in nodes.values():
+            await n.start()
+        try:
+            leader = await _leader(nodes)
+            follower = next(n for n in nodes.values() if n is not leader)
+            await leader.propose(encode_put("k", 1))
+            await _wait(lambda: follower.applied >= leader.core.commit, what="follower apply")
+            await follower.transport.stop()  # cut it off from everyone
+            t0 = time.monotonic()
+            with pytest.raises((ReadTimeout, FollowerBehind)):
+                await follower.read(_get("k"), mode="follower", timeout=0.5)
+            assert time.monotonic() - t0 < 1.5
+            await asyncio.sleep(0.7)  # longer than the election timeout without a leader
+            t0 = time.monotonic()
+            with pytest.raises((FollowerBehind, NotLeader)):
+                await follower.read(_get("k"), mode="follower", timeout=5)
+            assert time.monotonic() - t0 < 0.1  # refused at once, not after the deadline
+        finally:
+            for n in nodes.values():
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_lagging_follower_is_brought_up_by_install_snapshot_and_restarts_fast(tmp_path):
+    async def main():
+        cfgs = _configs(tmp_path, snapshot_entries=300, compaction_slack=50)
+        nodes = {i: RaftNode(c, KVStateMachine()) for i, c in cfgs.items()}
+        for n in nodes.values():
+            await n.start()
+        try:
+            leader = await _leader(nodes)
+            lagger_id = next(i for i, n in nodes.items() if n is not leader)
+            await nodes[lagger_id].stop()
+            for lo in range(0, 2000, 200):
+                await asyncio.gather(*(leader.propose(encode_put(f"k{k % 97}", k)) for k in range(lo, lo + 200)))
+            await _wait(lambda: leader.core.offset > 300, what="leader compaction")
+            # The lagging node restarts from its own disk, then needs a snapshot: its log is compacted away.
+            nodes[lagger_id] = RaftNode(cfgs[lagger_id], KVStateMachine())
+            await nodes[lagger_id].start()
+            lagger = nodes[lagger_id]
+            await _wait(lambda: lagger.applied >= leader.core.commit, timeout=20, what="catch-up")
+            assert lagger.metrics["snapshots_installed"] >= 1
+            assert leader.metrics["snapshots_sent"] >= 1
+            assert lagger.sm.data == leader.sm.data
+            # A restart now loads the newest snapshot and replays only the tail.
+            await _wait(lambda: lagger.metrics["snapshots_taken"] >= 1 or lagger._snap_meta is not None,
+                        what="lagger snapshot")
+            await lagger.stop()
+            again = RaftNode(cfgs[lagger_id], KVStateMachine())
+            await again.start()
+            nodes[lagger_id] = again
+            assert again.applied >= 300 and again.core.offset > 0
+            await _wait(lambda: again.applied >= leader.core.commit, what="catch-up after restart")
+            assert again.sm.data == leader.sm.data
+        finally:
+            for n in nodes.values():
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 90))
