@@ -6,6 +6,7 @@ import importlib
 
 BENCHMARKS = {
     "raft": "electra.bench.raft",
+    "reads": "electra.bench.reads",
 }
 
 

@@ -59,7 +59,7 @@ class Ready:
     2. persist `hard_state` and the entries (`entries_first` .. with `ent_terms`/`ent_data`),
        which replace any stored entries from `entries_first` on;
     3. once durable, send `send_after_persist` and call `core.persisted(last, term)`;
-    4. apply the committed entries (they are already durable locally).
+    4. apply the committed entries (durable on a quorum, not necessarily yet on this node).
     """
 
     hard_state: tuple[int, int] | None = None  # (term, vote) when changed
@@ -203,6 +203,10 @@ class RaftCore:
         self._reads_pending: deque[tuple[int, int, int, int]] = deque()  # (round, index, ctx, requester)
         self._read_states: list[tuple[int, int]] = []
         self._reads_dropped: list[int] = []
+        # A follower batches its reads: one READ_INDEX per Ready, answered for all of them.
+        self._follower_reads: list[int] = []
+        self._follower_batches: dict[int, list[int]] = {}
+        self._batch_ids = 0
         # A follower's view of its leader, for bounded-staleness follower reads.
         self.leader_commit = self.commit
         self.last_leader_contact = float("-inf")  # a restarted follower has heard from nobody
@@ -269,6 +273,11 @@ class RaftCore:
         """A leader that steps down can confirm no read: fail its own, forget forwarded ones."""
         self._reads_dropped.extend(ctx for ctx, src in self._reads_unstarted if src == self.id)
         self._reads_dropped.extend(ctx for _, _, ctx, src in self._reads_pending if src == self.id)
+        self._reads_dropped.extend(self._follower_reads)
+        for ctxs in self._follower_batches.values():
+            self._reads_dropped.extend(ctxs)
+        self._follower_reads.clear()
+        self._follower_batches.clear()
         self._reads_unstarted.clear()
         self._reads_pending.clear()
         self.round_sent_at.clear()
@@ -442,7 +451,8 @@ class RaftCore:
         elif t == MsgType.TIMEOUT_NOW and self.role == Role.FOLLOWER:
             self._campaign(pre=False, force=True)
         elif t == MsgType.READ_INDEX_RESP:
-            self._read_states.append((m.context, m.index))
+            for ctx in self._follower_batches.pop(m.context, ()):
+                self._read_states.append((ctx, m.index))
 
     def _become_follower_of(self, m: Message) -> None:
         if self.role != Role.FOLLOWER or self.lead != m.src:
@@ -690,7 +700,7 @@ class RaftCore:
         if self.role == Role.LEADER:
             self._reads_unstarted.append((ctx, self.id))
         elif self.lead != NONE:
-            self._msgs.append(Message(MsgType.READ_INDEX, self.id, self.lead, self.term, context=ctx))
+            self._follower_reads.append(ctx)
         else:
             raise NotLeader(NONE)
 
@@ -752,9 +762,9 @@ class RaftCore:
     def has_ready(self) -> bool:
         return bool(self._msgs or self._hard_dirty or self._bcast_pending
                     or self.handed < self.last_index()
-                    or self.applied_handed < min(self.commit, self.stable)
+                    or self.applied_handed < self.commit
                     or self._read_states or self._reads_dropped or self._snap_requests
-                    or self._reset_to is not None
+                    or self._reset_to is not None or self._follower_reads
                     or (self._reads_unstarted and self.role == Role.LEADER and self.committed_in_term()))
 
     def ready(self) -> Ready:
@@ -770,6 +780,17 @@ class RaftCore:
             self._reads_unstarted.clear()
             if len(self.peers) == 1:
                 self._confirm_rounds()
+        if self._follower_reads:
+            if self.lead != NONE and self.role == Role.FOLLOWER:
+                self._batch_ids += 1
+                self._follower_batches[self._batch_ids] = self._follower_reads
+                if len(self._follower_batches) > 1024:  # answers lost with their messages: give up
+                    self._reads_dropped.extend(self._follower_batches.pop(next(iter(self._follower_batches))))
+                self._msgs.append(Message(MsgType.READ_INDEX, self.id, self.lead, self.term,
+                                          context=self._batch_ids))
+            else:
+                self._reads_dropped.extend(self._follower_reads)
+            self._follower_reads = []
         rd = Ready()
         if self._reset_to is not None:
             rd.reset_to, self._reset_to = self._reset_to, None
@@ -789,7 +810,9 @@ class RaftCore:
         else:
             for m in msgs:
                 (rd.send_now if m.type in _SEND_NOW_TYPES else rd.send_after_persist).append(m)
-        upto = min(self.commit, self.stable)
+        # Committed entries are durable on a quorum, so they may be applied before this node's
+        # own write of them completes (the leader then answers one fsync sooner).
+        upto = self.commit
         if self.applied_handed < upto:
             lo = self.applied_handed - self.offset
             rd.apply_first = self.applied_handed + 1

@@ -123,8 +123,10 @@ class RaftNode:
                         "reads_follower": 0, "reads_stale": 0, "reads_refused": 0, "snapshots_taken": 0,
                         "snapshots_sent": 0, "snapshots_installed": 0}
         self._read_ids = itertools.count(1)
-        self._read_waiters: dict[int, tuple[asyncio.Future, float]] = {}  # ctx -> (fut, deadline)
-        self._apply_waiters: list[tuple[int, int, asyncio.Future]] = []  # heap of (index, seq, fut)
+        # A read waits first for its read index (ctx -> (fut, deadline)), then until that index
+        # is applied (a heap of (index, seq, fut, deadline)); one future serves both stages.
+        self._read_waiters: dict[int, tuple[asyncio.Future, float]] = {}
+        self._apply_waiters: list[tuple[int, int, asyncio.Future, float]] = []
         self._apply_seq = itertools.count()
         self._snap_meta: SnapshotMeta | None = None
         self._snapshotting = False
@@ -191,7 +193,7 @@ class RaftNode:
         for fut, _ in self._read_waiters.values():
             if not fut.done():
                 fut.set_exception(err)
-        for _, _, fut in self._apply_waiters:
+        for _, _, fut, _ in self._apply_waiters:
             if not fut.done():
                 fut.set_exception(err)
         self._read_waiters.clear()
@@ -274,21 +276,24 @@ class RaftNode:
             m["reads_stale"] += 1
             return fn(self.sm)
         core = self.core
-        core.now = time.monotonic()
-        deadline = core.now + (timeout if timeout is not None else self.cfg.read_timeout_s)
+        core.now = now = time.monotonic()
+        deadline = now + (timeout if timeout is not None else self.cfg.read_timeout_s)
+        fut = self._loop.create_future()
         if core.role == Role.LEADER:
             index = core.lease_read_index() if mode in ("lease", "follower") else None
             if index is not None:
                 m["reads_lease"] += 1
+                if self.applied >= index:
+                    return fn(self.sm)  # the lease's fast path: no message, no wait
+                self._park(index, fut, deadline)
             else:
                 m["reads_readindex"] += 1
-                index = await self._read_index(deadline)
+                self._start_read_index(fut, deadline)
         else:
             self._check_follower_fresh(core)
             m["reads_follower"] += 1
-            index = await self._read_index(deadline)
-        if self.applied < index:
-            await self._wait_applied(index, deadline)
+            self._start_read_index(fut, deadline)
+        await fut
         return fn(self.sm)
 
     def _check_follower_fresh(self, core: RaftCore) -> None:
@@ -305,19 +310,18 @@ class RaftNode:
             raise FollowerBehind(f"node {self.cfg.node_id} is {lag} entries behind its leader "
                                  f"(limit {self.cfg.follower_max_lag})", core.lead)
 
-    def _read_index(self, deadline: float) -> asyncio.Future:
+    def _start_read_index(self, fut: asyncio.Future, deadline: float) -> None:
         ctx = next(self._read_ids)
-        fut = self._loop.create_future()
         self.core.read_index(ctx)  # raises NotLeader when no leader is known
         self._read_waiters[ctx] = (fut, deadline)
         self._kick()
-        return fut
 
-    def _wait_applied(self, index: int, deadline: float) -> asyncio.Future:
-        fut = self._loop.create_future()
-        heapq.heappush(self._apply_waiters, (index, next(self._apply_seq), fut))
-        self._read_waiters[-next(self._read_ids)] = (fut, deadline)  # expiry bookkeeping only
-        return fut
+    def _park(self, index: int, fut: asyncio.Future, deadline: float) -> None:
+        """Resolve `fut` once `index` is applied here."""
+        if self.applied >= index:
+            fut.set_result(None)
+        else:
+            heapq.heappush(self._apply_waiters, (index, next(self._apply_seq), fut, deadline))
 
     async def transfer_leadership(self, target: int, timeout: float = 5.0) -> None:
         """Ask the leader to hand over to `target`; returns once `target` leads."""
@@ -400,7 +404,7 @@ class RaftNode:
             for ctx, index in rd.read_states:
                 w = self._read_waiters.pop(ctx, None)
                 if w is not None and not w[0].done():
-                    w[0].set_result(index)
+                    self._park(index, *w)
         if rd.reads_dropped:
             for ctx in rd.reads_dropped:
                 w = self._read_waiters.pop(ctx, None)
@@ -457,12 +461,12 @@ class RaftNode:
     def _wake_apply_waiters(self) -> None:
         w = self._apply_waiters
         while w and w[0][0] <= self.applied:
-            _, _, fut = heapq.heappop(w)
+            fut = heapq.heappop(w)[2]
             if not fut.done():
                 fut.set_result(None)
 
     def _expire_waiters(self) -> None:
-        if not self._waiters and not self._read_waiters:
+        if not self._waiters and not self._read_waiters and not self._apply_waiters:
             return
         now = time.monotonic()
         expired = []
@@ -479,7 +483,10 @@ class RaftNode:
             for ctx in late:
                 fut, _ = self._read_waiters.pop(ctx)
                 if not fut.done():
-                    fut.set_exception(ReadTimeout("read not confirmed before its deadline"))
+                    fut.set_exception(ReadTimeout("read index not confirmed before the deadline"))
+        for _, _, fut, deadline in self._apply_waiters:
+            if deadline <= now and not fut.done():
+                fut.set_exception(ReadTimeout("read index not applied here before the deadline"))
 
     # ------------------------------------------------------------------ persistence
     async def _persister(self) -> None:
