@@ -51,7 +51,8 @@ def cmd_node(args: argparse.Namespace) -> int:
     if args.unsafe_no_fsync:
         logging.warning("UNSAFE: fsync is off; acknowledged writes can be lost on power failure")
     cfg = NodeConfig(node_id=args.id, peers=args.peers, data_dir=Path(args.data_dir),
-                     tick_s=args.tick_ms / 1000, fsync=not args.unsafe_no_fsync)
+                     tick_s=args.tick_ms / 1000, fsync=not args.unsafe_no_fsync,
+                     snapshot_entries=args.snapshot_entries, compaction_slack=args.compaction_slack)
     sm = KVStateMachine() if args.state_machine == "kv" else CounterStateMachine()
 
     async def main() -> None:
@@ -85,7 +86,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     peers = ",".join(f"{i}=127.0.0.1:{args.raft_port + i - 1}" for i in range(1, n + 1))
     procs: list[subprocess.Popen] = []
     for i in range(1, n + 1):
-        cmd = [sys.executable, "-m", "electra.cli", "node", "--id", str(i), "--peers", peers,
+        cmd = [sys.executable, "-m", "electra.cli", "--log-level", args.log_level, "node", "--id", str(i),
+               "--peers", peers,
                "--client-addr", f"127.0.0.1:{args.client_port + i - 1}",
                "--data-dir", str(base / f"node{i}"), "--state-machine", "kv"]
         procs.append(subprocess.Popen(cmd))
@@ -195,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--data-dir", required=True)
     n.add_argument("--state-machine", choices=["kv", "counter"], default="kv")
     n.add_argument("--tick-ms", type=int, default=100)
+    n.add_argument("--snapshot-entries", type=int, default=100_000, help="snapshot every N applied entries")
+    n.add_argument("--compaction-slack", type=int, default=5000, help="log entries kept behind a snapshot")
     n.add_argument("--unsafe-no-fsync", action="store_true", help="benchmarks only: acks before data is durable")
     n.set_defaults(fn=cmd_node)
 

@@ -34,12 +34,12 @@ class Cluster:
         self.procs: dict[int, subprocess.Popen] = {}
         self.endpoints = {i: ("127.0.0.1", p) for i, p in zip(self.ids, self.client_ports, strict=True)}
 
-    def start(self, i: int) -> None:
+    def start(self, i: int, *extra: str) -> None:
         log = open(self.tmp / f"node{i}.log", "ab")  # noqa: SIM115 - owned by the process
         self.procs[i] = subprocess.Popen(
             [sys.executable, "-m", "electra.cli", "--log-level", "INFO", "node", "--id", str(i),
              "--peers", self.peers, "--client-addr", f"127.0.0.1:{self.client_ports[i - 1]}",
-             "--data-dir", str(self.tmp / f"node{i}"), "--tick-ms", "50"],
+             "--data-dir", str(self.tmp / f"node{i}"), "--tick-ms", "50", *extra],
             stdout=log, stderr=subprocess.STDOUT)
 
     def kill(self, i: int) -> None:
@@ -136,6 +136,49 @@ def test_leader_sigkill_under_load_loses_no_acknowledged_write(tmp_path):
 
     try:
         asyncio.run(asyncio.wait_for(scenario(), timeout=120))
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        cluster.stop_all()
+
+
+def test_follower_behind_the_compacted_log_catches_up_by_install_snapshot(tmp_path):
+    cluster = Cluster(tmp_path)
+    snap = ("--snapshot-entries", "500", "--compaction-slack", "100")
+    for i in cluster.ids:
+        cluster.start(i, *snap)
+
+    async def scenario() -> None:
+        client = RaftClient(cluster.endpoints, timeout=3.0)
+        try:
+            leader = await _find_leader(client, cluster.ids)
+            lagger = next(i for i in cluster.ids if i != leader)
+            await client.propose(encode_put("before", 1))
+            cluster.kill(lagger)
+            for lo in range(0, 3000, 300):
+                await asyncio.gather(*(client.propose(encode_put(f"k{k}", k)) for k in range(lo, lo + 300)))
+            st = await client.status(leader)
+            assert st["log_first_index"] > 1000, st  # the lagger's next entry is long compacted away
+            cluster.start(lagger, *snap)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    lst = await client.status(lagger)
+                except (OSError, TimeoutError):
+                    lst = {"applied_index": 0}
+                lead_st = await client.status(leader)
+                if lst["applied_index"] >= lead_st["commit_index"] > 3000:
+                    break
+                assert time.monotonic() < deadline, f"no catch-up: {lst} vs {lead_st}"
+                await asyncio.sleep(0.2)
+            assert lst["snapshots_installed"] >= 1 and lead_st["snapshots_sent"] >= 1
+            assert await client.propose(encode_get("k2999")) == 2999
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 120))
     except BaseException:
         print(cluster.logs())
         raise
