@@ -1,0 +1,79 @@
+"""The controller's log entries: one msgpack map per client request that writes.
+
+A command carries everything its outcome depends on besides the replicated
+state: the request's fields, and, where liveness matters, the proposer's clock
+(`now_ms`) and the heartbeat records of that broker set (`live`). Apply
+validates against the replicated state at that moment (compare-and-set), so two
+conflicting requests proposed concurrently have exactly one winner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgpack
+
+from .liveness import BrokerLiveInfo
+
+APPLY_BROKER_ID = "apply_broker_id"
+REGISTER_BROKER = "register_broker"
+ELECT_MASTER = "elect_master"
+ALTER_SYNC_STATE_SET = "alter_sync_state_set"
+CLEAN_BROKER_DATA = "clean_broker_data"
+OPS = (APPLY_BROKER_ID, REGISTER_BROKER, ELECT_MASTER, ALTER_SYNC_STATE_SET, CLEAN_BROKER_DATA)
+CONTROLLER_TRIGGER = -1  # broker id of an election the controller itself triggers
+
+
+def _live(live: dict[int, BrokerLiveInfo] | Iterable[BrokerLiveInfo]) -> list[dict]:
+    infos = live.values() if isinstance(live, dict) else live
+    return [i.to_wire() for i in sorted(infos, key=lambda i: i.broker_id)]
+
+
+def _pack(d: dict) -> bytes:
+    return msgpack.packb(d, use_bin_type=True)
+
+
+def apply_broker_id(cluster: str, name: str, broker_id: int, check_code: str) -> bytes:
+    return _pack({"op": APPLY_BROKER_ID, "cluster": cluster, "name": name, "broker_id": broker_id,
+                  "check_code": check_code})
+
+
+def register_broker(cluster: str, name: str, broker_id: int, addr: str, now_ms: int, live) -> bytes:
+    return _pack({"op": REGISTER_BROKER, "cluster": cluster, "name": name, "broker_id": broker_id,
+                  "addr": addr, "now_ms": now_ms, "live": _live(live)})
+
+
+def elect_master(cluster: str, name: str, broker_id: int, now_ms: int, live, *, designate: bool = False,
+                 unclean: bool = False) -> bytes:
+    """`broker_id` is the requesting broker, the admin's choice (`designate`), or CONTROLLER_TRIGGER."""
+    return _pack({"op": ELECT_MASTER, "cluster": cluster, "name": name, "broker_id": broker_id,
+                  "designate": designate, "unclean": unclean, "now_ms": now_ms, "live": _live(live)})
+
+
+def alter_sync_state_set(name: str, master_id: int, master_epoch: int, new_set: Iterable[int],
+                         sync_state_set_epoch: int, now_ms: int, live) -> bytes:
+    return _pack({"op": ALTER_SYNC_STATE_SET, "name": name, "master_id": master_id,
+                  "master_epoch": master_epoch, "new_set": sorted(set(new_set)),
+                  "sync_state_set_epoch": sync_state_set_epoch, "now_ms": now_ms, "live": _live(live)})
+
+
+def clean_broker_data(cluster: str | None, name: str, ids: Iterable[int] | None, clean_living: bool,
+                      now_ms: int, live) -> bytes:
+    return _pack({"op": CLEAN_BROKER_DATA, "cluster": cluster, "name": name,
+                  "ids": None if ids is None else sorted(set(ids)), "clean_living": clean_living,
+                  "now_ms": now_ms, "live": _live(live)})
+
+
+def decode(data: bytes) -> dict:
+    """Decode a command; raises ValueError for anything that is not one."""
+    try:
+        cmd = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise ValueError(f"undecodable controller command: {exc}") from exc
+    if not isinstance(cmd, dict) or cmd.get("op") not in OPS:
+        raise ValueError(f"not a controller command: {cmd!r:.80}")
+    return cmd
+
+
+def live_of(cmd: dict) -> dict[int, BrokerLiveInfo]:
+    return {d["broker_id"]: BrokerLiveInfo.from_wire(d) for d in cmd.get("live") or ()}
