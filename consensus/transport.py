@@ -174,8 +174,9 @@ class PeerTransport:
             backoff = 0.05
             self.stats["reconnects"] += 1
             task = self._attach(peer, reader, writer)
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(task)
+            # Wait for the connection to end; unlike awaiting the task, this neither raises when a
+            # newer connection cancels the reader nor swallows our own cancellation.
+            await asyncio.wait({task})
             if self._stopping:
                 return
             await asyncio.sleep(0.05 * (0.5 + random.random()))

@@ -53,6 +53,8 @@ def cmd_node(args: argparse.Namespace) -> int:
     cfg = NodeConfig(node_id=args.id, peers=args.peers, data_dir=Path(args.data_dir),
                      tick_s=args.tick_ms / 1000, fsync=not args.unsafe_no_fsync,
                      snapshot_entries=args.snapshot_entries, compaction_slack=args.compaction_slack)
+    if args.state_machine == "controller":
+        return _run_controller_node(args, cfg)
     sm = KVStateMachine() if args.state_machine == "kv" else CounterStateMachine()
 
     async def main() -> None:
@@ -78,6 +80,35 @@ def cmd_node(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_controller_node(args: argparse.Namespace, cfg) -> int:
+    from electra.api.server import start_controller_node
+
+    host, port = args.http_addr
+    http_peers = args.http_peers or {args.id: f"{host}:{port}"}
+
+    async def main() -> None:
+        ctl = await start_controller_node(cfg, host, port, http_peers)
+        print(f"controller node {args.id} raft={args.peers[args.id][0]}:{args.peers[args.id][1]} "
+              f"http=http://{host}:{port} data={args.data_dir}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await ctl.stop()
+
+    try:
+        asyncio.run(main())
+    except Exception as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def parse_http_peers(text: str) -> dict[int, str]:
+    return {i: f"{h}:{p}" for i, (h, p) in parse_peers(text).items()}
+
+
 # --------------------------------------------------------------------------- electra up
 def cmd_up(args: argparse.Namespace) -> int:
     """Start a local cluster of `--nodes` processes; Ctrl-C stops them all."""
@@ -85,19 +116,22 @@ def cmd_up(args: argparse.Namespace) -> int:
     n = args.nodes
     peers = ",".join(f"{i}=127.0.0.1:{args.raft_port + i - 1}" for i in range(1, n + 1))
     procs: list[subprocess.Popen] = []
+    http_peers = ",".join(f"{i}=127.0.0.1:{args.http_port + i - 1}" for i in range(1, n + 1))
+    endpoints = [f"127.0.0.1:{args.http_port + i - 1}" for i in range(1, n + 1)]
     for i in range(1, n + 1):
         cmd = [sys.executable, "-m", "electra.cli", "--log-level", args.log_level, "node", "--id", str(i),
-               "--peers", peers,
-               "--client-addr", f"127.0.0.1:{args.client_port + i - 1}",
-               "--data-dir", str(base / f"node{i}"), "--state-machine", "kv"]
+               "--peers", peers, "--http-addr", endpoints[i - 1], "--http-peers", http_peers,
+               "--data-dir", str(base / f"node{i}"), "--state-machine", "controller"]
         procs.append(subprocess.Popen(cmd))
-    print(f"started {n} nodes; raft peers {peers}; client ports {args.client_port}..{args.client_port + n - 1}")
+    print(f"started {n} controller nodes; raft peers {peers}")
+    for ep in endpoints:
+        print(f"  http://{ep}  (API docs: http://{ep}/docs, metrics: http://{ep}/metrics)")
     print("waiting for a leader ...", flush=True)
     try:
-        leader = asyncio.run(_wait_for_leader(args.client_port, n, timeout=30))
+        leader = asyncio.run(_wait_for_http_leader(endpoints, timeout=30))
         print(f"leader elected: node {leader}. Ctrl-C stops the cluster.", flush=True)
-        if args.demo_writes:
-            asyncio.run(_demo_writes(args.client_port, n, args.demo_writes))
+        if args.demo_groups:
+            asyncio.run(_demo_groups(endpoints, args.demo_groups))
             if args.exit_after_demo:
                 return 0
         while all(p.poll() is None for p in procs):
@@ -117,41 +151,48 @@ def cmd_up(args: argparse.Namespace) -> int:
                 p.kill()
 
 
-async def _wait_for_leader(client_port: int, n: int, timeout: float) -> int:
-    from electra.consensus.client import RaftClient
+async def _wait_for_http_leader(endpoints: list[str], timeout: float) -> int:
+    from electra.api.client import ControllerClient
 
-    client = RaftClient({i: ("127.0.0.1", client_port + i - 1) for i in range(1, n + 1)}, timeout=1.0)
+    client = ControllerClient(endpoints)
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            for i in range(1, n + 1):
+            for ep in endpoints:
                 try:
-                    st = await client.status(i)
-                except (OSError, TimeoutError):
+                    md = await client.metadata(ep)
+                except Exception:
                     continue
-                if st["role"] == "leader":
-                    return i
+                if md.get("is_leader"):
+                    return md["node_id"]
             await asyncio.sleep(0.2)
         raise TimeoutError(f"no leader within {timeout}s")
     finally:
         await client.close()
 
 
-async def _demo_writes(client_port: int, n: int, count: int) -> None:
-    from electra.consensus.client import RaftClient
-    from electra.consensus.kv import encode_put
+async def _demo_groups(endpoints: list[str], groups: int) -> None:
+    """Register broker sets of 3 replicas the way RocketMQ 5 brokers do, and elect their masters."""
+    from electra.api.client import ControllerClient
 
-    client = RaftClient({i: ("127.0.0.1", client_port + i - 1) for i in range(1, n + 1)})
+    client = ControllerClient(endpoints)
     t0 = time.monotonic()
     try:
-        step = max(1, count // 10)
-        for done in range(0, count, step):
-            await asyncio.gather(*(client.propose(encode_put(f"demo{k}", k))
-                                   for k in range(done, min(count, done + step))))
-            print(f"  demo writes: {min(count, done + step)}/{count}", flush=True)
+        for g in range(groups):
+            name = f"broker-{g}"
+            for _ in range(3):
+                nxt = (await client.next_broker_id("demo", name))["header"]["nextBrokerId"]
+                addr = f"127.0.0.{g % 250 + 1}:{10911 + nxt}"
+                await client.apply_broker_id("demo", name, nxt, f"{addr};{int(time.time() * 1000)}")
+                await client.heartbeat("demo", name, nxt, addr, epoch=0, maxOffset=0)
+                await client.register("demo", name, nxt, addr)
+            r = await client.elect_master("demo", name, 1)
+            if (g + 1) % max(1, groups // 10) == 0 or g + 1 == groups:
+                print(f"  demo: {g + 1}/{groups} broker sets registered; {name} master="
+                      f"{r['header'].get('masterBrokerId')} epoch={r['header'].get('masterEpoch')}", flush=True)
     finally:
         await client.close()
-    print(f"demo: {count} replicated writes in {time.monotonic() - t0:.2f}s", flush=True)
+    print(f"demo: {groups} broker sets x 3 replicas registered in {time.monotonic() - t0:.2f}s", flush=True)
 
 
 # --------------------------------------------------------------------------- electra sim
@@ -195,7 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--peers", type=parse_peers, required=True, help="ID=HOST:PORT,... raft addresses of all members")
     n.add_argument("--client-addr", type=parse_addr, default=("127.0.0.1", 0))
     n.add_argument("--data-dir", required=True)
-    n.add_argument("--state-machine", choices=["kv", "counter"], default="kv")
+    n.add_argument("--state-machine", choices=["controller", "kv", "counter"], default="controller",
+                   help="controller (HTTP API) or the engine's test state machines (binary client protocol)")
+    n.add_argument("--http-addr", type=parse_addr, default=("127.0.0.1", 7301), help="controller HTTP API address")
+    n.add_argument("--http-peers", type=parse_http_peers, default=None,
+                   help="ID=HOST:PORT,... HTTP API of every member (for redirects to the leader)")
     n.add_argument("--tick-ms", type=int, default=100)
     n.add_argument("--snapshot-entries", type=int, default=100_000, help="snapshot every N applied entries")
     n.add_argument("--compaction-slack", type=int, default=5000, help="log entries kept behind a snapshot")
@@ -206,8 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--nodes", type=int, default=3, choices=[1, 3, 5])
     u.add_argument("--data-dir", default=".electra/local")
     u.add_argument("--raft-port", type=int, default=7101)
-    u.add_argument("--client-port", type=int, default=7201)
-    u.add_argument("--demo-writes", type=int, default=1000, help="replicated writes to issue once a leader exists")
+    u.add_argument("--http-port", type=int, default=7301)
+    u.add_argument("--demo-groups", type=int, default=20, help="broker sets to register once a leader exists")
     u.add_argument("--exit-after-demo", action="store_true")
     u.set_defaults(fn=cmd_up)
 

@@ -1,0 +1,247 @@
+"""The HTTP API of one controller node (FastAPI on uvicorn).
+
+RocketMQ response codes travel in the body (`code`, `remark`, `header`, `body`)
+with an HTTP status that says the same thing: 200 success, 404 unknown broker
+set or broker, 409 a state conflict (fenced epoch, invalid master, ...), 400 an
+invalid request, 503 not ready here (no leader known, follower too stale), 504
+outcome unknown. Bad input never reaches the state machine: pydantic rejects it
+with a 422 naming the field.
+
+Writes sent to a follower are **redirected** (307, `Location` on the leader's
+API, body code 2007 CONTROLLER_NOT_LEADER with the leader's id and address):
+one hop fewer than forwarding, the client learns the leader, and a 307 keeps the
+method and body. Reads on a follower are follower reads, served there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Annotated
+
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from pydantic import BaseModel, Field
+
+from electra.consensus.errors import FollowerBehind, NotLeader, ProposalTimeout, RaftError, ReadTimeout
+from electra.state.codes import Code
+
+from .service import ControllerService
+
+Name = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.:%\-]+$")]
+BrokerId = Annotated[int, Field(ge=1, le=2**62)]
+
+_STATUS = {Code.SUCCESS: 200, Code.CONTROLLER_BROKER_METADATA_NOT_EXIST: 404,
+           Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED: 404, Code.CONTROLLER_INVALID_REQUEST: 400,
+           Code.SYSTEM_ERROR: 500}
+
+
+class Heartbeat(BaseModel):
+    clusterName: Name
+    brokerName: Name
+    brokerAddr: Annotated[str, Field(min_length=1, max_length=255)]
+    brokerId: BrokerId
+    epoch: int = -1
+    maxOffset: int = -1
+    confirmOffset: int = -1
+    heartbeatTimeoutMillis: Annotated[int, Field(ge=100, le=3_600_000)] = 10_000
+    electionPriority: int = 2**31 - 1
+
+
+class ApplyBrokerId(BaseModel):
+    clusterName: Name
+    brokerId: BrokerId
+    registerCheckCode: Annotated[str, Field(min_length=1, max_length=512)]
+
+
+class RegisterBroker(BaseModel):
+    clusterName: Name
+    brokerId: BrokerId
+    brokerAddress: Annotated[str, Field(min_length=1, max_length=255)]
+
+
+class ElectMaster(BaseModel):
+    clusterName: Name
+    brokerId: BrokerId
+
+
+class AlterSyncStateSet(BaseModel):
+    masterBrokerId: BrokerId
+    masterEpoch: Annotated[int, Field(ge=0)]
+    syncStateSet: Annotated[list[BrokerId], Field(min_length=1, max_length=64)]
+    syncStateSetEpoch: Annotated[int, Field(ge=0)]
+
+
+class SyncStateDataRequest(BaseModel):
+    brokerNames: Annotated[list[Name], Field(min_length=1, max_length=10_000)]
+
+
+class CleanBrokerData(BaseModel):
+    clusterName: Name | None = None
+    brokerIds: Annotated[list[BrokerId], Field(max_length=64)] | None = None
+    cleanLivingBroker: bool = False
+
+
+class _RaftCollector:
+    """Raft role, term, indexes and batching, read from the node at scrape time."""
+
+    def __init__(self, svc: ControllerService) -> None:
+        self.svc = svc
+
+    def collect(self):
+        st = self.svc.node.status()
+        role = GaugeMetricFamily("electra_raft_role", "1 for the current role of this node", labels=["role"])
+        for r in ("follower", "pre_candidate", "candidate", "leader"):
+            role.add_metric([r], 1.0 if st["role"] == r else 0.0)
+        yield role
+        for key, doc in (("term", "current term"), ("commit_index", "commit index"),
+                         ("applied_index", "applied index"), ("snapshot_index", "newest snapshot index")):
+            yield GaugeMetricFamily(f"electra_raft_{key}", doc, value=st[key])
+        batches = max(1, st["batches"])
+        yield GaugeMetricFamily("electra_raft_proposal_batch_avg", "average proposals per batch",
+                                value=st["proposals"] / batches)
+        yield GaugeMetricFamily("electra_raft_proposal_batch_max", "largest proposal batch", value=st["max_batch"])
+        el = GaugeMetricFamily("electra_elections", "ElectMaster outcomes handled by this node", labels=["result"])
+        for k, v in self.svc.elections.items():
+            el.add_metric([k], v)
+        yield el
+
+
+def create_app(svc: ControllerService) -> FastAPI:
+    app = FastAPI(title="Electra controller", version="0.1.0",
+                  description="RocketMQ 5 controller semantics on a Raft-replicated state machine")
+    registry = CollectorRegistry()
+    requests = Counter("electra_requests", "requests by endpoint and RocketMQ code", ["endpoint", "code"],
+                       registry=registry)
+    latency = Histogram("electra_request_seconds", "request latency by endpoint", ["endpoint"], registry=registry,
+                        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5))
+    registry.register(_RaftCollector(svc))
+
+    def reply(endpoint: str, res: dict, t0: float) -> JSONResponse:
+        code = res["code"]
+        requests.labels(endpoint, str(code)).inc()
+        latency.labels(endpoint).observe(time.perf_counter() - t0)
+        status = _STATUS.get(code, 409 if code >= 2000 else 500)
+        return JSONResponse(res, status_code=status)
+
+    async def run(endpoint: str, request: Request, coro) -> JSONResponse:
+        t0 = time.perf_counter()
+        try:
+            res = await coro
+        except NotLeader as exc:
+            addr = exc.leader_addr or svc.leader_address()
+            body = {"code": int(Code.CONTROLLER_NOT_LEADER), "remark": "The controller is not in leader state",
+                    "leader": exc.leader_id or None, "leaderAddress": addr}
+            requests.labels(endpoint, str(int(Code.CONTROLLER_NOT_LEADER))).inc()
+            if addr:
+                loc = f"http://{addr}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
+                return JSONResponse(body, status_code=307, headers={"Location": loc})
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+        except (FollowerBehind, ReadTimeout) as exc:
+            requests.labels(endpoint, str(int(Code.CONTROLLER_NOT_LEADER))).inc()
+            return JSONResponse({"code": int(Code.CONTROLLER_NOT_LEADER), "remark": str(exc),
+                                 "leader": getattr(exc, "leader_id", None) or None,
+                                 "leaderAddress": svc.leader_address()},
+                                status_code=503, headers={"Retry-After": "1"})
+        except ProposalTimeout as exc:
+            requests.labels(endpoint, str(int(Code.SYSTEM_ERROR))).inc()
+            return JSONResponse({"code": int(Code.SYSTEM_ERROR), "remark": f"outcome unknown: {exc}"},
+                                status_code=504)
+        except RaftError as exc:
+            requests.labels(endpoint, str(int(Code.SYSTEM_ERROR))).inc()
+            return JSONResponse({"code": int(Code.SYSTEM_ERROR), "remark": f"{type(exc).__name__}: {exc}"},
+                                status_code=503, headers={"Retry-After": "1"})
+        return reply(endpoint, res, t0)
+
+    async def done(value):
+        return value
+
+    # ------------------------------------------------------------------ broker endpoints
+    @app.post("/v1/heartbeat", tags=["broker"])
+    async def heartbeat(hb: Heartbeat, request: Request):
+        return await run("heartbeat", request, done(svc.heartbeat(
+            hb.clusterName, hb.brokerName, hb.brokerId, hb.brokerAddr, epoch=hb.epoch, max_offset=hb.maxOffset,
+            confirm_offset=hb.confirmOffset, timeout_ms=hb.heartbeatTimeoutMillis, priority=hb.electionPriority)))
+
+    @app.get("/v1/broker-sets/{name}/next-broker-id", tags=["broker"])
+    async def next_broker_id(name: Name, request: Request, cluster: Annotated[str, Query(min_length=1)]):
+        return await run("next_broker_id", request, svc.get_next_broker_id(cluster, name))
+
+    @app.post("/v1/broker-sets/{name}/apply-broker-id", tags=["broker"])
+    async def apply_broker_id(name: Name, req: ApplyBrokerId, request: Request):
+        return await run("apply_broker_id", request,
+                         svc.apply_broker_id(req.clusterName, name, req.brokerId, req.registerCheckCode))
+
+    @app.post("/v1/broker-sets/{name}/register", tags=["broker"])
+    async def register(name: Name, req: RegisterBroker, request: Request):
+        return await run("register_broker", request,
+                         svc.register_broker(req.clusterName, name, req.brokerId, req.brokerAddress))
+
+    @app.post("/v1/broker-sets/{name}/elect-master", tags=["broker"])
+    async def elect_master(name: Name, req: ElectMaster, request: Request):
+        return await run("elect_master", request, svc.elect_master(req.clusterName, name, req.brokerId))
+
+    @app.post("/v1/broker-sets/{name}/sync-state-set", tags=["broker"])
+    async def alter_sync_state_set(name: Name, req: AlterSyncStateSet, request: Request):
+        return await run("alter_sync_state_set", request, svc.alter_sync_state_set(
+            name, req.masterBrokerId, req.masterEpoch, req.syncStateSet, req.syncStateSetEpoch))
+
+    @app.get("/v1/broker-sets/{name}/replica-info", tags=["broker"])
+    async def replica_info(name: Name, request: Request):
+        return await run("replica_info", request, svc.get_replica_info(name))
+
+    @app.get("/v1/broker-sets/{name}/watch", tags=["broker"])
+    async def watch(name: Name, request: Request):
+        """Server-sent events: one `role-change` event per election or sync-state-set change."""
+        q = svc.subscribe(name)
+
+        async def stream():
+            try:
+                yield ": watching " + name + "\n\n"
+                while not await request.is_disconnected():
+                    try:
+                        ev = await asyncio.wait_for(q.get(), timeout=5.0)
+                    except TimeoutError:
+                        yield ": keep-alive\n\n"
+                        continue
+                    yield f"event: role-change\ndata: {json.dumps(ev)}\n\n"
+            finally:
+                svc.unsubscribe(name, q)
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    # ------------------------------------------------------------------ admin endpoints
+    @app.post("/v1/admin/sync-state-data", tags=["admin"])
+    async def sync_state_data(req: SyncStateDataRequest, request: Request):
+        return await run("sync_state_data", request, done(svc.get_sync_state_data(req.brokerNames)))
+
+    @app.post("/v1/admin/broker-sets/{name}/clean", tags=["admin"])
+    async def clean(name: Name, req: CleanBrokerData, request: Request):
+        return await run("clean_broker_data", request,
+                         svc.clean_broker_data(req.clusterName, name, req.brokerIds, req.cleanLivingBroker))
+
+    @app.post("/v1/admin/broker-sets/{name}/elect-master", tags=["admin"])
+    async def admin_elect(name: Name, req: ElectMaster, request: Request):
+        return await run("admin_elect_master", request,
+                         svc.elect_master(req.clusterName, name, req.brokerId, designate=True))
+
+    @app.get("/v1/admin/metadata", tags=["admin"])
+    async def metadata():
+        return svc.metadata()
+
+    # ------------------------------------------------------------------ operations
+    @app.get("/healthz", tags=["ops"])
+    async def healthz():
+        st = svc.node.status()
+        ok = st["role"] != "stopped"
+        return JSONResponse({"ok": ok, "role": st["role"], "leader_id": st["leader_id"]},
+                            status_code=200 if ok else 503)
+
+    @app.get("/metrics", tags=["ops"])
+    async def metrics():
+        return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
+
+    return app

@@ -1,0 +1,57 @@
+"""Run one controller node: Raft node + controller state machine + HTTP API, in one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import uvicorn
+
+from electra.consensus.node import NodeConfig, RaftNode
+from electra.state.machine import ControllerStateMachine
+
+from .app import create_app
+from .service import ControllerService
+
+log = logging.getLogger("electra.api.server")
+
+
+@dataclass
+class ControllerNode:
+    """A running controller node; `stop()` shuts the HTTP server, the service and Raft down in order."""
+
+    node: RaftNode
+    service: ControllerService
+    server: uvicorn.Server
+    task: asyncio.Task = field(repr=False)
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await asyncio.gather(self.task, return_exceptions=True)
+        await self.service.stop()
+        await self.node.stop()
+
+
+async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int, http_peers: dict[int, str], *,
+                                unclean_election: bool = False, scan_interval_s: float = 5.0) -> ControllerNode:
+    sm = ControllerStateMachine()
+    node = RaftNode(cfg, sm)
+    await node.start()
+    service = ControllerService(node, sm, http_peers=http_peers, unclean_election=unclean_election,
+                                scan_interval_s=scan_interval_s)
+    service.start()
+    config = uvicorn.Config(create_app(service), host=http_host, port=http_port, log_level="warning",
+                            lifespan="off", access_log=False)
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # the caller owns signals
+    task = asyncio.create_task(server.serve())
+    for _ in range(200):  # bounded wait for the socket
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.01)
+    if task.done():
+        await node.stop()
+        raise RuntimeError(f"HTTP server on {http_host}:{http_port} failed to start: {task.exception()!r}")
+    log.info("controller node %d: http://%s:%d", cfg.node_id, http_host, http_port)
+    return ControllerNode(node, service, server, task)

@@ -1,0 +1,163 @@
+"""The controller service: RocketMQ controller requests on top of one Raft node.
+
+Requests are handled concurrently (no single-threaded queue): writes build a
+command, carrying this node's liveness view where the outcome depends on it,
+and `propose()` it; the engine batches concurrent proposals. Consistent reads
+(next broker id, replica info) are ReadIndex reads on the leader and bounded-
+staleness follower reads on followers; the admin's sync-state data is a stale
+local read. Heartbeats only update this node's liveness table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from electra.consensus.core import Role
+from electra.consensus.errors import NotLeader
+from electra.consensus.node import RaftNode
+from electra.state import commands as C
+from electra.state.codes import Code
+from electra.state.liveness import LivenessTable
+from electra.state.machine import ControllerStateMachine
+
+log = logging.getLogger("electra.api.service")
+
+
+class ControllerService:
+    def __init__(self, node: RaftNode, sm: ControllerStateMachine, *, http_peers: dict[int, str] | None = None,
+                 unclean_election: bool = False, scan_interval_s: float = 5.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.node = node
+        self.sm = sm
+        self.liveness = LivenessTable()
+        self.http_peers = http_peers or {}
+        self.unclean = unclean_election
+        self.scan_interval_s = scan_interval_s
+        self.clock = clock
+        self._watchers: dict[str, set[asyncio.Queue]] = {}
+        self._scan_task: asyncio.Task | None = None
+        self.elections = {"success": 0, "failed": 0, "still_exist": 0}
+        sm.on_event(self._on_event)
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def leader_address(self) -> str | None:
+        return self.http_peers.get(self.node.leader_id)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._scan_task = asyncio.create_task(self._scan_inactive_masters())
+
+    async def stop(self) -> None:
+        if self._scan_task:
+            self._scan_task.cancel()
+            await asyncio.gather(self._scan_task, return_exceptions=True)
+
+    # ------------------------------------------------------------------ requests
+    def heartbeat(self, cluster: str, name: str, broker_id: int, addr: str, *, epoch: int = -1,
+                  max_offset: int = -1, confirm_offset: int = -1, timeout_ms: int = 10_000,
+                  priority: int = 2**31 - 1) -> dict:
+        self.liveness.on_heartbeat(cluster, name, broker_id, addr, self.now_ms(), timeout_ms=timeout_ms,
+                                   epoch=epoch, max_offset=max_offset, confirm_offset=confirm_offset,
+                                   priority=priority)
+        return {"code": 0, "remark": "Heart beat success"}
+
+    async def _read(self, fn: Callable[[ControllerStateMachine], dict]) -> dict:
+        mode = "linearizable" if self.node.role == Role.LEADER else "follower"
+        return await self.node.read(lambda sm: fn(sm), mode=mode)
+
+    async def get_next_broker_id(self, cluster: str, name: str) -> dict:
+        return await self._read(lambda sm: sm.get_next_broker_id(cluster, name))
+
+    async def get_replica_info(self, name: str) -> dict:
+        return await self._read(lambda sm: sm.get_replica_info(name))
+
+    def get_sync_state_data(self, names: list[str]) -> dict:
+        return self.sm.get_sync_state_data(names, self.liveness.group_by_name, self.now_ms())
+
+    async def _write(self, cmd: bytes) -> dict:
+        if self.node.role != Role.LEADER:
+            raise NotLeader(self.node.leader_id, self.leader_address())
+        res = await self.node.propose(cmd)
+        return {k: v for k, v in res.items() if k != "events"}
+
+    async def apply_broker_id(self, cluster: str, name: str, broker_id: int, check_code: str) -> dict:
+        return await self._write(C.apply_broker_id(cluster, name, broker_id, check_code))
+
+    async def register_broker(self, cluster: str, name: str, broker_id: int, addr: str) -> dict:
+        return await self._write(C.register_broker(cluster, name, broker_id, addr, self.now_ms(),
+                                                   self.liveness.group(cluster, name)))
+
+    async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False) -> dict:
+        live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
+        res = await self._write(C.elect_master(cluster, name, broker_id, self.now_ms(), live,
+                                               designate=designate, unclean=self.unclean))
+        key = {Code.SUCCESS: "success", Code.CONTROLLER_MASTER_STILL_EXIST: "still_exist"}.get(res["code"], "failed")
+        self.elections[key] += 1
+        return res
+
+    async def alter_sync_state_set(self, name: str, master_id: int, master_epoch: int, new_set: list[int],
+                                   sync_state_set_epoch: int) -> dict:
+        return await self._write(C.alter_sync_state_set(name, master_id, master_epoch, new_set,
+                                                        sync_state_set_epoch, self.now_ms(),
+                                                        self.liveness.group_by_name(name)))
+
+    async def clean_broker_data(self, cluster: str | None, name: str, ids: list[int] | None,
+                                clean_living: bool) -> dict:
+        live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
+        return await self._write(C.clean_broker_data(cluster, name, ids, clean_living, self.now_ms(), live))
+
+    def metadata(self) -> dict[str, Any]:
+        st = self.node.status()
+        return {**st, "leader_address": self.leader_address(),
+                "http_peers": {str(k): v for k, v in sorted(self.http_peers.items())},
+                "is_leader": self.node.role == Role.LEADER, "broker_sets": len(self.sm.sets),
+                "live_brokers": len(self.liveness)}
+
+    # ------------------------------------------------------------------ watch (NOTIFY_BROKER_ROLE_CHANGED)
+    def subscribe(self, name: str) -> asyncio.Queue:
+        q: asyncio.Queue = asyncio.Queue(maxsize=1000)
+        self._watchers.setdefault(name, set()).add(q)
+        return q
+
+    def unsubscribe(self, name: str, q: asyncio.Queue) -> None:
+        self._watchers.get(name, set()).discard(q)
+
+    def _on_event(self, index: int, ev: dict) -> None:
+        if ev.get("type") not in ("ElectMaster", "AlterSyncStateSet"):
+            return
+        for q in list(self._watchers.get(ev["brokerName"], ())):
+            bs = self.sm.sets.get(ev["brokerName"])
+            payload = {"index": index, **ev, "masterBrokerId": bs.master_id if bs else None,
+                       "masterAddress": bs.address(bs.master_id) if bs else None,
+                       "masterEpoch": bs.master_epoch if bs else None,
+                       "syncStateSet": sorted(bs.sync_state_set) if bs else [],
+                       "syncStateSetEpoch": bs.sync_state_set_epoch if bs else None}
+            try:
+                q.put_nowait(payload)
+            except asyncio.QueueFull:
+                log.warning("watcher of %s is too slow; dropping an event", ev["brokerName"])
+
+    # ------------------------------------------------------------------ controller-triggered elections
+    async def _scan_inactive_masters(self) -> None:
+        """RocketMQ's scanInactiveMasterAndTriggerReelect, on the leader, from this node's heartbeats."""
+        while True:
+            await asyncio.sleep(self.scan_interval_s)
+            if self.node.role != Role.LEADER:
+                continue
+            self.liveness.expire(self.now_ms() - 60_000)  # forget brokers silent for a minute past timeout
+            for name in self.sm.sets_needing_election(self.liveness.group_by_name, self.now_ms()):
+                bs = self.sm.sets.get(name)
+                if bs is None:
+                    continue
+                try:
+                    res = await self.elect_master(bs.cluster, name, C.CONTROLLER_TRIGGER)
+                    log.info("controller-triggered election in %s: code %d master %s", name, res["code"],
+                             res["header"].get("masterBrokerId"))
+                except Exception as exc:  # keep scanning other sets
+                    log.warning("controller-triggered election in %s failed: %r", name, exc)

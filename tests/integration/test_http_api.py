@@ -1,0 +1,146 @@
+"""Three controller nodes with real HTTP servers on loopback: the RocketMQ broker flow end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+
+from electra.api.client import ControllerClient
+from electra.api.server import start_controller_node
+from electra.bench.common import free_ports
+from electra.consensus.core import RaftConfig
+from electra.consensus.node import NodeConfig
+from electra.state.codes import Code
+
+pytestmark = pytest.mark.integration
+
+
+async def _cluster(tmp_path):
+    ports = free_ports(6)
+    peers = {i + 1: ("127.0.0.1", ports[i]) for i in range(3)}
+    http = {i + 1: f"127.0.0.1:{ports[3 + i]}" for i in range(3)}
+    nodes = {}
+    try:
+        for i in peers:
+            cfg = NodeConfig(node_id=i, peers=peers, data_dir=tmp_path / f"n{i}", tick_s=0.05,
+                             raft=RaftConfig(election_ticks=10, heartbeat_ticks=1))
+            nodes[i] = await start_controller_node(cfg, "127.0.0.1", ports[2 + i], http, scan_interval_s=0.2)
+    except BaseException:
+        for n in nodes.values():
+            await n.stop()
+        raise
+    deadline = time.monotonic() + 10
+    while not any(n.node.is_leader and n.node.core.committed_in_term() for n in nodes.values()):
+        assert time.monotonic() < deadline, "no leader"
+        await asyncio.sleep(0.02)
+    return nodes, http
+
+
+async def _register_group(client: ControllerClient, name: str, n: int = 3) -> None:
+    for _ in range(n):
+        nxt = (await client.next_broker_id("c", name))["header"]["nextBrokerId"]
+        addr = f"10.0.0.{nxt}:10911"
+        r = await client.apply_broker_id("c", name, nxt, f"{addr};{nxt}")
+        assert r["code"] == Code.SUCCESS, r
+        await client.heartbeat("c", name, nxt, addr, epoch=1, maxOffset=100 * nxt, heartbeatTimeoutMillis=800)
+        r = await client.register("c", name, nxt, addr)
+        assert r["code"] == Code.SUCCESS, r
+
+
+def test_broker_flow_redirects_follower_reads_errors_metrics_and_watch(tmp_path):
+    async def main():
+        nodes, http = await _cluster(tmp_path)
+        leader_id = next(i for i, n in nodes.items() if n.node.is_leader)
+        follower_ep = next(ep for i, ep in http.items() if i != leader_id)
+        # The first endpoint tried is a follower: writes get redirected and the client learns the leader.
+        client = ControllerClient([follower_ep] + [ep for ep in http.values() if ep != follower_ep])
+        try:
+            await _register_group(client, "b")
+            r = await client.elect_master("c", "b", 1)
+            assert r["code"] == Code.SUCCESS and r["header"]["masterBrokerId"] == 1
+            assert client.preferred == http[leader_id]  # learned the leader from the 307
+            r = await client.alter_sync_state_set("b", 1, 1, [1, 2, 3], 1)
+            assert r["code"] == Code.SUCCESS and r["header"]["newSyncStateSetEpoch"] == 2
+            # The losing side of a concurrent compare-and-set gets the RocketMQ code and a 409.
+            r = await client.alter_sync_state_set("b", 1, 1, [1, 2], 1)
+            assert r["code"] == Code.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH and r["httpStatus"] == 409
+            # Follower read, served by the follower itself.
+            async with httpx.AsyncClient() as raw:
+                fr = await raw.get(f"http://{follower_ep}/v1/broker-sets/b/replica-info")
+                assert fr.status_code == 200 and fr.json()["header"]["masterBrokerId"] == 1
+                bad = await raw.post(f"http://{follower_ep}/v1/broker-sets/b/register",
+                                     json={"clusterName": "c", "brokerId": 0, "brokerAddress": "x"})
+                assert bad.status_code == 422 and "brokerId" in bad.text
+                missing = await raw.get(f"http://{follower_ep}/v1/broker-sets/nope/replica-info")
+                assert missing.status_code == 404
+                assert missing.json()["code"] == Code.CONTROLLER_BROKER_METADATA_NOT_EXIST
+                redirect = await raw.post(f"http://{follower_ep}/v1/broker-sets/b/elect-master",
+                                          json={"clusterName": "c", "brokerId": 2})
+                assert redirect.status_code == 307 and redirect.json()["code"] == Code.CONTROLLER_NOT_LEADER
+                assert redirect.headers["location"].startswith(f"http://{http[leader_id]}/")
+                metrics = (await raw.get(f"http://{http[leader_id]}/metrics")).text
+                assert 'electra_requests_total{code="0",endpoint="elect_master"}' in metrics
+                assert "electra_raft_commit_index" in metrics and 'electra_raft_role{role="leader"} 1.0' in metrics
+                assert (await raw.get(f"http://{follower_ep}/healthz")).json()["ok"]
+                data = await client.sync_state_data(["b"])
+                assert [x["brokerId"] for x in data["body"]["replicasInfoTable"]["b"]["inSyncReplicas"]] == [1, 2, 3]
+
+                # Watch the set on a follower, then let the master's heartbeats lapse: the controller
+                # re-elects (its inactive-master scan), and the watcher hears the new master at once.
+                events: list[dict] = []
+
+                async def watch():
+                    async with raw.stream("GET", f"http://{follower_ep}/v1/broker-sets/b/watch",
+                                          timeout=10) as resp:
+                        async for line in resp.aiter_lines():
+                            if line.startswith("data: "):
+                                events.append(json.loads(line[6:]))
+                                return
+
+                watcher = asyncio.create_task(watch())
+                await asyncio.sleep(0.2)
+                for _ in range(12):  # brokers 2 and 3 keep heart-beating, 1 (the master) is gone
+                    for bid in (2, 3):
+                        await client.heartbeat("c", "b", bid, f"10.0.0.{bid}:10911", epoch=1,
+                                               maxOffset=100 * bid, heartbeatTimeoutMillis=800)
+                    await asyncio.sleep(0.15)
+                    if watcher.done():
+                        break
+                await asyncio.wait_for(watcher, 5)
+                assert events and events[0]["masterBrokerId"] == 3  # the highest max offset wins
+                assert events[0]["masterEpoch"] == 2
+                info = await client.replica_info("b")
+                assert info["header"]["masterBrokerId"] == 3
+        finally:
+            await client.close()
+            for n in nodes.values():
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_leader_failover_keeps_acknowledged_registrations(tmp_path):
+    async def main():
+        nodes, http = await _cluster(tmp_path)
+        client = ControllerClient(list(http.values()))
+        try:
+            for g in range(10):
+                await _register_group(client, f"g{g}", 2)
+            leader_id = next(i for i, n in nodes.items() if n.node.is_leader)
+            await nodes.pop(leader_id).stop()
+            client.preferred = None
+            for g in range(10, 15):
+                await _register_group(client, f"g{g}", 2)
+            for g in range(15):
+                r = await client.request("GET", f"/v1/broker-sets/g{g}/next-broker-id", params={"cluster": "c"})
+                assert r["header"]["nextBrokerId"] == 3, (g, r)
+        finally:
+            await client.close()
+            for n in nodes.values():
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
