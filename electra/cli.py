@@ -53,53 +53,52 @@ def cmd_node(args: argparse.Namespace) -> int:
     cfg = NodeConfig(node_id=args.id, peers=args.peers, data_dir=Path(args.data_dir),
                      tick_s=args.tick_ms / 1000, fsync=not args.unsafe_no_fsync,
                      snapshot_entries=args.snapshot_entries, compaction_slack=args.compaction_slack)
+    raft = f"{args.peers[args.id][0]}:{args.peers[args.id][1]}"
     if args.state_machine == "controller":
-        return _run_controller_node(args, cfg)
+        from electra.api.server import start_controller_node
+
+        host, port = args.http_addr
+        http_peers = args.http_peers or {args.id: f"{host}:{port}"}
+
+        async def start():
+            ctl = await start_controller_node(cfg, host, port, http_peers)
+            print(f"controller node {args.id} raft={raft} http=http://{host}:{port} data={args.data_dir}", flush=True)
+            return ctl.stop
+
+        return _serve_until_signal(start)
     sm = KVStateMachine() if args.state_machine == "kv" else CounterStateMachine()
 
-    async def main() -> None:
+    async def start_kv():
         node = RaftNode(cfg, sm)
         await node.start()
         service = ClientService(node, *args.client_addr)
         await service.start()
-        print(f"node {args.id} raft={args.peers[args.id][0]}:{args.peers[args.id][1]} "
-              f"client={service.host}:{service.port} data={args.data_dir}", flush=True)
+        print(f"node {args.id} raft={raft} client={service.host}:{service.port} data={args.data_dir}", flush=True)
+
+        async def stop() -> None:
+            await service.stop()
+            await node.stop()
+
+        return stop
+
+    return _serve_until_signal(start_kv)
+
+
+def _serve_until_signal(start) -> int:
+    """Run `await start()` (which returns an async stop function) until SIGINT or SIGTERM."""
+
+    async def main() -> None:
+        stop_fn = await start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        await service.stop()
-        await node.stop()
+        await stop_fn()
 
     try:
         asyncio.run(main())
     except Exception as exc:  # startup errors (corrupt log, port in use) get one clear line
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _run_controller_node(args: argparse.Namespace, cfg) -> int:
-    from electra.api.server import start_controller_node
-
-    host, port = args.http_addr
-    http_peers = args.http_peers or {args.id: f"{host}:{port}"}
-
-    async def main() -> None:
-        ctl = await start_controller_node(cfg, host, port, http_peers)
-        print(f"controller node {args.id} raft={args.peers[args.id][0]}:{args.peers[args.id][1]} "
-              f"http=http://{host}:{port} data={args.data_dir}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await ctl.stop()
-
-    try:
-        asyncio.run(main())
-    except Exception as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
