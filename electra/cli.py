@@ -194,6 +194,90 @@ async def _demo_groups(endpoints: list[str], groups: int) -> None:
     print(f"demo: {groups} broker sets x 3 replicas registered in {time.monotonic() - t0:.2f}s", flush=True)
 
 
+# --------------------------------------------------------------------------- electra status / admin
+DEFAULT_ENDPOINTS = "127.0.0.1:7301,127.0.0.1:7302,127.0.0.1:7303"
+
+
+def _endpoints(args: argparse.Namespace) -> list[str]:
+    eps = [e.strip() for e in args.endpoints.split(",") if e.strip()]
+    if not eps:
+        raise SystemExit("error: --endpoints is empty")
+    return eps
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """One line per controller node: role, term, leader, indexes, broker sets."""
+    from electra.api.client import ControllerClient
+
+    async def main() -> int:
+        client = ControllerClient(_endpoints(args), timeout=2.0)
+        rc = 0
+        try:
+            print(f"{'endpoint':<22} {'id':>3} {'role':<10} {'term':>5} {'leader':>6} {'commit':>9} "
+                  f"{'applied':>9} {'snapshot':>9} {'sets':>6} {'live':>6}")
+            for ep in client.endpoints:
+                try:
+                    m = await client.metadata(ep)
+                except Exception as exc:
+                    print(f"{ep:<22} unreachable: {type(exc).__name__}")
+                    rc = 1
+                    continue
+                print(f"{ep:<22} {m['node_id']:>3} {m['role']:<10} {m['term']:>5} {m['leader_id']:>6} "
+                      f"{m['commit_index']:>9} {m['applied_index']:>9} {m['snapshot_index']:>9} "
+                      f"{m['broker_sets']:>6} {m['live_brokers']:>6}")
+        finally:
+            await client.close()
+        return rc
+
+    return asyncio.run(main())
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    """mqadmin-style verbs; prints the RocketMQ response as JSON, exit 0 only for code 0."""
+    import json
+
+    from electra.api.client import ControllerClient
+
+    async def main() -> int:
+        client = ControllerClient(_endpoints(args))
+        try:
+            if args.verb == "get-sync-state":
+                res = await client.sync_state_data(args.broker_sets)
+            elif args.verb == "elect-master":
+                res = await client.elect_master(args.cluster, args.broker_set, args.broker_id, admin=True)
+            elif args.verb == "clean-broker-data":
+                res = await client.clean_broker_data(args.broker_set, cluster=args.cluster,
+                                                     ids=args.broker_ids or None, clean_living=args.clean_living)
+            elif args.verb == "replica-info":
+                res = await client.replica_info(args.broker_set)
+            else:  # metadata
+                res = {"code": 0, "body": [await client.metadata(ep) for ep in client.endpoints]}
+        finally:
+            await client.close()
+        print(json.dumps(res, indent=2, sort_keys=True))
+        return 0 if res.get("code") == 0 else 1
+
+    return asyncio.run(main())
+
+
+def cmd_simulate_brokers(args: argparse.Namespace) -> int:
+    from electra.broker_simulator import run_simulator
+
+    async def stdin_lines():
+        loop = asyncio.get_running_loop()
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if not line:
+                return
+            yield line
+
+    commands = None if args.no_stdin or not sys.stdin or sys.stdin.closed else stdin_lines()
+    stats = asyncio.run(run_simulator(_endpoints(args), args.groups, args.replicas, duration_s=args.duration,
+                                      commands=commands))
+    print(f"simulator stopped: {stats}")
+    return 0
+
+
 # --------------------------------------------------------------------------- electra sim
 def cmd_sim(args: argparse.Namespace) -> int:
     from electra.consensus.simulation import SimConfig, SimulationFailure, run_seed
@@ -264,6 +348,37 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keep-going", action="store_true")
     s.set_defaults(fn=cmd_sim)
 
+    st = sub.add_parser("status", help="role, term, leader and indexes of every controller node")
+    st.add_argument("--endpoints", default=os.environ.get("ELECTRA_ENDPOINTS", DEFAULT_ENDPOINTS))
+    st.set_defaults(fn=cmd_status)
+
+    ad = sub.add_parser("admin", help="mqadmin-style controller verbs")
+    ad.add_argument("--endpoints", default=os.environ.get("ELECTRA_ENDPOINTS", DEFAULT_ENDPOINTS))
+    verbs = ad.add_subparsers(dest="verb", required=True)
+    v = verbs.add_parser("get-sync-state", help="sync-state data of broker sets (GET_SYNC_STATE_DATA)")
+    v.add_argument("broker_sets", nargs="+")
+    v = verbs.add_parser("elect-master", help="admin-designated election (mqadmin electMaster)")
+    v.add_argument("--cluster", required=True)
+    v.add_argument("--broker-set", required=True)
+    v.add_argument("--broker-id", type=int, required=True)
+    v = verbs.add_parser("clean-broker-data", help="remove broker ids, or a whole set (CLEAN_BROKER_DATA)")
+    v.add_argument("--cluster")
+    v.add_argument("--broker-set", required=True)
+    v.add_argument("--broker-ids", type=int, nargs="*")
+    v.add_argument("--clean-living", action="store_true", help="also clean brokers that are alive")
+    v = verbs.add_parser("replica-info", help="master, epochs and sync-state set of one broker set")
+    v.add_argument("--broker-set", required=True)
+    verbs.add_parser("metadata", help="every node's controller metadata")
+    ad.set_defaults(fn=cmd_admin)
+
+    sb = sub.add_parser("simulate-brokers", help="RocketMQ-5-like brokers over HTTP (kill/revive from stdin)")
+    sb.add_argument("--endpoints", default=os.environ.get("ELECTRA_ENDPOINTS", DEFAULT_ENDPOINTS))
+    sb.add_argument("--groups", type=int, default=10)
+    sb.add_argument("--replicas", type=int, default=3)
+    sb.add_argument("--duration", type=float, default=None, help="seconds to run (default: until quit/EOF)")
+    sb.add_argument("--no-stdin", action="store_true", help="ignore stdin commands")
+    sb.set_defaults(fn=cmd_simulate_brokers)
+
     b = sub.add_parser("bench", help="run a benchmark from bench/ (ends with a RESULT line)")
     b.add_argument("name")
     b.set_defaults(fn=None)
@@ -275,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise here
     if args.cmd == "bench":
         return cmd_bench(args, extra)
     if extra:

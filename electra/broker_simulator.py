@@ -1,0 +1,249 @@
+"""Simulated RocketMQ 5 brokers in controller mode, over real HTTP.
+
+Each broker follows the broker side of the protocol (reference §4): it gets a
+broker id (GetNextBrokerId, ApplyBrokerId with `address;timestamp` as check
+code), heartbeats every second to every controller with its epoch, max offset,
+confirm offset and priority, registers, asks for an election when there is no
+master, and polls replica info to learn role changes. A master grows its
+offset, and adds replicas that caught up to its sync-state set; replicas follow
+the master's offset. Brokers can be killed (they stop all traffic) and revived
+(they register again with their id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+
+from electra.api.client import ControllerClient
+from electra.state.codes import Code
+
+log = logging.getLogger("electra.broker_simulator")
+
+
+@dataclass
+class SimBroker:
+    cluster: str
+    name: str
+    slot: int  # which replica of its set this is (0-based)
+    addr: str
+    broker_id: int | None = None
+    alive: bool = True
+    role: str = "unknown"  # "master" | "slave" | "unknown"
+    master_id: int | None = None
+    master_epoch: int = 0
+    sync_state_set: list[int] = field(default_factory=list)
+    sync_state_set_epoch: int = 0
+    max_offset: int = 0
+    priority: int = 5
+    errors: int = 0
+
+
+class BrokerFleet:
+    """`groups` broker sets of `replicas` brokers each, all driven from one event loop."""
+
+    def __init__(self, endpoints: list[str], groups: int, replicas: int, *, cluster: str = "sim",
+                 heartbeat_s: float = 1.0, poll_s: float = 5.0, timeout_ms: int = 10_000, seed: int = 0) -> None:
+        if groups < 1 or replicas < 1:
+            raise ValueError("--groups and --replicas must be at least 1")
+        self.client = ControllerClient(endpoints, deadline_s=30)
+        self.heartbeat_s, self.poll_s, self.timeout_ms = heartbeat_s, poll_s, timeout_ms
+        self.rng = random.Random(seed)
+        self.brokers = [SimBroker(cluster, f"{cluster}-set-{g}", r, f"10.{g // 250}.{g % 250}.{r + 1}:10911")
+                        for g in range(groups) for r in range(replicas)]
+        self.by_set: dict[str, list[SimBroker]] = {}
+        for b in self.brokers:
+            self.by_set.setdefault(b.name, []).append(b)
+        self._tasks: list[asyncio.Task] = []
+        self.stats = {"requests": 0, "errors": 0, "elections": 0, "role_changes": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, progress: bool = False) -> None:
+        """Register every broker (sets in parallel, replicas of a set in order), then run them."""
+        done = 0
+        total = len(self.by_set)
+
+        async def register_set(brokers: list[SimBroker]) -> None:
+            nonlocal done
+            for b in brokers:
+                await self._join(b)
+            await self._elect_if_needed(brokers[0])
+            done += 1
+            if progress and (done % max(1, total // 10) == 0 or done == total):
+                print(f"  brokers: {done}/{total} sets registered", flush=True)
+
+        sem = asyncio.Semaphore(64)
+
+        async def bounded(brokers):
+            async with sem:
+                await register_set(brokers)
+
+        await asyncio.gather(*(bounded(bs) for bs in self.by_set.values()))
+        for b in self.brokers:
+            self._tasks.append(asyncio.create_task(self._run(b)))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.client.close()
+
+    def kill(self, name: str, broker_id: int) -> SimBroker:
+        b = self._find(name, broker_id)
+        b.alive = False
+        return b
+
+    def revive(self, name: str, broker_id: int) -> SimBroker:
+        b = self._find(name, broker_id)
+        b.alive = True
+        b.role = "unknown"
+        return b
+
+    def master_of(self, name: str) -> SimBroker | None:
+        return next((b for b in self.by_set[name] if b.role == "master" and b.alive), None)
+
+    def _find(self, name: str, broker_id: int) -> SimBroker:
+        for b in self.by_set.get(name, ()):
+            if b.broker_id == broker_id:
+                return b
+        raise KeyError(f"no broker {broker_id} in {name}")
+
+    # ------------------------------------------------------------------ protocol
+    async def _call(self, coro) -> dict:
+        self.stats["requests"] += 1
+        try:
+            res = await coro
+        except Exception as exc:
+            self.stats["errors"] += 1
+            return {"code": -1, "remark": repr(exc), "header": {}, "body": None}
+        return res
+
+    async def _heartbeat(self, b: SimBroker) -> None:
+        await self._call(self.client.heartbeat(b.cluster, b.name, b.broker_id, b.addr, epoch=b.master_epoch,
+                                               maxOffset=b.max_offset, confirmOffset=b.max_offset,
+                                               heartbeatTimeoutMillis=self.timeout_ms, electionPriority=b.priority))
+
+    async def _join(self, b: SimBroker) -> None:
+        while b.broker_id is None:
+            nxt = (await self._call(self.client.next_broker_id(b.cluster, b.name)))["header"].get("nextBrokerId")
+            if nxt is None:
+                await asyncio.sleep(0.2)
+                continue
+            code = f"{b.addr};{int(time.time() * 1000)}"
+            res = await self._call(self.client.apply_broker_id(b.cluster, b.name, nxt, code))
+            if res["code"] == Code.SUCCESS:
+                b.broker_id = nxt
+            else:
+                await asyncio.sleep(self.rng.uniform(0, 0.2))  # lost the race for that id: start over
+        await self._heartbeat(b)
+        res = await self._call(self.client.register(b.cluster, b.name, b.broker_id, b.addr))
+        self._adopt(b, res.get("header") or {}, res.get("body"))
+
+    def _adopt(self, b: SimBroker, header: dict, body) -> None:
+        master = header.get("masterBrokerId")
+        epoch = header.get("masterEpoch")
+        if epoch is None:
+            return
+        old_role = b.role
+        b.master_id, b.master_epoch = master, epoch
+        b.role = "master" if master == b.broker_id else ("slave" if master is not None else "unknown")
+        if isinstance(body, dict) and "syncStateSet" in body:
+            b.sync_state_set = list(body["syncStateSet"])
+            b.sync_state_set_epoch = body.get("syncStateSetEpoch", header.get("syncStateSetEpoch", 0))
+        elif header.get("syncStateSetEpoch") is not None:
+            b.sync_state_set_epoch = header["syncStateSetEpoch"]
+        if old_role != b.role:
+            self.stats["role_changes"] += 1
+
+    async def _elect_if_needed(self, b: SimBroker) -> None:
+        res = await self._call(self.client.replica_info(b.name))
+        if res["code"] == Code.SUCCESS and res["header"].get("masterBrokerId") is None:
+            res = await self._call(self.client.elect_master(b.cluster, b.name, b.broker_id))
+            self.stats["elections"] += 1
+            if res["code"] in (Code.SUCCESS, Code.CONTROLLER_MASTER_STILL_EXIST):
+                for peer in self.by_set[b.name]:
+                    self._adopt(peer, res["header"], res.get("body"))
+
+    async def _run(self, b: SimBroker) -> None:
+        """Heartbeat every second, poll replica info every poll period, keep the sync-state set."""
+        await asyncio.sleep(self.rng.uniform(0, self.heartbeat_s))
+        next_poll = time.monotonic() + self.rng.uniform(0, self.poll_s)
+        while True:
+            if b.alive:
+                if b.role == "master":
+                    b.max_offset += self.rng.randrange(1000, 5000)
+                elif b.role == "slave":
+                    m = self.master_of(b.name)
+                    if m is not None:
+                        b.max_offset = m.max_offset
+                await self._heartbeat(b)
+                if time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + self.poll_s
+                    res = await self._call(self.client.replica_info(b.name))
+                    if res["code"] == Code.SUCCESS:
+                        self._adopt(b, res["header"], res.get("body"))
+                        if res["header"].get("masterBrokerId") is None:
+                            await self._elect_if_needed(b)
+                if b.role == "master":
+                    await self._grow_sync_state_set(b)
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def _grow_sync_state_set(self, b: SimBroker) -> None:
+        want = sorted(p.broker_id for p in self.by_set[b.name] if p.alive and p.broker_id is not None)
+        if want == sorted(b.sync_state_set) or b.broker_id not in want:
+            return
+        res = await self._call(self.client.alter_sync_state_set(b.name, b.broker_id, b.master_epoch, want,
+                                                                b.sync_state_set_epoch))
+        if res["code"] == Code.SUCCESS:
+            b.sync_state_set, b.sync_state_set_epoch = want, res["header"]["newSyncStateSetEpoch"]
+        elif res["code"] in (Code.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH, Code.CONTROLLER_FENCED_MASTER_EPOCH,
+                             Code.CONTROLLER_INVALID_MASTER):
+            info = await self._call(self.client.replica_info(b.name))
+            if info["code"] == Code.SUCCESS:
+                self._adopt(b, info["header"], info.get("body"))
+
+
+async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, duration_s: float | None,
+                        commands=None) -> dict:
+    """Run a fleet; `commands` is an async iterator of text lines (kill/revive/status/quit)."""
+    fleet = BrokerFleet(endpoints, groups, replicas)
+    t0 = time.monotonic()
+    await fleet.start(progress=True)
+    print(f"{groups} broker sets x {replicas} replicas registered in {time.monotonic() - t0:.1f}s; "
+          "commands: kill SET ID | revive SET ID | kill-master SET | status | quit", flush=True)
+    end = time.monotonic() + duration_s if duration_s else None
+    try:
+        if commands is None:
+            while end is None or time.monotonic() < end:
+                await asyncio.sleep(1.0)
+        else:
+            async for line in commands:
+                parts = line.split()
+                if not parts:
+                    continue
+                try:
+                    if parts[0] == "quit":
+                        break
+                    if parts[0] == "kill":
+                        print(f"killed {fleet.kill(parts[1], int(parts[2])).addr}", flush=True)
+                    elif parts[0] == "revive":
+                        print(f"revived {fleet.revive(parts[1], int(parts[2])).addr}", flush=True)
+                    elif parts[0] == "kill-master":
+                        m = fleet.master_of(parts[1])
+                        print(f"killed master {m.broker_id} of {parts[1]}" if m and fleet.kill(parts[1], m.broker_id)
+                              else f"{parts[1]} has no live master", flush=True)
+                    elif parts[0] == "status":
+                        masters = sum(1 for n in fleet.by_set if fleet.master_of(n))
+                        print(f"sets with a live master: {masters}/{len(fleet.by_set)}; {fleet.stats}", flush=True)
+                    else:
+                        print(f"unknown command {parts[0]!r}", flush=True)
+                except (IndexError, ValueError, KeyError) as exc:
+                    print(f"bad command {line.strip()!r}: {exc}", flush=True)
+                if end is not None and time.monotonic() >= end:
+                    break
+    finally:
+        await fleet.stop()
+    return fleet.stats
