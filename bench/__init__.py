@@ -7,6 +7,7 @@ import importlib
 BENCHMARKS = {
     "raft": "electra.bench.raft",
     "reads": "electra.bench.reads",
+    "controller": "electra.bench.controller",
 }
 
 

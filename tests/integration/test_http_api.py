@@ -144,3 +144,37 @@ def test_leader_failover_keeps_acknowledged_registrations(tmp_path):
                 await n.stop()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_broker_simulator_registers_sets_and_recovers_a_killed_master(tmp_path):
+    from electra.broker_simulator import BrokerFleet
+
+    async def main():
+        nodes, http = await _cluster(tmp_path)
+        fleet = BrokerFleet(list(http.values()), groups=4, replicas=3, heartbeat_s=0.2, poll_s=0.4,
+                            timeout_ms=800)
+        try:
+            await fleet.start()
+            await _wait_for(lambda: all(fleet.master_of(n) for n in fleet.by_set), "every set has a master")
+            await _wait_for(lambda: all(len(m.sync_state_set) == 3 for m in map(fleet.master_of, fleet.by_set)),
+                            "masters put their replicas in sync")
+            old = fleet.master_of("sim-set-0")
+            fleet.kill("sim-set-0", old.broker_id)
+            await _wait_for(lambda: (m := fleet.master_of("sim-set-0")) is not None and m is not old,
+                            "a new master in sim-set-0", timeout=15)
+            new = fleet.master_of("sim-set-0")
+            assert new.master_epoch == old.master_epoch + 1
+            assert fleet.stats["errors"] == 0
+        finally:
+            await fleet.stop()
+            for n in nodes.values():
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+async def _wait_for(cond, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.05)
