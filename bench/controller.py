@@ -22,14 +22,10 @@ from .common import free_ports, percentile, result_line
 
 
 async def _load(endpoints: list[str], brokers: int, duration: float) -> dict:
-    import httpx
-
     from electra.api.client import ControllerClient
     from electra.broker_simulator import BrokerFleet
 
     fleet = BrokerFleet(endpoints, max(1, brokers // 3), 3, cluster="bench", heartbeat_s=1.0, poll_s=3600)
-    fleet.client.http = httpx.AsyncClient(timeout=10, follow_redirects=True,
-                                          limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))
     t0 = time.monotonic()
     await fleet.start(progress=True)
     print(f"  {len(fleet.brokers)} brokers registered in {time.monotonic() - t0:.1f}s", flush=True)
