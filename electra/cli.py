@@ -31,6 +31,10 @@ def parse_peers(text: str) -> dict[int, tuple[str, int]]:
     return peers
 
 
+def parse_http_peers(text: str) -> dict[int, str]:
+    return {i: f"{h}:{p}" for i, (h, p) in parse_peers(text).items()}
+
+
 def parse_addr(text: str) -> tuple[str, int]:
     try:
         host, port = text.rsplit(":", 1)
@@ -40,11 +44,70 @@ def parse_addr(text: str) -> tuple[str, int]:
 
 
 # --------------------------------------------------------------------------- electra node
+NODE_OPTIONS = [
+    ("--id", int, "this node's id (ELECTRA_NODE_ID)"),
+    ("--peers", parse_peers, "ID=HOST:PORT,... raft addresses of all members"),
+    ("--data-dir", str, "where the Raft log and snapshots live"),
+    ("--state-machine", str, "controller (default; HTTP API) or kv/counter (engine tests, binary protocol)"),
+    ("--http-addr", parse_addr, "controller HTTP API address (default 127.0.0.1:7301)"),
+    ("--http-peers", parse_http_peers, "ID=HOST:PORT,... HTTP API of every member (for redirects to the leader)"),
+    ("--client-addr", parse_addr, "binary client protocol address for kv/counter nodes (default: any port)"),
+    ("--tick-ms", int, "Raft tick (default 100 ms; election timeout 10-20 ticks)"),
+    ("--snapshot-entries", int, "snapshot every N applied entries (default 100000)"),
+    ("--compaction-slack", int, "log entries kept behind a snapshot (default 5000)"),
+]
+NODE_DEFAULTS = {"state_machine": "controller", "http_addr": ("127.0.0.1", 7301), "client_addr": ("127.0.0.1", 0),
+                 "http_peers": None, "tick_ms": 100, "snapshot_entries": 100_000, "compaction_slack": 5000,
+                 "unsafe_no_fsync": False}
+_NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} | {"unsafe_no_fsync": bool}
+
+
+def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill unset node options from ELECTRA_* variables, then the TOML file, then defaults."""
+    import tomllib
+
+    file_values: dict = {}
+    if args.config:
+        try:
+            with open(args.config, "rb") as f:
+                file_values = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SystemExit(f"error: cannot read --config {args.config}: {exc}") from None
+        unknown = set(file_values) - set(_NODE_TYPES)
+        if unknown:
+            raise SystemExit(f"error: unknown keys in {args.config}: {', '.join(sorted(unknown))}")
+    for key, typ in _NODE_TYPES.items():
+        if getattr(args, key) is not None:
+            continue
+        env = os.environ.get("ELECTRA_NODE_ID" if key == "id" else f"ELECTRA_{key.upper()}")
+        value = env if env is not None else file_values.get(key)
+        if isinstance(value, dict):  # TOML tables: {"1" = "host:port", ...}
+            value = ",".join(f"{k}={v}" for k, v in value.items())
+        if value is None:
+            value = NODE_DEFAULTS.get(key)
+        elif typ is bool:
+            value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+        else:
+            try:
+                value = typ(value) if not isinstance(value, int) or typ is not int else value
+            except (argparse.ArgumentTypeError, ValueError) as exc:
+                raise SystemExit(f"error: bad value for {key}: {exc}") from None
+        setattr(args, key, value)
+    missing = [k for k in ("id", "peers", "data_dir") if getattr(args, k) is None]
+    if missing:
+        raise SystemExit(f"error: missing {', '.join(missing)} (give --{missing[0].replace('_', '-')}, "
+                         f"ELECTRA_{'NODE_ID' if missing[0] == 'id' else missing[0].upper()} or a --config key)")
+    if args.state_machine not in ("controller", "kv", "counter"):
+        raise SystemExit(f"error: --state-machine must be controller, kv or counter, not {args.state_machine!r}")
+    return args
+
+
 def cmd_node(args: argparse.Namespace) -> int:
     from electra.consensus.kv import CounterStateMachine, KVStateMachine
     from electra.consensus.node import NodeConfig, RaftNode
     from electra.consensus.service import ClientService
 
+    args = resolve_node_settings(args)
     if args.id not in args.peers:
         print(f"error: --id {args.id} is not among --peers {sorted(args.peers)}", file=sys.stderr)
         return 2
@@ -103,9 +166,6 @@ def _serve_until_signal(start) -> int:
         return 1
     return 0
 
-
-def parse_http_peers(text: str) -> dict[int, str]:
-    return {i: f"{h}:{p}" for i, (h, p) in parse_peers(text).items()}
 
 
 # --------------------------------------------------------------------------- electra up
@@ -314,20 +374,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=os.environ.get("ELECTRA_LOG_LEVEL", "INFO"))
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    n = sub.add_parser("node", help="run one Raft node")
-    n.add_argument("--id", type=int, required=True)
-    n.add_argument("--peers", type=parse_peers, required=True, help="ID=HOST:PORT,... raft addresses of all members")
-    n.add_argument("--client-addr", type=parse_addr, default=("127.0.0.1", 0))
-    n.add_argument("--data-dir", required=True)
-    n.add_argument("--state-machine", choices=["controller", "kv", "counter"], default="controller",
-                   help="controller (HTTP API) or the engine's test state machines (binary client protocol)")
-    n.add_argument("--http-addr", type=parse_addr, default=("127.0.0.1", 7301), help="controller HTTP API address")
-    n.add_argument("--http-peers", type=parse_http_peers, default=None,
-                   help="ID=HOST:PORT,... HTTP API of every member (for redirects to the leader)")
-    n.add_argument("--tick-ms", type=int, default=100)
-    n.add_argument("--snapshot-entries", type=int, default=100_000, help="snapshot every N applied entries")
-    n.add_argument("--compaction-slack", type=int, default=5000, help="log entries kept behind a snapshot")
-    n.add_argument("--unsafe-no-fsync", action="store_true", help="benchmarks only: acks before data is durable")
+    n = sub.add_parser("node", help="run one controller (or test) node",
+                       description="Settings come from the command line, else ELECTRA_<OPTION> environment "
+                                   "variables (e.g. ELECTRA_NODE_ID, ELECTRA_PEERS), else the --config TOML file.")
+    n.add_argument("--config", help="TOML file with the options below as keys (id, peers, data_dir, ...)")
+    for opt, typ, help_text in NODE_OPTIONS:
+        n.add_argument(opt, type=typ, default=None, help=help_text)
+    n.add_argument("--unsafe-no-fsync", action="store_true", default=None,
+                   help="benchmarks only: acks before data is durable")
     n.set_defaults(fn=cmd_node)
 
     u = sub.add_parser("up", help="run a local cluster (Ctrl-C stops it)")
