@@ -8,6 +8,7 @@ BENCHMARKS = {
     "raft": "electra.bench.raft",
     "reads": "electra.bench.reads",
     "controller": "electra.bench.controller",
+    "ingest": "electra.bench.ingest",
 }
 
 
