@@ -55,9 +55,11 @@ NODE_OPTIONS = [
     ("--tick-ms", int, "Raft tick (default 100 ms; election timeout 10-20 ticks)"),
     ("--snapshot-entries", int, "snapshot every N applied entries (default 100000)"),
     ("--compaction-slack", int, "log entries kept behind a snapshot (default 5000)"),
+    ("--inactive-master-scan-ms", int, "how often the leader looks for dead masters (default 5000, as RocketMQ)"),
 ]
 NODE_DEFAULTS = {"state_machine": "controller", "http_addr": ("127.0.0.1", 7301), "client_addr": ("127.0.0.1", 0),
                  "http_peers": None, "tick_ms": 100, "snapshot_entries": 100_000, "compaction_slack": 5000,
+                 "inactive_master_scan_ms": 5000,
                  "unsafe_no_fsync": False}
 _NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} | {"unsafe_no_fsync": bool}
 
@@ -124,7 +126,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         http_peers = args.http_peers or {args.id: f"{host}:{port}"}
 
         async def start():
-            ctl = await start_controller_node(cfg, host, port, http_peers)
+            ctl = await start_controller_node(cfg, host, port, http_peers,
+                                              scan_interval_s=args.inactive_master_scan_ms / 1000)
             print(f"controller node {args.id} raft={raft} http=http://{host}:{port} data={args.data_dir}", flush=True)
             return ctl.stop
 
