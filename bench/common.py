@@ -79,11 +79,16 @@ def run_workers(cmds: list[list[str]], timeout: float, env: dict | None = None) 
                 sys.stdout.flush()
         return results
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
+
+
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every process, wait up to 10 s each, SIGKILL what is left."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()

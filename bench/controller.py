@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import free_ports, percentile, result_line
+from .common import free_ports, percentile, result_line, stop_processes
 
 
 async def _load(endpoints: list[str], brokers: int, duration: float) -> dict:
@@ -84,13 +84,7 @@ def main(argv: list[str]) -> int:
             time.sleep(3.0)
             out = asyncio.run(_load(endpoints, args.brokers, args.duration))
         finally:
-            for pr in procs:
-                pr.terminate()
-            for pr in procs:
-                try:
-                    pr.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pr.kill()
+            stop_processes(procs)
     lat, errors = out["lat"], out["errors"]
     for kind, values in lat.items():
         values.sort()

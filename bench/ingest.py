@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import free_ports, result_line
+from .common import free_ports, result_line, stop_processes
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -75,8 +75,7 @@ def main(argv: list[str]) -> int:
             cpu = _cpu_seconds(proc.pid) - cpu0
             wall = time.monotonic() - t0
         finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+            stop_processes([proc])
     rate = ok / wall
     cores = cpu / wall
     print(f"  {rate:,.0f} heartbeats/s accepted, {errors} errors; API process used {cores:.2f} cores", flush=True)
