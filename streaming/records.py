@@ -1,0 +1,112 @@
+"""The records that cross Kafka between the ingest nodes, the streaming job and the controllers.
+
+One place defines every topic's key and value, so producers and consumers cannot
+drift apart. Values are JSON objects (UTF-8), keys are the broker set's name, so
+every record of one broker set lands in one partition of its topic.
+
+* heartbeats (`electra.heartbeats`, several partitions): one record per broker
+  heartbeat, as accepted by an ingest node, stamped with the ingest clock `ts`.
+* events (`electra.events`, one partition, so one global order): one record per
+  applied state-machine event, with its Raft index and term and the broker
+  set's resulting state; `Resync` records carry a set's state when the publisher
+  could not replay the events in between (see docs/heartbeat-pipeline.md).
+* liveness (`electra.liveness`, keyed by broker set; compaction-friendly): the
+  streaming job's view of a set's brokers, the latest heartbeat of each, which
+  controller nodes consume for broker- and admin-triggered requests.
+* dead letters (`electra.heartbeats.dlq`): records the job could not parse.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+HEARTBEATS = "electra.heartbeats"
+EVENTS = "electra.events"
+LIVENESS = "electra.liveness"
+DEAD_LETTERS = "electra.heartbeats.dlq"
+DEFAULT_PARTITIONS = {HEARTBEATS: 4, EVENTS: 1, LIVENESS: 4, DEAD_LETTERS: 1}
+
+MAX_NAME = 255
+MAX_ADDR = 255
+MIN_TIMEOUT_MS, MAX_TIMEOUT_MS = 100, 3_600_000
+LOWEST_PRIORITY = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Topic names; a deployment may prefix them (several Electra clusters on one Kafka)."""
+
+    heartbeats: str = HEARTBEATS
+    events: str = EVENTS
+    liveness: str = LIVENESS
+    dead_letters: str = DEAD_LETTERS
+
+    @staticmethod
+    def prefixed(prefix: str) -> Topics:
+        return Topics(*(prefix + t for t in (HEARTBEATS, EVENTS, LIVENESS, DEAD_LETTERS)))
+
+    def partitions(self) -> dict[str, int]:
+        return {self.heartbeats: DEFAULT_PARTITIONS[HEARTBEATS], self.events: 1,
+                self.liveness: DEFAULT_PARTITIONS[LIVENESS], self.dead_letters: 1}
+
+
+class InvalidHeartbeat(ValueError):
+    """A heartbeat that must not enter the pipeline; the message names the field."""
+
+
+_HB_INT_FIELDS = {"epoch": -1, "maxOffset": -1, "confirmOffset": -1, "heartbeatTimeoutMillis": 10_000,
+                  "electionPriority": LOWEST_PRIORITY}
+
+
+def _name(d: dict, key: str) -> str:
+    v = d.get(key)
+    if not isinstance(v, str) or not (1 <= len(v) <= MAX_NAME):
+        raise InvalidHeartbeat(f"{key}: a string of 1-{MAX_NAME} characters is required")
+    return v
+
+
+def validate_heartbeat(d: Any) -> dict:
+    """The canonical heartbeat dict (defaults filled in, ints checked), or InvalidHeartbeat.
+
+    Used by the ingest endpoint (422 on failure) and by the streaming job (dead letter
+    on failure), so both accept exactly the same records.
+    """
+    if not isinstance(d, dict):
+        raise InvalidHeartbeat("body: a JSON object is required")
+    out: dict[str, Any] = {"clusterName": _name(d, "clusterName"), "brokerName": _name(d, "brokerName")}
+    addr = d.get("brokerAddr")
+    if not isinstance(addr, str) or not (1 <= len(addr) <= MAX_ADDR):
+        raise InvalidHeartbeat(f"brokerAddr: a string of 1-{MAX_ADDR} characters is required")
+    out["brokerAddr"] = addr
+    bid = d.get("brokerId")
+    if type(bid) is not int or not (1 <= bid <= 2**62):
+        raise InvalidHeartbeat("brokerId: an integer of at least 1 is required")
+    out["brokerId"] = bid
+    for key, default in _HB_INT_FIELDS.items():
+        v = d.get(key, default)
+        if type(v) is not int or not (-(2**63) <= v < 2**63):
+            raise InvalidHeartbeat(f"{key}: an integer is required")
+        out[key] = v
+    if not (MIN_TIMEOUT_MS <= out["heartbeatTimeoutMillis"] <= MAX_TIMEOUT_MS):
+        raise InvalidHeartbeat(f"heartbeatTimeoutMillis: between {MIN_TIMEOUT_MS} and {MAX_TIMEOUT_MS}")
+    if "ts" in d:
+        if type(d["ts"]) is not int or d["ts"] <= 0:
+            raise InvalidHeartbeat("ts: a positive integer (ms) is required")
+        out["ts"] = d["ts"]
+    return out
+
+
+def encode(value: dict) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def decode(raw: bytes | str) -> Any:
+    return json.loads(raw)
+
+
+def event_record(index: int, term: int, ts: int, event: dict, state: dict | None, cluster: str | None) -> dict:
+    """One events-topic value: the event and the broker set's state right after it (None: set removed)."""
+    return {"index": index, "term": term, "ts": ts, "type": event.get("type"), "brokerName": event.get("brokerName"),
+            "clusterName": cluster, "event": event, "state": state}
