@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from electra.consensus.errors import FollowerBehind, NotLeader, ProposalTimeout, RaftError, ReadTimeout
 from electra.state.codes import Code
+from electra.state.liveness import BrokerLiveInfo
 
 from .service import ControllerService
 
@@ -66,6 +67,25 @@ class RegisterBroker(BaseModel):
 class ElectMaster(BaseModel):
     clusterName: Name
     brokerId: BrokerId
+
+
+class LiveBroker(BaseModel):
+    broker_id: BrokerId
+    broker_addr: Annotated[str, Field(min_length=1, max_length=255)]
+    last_update_ms: Annotated[int, Field(ge=0)]
+    timeout_ms: Annotated[int, Field(ge=100, le=3_600_000)] = 10_000
+    epoch: int = -1
+    max_offset: int = -1
+    confirm_offset: int = -1
+    priority: int = 2**31 - 1
+
+
+class ProposedElection(BaseModel):
+    """An ElectMaster proposal from the streaming job: its heartbeat snapshot and the master epoch it saw."""
+
+    clusterName: Name
+    expectedMasterEpoch: Annotated[int, Field(ge=0)]
+    live: Annotated[list[LiveBroker], Field(max_length=64)]
 
 
 class AlterSyncStateSet(BaseModel):
@@ -212,6 +232,13 @@ def create_app(svc: ControllerService) -> FastAPI:
                 svc.unsubscribe(name, q)
 
         return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @app.post("/v1/internal/broker-sets/{name}/elect-master", tags=["internal"])
+    async def proposed_election(name: Name, req: ProposedElection, request: Request):
+        """The streaming job's election proposal; fenced by `expectedMasterEpoch` (409, code 2000, when stale)."""
+        live = [BrokerLiveInfo(**b.model_dump()) for b in req.live]
+        return await run("proposed_election", request,
+                         svc.propose_election(req.clusterName, name, req.expectedMasterEpoch, live))
 
     # ------------------------------------------------------------------ admin endpoints
     @app.post("/v1/admin/sync-state-data", tags=["admin"])

@@ -21,7 +21,8 @@ from electra.consensus.errors import NotLeader
 from electra.consensus.node import RaftNode
 from electra.state import commands as C
 from electra.state.codes import Code
-from electra.state.liveness import LivenessTable
+from electra.state.journal import EventJournal, JournalEntry, set_state
+from electra.state.liveness import BrokerLiveInfo, LivenessTable
 from electra.state.machine import ControllerStateMachine
 
 log = logging.getLogger("electra.api.service")
@@ -40,8 +41,11 @@ class ControllerService:
         self.clock = clock
         self._watchers: dict[str, set[asyncio.Queue]] = {}
         self._scan_task: asyncio.Task | None = None
-        self.elections = {"success": 0, "failed": 0, "still_exist": 0}
+        self.elections = {"success": 0, "failed": 0, "still_exist": 0, "fenced": 0}
+        # Applied events by Raft index, for the leader's publishers (Kafka events topic, Delta).
+        self.journal = EventJournal(floor=sm.applied)
         sm.on_event(self._on_event)
+        sm.on_restore(self.journal.reset)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -87,7 +91,7 @@ class ControllerService:
         return {k: v for k, v in res.items() if k != "events"}
 
     async def apply_broker_id(self, cluster: str, name: str, broker_id: int, check_code: str) -> dict:
-        return await self._write(C.apply_broker_id(cluster, name, broker_id, check_code))
+        return await self._write(C.apply_broker_id(cluster, name, broker_id, check_code, self.now_ms()))
 
     async def register_broker(self, cluster: str, name: str, broker_id: int, addr: str) -> dict:
         return await self._write(C.register_broker(cluster, name, broker_id, addr, self.now_ms(),
@@ -97,9 +101,21 @@ class ControllerService:
         live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
         res = await self._write(C.elect_master(cluster, name, broker_id, self.now_ms(), live,
                                                designate=designate, unclean=self.unclean))
-        key = {Code.SUCCESS: "success", Code.CONTROLLER_MASTER_STILL_EXIST: "still_exist"}.get(res["code"], "failed")
-        self.elections[key] += 1
+        self._count_election(res)
         return res
+
+    async def propose_election(self, cluster: str, name: str, expected_master_epoch: int,
+                               live: list[BrokerLiveInfo]) -> dict:
+        """The streaming job's election: its heartbeat snapshot of the set, fenced by the master epoch it saw."""
+        res = await self._write(C.elect_master(cluster, name, C.CONTROLLER_TRIGGER, self.now_ms(), live,
+                                               unclean=self.unclean, expected_master_epoch=expected_master_epoch))
+        self._count_election(res)
+        return res
+
+    def _count_election(self, res: dict) -> None:
+        key = {Code.SUCCESS: "success", Code.CONTROLLER_MASTER_STILL_EXIST: "still_exist",
+               Code.CONTROLLER_FENCED_MASTER_EPOCH: "fenced"}.get(res["code"], "failed")
+        self.elections[key] += 1
 
     async def alter_sync_state_set(self, name: str, master_id: int, master_epoch: int, new_set: list[int],
                                    sync_state_set_epoch: int) -> dict:
@@ -129,6 +145,10 @@ class ControllerService:
         self._watchers.get(name, set()).discard(q)
 
     def _on_event(self, index: int, ev: dict) -> None:
+        bs = self.sm.sets.get(ev.get("brokerName", ""))
+        term = self.node.core.term_at(index) if self.node.core else None
+        self.journal.append(JournalEntry(index, term or 0, self.sm.apply_time_ms, ev,
+                                         bs.cluster if bs else ev.get("clusterName"), set_state(bs)))
         if ev.get("type") not in ("ElectMaster", "AlterSyncStateSet"):
             return
         for q in list(self._watchers.get(ev["brokerName"], ())):

@@ -33,9 +33,9 @@ def _pack(d: dict) -> bytes:
     return msgpack.packb(d, use_bin_type=True)
 
 
-def apply_broker_id(cluster: str, name: str, broker_id: int, check_code: str) -> bytes:
+def apply_broker_id(cluster: str, name: str, broker_id: int, check_code: str, now_ms: int = 0) -> bytes:
     return _pack({"op": APPLY_BROKER_ID, "cluster": cluster, "name": name, "broker_id": broker_id,
-                  "check_code": check_code})
+                  "check_code": check_code, "now_ms": now_ms})
 
 
 def register_broker(cluster: str, name: str, broker_id: int, addr: str, now_ms: int, live) -> bytes:
@@ -44,10 +44,17 @@ def register_broker(cluster: str, name: str, broker_id: int, addr: str, now_ms: 
 
 
 def elect_master(cluster: str, name: str, broker_id: int, now_ms: int, live, *, designate: bool = False,
-                 unclean: bool = False) -> bytes:
-    """`broker_id` is the requesting broker, the admin's choice (`designate`), or CONTROLLER_TRIGGER."""
-    return _pack({"op": ELECT_MASTER, "cluster": cluster, "name": name, "broker_id": broker_id,
-                  "designate": designate, "unclean": unclean, "now_ms": now_ms, "live": _live(live)})
+                 unclean: bool = False, expected_master_epoch: int | None = None) -> bytes:
+    """`broker_id` is the requesting broker, the admin's choice (`designate`), or CONTROLLER_TRIGGER.
+
+    `expected_master_epoch` fences a proposal to the master epoch its proposer saw (the
+    streaming job's elections): applied against any other epoch it changes nothing.
+    """
+    cmd = {"op": ELECT_MASTER, "cluster": cluster, "name": name, "broker_id": broker_id,
+           "designate": designate, "unclean": unclean, "now_ms": now_ms, "live": _live(live)}
+    if expected_master_epoch is not None:
+        cmd["expected_master_epoch"] = expected_master_epoch
+    return _pack(cmd)
 
 
 def alter_sync_state_set(name: str, master_id: int, master_epoch: int, new_set: Iterable[int],

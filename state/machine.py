@@ -67,17 +67,24 @@ class ControllerStateMachine:
     def __init__(self) -> None:
         self.sets: dict[str, BrokerSet] = {}
         self.applied = 0
+        self.apply_time_ms = 0  # the clock carried by the command being applied (0 if it has none)
         self._listeners: list[Callable[[int, dict], None]] = []
+        self._restore_listeners: list[Callable[[int], None]] = []
 
     def on_event(self, fn: Callable[[int, dict], None]) -> None:
         """Call `fn(index, event)` for every event an applied command produces."""
         self._listeners.append(fn)
+
+    def on_restore(self, fn: Callable[[int], None]) -> None:
+        """Call `fn(applied_index)` whenever a snapshot replaces the whole state."""
+        self._restore_listeners.append(fn)
 
     # ------------------------------------------------------------------ apply
     def apply(self, index: int, data: bytes) -> dict:
         self.applied = index
         try:
             cmd = C.decode(data)
+            self.apply_time_ms = int(cmd.get("now_ms") or 0)
             handler = getattr(self, "_" + cmd["op"])
             res = handler(cmd)
         except (ValueError, KeyError, TypeError) as exc:
@@ -138,6 +145,14 @@ class ControllerStateMachine:
         if bs is None:
             return result(Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED, "Broker hasn't been registered")
         live, now = C.live_of(cmd), cmd["now_ms"]
+        expected = cmd.get("expected_master_epoch")
+        if expected is not None and expected != bs.master_epoch:
+            # A proposal from the streaming job is about the master it saw; once the epoch moved on
+            # (another election won, or the same proposal delivered twice) it is stale.
+            return result(Code.CONTROLLER_FENCED_MASTER_EPOCH,
+                          f"Rejecting election because the current master epoch is {bs.master_epoch}, not {expected}",
+                          header={"masterBrokerId": bs.master_id, "masterAddress": bs.address(bs.master_id),
+                                  "masterEpoch": bs.master_epoch, "syncStateSetEpoch": bs.sync_state_set_epoch})
         old = bs.master_id
         new: int | None = None
         if bs.master_epoch == 0 and bid != C.CONTROLLER_TRIGGER:
@@ -309,6 +324,8 @@ class ControllerStateMachine:
             raise ValueError(f"unsupported controller snapshot version {state.get('version')!r}")
         self.applied = state["applied"]
         self.sets = {w[1]: BrokerSet.from_wire(w) for w in state["sets"]}
+        for fn in self._restore_listeners:
+            fn(self.applied)
 
 
 def _alive(live: dict[int, BrokerLiveInfo], broker_id: int, now_ms: int) -> bool:

@@ -1,0 +1,101 @@
+"""Recent applied events by Raft index, for publishers that resume from an index.
+
+Every node applies every entry, so every node can publish; only the leader does
+(the Kafka events topic, the Delta events table). A publisher that becomes leader
+asks `since(last_published_index)`. The journal holds events in memory from its
+`floor` (the state it started from: a restored snapshot, or 0) onwards, bounded
+by `capacity`; asking for anything older raises `JournalGap`, and the publisher
+must then fall back to state (a resync) instead of inventing history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    index: int  # Raft index of the command that produced the event
+    term: int  # Raft term of that entry
+    ts: int  # the proposer's clock (ms) carried by the command; 0 if the command had none
+    event: dict  # the state machine's event (RocketMQ event type and fields)
+    cluster: str | None  # the broker set's cluster, when known
+    state: dict | None  # the broker set right after the event; None when the set was removed
+
+
+class JournalGap(LookupError):
+    """Events after `index` are no longer (or never were) held in memory."""
+
+    def __init__(self, index: int, first_available: int) -> None:
+        super().__init__(f"events after index {index} are not in the journal; it starts after {first_available}")
+        self.index = index
+        self.first_available = first_available
+
+
+class EventJournal:
+    def __init__(self, capacity: int = 200_000, floor: int = 0) -> None:
+        self.capacity = capacity
+        self._entries: deque[JournalEntry] = deque()
+        self._indexes: deque[int] = deque()
+        self.floor = floor  # every event with index > floor is (or was) held
+        self.last_applied = floor  # newest applied index the journal heard about, event or not
+        self._changed: asyncio.Event | None = None
+
+    def reset(self, floor: int) -> None:
+        """The state machine was replaced by a snapshot at `floor`: older events cannot be produced here."""
+        self._entries.clear()
+        self._indexes.clear()
+        self.floor = self.last_applied = floor
+        self._notify()
+
+    def append(self, entry: JournalEntry) -> None:
+        self._entries.append(entry)
+        self._indexes.append(entry.index)
+        self.last_applied = max(self.last_applied, entry.index)
+        while len(self._entries) > self.capacity:
+            dropped = self._entries.popleft()
+            self._indexes.popleft()
+            self.floor = dropped.index
+        self._notify()
+
+    def advance(self, applied: int) -> None:
+        """Entries up to `applied` are applied (most produce no event)."""
+        if applied > self.last_applied:
+            self.last_applied = applied
+            self._notify()
+
+    def since(self, index: int, limit: int = 10_000) -> list[JournalEntry]:
+        """Events with index > `index`, oldest first, at most `limit`; JournalGap if some are gone."""
+        if index < self.floor:
+            raise JournalGap(index, self.floor)
+        start = bisect.bisect_right(self._indexes, index)
+        return [self._entries[i] for i in range(start, min(len(self._entries), start + limit))]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def wait(self, timeout: float) -> None:
+        """Wait until something is appended or advanced (or `timeout` passes)."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+
+def set_state(bs: Any) -> dict | None:
+    """The public state of one broker set (None if it does not exist), as publishers export it."""
+    if bs is None:
+        return None
+    return {"clusterName": bs.cluster, "masterBrokerId": bs.master_id, "masterEpoch": bs.master_epoch,
+            "syncStateSet": sorted(bs.sync_state_set), "syncStateSetEpoch": bs.sync_state_set_epoch,
+            "brokers": {str(i): a for i, (a, _) in sorted(bs.brokers.items())}}
