@@ -38,10 +38,15 @@ class BrokerLiveInfo:
 
 
 class LivenessTable:
-    """Heartbeats seen by this node, keyed by (cluster, broker set, broker id)."""
+    """Heartbeats seen by this node, by broker set name, then (cluster, broker id).
+
+    Indexed by set name because every lookup is per set: the inactive-master scan and
+    each command's liveness copy would otherwise scan every broker of the fleet.
+    """
 
     def __init__(self) -> None:
-        self._table: dict[tuple[str, str, int], BrokerLiveInfo] = {}
+        self._by_name: dict[str, dict[tuple[str, int], BrokerLiveInfo]] = {}
+        self._count = 0
 
     def on_heartbeat(self, cluster: str, name: str, broker_id: int, addr: str, now_ms: int, *,
                      timeout_ms: int = DEFAULT_TIMEOUT_MS, epoch: int = -1, max_offset: int = -1,
@@ -51,25 +56,41 @@ class LivenessTable:
         Unlike RocketMQ, the first heartbeat's confirm offset is kept and the address
         follows the broker (it may move after a restart).
         """
-        key = (cluster, name, broker_id)
-        prev = self._table.get(key)
+        prev = self._by_name.get(name, {}).get((cluster, broker_id))
         if prev is not None and not (epoch > prev.epoch or (epoch == prev.epoch and max_offset > prev.max_offset)):
             epoch, max_offset, confirm_offset = prev.epoch, prev.max_offset, prev.confirm_offset
-        self._table[key] = BrokerLiveInfo(broker_id, addr, now_ms, timeout_ms, epoch, max_offset,
-                                          confirm_offset, priority)
+        self.put(cluster, name, BrokerLiveInfo(broker_id, addr, now_ms, timeout_ms, epoch, max_offset,
+                                               confirm_offset, priority))
+
+    def put(self, cluster: str, name: str, info: BrokerLiveInfo) -> None:
+        """Store a record as it is (the streaming job already applied the update rule)."""
+        group = self._by_name.setdefault(name, {})
+        key = (cluster, info.broker_id)
+        prev = group.get(key)
+        if prev is not None and prev.last_update_ms > info.last_update_ms:
+            return  # an older view (e.g. replayed from the liveness topic) never replaces a newer one
+        if prev is None:
+            self._count += 1
+        group[key] = info
 
     def group(self, cluster: str, name: str) -> dict[int, BrokerLiveInfo]:
-        return {k[2]: v for k, v in self._table.items() if k[0] == cluster and k[1] == name}
+        return {k[1]: v for k, v in self._by_name.get(name, {}).items() if k[0] == cluster}
 
     def group_by_name(self, name: str) -> dict[int, BrokerLiveInfo]:
-        return {k[2]: v for k, v in self._table.items() if k[1] == name}
+        return {k[1]: v for k, v in self._by_name.get(name, {}).items()}
 
     def expire(self, now_ms: int) -> list[tuple[str, str, int]]:
         """Forget brokers whose heartbeat timed out; returns their keys."""
-        dead = [k for k, v in self._table.items() if not v.alive_at(now_ms)]
-        for k in dead:
-            del self._table[k]
+        dead = []
+        for name, group in list(self._by_name.items()):
+            for key, info in list(group.items()):
+                if not info.alive_at(now_ms):
+                    del group[key]
+                    dead.append((key[0], name, key[1]))
+            if not group:
+                del self._by_name[name]
+        self._count -= len(dead)
         return dead
 
     def __len__(self) -> int:
-        return len(self._table)
+        return self._count
