@@ -30,6 +30,7 @@ from electra.consensus.errors import FollowerBehind, NotLeader, ProposalTimeout,
 from electra.state.codes import Code
 from electra.state.liveness import BrokerLiveInfo
 
+from .ingest import handle_heartbeat
 from .service import ControllerService
 
 Name = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.:%\-]+$")]
@@ -124,6 +125,13 @@ class _RaftCollector:
         yield GaugeMetricFamily("electra_raft_proposal_batch_avg", "average proposals per batch",
                                 value=st["proposals"] / batches)
         yield GaugeMetricFamily("electra_raft_proposal_batch_max", "largest proposal batch", value=st["max_batch"])
+        pipe = self.svc.pipeline_status()
+        if "events_published_index" in pipe:
+            yield GaugeMetricFamily("electra_events_published_index", "last Raft index in the events topic",
+                                    value=pipe["events_published_index"])
+        if "liveness" in pipe:
+            yield GaugeMetricFamily("electra_liveness_records", "liveness records consumed from Kafka",
+                                    value=pipe["liveness"]["records"])
         el = GaugeMetricFamily("electra_elections", "ElectMaster outcomes handled by this node", labels=["result"])
         for k, v in self.svc.elections.items():
             el.add_metric([k], v)
@@ -182,6 +190,12 @@ def create_app(svc: ControllerService) -> FastAPI:
     # ------------------------------------------------------------------ broker endpoints
     @app.post("/v1/heartbeat", tags=["broker"])
     async def heartbeat(hb: Heartbeat, request: Request):
+        """With the heartbeat pipeline on, the heartbeat goes to Kafka (503 + Retry-After if unreachable)."""
+        if svc.heartbeat_producer is not None:
+            status, body = handle_heartbeat(svc.heartbeat_producer, hb.model_dump_json().encode(), svc.now_ms())
+            requests.labels("heartbeat", "0" if status == 200 else str(status)).inc()
+            return Response(body, status_code=status, media_type="application/json",
+                            headers={"Retry-After": "1"} if status == 503 else None)
         return await run("heartbeat", request, done(svc.heartbeat(
             hb.clusterName, hb.brokerName, hb.brokerId, hb.brokerAddr, epoch=hb.epoch, max_offset=hb.maxOffset,
             confirm_offset=hb.confirmOffset, timeout_ms=hb.heartbeatTimeoutMillis, priority=hb.electionPriority)))

@@ -21,13 +21,17 @@ import aiohttp
 
 class ControllerClient:
     def __init__(self, endpoints: list[str], *, timeout: float = 5.0, deadline_s: float = 15.0,
-                 max_connections: int = 256) -> None:
+                 max_connections: int = 256, ingest_endpoints: list[str] | None = None) -> None:
         if not endpoints:
             raise ValueError("at least one controller endpoint (host:port) is required")
         self.endpoints = list(endpoints)
         self.timeout = timeout
         self.deadline_s = deadline_s
         self.max_connections = max_connections
+        # With the heartbeat pipeline, heartbeats go to ONE ingest endpoint (they all feed the same
+        # Kafka topic); the client sticks to one and moves on when it fails or answers 503.
+        self.ingest_endpoints = list(ingest_endpoints or [])
+        self._ingest_i = 0
         self._rr = itertools.cycle(range(len(self.endpoints)))
         self.preferred: str | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -77,9 +81,12 @@ class ControllerClient:
 
     # RocketMQ-shaped helpers
     async def heartbeat(self, cluster, name, broker_id, addr, **extra) -> dict:
-        """Sent to every controller, as RocketMQ brokers do: each node keeps its own liveness table,
-        so whichever node leads next already knows who is alive."""
+        """To one ingest endpoint when the client has them (the Kafka pipeline), else to every
+        controller, as RocketMQ brokers do: each node then keeps its own liveness table, so
+        whichever node leads next already knows who is alive."""
         body = {"clusterName": cluster, "brokerName": name, "brokerId": broker_id, "brokerAddr": addr, **extra}
+        if self.ingest_endpoints:
+            return await self._heartbeat_ingest(body)
 
         async def one(ep: str):
             try:
@@ -94,6 +101,23 @@ class ControllerClient:
         if not ok:
             raise TimeoutError(f"no controller accepted the heartbeat: {replies[0]!r}")
         return ok[0]
+
+    async def _heartbeat_ingest(self, body: dict) -> dict:
+        last: object = None
+        for _ in range(len(self.ingest_endpoints)):
+            ep = self.ingest_endpoints[self._ingest_i % len(self.ingest_endpoints)]
+            try:
+                async with self._http().post(f"http://{ep}/v1/heartbeat", json=body) as r:
+                    reply = (await r.json(content_type=None)) | {"httpStatus": r.status}
+                if r.status != 503:
+                    return reply
+                last = reply
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                last = exc
+            self._ingest_i += 1
+        if isinstance(last, dict):
+            return last  # every endpoint said 503: the caller sees it
+        raise TimeoutError(f"no ingest endpoint accepted the heartbeat: {last!r}")
 
     async def next_broker_id(self, cluster, name) -> dict:
         return await self.request("GET", f"/v1/broker-sets/{name}/next-broker-id", params={"cluster": cluster})

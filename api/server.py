@@ -10,8 +10,11 @@ import uvicorn
 
 from electra.consensus.node import NodeConfig, RaftNode
 from electra.state.machine import ControllerStateMachine
+from electra.streaming.records import Topics
 
 from .app import create_app
+from .ingest import HeartbeatProducer
+from .kafka_bridge import EventsPublisher, LivenessConsumer
 from .service import ControllerService
 
 log = logging.getLogger("electra.api.server")
@@ -29,17 +32,38 @@ class ControllerNode:
     async def stop(self) -> None:
         self.server.should_exit = True
         await asyncio.gather(self.task, return_exceptions=True)
+        svc = self.service
+        if svc.events_publisher is not None:
+            await svc.events_publisher.stop()
+        if svc.liveness_consumer is not None:
+            await svc.liveness_consumer.stop()
+        if svc.heartbeat_producer is not None:
+            await asyncio.to_thread(svc.heartbeat_producer.close)
         await self.service.stop()
         await self.node.stop()
 
 
 async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int, http_peers: dict[int, str], *,
-                                unclean_election: bool = False, scan_interval_s: float = 5.0) -> ControllerNode:
+                                unclean_election: bool = False, scan_interval_s: float = 5.0,
+                                kafka_bootstrap: str | None = None, topics: Topics | None = None) -> ControllerNode:
+    """Start Raft, the controller service and the HTTP API; with `kafka_bootstrap`, also the pipeline links.
+
+    With Kafka, heartbeats sent to this node go to the heartbeats topic, applied events are
+    published to the events topic while this node leads, and liveness comes from the
+    streaming job's liveness topic.
+    """
     sm = ControllerStateMachine()
     node = RaftNode(cfg, sm)
     await node.start()
     service = ControllerService(node, sm, http_peers=http_peers, unclean_election=unclean_election,
                                 scan_interval_s=scan_interval_s)
+    if kafka_bootstrap:
+        topics = topics or Topics()
+        service.heartbeat_producer = HeartbeatProducer(kafka_bootstrap, topics.heartbeats).start()
+        service.events_publisher = EventsPublisher(service, kafka_bootstrap, topics)
+        service.events_publisher.start()
+        service.liveness_consumer = LivenessConsumer(service, kafka_bootstrap, topics.liveness)
+        service.liveness_consumer.start()
     service.start()
     config = uvicorn.Config(create_app(service), host=http_host, port=http_port, log_level="warning",
                             lifespan="off", access_log=False)

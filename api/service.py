@@ -41,6 +41,10 @@ class ControllerService:
         self.clock = clock
         self._watchers: dict[str, set[asyncio.Queue]] = {}
         self._scan_task: asyncio.Task | None = None
+        # Set by the server when the heartbeat pipeline (Kafka) is configured.
+        self.heartbeat_producer = None  # api.ingest.HeartbeatProducer for this node's own /v1/heartbeat
+        self.events_publisher = None  # api.kafka_bridge.EventsPublisher
+        self.liveness_consumer = None  # api.kafka_bridge.LivenessConsumer
         self.elections = {"success": 0, "failed": 0, "still_exist": 0, "fenced": 0}
         # Applied events by Raft index, for the leader's publishers (Kafka events topic, Delta).
         self.journal = EventJournal(floor=sm.applied)
@@ -55,7 +59,8 @@ class ControllerService:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        self._scan_task = asyncio.create_task(self._scan_inactive_masters())
+        if self.scan_interval_s > 0:  # off when the streaming job detects inactive masters
+            self._scan_task = asyncio.create_task(self._scan_inactive_masters())
 
     async def stop(self) -> None:
         if self._scan_task:
@@ -128,9 +133,20 @@ class ControllerService:
         live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
         return await self._write(C.clean_broker_data(cluster, name, ids, clean_living, self.now_ms(), live))
 
+    def pipeline_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.events_publisher is not None:
+            out["events_published_index"] = self.events_publisher.published_index
+            out["events"] = dict(self.events_publisher.stats)
+        if self.liveness_consumer is not None:
+            out["liveness"] = dict(self.liveness_consumer.stats)
+        if self.heartbeat_producer is not None:
+            out["heartbeats"] = dict(self.heartbeat_producer.stats)
+        return out
+
     def metadata(self) -> dict[str, Any]:
         st = self.node.status()
-        return {**st, "leader_address": self.leader_address(),
+        return {**st, "leader_address": self.leader_address(), "pipeline": self.pipeline_status(),
                 "http_peers": {str(k): v for k, v in sorted(self.http_peers.items())},
                 "is_leader": self.node.role == Role.LEADER, "broker_sets": len(self.sm.sets),
                 "live_brokers": len(self.liveness)}

@@ -55,11 +55,14 @@ NODE_OPTIONS = [
     ("--tick-ms", int, "Raft tick (default 100 ms; election timeout 10-20 ticks)"),
     ("--snapshot-entries", int, "snapshot every N applied entries (default 100000)"),
     ("--compaction-slack", int, "log entries kept behind a snapshot (default 5000)"),
-    ("--inactive-master-scan-ms", int, "how often the leader looks for dead masters (default 5000, as RocketMQ)"),
+    ("--inactive-master-scan-ms", int, "how often the leader looks for dead masters (default 5000, as RocketMQ; "
+                                       "0 = off, the default with --kafka-bootstrap: the streaming job detects them)"),
+    ("--kafka-bootstrap", str, "Kafka bootstrap servers: heartbeats, events and liveness go through Kafka"),
+    ("--topic-prefix", str, "prefix of the Kafka topic names (several Electra clusters on one Kafka)"),
 ]
 NODE_DEFAULTS = {"state_machine": "controller", "http_addr": ("127.0.0.1", 7301), "client_addr": ("127.0.0.1", 0),
                  "http_peers": None, "tick_ms": 100, "snapshot_entries": 100_000, "compaction_slack": 5000,
-                 "inactive_master_scan_ms": 5000,
+                 "inactive_master_scan_ms": None, "kafka_bootstrap": None, "topic_prefix": "",
                  "unsafe_no_fsync": False}
 _NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} | {"unsafe_no_fsync": bool}
 
@@ -99,6 +102,8 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
     if missing:
         raise SystemExit(f"error: missing {', '.join(missing)} (give --{missing[0].replace('_', '-')}, "
                          f"ELECTRA_{'NODE_ID' if missing[0] == 'id' else missing[0].upper()} or a --config key)")
+    if args.inactive_master_scan_ms is None:
+        args.inactive_master_scan_ms = 0 if args.kafka_bootstrap else 5000
     if args.state_machine not in ("controller", "kv", "counter"):
         raise SystemExit(f"error: --state-machine must be controller, kv or counter, not {args.state_machine!r}")
     return args
@@ -126,8 +131,12 @@ def cmd_node(args: argparse.Namespace) -> int:
         http_peers = args.http_peers or {args.id: f"{host}:{port}"}
 
         async def start():
+            from electra.streaming.records import Topics
+
             ctl = await start_controller_node(cfg, host, port, http_peers,
-                                              scan_interval_s=args.inactive_master_scan_ms / 1000)
+                                              scan_interval_s=args.inactive_master_scan_ms / 1000,
+                                              kafka_bootstrap=args.kafka_bootstrap,
+                                              topics=Topics.prefixed(args.topic_prefix))
             print(f"controller node {args.id} raft={raft} http=http://{host}:{port} data={args.data_dir}", flush=True)
             return ctl.stop
 
@@ -169,6 +178,22 @@ def _serve_until_signal(start) -> int:
         return 1
     return 0
 
+
+
+# --------------------------------------------------------------------------- electra ingest
+def cmd_ingest(args: argparse.Namespace) -> int:
+    """Heartbeat ingest workers: POST /v1/heartbeat → Kafka, in `--workers` processes on one port."""
+    from electra.api.ingest import serve_ingest
+
+    if args.workers < 1:
+        print("error: --workers must be at least 1", file=sys.stderr)
+        return 2
+    host, port = args.listen
+    print(f"ingest: {args.workers} worker process(es) on http://{host}:{port}/v1/heartbeat -> Kafka "
+          f"{args.kafka_bootstrap} topic {args.topic}", flush=True)
+    serve_ingest(host, port, args.kafka_bootstrap, workers=args.workers, topic=args.topic,
+                 log_level=args.log_level.lower())
+    return 0
 
 
 # --------------------------------------------------------------------------- electra up
@@ -395,6 +420,13 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--demo-groups", type=int, default=20, help="broker sets to register once a leader exists")
     u.add_argument("--exit-after-demo", action="store_true")
     u.set_defaults(fn=cmd_up)
+
+    ing = sub.add_parser("ingest", help="heartbeat ingest workers (HTTP -> Kafka), several processes on one port")
+    ing.add_argument("--listen", type=parse_addr, default=("127.0.0.1", 7401), help="HOST:PORT (default :7401)")
+    ing.add_argument("--kafka-bootstrap", required=True, help="Kafka bootstrap servers, HOST:PORT[,HOST:PORT]")
+    ing.add_argument("--workers", type=int, default=2, help="worker processes sharing the port (default 2)")
+    ing.add_argument("--topic", default="electra.heartbeats")
+    ing.set_defaults(fn=cmd_ingest)
 
     s = sub.add_parser("sim", help="deterministic simulation with fault injection")
     s.add_argument("--seeds", type=int, default=100)

@@ -86,3 +86,24 @@ def end_offsets(consumer: KafkaConsumer, tps: list[TopicPartition], hwm_fix: boo
             if tp not in got and consumer.position(tp) > probe[tp]:
                 pending.discard(tp)
     return out
+
+
+def last_record(consumer: KafkaConsumer, tp: TopicPartition, hwm_fix: bool = True, poll_ms: int = 2000):
+    """The newest record of one partition, or None if it is empty (assigns and seeks `consumer`)."""
+    end = end_offsets(consumer, [tp], hwm_fix=hwm_fix)[tp]
+    begin = consumer.beginning_offsets([tp])[tp]
+    if end <= begin:
+        return None
+    consumer.assign([tp])
+    consumer.seek(tp, end - 1)
+    deadline = time.monotonic() + poll_ms / 1000
+    last = None
+    while time.monotonic() < deadline:
+        msgs = consumer.poll(timeout_ms=100, max_records=100_000).get(tp, [])
+        if msgs:
+            last = msgs[-1]
+            if last.offset >= end - 1:
+                return last
+    if last is None:
+        raise RuntimeError(f"could not read the last record of {tp.topic}[{tp.partition}] at offset {end - 1}")
+    return last

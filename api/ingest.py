@@ -1,0 +1,240 @@
+"""Heartbeat ingestion: `POST /v1/heartbeat` → validate → produce to Kafka, in worker processes.
+
+Heartbeats are the bulk of a controller's traffic (every broker, every second), and
+none of them needs Raft: they only feed the streaming job's liveness state. So they
+are served by separate worker processes that share one listening port (uvicorn's
+multi-process supervisor), each with its own Kafka producer, and scale with cores
+independently of the Raft process. The hot path is a plain ASGI function (no
+routing framework, no pydantic): parse, `records.validate_heartbeat`, stamp with
+this node's clock, `producer.send` keyed by broker set.
+
+Answers: 200 once the producer accepted the record into its buffer (delivery is
+asynchronous; a lost heartbeat is replaced by the next one a second later); 422
+for an invalid heartbeat, naming the field; 503 with Retry-After while Kafka is
+unreachable. Unreachable means: no producer could be created yet, no
+buffer is full, or the last delivery failed. While unreachable, one request per
+second is still sent as a probe and the first delivery that succeeds closes the
+circuit again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from kafka.partitioner.default import murmur2
+
+from electra.streaming import records
+
+log = logging.getLogger("electra.api.ingest")
+
+
+class KafkaUnavailable(RuntimeError):
+    pass
+
+
+class HeartbeatProducer:
+    """One kafka-python producer with a circuit breaker around delivery failures."""
+
+    def __init__(self, bootstrap: str, topic: str = records.HEARTBEATS, *, linger_ms: int = 5,
+                 delivery_timeout_ms: int = 5000,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.linger_ms = linger_ms
+        self.delivery_timeout_ms = delivery_timeout_ms
+        self.clock = clock
+        self.stats = {"accepted": 0, "invalid": 0, "unavailable": 0, "delivered": 0, "delivery_errors": 0}
+        self._producer = None
+        self._healthy = False
+        self._last_probe = 0.0
+        self._partitions: dict[bytes, int] = {}
+        self._partition_count = 0
+        self._closed = False
+        self._connector = threading.Thread(target=self._connect_loop, name="kafka-connect", daemon=True)
+
+    def start(self) -> HeartbeatProducer:
+        self._connector.start()
+        return self
+
+    def _connect_loop(self) -> None:
+        from kafka import KafkaProducer
+
+        delay = 0.2
+        while not self._closed and self._producer is None:
+            try:
+                self._producer = KafkaProducer(
+                    bootstrap_servers=self.bootstrap, client_id=f"electra-ingest-{os.getpid()}", acks=1,
+                    enable_idempotence=False,
+                    linger_ms=self.linger_ms, max_block_ms=50, metrics_enabled=False,
+                    delivery_timeout_ms=self.delivery_timeout_ms,
+                    request_timeout_ms=min(3000, self.delivery_timeout_ms - 1),
+                    retries=3)
+                self._healthy = True
+                log.info("ingest worker %d producing heartbeats to %s on %s", os.getpid(), self.topic, self.bootstrap)
+            except Exception as exc:
+                log.warning("Kafka at %s unreachable (%s); retrying in %.1fs", self.bootstrap, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    @property
+    def healthy(self) -> bool:
+        return self._producer is not None and self._healthy
+
+    def _on_delivered(self, _meta) -> None:
+        self.stats["delivered"] += 1
+        if not self._healthy:
+            log.info("Kafka deliveries succeed again; accepting heartbeats")
+        self._healthy = True
+
+    def _on_error(self, exc) -> None:
+        self.stats["delivery_errors"] += 1
+        if self._healthy:
+            log.warning("heartbeat delivery to Kafka failed (%s); answering 503 until a probe succeeds", exc)
+        self._healthy = False
+
+    def submit(self, hb: dict) -> None:
+        """Hand one validated heartbeat to the producer; KafkaUnavailable if Kafka is not reachable."""
+        producer = self._producer
+        if producer is None:
+            self.stats["unavailable"] += 1
+            raise KafkaUnavailable("not connected to Kafka yet")
+        if not self._healthy:
+            now = time.monotonic()
+            if now - self._last_probe < 1.0:
+                self.stats["unavailable"] += 1
+                raise KafkaUnavailable("Kafka deliveries are failing")
+            self._last_probe = now  # half-open: this one goes through as a probe
+        key = hb["brokerName"].encode()
+        try:
+            fut = producer.send(self.topic, key=key, value=records.encode(hb), partition=self._partition(key))
+        except Exception as exc:  # buffer full (KafkaTimeoutError), metadata unavailable, ...
+            self.stats["unavailable"] += 1
+            self._on_error(exc)
+            raise KafkaUnavailable(str(exc)) from None
+        fut.add_callback(self._on_delivered)
+        fut.add_errback(self._on_error)
+        self.stats["accepted"] += 1
+
+    def _partition(self, key: bytes) -> int | None:
+        """Kafka's default partition for `key` (murmur2, as the Java client), cached per broker set.
+
+        kafka-python's partitioner costs more than the rest of `send()` together; broker set
+        names repeat every second, so the answer is computed once per set.
+        """
+        part = self._partitions.get(key)
+        if part is None:
+            n = len(self._producer.partitions_for(self.topic) or ())
+            if not n:
+                return None  # let the producer decide (and fail clearly) while metadata is missing
+            if n != self._partition_count:
+                self._partitions.clear()
+                self._partition_count = n
+            part = self._partitions[key] = (murmur2(key) & 0x7FFFFFFF) % n
+        return part
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._closed = True
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=timeout)
+            except Exception:
+                log.exception("closing the Kafka producer failed")
+
+
+_JSON = [(b"content-type", b"application/json")]
+_OK = json.dumps({"code": 0, "remark": "Heart beat success"}).encode()
+
+
+def _body(status: int, payload: dict) -> tuple[int, bytes]:
+    return status, json.dumps(payload).encode()
+
+
+def handle_heartbeat(producer: HeartbeatProducer, raw: bytes, now_ms: int) -> tuple[int, bytes]:
+    """The whole request logic, free of HTTP plumbing (also used by the controller node's own endpoint)."""
+    try:
+        hb = records.validate_heartbeat(json.loads(raw))
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError and InvalidHeartbeat are ValueErrors
+        producer.stats["invalid"] += 1
+        return _body(422, {"code": 2005, "remark": "invalid heartbeat", "detail": str(exc)})
+    hb["ts"] = now_ms
+    try:
+        producer.submit(hb)
+    except KafkaUnavailable as exc:
+        return _body(503, {"code": 1, "remark": f"heartbeat not accepted: Kafka unavailable ({exc})"})
+    return 200, _OK
+
+
+def create_ingest_app(producer: HeartbeatProducer, *, max_body: int = 64 << 10):
+    """The ASGI app of one ingest worker: /v1/heartbeat, /healthz, /metrics."""
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    producer.close()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        headers = _JSON
+        if path == "/v1/heartbeat" and method == "POST":
+            chunks, size = [], 0
+            more = True
+            while more:
+                msg = await receive()
+                chunk = msg.get("body", b"")
+                size += len(chunk)
+                if size > max_body:
+                    status, body = _body(413, {"code": 2005, "remark": "heartbeat too large"})
+                    break
+                chunks.append(chunk)
+                more = msg.get("more_body", False)
+            else:
+                status, body = handle_heartbeat(producer, b"".join(chunks), int(producer.clock() * 1000))
+            if status == 503:
+                headers = [*_JSON, (b"retry-after", b"1")]
+        elif path == "/healthz":
+            ok = producer.healthy
+            status, body = _body(200 if ok else 503, {"ok": ok, "kafka": producer.bootstrap, "pid": os.getpid()})
+        elif path == "/metrics":
+            lines = [f"electra_ingest_heartbeats{{result=\"{k}\"}} {v}" for k, v in producer.stats.items()]
+            lines.append(f"electra_ingest_kafka_healthy {int(producer.healthy)}")
+            status, body = 200, ("\n".join(lines) + "\n").encode()
+            headers = [(b"content-type", b"text/plain; version=0.0.4")]
+        elif path == "/v1/heartbeat":
+            status, body = _body(405, {"detail": "use POST"})
+        else:
+            status, body = _body(404, {"detail": "not found"})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def app_from_env():
+    """uvicorn factory for worker processes: settings come from ELECTRA_INGEST_* variables."""
+    logging.basicConfig(level=os.environ.get("ELECTRA_LOG_LEVEL", "INFO").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+    bootstrap = os.environ["ELECTRA_INGEST_KAFKA"]
+    topic = os.environ.get("ELECTRA_INGEST_TOPIC", records.HEARTBEATS)
+    return create_ingest_app(HeartbeatProducer(bootstrap, topic).start())
+
+
+def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topic: str = records.HEARTBEATS,
+                 log_level: str = "warning") -> None:
+    """Run `workers` ingest processes on host:port until SIGINT/SIGTERM (blocks)."""
+    import uvicorn
+
+    os.environ["ELECTRA_INGEST_KAFKA"] = bootstrap
+    os.environ["ELECTRA_INGEST_TOPIC"] = topic
+    uvicorn.run("electra.api.ingest:app_from_env", factory=True, host=host, port=port, workers=workers,
+                http="httptools", loop="uvloop", log_level=log_level, access_log=False, lifespan="on")

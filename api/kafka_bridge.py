@@ -1,0 +1,222 @@
+"""The controller node's two links to Kafka: it publishes applied events and consumes liveness.
+
+`EventsPublisher` runs on every node and publishes only while this node leads: every
+event the state machine applied, with its Raft index and term and the set's
+resulting state, to the one-partition events topic, in index order. On becoming
+leader (and after any Kafka error) it reads the topic's last record and resumes
+right after that index, so leader changes leave neither gaps nor repeats in the
+normal case. Two leaders can overlap briefly (a deposed leader that has not heard
+of its successor yet); both publish the same entries for the same indexes, since
+the log is the same, and consumers drop any index they have already seen. When
+the journal no longer holds the events after the topic's last index (the topic
+was lost with a Kafka restart, or this node restarted from a snapshot), the
+publisher writes one `Resync` record per broker set with its current state
+instead of inventing history.
+
+`LivenessConsumer` runs on every node: it follows the liveness topic written by
+the streaming job and keeps the node's `LivenessTable`, which broker- and
+admin-triggered requests copy into their commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from electra.consensus.core import Role
+from electra.state.journal import JournalEntry, JournalGap, set_state
+from electra.state.liveness import BrokerLiveInfo
+from electra.streaming import records
+from electra.streaming.kafka_io import ensure_topics, last_record, topic_partitions
+
+from .service import ControllerService
+
+log = logging.getLogger("electra.api.kafka")
+
+
+class EventsPublisher:
+    def __init__(self, svc: ControllerService, bootstrap: str, topics: records.Topics, *,
+                 batch: int = 5000, hwm_fix: bool = True) -> None:
+        self.svc = svc
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.topic = topics.events
+        self.batch = batch
+        self.hwm_fix = hwm_fix
+        self.published_index = 0  # last index known to be in the topic (while leading)
+        self.stats = {"published": 0, "resyncs": 0, "errors": 0}
+        self._producer: KafkaProducer | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="events-publisher")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._producer is not None:
+            await asyncio.to_thread(self._producer.close, 5)
+
+    def _leading(self, term: int) -> bool:
+        node = self.svc.node
+        return node.role == Role.LEADER and node.core is not None and node.core.term == term
+
+    async def _run(self) -> None:
+        backoff = 0.2
+        while True:
+            node = self.svc.node
+            if node.role != Role.LEADER or node.core is None:
+                await asyncio.sleep(0.1)
+                continue
+            term = node.core.term
+            try:
+                await self._lead(term)
+                backoff = 0.2
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.stats["errors"] += 1
+                log.warning("events publisher: %s; retrying in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _lead(self, term: int) -> None:
+        """Publish from the topic's last index while this node leads in `term`."""
+        await asyncio.to_thread(ensure_topics, self.bootstrap, self.topics.partitions())
+        if self._producer is None:
+            self._producer = await asyncio.to_thread(
+                KafkaProducer, bootstrap_servers=self.bootstrap, client_id="electra-events", acks="all",
+                linger_ms=2, retries=5, max_block_ms=5000, request_timeout_ms=5000, delivery_timeout_ms=15_000,
+                metrics_enabled=False)
+        last = await asyncio.to_thread(self._last_published_index)
+        self.published_index = last
+        log.info("events publisher: leading in term %d; topic %s ends at index %d", term, self.topic, last)
+        journal = self.svc.journal
+        while self._leading(term):
+            try:
+                entries = journal.since(last, self.batch)
+            except JournalGap as gap:
+                entries = self._resync_entries()
+                self.stats["resyncs"] += 1
+                log.warning("events publisher: %s; publishing the state of %d broker sets instead (Resync)",
+                            gap, len(entries))
+            if not entries:
+                await journal.wait(0.5)
+                continue
+            if not self._leading(term):
+                return
+            await asyncio.to_thread(self._produce, entries)
+            last = entries[-1].index
+            self.published_index = last
+            self.stats["published"] += len(entries)
+
+    def _resync_entries(self) -> list[JournalEntry]:
+        """Every broker set's current state, stamped with the applied index (taken on the loop: consistent)."""
+        sm = self.svc.sm
+        index = self.svc.node.applied
+        term = self.svc.node.core.term_at(index) or self.svc.node.core.term
+        now = self.svc.now_ms()
+        return [JournalEntry(index, term, now, {"type": "Resync", "brokerName": name}, bs.cluster, set_state(bs))
+                for name, bs in sorted(sm.sets.items())] or [
+                JournalEntry(index, term, now, {"type": "Resync", "brokerName": None}, None, None)]
+
+    def _produce(self, entries: list[JournalEntry]) -> None:
+        p = self._producer
+        futures = []
+        for e in entries:
+            value = records.event_record(e.index, e.term, e.ts, e.event, e.state, e.cluster)
+            key = (e.event.get("brokerName") or "").encode()
+            futures.append(p.send(self.topic, key=key, value=records.encode(value), partition=0))
+        p.flush(timeout=10)
+        for f in futures:
+            f.get(timeout=0)  # raises the delivery error, if any
+
+    def _last_published_index(self) -> int:
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, client_id="electra-events-tail",
+                                 enable_auto_commit=False, request_timeout_ms=5000)
+        try:
+            rec = last_record(consumer, TopicPartition(self.topic, 0), hwm_fix=self.hwm_fix)
+        finally:
+            consumer.close()
+        return records.decode(rec.value)["index"] if rec is not None else 0
+
+
+class LivenessConsumer:
+    """Follows the liveness topic in a thread and applies its records on the event loop."""
+
+    def __init__(self, svc: ControllerService, bootstrap: str, topic: str = records.LIVENESS, *,
+                 replay_s: float = 120.0) -> None:
+        self.svc = svc
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.replay_s = replay_s
+        self.stats = {"records": 0, "bad_records": 0, "last_record_ms": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="liveness-consumer", daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.to_thread(self._thread.join, 10)
+
+    def _run(self) -> None:
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                self._follow()
+                backoff = 0.2
+            except Exception as exc:
+                log.warning("liveness consumer: %s; retrying in %.1fs", exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _follow(self) -> None:
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, client_id="electra-liveness",
+                                 enable_auto_commit=False, auto_offset_reset="earliest", request_timeout_ms=5000,
+                                 metrics_enabled=False)
+        try:
+            tps = topic_partitions(consumer, self.topic)
+            consumer.assign(tps)
+            # Older records only describe brokers that have timed out since: start a little before now.
+            since = int((time.time() - self.replay_s) * 1000)
+            try:
+                starts = consumer.offsets_for_times({tp: since for tp in tps})
+            except Exception:
+                starts = {}
+            for tp in tps:
+                if starts.get(tp) is not None:
+                    consumer.seek(tp, starts[tp].offset)
+                else:
+                    consumer.seek_to_beginning(tp)
+            while not self._stop.is_set():
+                polled = consumer.poll(timeout_ms=200, max_records=20_000)
+                batch = []
+                for msgs in polled.values():
+                    for m in msgs:
+                        try:
+                            d = records.decode(m.value)
+                            batch.append((d["clusterName"], d["brokerName"],
+                                          [BrokerLiveInfo.from_wire(b) for b in d["brokers"]]))
+                        except (ValueError, KeyError, TypeError):
+                            self.stats["bad_records"] += 1
+                if batch:
+                    self._loop.call_soon_threadsafe(self._apply, batch)
+        finally:
+            consumer.close()
+
+    def _apply(self, batch: list) -> None:
+        table = self.svc.liveness
+        for cluster, name, infos in batch:
+            for info in infos:
+                table.put(cluster, name, info)
+        self.stats["records"] += len(batch)
+        self.stats["last_record_ms"] = self.svc.now_ms()
