@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 run: setup
-	$(VENV)/bin/electra up
+	$(VENV)/bin/electra up --demo
 
 lint: setup
 	$(PY) -m ruff check .

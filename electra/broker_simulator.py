@@ -2,7 +2,8 @@
 
 Each broker follows the broker side of the protocol (reference §4): it gets a
 broker id (GetNextBrokerId, ApplyBrokerId with `address;timestamp` as check
-code), heartbeats every second to every controller with its epoch, max offset,
+code), heartbeats every second (to every controller, or to one ingest endpoint
+of the Kafka pipeline) with its epoch, max offset,
 confirm offset and priority, registers, asks for an election when there is no
 master, and polls replica info to learn role changes. A master grows its
 offset, and adds replicas that caught up to its sync-state set; replicas follow
@@ -46,10 +47,11 @@ class BrokerFleet:
     """`groups` broker sets of `replicas` brokers each, all driven from one event loop."""
 
     def __init__(self, endpoints: list[str], groups: int, replicas: int, *, cluster: str = "sim",
-                 heartbeat_s: float = 1.0, poll_s: float = 5.0, timeout_ms: int = 10_000, seed: int = 0) -> None:
+                 heartbeat_s: float = 1.0, poll_s: float = 5.0, timeout_ms: int = 10_000, seed: int = 0,
+                 ingest_endpoints: list[str] | None = None) -> None:
         if groups < 1 or replicas < 1:
             raise ValueError("--groups and --replicas must be at least 1")
-        self.client = ControllerClient(endpoints, deadline_s=30)
+        self.client = ControllerClient(endpoints, deadline_s=30, ingest_endpoints=ingest_endpoints)
         self.heartbeat_s, self.poll_s, self.timeout_ms = heartbeat_s, poll_s, timeout_ms
         self.rng = random.Random(seed)
         self.brokers = [SimBroker(cluster, f"{cluster}-set-{g}", r, f"10.{g // 250}.{g % 250}.{r + 1}:10911")
@@ -207,9 +209,9 @@ class BrokerFleet:
 
 
 async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, duration_s: float | None,
-                        commands=None) -> dict:
+                        commands=None, ingest_endpoints: list[str] | None = None, timeout_ms: int = 10_000) -> dict:
     """Run a fleet; `commands` is an async iterator of text lines (kill/revive/status/quit)."""
-    fleet = BrokerFleet(endpoints, groups, replicas)
+    fleet = BrokerFleet(endpoints, groups, replicas, ingest_endpoints=ingest_endpoints, timeout_ms=timeout_ms)
     t0 = time.monotonic()
     await fleet.start(progress=True)
     print(f"{groups} broker sets x {replicas} replicas registered in {time.monotonic() - t0:.1f}s; "

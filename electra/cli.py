@@ -197,45 +197,114 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- electra up
-def cmd_up(args: argparse.Namespace) -> int:
-    """Start a local cluster of `--nodes` processes; Ctrl-C stops them all."""
-    base = Path(args.data_dir)
-    n = args.nodes
-    peers = ",".join(f"{i}=127.0.0.1:{args.raft_port + i - 1}" for i in range(1, n + 1))
-    procs: list[subprocess.Popen] = []
-    http_peers = ",".join(f"{i}=127.0.0.1:{args.http_port + i - 1}" for i in range(1, n + 1))
-    endpoints = [f"127.0.0.1:{args.http_port + i - 1}" for i in range(1, n + 1)]
-    for i in range(1, n + 1):
-        cmd = [sys.executable, "-m", "electra.cli", "--log-level", args.log_level, "node", "--id", str(i),
-               "--peers", peers, "--http-addr", endpoints[i - 1], "--http-peers", http_peers,
-               "--data-dir", str(base / f"node{i}"), "--state-machine", "controller"]
-        procs.append(subprocess.Popen(cmd))
-    print(f"started {n} controller nodes; raft peers {peers}")
-    for ep in endpoints:
-        print(f"  http://{ep}  (API docs: http://{ep}/docs, metrics: http://{ep}/metrics)")
-    print("waiting for a leader ...", flush=True)
-    try:
-        leader = asyncio.run(_wait_for_http_leader(endpoints, timeout=30))
-        print(f"leader elected: node {leader}. Ctrl-C stops the cluster.", flush=True)
-        if args.demo_groups:
-            asyncio.run(_demo_groups(endpoints, args.demo_groups))
-            if args.exit_after_demo:
-                return 0
-        while all(p.poll() is None for p in procs):
-            time.sleep(0.5)
-        print("a node exited; stopping the cluster", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        for p in procs:
+class _Stack:
+    """The processes of a local stack, stopped in reverse order of start."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.kafka = None
+
+    def spawn(self, name: str, cmd: list[str], *, log_to_file: bool = True, stdin=None) -> subprocess.Popen:
+        out = open(self.logs / f"{name}.log", "ab") if log_to_file else None  # noqa: SIM115
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                stdin=stdin if stdin is not None else subprocess.DEVNULL)
+        self.procs.append((name, proc))
+        return proc
+
+    def exited(self) -> list[str]:
+        return [f"{name} (exit {p.returncode})" for name, p in self.procs if p.poll() is not None]
+
+    def stop(self) -> None:
+        for _, p in reversed(self.procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in procs:
+        for name, p in reversed(self.procs):
             try:
-                p.wait(timeout=10)
+                p.wait(timeout=20)
             except subprocess.TimeoutExpired:
+                print(f"{name} did not stop within 20s; killing it", file=sys.stderr)
                 p.kill()
+        if self.kafka is not None:
+            self.kafka.stop()
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """The whole local stack: Kafka-compatible broker, controller nodes, ingest workers, the Spark job
+    and, with --demo, simulated brokers. Ctrl-C stops everything."""
+    from electra.streaming.embedded_kafka import EmbeddedKafka, KafkaBinaryMissing
+    from electra.streaming.kafka_io import ensure_topics
+    from electra.streaming.records import Topics
+
+    base = Path(args.data_dir)
+    logs = base / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    n = args.nodes
+    py = [sys.executable, "-m", "electra.cli", "--log-level", args.log_level]
+    peers = ",".join(f"{i}=127.0.0.1:{args.raft_port + i - 1}" for i in range(1, n + 1))
+    http_peers = ",".join(f"{i}=127.0.0.1:{args.http_port + i - 1}" for i in range(1, n + 1))
+    endpoints = [f"127.0.0.1:{args.http_port + i - 1}" for i in range(1, n + 1)]
+    ingest = [f"127.0.0.1:{args.ingest_port + i - 1}" for i in range(1, n + 1)]
+    topics = Topics.prefixed(args.topic_prefix)
+    stack = _Stack(logs)
+    try:
+        if args.kafka_bootstrap:
+            bootstrap = args.kafka_bootstrap
+            print(f"Kafka: {bootstrap} (external)")
+        else:
+            try:
+                stack.kafka = EmbeddedKafka(port=args.kafka_port, log_file=logs / "kafka.log").start()
+            except KafkaBinaryMissing as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+            bootstrap = stack.kafka.bootstrap
+            print(f"Kafka: embedded tansu on {bootstrap} (memory only; log {logs / 'kafka.log'})")
+        ensure_topics(bootstrap, topics.partitions())
+        for i in range(1, n + 1):
+            stack.spawn(f"node{i}", [*py, "node", "--id", str(i), "--peers", peers, "--http-addr", endpoints[i - 1],
+                                     "--http-peers", http_peers, "--data-dir", str(base / f"node{i}"),
+                                     "--state-machine", "controller", "--kafka-bootstrap", bootstrap,
+                                     "--topic-prefix", args.topic_prefix])
+            stack.spawn(f"ingest{i}", [*py, "ingest", "--listen", ingest[i - 1], "--kafka-bootstrap", bootstrap,
+                                       "--workers", str(args.ingest_workers), "--topic", topics.heartbeats])
+        print(f"started {n} controller nodes (raft {peers}) and {n} x {args.ingest_workers} ingest workers")
+        for ep, ing in zip(endpoints, ingest):
+            print(f"  http://{ep}  (API docs /docs, metrics /metrics)   heartbeats: http://{ing}/v1/heartbeat")
+        print("waiting for a leader ...", flush=True)
+        leader = asyncio.run(_wait_for_http_leader(endpoints, timeout=30))
+        print(f"leader elected: node {leader}", flush=True)
+        if not args.no_streaming:
+            stack.spawn("streaming", [sys.executable, "-m", "electra.streaming.job", "--bootstrap", bootstrap,
+                                      "--controllers", ",".join(endpoints), "--checkpoint",
+                                      str(base / "streaming-checkpoint"), "--spark-master", args.spark_master,
+                                      "--topic-prefix", args.topic_prefix])
+            print(f"streaming job: Spark {args.spark_master}, checkpoint {base / 'streaming-checkpoint'}, "
+                  f"log {logs / 'streaming.log'}", flush=True)
+        if args.demo:
+            stack.spawn("brokers", [*py, "simulate-brokers", "--endpoints", ",".join(endpoints),
+                                    "--ingest-endpoints", ",".join(ingest), "--groups", str(args.demo_groups)],
+                        log_to_file=False, stdin=sys.stdin if sys.stdin and sys.stdin.isatty() else None)
+            print(f"demo: {args.demo_groups} simulated broker sets x 3 replicas; type `kill-master SET` "
+                  "(e.g. kill-master sim-set-0) to watch a failover, `status`, `quit`", flush=True)
+        print("the stack is up; Ctrl-C stops it. `electra status` shows the controllers.", flush=True)
+        while True:
+            gone = stack.exited()
+            if gone:
+                done = [g for g in gone if g.startswith("brokers (exit 0")]
+                if done and len(gone) == 1:  # the simulator was told to quit: keep the rest running
+                    stack.procs = [(nm, p) for nm, p in stack.procs if nm != "brokers"]
+                    continue
+                print(f"stopping the stack: {', '.join(gone)} exited (logs in {logs})", file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return 0
+    except TimeoutError as exc:
+        print(f"error: {exc} (logs in {logs})", file=sys.stderr)
+        return 1
+    finally:
+        print("stopping ...", flush=True)
+        stack.stop()
 
 
 async def _wait_for_http_leader(endpoints: list[str], timeout: float) -> int:
@@ -256,30 +325,6 @@ async def _wait_for_http_leader(endpoints: list[str], timeout: float) -> int:
         raise TimeoutError(f"no leader within {timeout}s")
     finally:
         await client.close()
-
-
-async def _demo_groups(endpoints: list[str], groups: int) -> None:
-    """Register broker sets of 3 replicas the way RocketMQ 5 brokers do, and elect their masters."""
-    from electra.api.client import ControllerClient
-
-    client = ControllerClient(endpoints)
-    t0 = time.monotonic()
-    try:
-        for g in range(groups):
-            name = f"broker-{g}"
-            for _ in range(3):
-                nxt = (await client.next_broker_id("demo", name))["header"]["nextBrokerId"]
-                addr = f"127.0.0.{g % 250 + 1}:{10911 + nxt}"
-                await client.apply_broker_id("demo", name, nxt, f"{addr};{int(time.time() * 1000)}")
-                await client.heartbeat("demo", name, nxt, addr, epoch=0, maxOffset=0)
-                await client.register("demo", name, nxt, addr)
-            r = await client.elect_master("demo", name, 1)
-            if (g + 1) % max(1, groups // 10) == 0 or g + 1 == groups:
-                print(f"  demo: {g + 1}/{groups} broker sets registered; {name} master="
-                      f"{r['header'].get('masterBrokerId')} epoch={r['header'].get('masterEpoch')}", flush=True)
-    finally:
-        await client.close()
-    print(f"demo: {groups} broker sets x 3 replicas registered in {time.monotonic() - t0:.2f}s", flush=True)
 
 
 # --------------------------------------------------------------------------- electra status / admin
@@ -360,8 +405,10 @@ def cmd_simulate_brokers(args: argparse.Namespace) -> int:
             yield line
 
     commands = None if args.no_stdin or not sys.stdin or sys.stdin.closed else stdin_lines()
+    ingest = [e.strip() for e in (args.ingest_endpoints or "").split(",") if e.strip()]
     stats = asyncio.run(run_simulator(_endpoints(args), args.groups, args.replicas, duration_s=args.duration,
-                                      commands=commands))
+                                      commands=commands, ingest_endpoints=ingest or None,
+                                      timeout_ms=args.heartbeat_timeout_ms))
     print(f"simulator stopped: {stats}")
     return 0
 
@@ -412,13 +459,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="benchmarks only: acks before data is durable")
     n.set_defaults(fn=cmd_node)
 
-    u = sub.add_parser("up", help="run a local cluster (Ctrl-C stops it)")
+    u = sub.add_parser("up", help="run the whole local stack (Kafka, controllers, ingest, Spark job); Ctrl-C stops it")
     u.add_argument("--nodes", type=int, default=3, choices=[1, 3, 5])
     u.add_argument("--data-dir", default=".electra/local")
     u.add_argument("--raft-port", type=int, default=7101)
     u.add_argument("--http-port", type=int, default=7301)
-    u.add_argument("--demo-groups", type=int, default=20, help="broker sets to register once a leader exists")
-    u.add_argument("--exit-after-demo", action="store_true")
+    u.add_argument("--ingest-port", type=int, default=7401, help="first node's heartbeat ingest port")
+    u.add_argument("--ingest-workers", type=int, default=1, help="ingest worker processes per node")
+    u.add_argument("--kafka-bootstrap", help="use this Kafka instead of starting the embedded broker")
+    u.add_argument("--kafka-port", type=int, default=19092, help="embedded broker port")
+    u.add_argument("--topic-prefix", default="")
+    u.add_argument("--spark-master", default="local[2]", help="Spark master URL for the streaming job")
+    u.add_argument("--no-streaming", action="store_true", help="do not start the Spark job")
+    u.add_argument("--demo", action="store_true", help="also run simulated RocketMQ brokers")
+    u.add_argument("--demo-groups", type=int, default=20, help="broker sets the demo simulates")
     u.set_defaults(fn=cmd_up)
 
     ing = sub.add_parser("ingest", help="heartbeat ingest workers (HTTP -> Kafka), several processes on one port")
@@ -466,6 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--replicas", type=int, default=3)
     sb.add_argument("--duration", type=float, default=None, help="seconds to run (default: until quit/EOF)")
     sb.add_argument("--no-stdin", action="store_true", help="ignore stdin commands")
+    sb.add_argument("--ingest-endpoints", default=os.environ.get("ELECTRA_INGEST_ENDPOINTS"),
+                    help="HOST:PORT,... heartbeat ingest endpoints (Kafka pipeline); default: every controller")
+    sb.add_argument("--heartbeat-timeout-ms", type=int, default=10_000, help="heartbeatTimeoutMillis the brokers send")
     sb.set_defaults(fn=cmd_simulate_brokers)
 
     b = sub.add_parser("bench", help="run a benchmark from bench/ (ends with a RESULT line)")
