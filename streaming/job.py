@@ -199,16 +199,21 @@ def build_query(spark, cfg: JobConfig, sink: BatchSink):
             .foreachBatch(sink).start())
 
 
-def _wait_trigger_idle(query, timeout_s: float) -> None:
-    """Let a running micro-batch finish (query.stop() would interrupt its checkpoint writes)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if not query.status.get("isTriggerActive"):
-                return
-        except Exception:  # noqa: BLE001 - query already gone
+def _wait_batch_done(query, timeout_s: float) -> None:
+    """Let the micro-batch in flight finish (query.stop() would interrupt it; Spark re-runs it on restart)."""
+    def last_batch() -> int:
+        p = query.lastProgress
+        return p["batchId"] if p else -1
+
+    try:
+        if not query.status.get("isTriggerActive"):
             return
-        time.sleep(0.05)
+        seen = last_batch()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and query.status.get("isTriggerActive") and last_batch() == seen:
+            time.sleep(0.05)
+    except Exception:  # noqa: BLE001 - query already gone
+        return
 
 
 def run_job(cfg: JobConfig, stop: threading.Event | None = None) -> int:
@@ -236,7 +241,7 @@ def run_job(cfg: JobConfig, stop: threading.Event | None = None) -> int:
     finally:
         if query is not None and query.isActive:
             log.info("stopping the streaming query")
-            _wait_trigger_idle(query, timeout_s=15.0)
+            _wait_batch_done(query, timeout_s=10.0)
             try:
                 query.stop()
             except Exception:  # noqa: BLE001
