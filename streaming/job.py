@@ -77,6 +77,8 @@ def build_spark(cfg: JobConfig):
         b = b.master(master)
     conf = {
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+        # Commit a changelog per batch instead of uploading RocksDB files (measured: commit ~70 vs ~150 ms).
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.session.timeZone": "UTC",
@@ -160,10 +162,11 @@ def _progress_listener(sink: BatchSink):
             p = event.progress
             st = sink.take(p.batchId) or {"proposals": 0, "dead_letters": 0, "liveness": 0, "sink_ms": 0.0,
                                           "collect_ms": 0.0}
+            phases = ",".join(f"{k}:{v}" for k, v in sorted((p.durationMs or {}).items()) if v)
             log.info("batch=%d rows=%d proposals=%d dead_letters=%d liveness=%d batch_ms=%d collect_ms=%.1f "
-                     "sink_ms=%.1f dead_letters_total=%d proposals_total=%d", p.batchId, p.numInputRows,
+                     "sink_ms=%.1f dead_letters_total=%d proposals_total=%d phases=%s", p.batchId, p.numInputRows,
                      st["proposals"], st["dead_letters"], st["liveness"], p.batchDuration, st["collect_ms"],
-                     st["sink_ms"], sink.dead_letters_total, sink.proposals_total)
+                     st["sink_ms"], sink.dead_letters_total, sink.proposals_total, phases)
 
         def onQueryIdle(self, event) -> None:
             pass

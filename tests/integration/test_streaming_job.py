@@ -20,7 +20,7 @@ import threading
 import time
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer
 from stream_helpers import FakeController
 
 from electra.streaming import kafka_io, records
