@@ -42,5 +42,21 @@ job=(--bootstrap "$BOOTSTRAP" --controllers "$CONTROLLERS" --checkpoint "$CHECKP
 if [[ "$HWM_FIX" != "true" ]]; then
   job+=(--no-hwm-fix)
 fi
+# SIGTERM/SIGINT to this script are forwarded to the Python driver only (a child of the spark-submit
+# JVM), which stops the query after the batch in flight and then Spark; a signal to the JVM itself
+# would run its shutdown hooks first and fail the query mid-batch.
 # shellcheck disable=SC2086
-exec "$SPARK_SUBMIT" "${args[@]}" ${EXTRA_ARGS:-} "$entry" "${job[@]}" ${JOB_ARGS:-}
+"$SPARK_SUBMIT" "${args[@]}" ${EXTRA_ARGS:-} "$entry" "${job[@]}" ${JOB_ARGS:-} &
+submit=$!
+forward() {
+  local child
+  for child in $(pgrep -P "$submit" -f "$entry" 2>/dev/null); do
+    kill -TERM "$child" 2>/dev/null || true
+  done
+}
+trap forward TERM INT
+rc=0
+while kill -0 "$submit" 2>/dev/null; do
+  wait "$submit" && rc=0 || rc=$?
+done
+exit "$rc"
