@@ -43,9 +43,7 @@ class MasterWatchProcessor(StatefulProcessor):
 
     # ------------------------------------------------------------------ state helpers
     def _load(self) -> detector.SetWatch | None:
-        if not self.watch_state.exists():
-            return None
-        row = self.watch_state.get()
+        row = self.watch_state.get()  # None when the set has no state yet (one round trip)
         return detector.SetWatch.from_json(row[0]) if row is not None else None
 
     def _store(self, watch: detector.SetWatch, armed: int | None) -> None:
