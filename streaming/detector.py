@@ -1,0 +1,242 @@
+"""Inactive-master detection for one broker set, as pure Python (no Spark).
+
+RocketMQ's controller runs one thread that scans every broker every 5 s. The
+streaming job replaces it with one `SetWatch` per broker set, kept in Spark's
+state store and driven by two inputs:
+
+* heartbeat records of the set's brokers: the last heartbeat of each broker,
+  with RocketMQ's update rule (epoch and max offset only move forward);
+* controller event records (`electra.events`): the set's cluster, master and
+  master epoch, applied in Raft index order; a record whose index is not above
+  the last applied one is a duplicate and is ignored.
+
+A timer is kept for the master at `max(master's last heartbeat, when the job
+learned the master) + master's heartbeatTimeoutMillis`. When it expires and the
+master is still stale while at least one other broker is alive, the watch emits
+an ElectMaster proposal fenced by the master epoch it saw. That epoch is then
+not proposed again, except for a bounded number of retries (one every
+`retry_factor` x timeout) while no event moved the set on; the controller fences
+duplicates by epoch (code 2000).
+
+Every set that received heartbeats also yields one liveness record per batch.
+The Spark adapter (`streaming.processor`) stores a watch as one JSON value and
+calls `process()` / `on_timer()`; everything here is unit-testable.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from electra.state.liveness import DEFAULT_TIMEOUT_MS, BrokerLiveInfo
+
+PROPOSAL = "proposal"
+LIVENESS = "liveness"
+DEAD_LETTER = "dlq"
+
+MAX_SNAPSHOT = 64          # ProposedElection.live accepts at most 64 brokers
+FORGET_FACTOR = 10         # a non-master broker silent for 10x its timeout (and >= 60 s) is dropped
+FORGET_MIN_MS = 60_000
+
+
+@dataclass
+class Output:
+    """One row out of the stateful operator: kind (proposal|liveness|dlq), broker set, JSON payload."""
+
+    kind: str
+    broker_name: str
+    payload: dict
+
+    def row(self) -> tuple[str, str, str]:
+        return (self.kind, self.broker_name, json.dumps(self.payload, separators=(",", ":")))
+
+
+@dataclass
+class SetWatch:
+    """The streaming job's state for one broker set."""
+
+    name: str
+    cluster: str | None = None
+    master_id: int | None = None
+    master_epoch: int = -1
+    master_since_ms: int = 0          # processing time at which the job learned the current master
+    last_index: int = -1              # Raft index of the last applied event
+    brokers: dict[int, BrokerLiveInfo] = field(default_factory=dict)
+    proposed_epoch: int = -1          # master epoch of the last proposal
+    proposed_at_ms: int = 0
+    retries: int = 0                  # retries sent for proposed_epoch
+    timer_ms: int | None = None       # when the adapter must call on_timer() next (None: no timer)
+
+    # ------------------------------------------------------------------ serialization
+    def to_json(self) -> str:
+        d = {k: v for k, v in self.__dict__.items() if k != "brokers"}
+        d["brokers"] = [b.to_wire() for b in self.brokers.values()]
+        return json.dumps(d, separators=(",", ":"))
+
+    @staticmethod
+    def from_json(raw: str) -> SetWatch:
+        d = json.loads(raw)
+        brokers = {b["broker_id"]: BrokerLiveInfo.from_wire(b) for b in d.pop("brokers", [])}
+        return SetWatch(brokers=brokers, **d)
+
+    # ------------------------------------------------------------------ inputs
+    def apply_heartbeat(self, hb: dict, now_ms: int) -> None:
+        """A validated heartbeat (`records.validate_heartbeat`); `ts` is the ingest time (default: now)."""
+        bid = hb["brokerId"]
+        ts = hb.get("ts") or now_ms
+        epoch, max_offset, confirm = hb["epoch"], hb["maxOffset"], hb["confirmOffset"]
+        prev = self.brokers.get(bid)
+        if prev is not None:
+            # RocketMQ: offsets only move forward in (epoch, max offset) order.
+            if not (epoch > prev.epoch or (epoch == prev.epoch and max_offset > prev.max_offset)):
+                epoch, max_offset, confirm = prev.epoch, prev.max_offset, prev.confirm_offset
+            ts = max(ts, prev.last_update_ms)  # heartbeats via two ingest nodes may arrive out of order
+        self.brokers[bid] = BrokerLiveInfo(bid, hb["brokerAddr"], ts, hb["heartbeatTimeoutMillis"], epoch,
+                                           max_offset, confirm, hb["electionPriority"])
+        if self.cluster is None:
+            self.cluster = hb["clusterName"]
+
+    def apply_event(self, ev: dict, now_ms: int) -> bool:
+        """One events-topic record; False if it was a duplicate (index <= last applied index)."""
+        index = ev["index"]
+        if index <= self.last_index:
+            return False
+        self.last_index = index
+        st = ev.get("state")
+        if st is None:  # the set was removed
+            self.cluster = ev.get("clusterName") or self.cluster
+            self.master_id, self.master_epoch, self.master_since_ms = None, -1, now_ms
+            self.proposed_epoch, self.retries = -1, 0
+            return True
+        self.cluster = st.get("clusterName") or ev.get("clusterName") or self.cluster
+        master = st.get("masterBrokerId")
+        master = master if isinstance(master, int) and master > 0 else None
+        epoch = st.get("masterEpoch")
+        epoch = epoch if isinstance(epoch, int) else -1
+        if (master, epoch) != (self.master_id, self.master_epoch):
+            self.master_id, self.master_epoch, self.master_since_ms = master, epoch, now_ms
+            self.retries = 0
+        return True
+
+    # ------------------------------------------------------------------ decisions
+    def master_timeout_ms(self) -> int:
+        mh = self.brokers.get(self.master_id) if self.master_id is not None else None
+        if mh is not None:
+            return mh.timeout_ms
+        return max((b.timeout_ms for b in self.brokers.values()), default=DEFAULT_TIMEOUT_MS)
+
+    def master_deadline_ms(self) -> int | None:
+        """The last instant at which the master still counts as alive (None: no master)."""
+        if self.master_id is None:
+            return None
+        mh = self.brokers.get(self.master_id)
+        base = max(mh.last_update_ms if mh else 0, self.master_since_ms)
+        return base + self.master_timeout_ms()
+
+    def live_others(self, now_ms: int) -> list[BrokerLiveInfo]:
+        return [b for b in self.brokers.values() if b.broker_id != self.master_id and b.alive_at(now_ms)]
+
+    def snapshot(self) -> list[dict]:
+        """The heartbeat snapshot of the set (BrokerLiveInfo wire dicts, by broker id)."""
+        return [self.brokers[i].to_wire() for i in sorted(self.brokers)][:MAX_SNAPSHOT]
+
+    def _forget_silent(self, now_ms: int) -> None:
+        for bid, b in list(self.brokers.items()):
+            if bid != self.master_id and b.last_update_ms + max(FORGET_FACTOR * b.timeout_ms, FORGET_MIN_MS) < now_ms:
+                del self.brokers[bid]
+
+    def evaluate(self, now_ms: int, max_retries: int = 3, retry_factor: int = 2) -> list[Output]:
+        """Check the master at `now_ms`; returns 0 or 1 proposal and sets `timer_ms`."""
+        self._forget_silent(now_ms)
+        self.timer_ms = None
+        deadline = self.master_deadline_ms()
+        if deadline is None:
+            return []
+        if now_ms <= deadline:
+            self.timer_ms = deadline + 1
+            return []
+        retry_every = retry_factor * self.master_timeout_ms()
+        if self.proposed_epoch == self.master_epoch:
+            if self.retries >= max_retries:
+                return []  # wait for an event (a new master epoch) or a fresh master heartbeat
+            retry_at = self.proposed_at_ms + retry_every
+            if now_ms < retry_at:
+                self.timer_ms = retry_at
+                return []
+            if not self.live_others(now_ms):
+                return []  # re-evaluated when another broker's heartbeat arrives
+            self.retries += 1
+        else:
+            if not self.live_others(now_ms):
+                return []
+            self.retries = 0
+        self.proposed_epoch, self.proposed_at_ms = self.master_epoch, now_ms
+        if self.retries < max_retries:
+            self.timer_ms = now_ms + retry_every
+        return [Output(PROPOSAL, self.name, self.proposal(now_ms))]
+
+    def proposal(self, now_ms: int) -> dict:
+        mh = self.brokers.get(self.master_id) if self.master_id is not None else None
+        return {"brokerName": self.name, "clusterName": self.cluster, "expectedMasterEpoch": self.master_epoch,
+                "live": self.snapshot(), "proposedAtMs": now_ms, "masterBrokerId": self.master_id,
+                "masterLastHeartbeatMs": mh.last_update_ms if mh else None, "retry": self.retries}
+
+    def liveness(self, now_ms: int) -> dict:
+        return {"clusterName": self.cluster, "brokerName": self.name, "ts": now_ms, "brokers": self.snapshot()}
+
+
+def process(watch: SetWatch | None, name: str, heartbeats: list[dict], events: list[dict], now_ms: int,
+            max_retries: int = 3, retry_factor: int = 2) -> tuple[SetWatch, list[Output]]:
+    """Apply one batch of a set's records (events first, in index order; then heartbeats in order).
+
+    Returns the new watch and its outputs: a liveness record if any heartbeat arrived, and at
+    most one proposal.
+    """
+    w = watch if watch is not None else SetWatch(name)
+    for ev in sorted(events, key=lambda e: e["index"]):
+        w.apply_event(ev, now_ms)
+    for hb in heartbeats:
+        w.apply_heartbeat(hb, now_ms)
+    out = w.evaluate(now_ms, max_retries, retry_factor)
+    if heartbeats:
+        out.append(Output(LIVENESS, name, w.liveness(now_ms)))
+    return w, out
+
+
+def on_timer(watch: SetWatch, now_ms: int, max_retries: int = 3, retry_factor: int = 2) -> list[Output]:
+    """The watch's timer fired: the same check as after input rows."""
+    return watch.evaluate(now_ms, max_retries, retry_factor)
+
+
+def collapse_heartbeats(heartbeats: list[dict]) -> list[dict]:
+    """Fold a batch's heartbeats to one per broker with the RocketMQ rule, keeping arrival order of the last ones.
+
+    Equivalent to applying them one by one; lets an adapter touch state once per broker.
+    """
+    tmp = SetWatch("")
+    last: dict[int, dict] = {}
+    for hb in heartbeats:
+        tmp.apply_heartbeat(hb, hb.get("ts") or 0)
+        last[hb["brokerId"]] = hb
+    out = []
+    for bid, hb in last.items():
+        b = tmp.brokers[bid]
+        out.append({**hb, "epoch": b.epoch, "maxOffset": b.max_offset, "confirmOffset": b.confirm_offset,
+                    "ts": b.last_update_ms or hb.get("ts")})
+    return out
+
+
+def parse_event(d: Any) -> dict:
+    """Check the fields the detector uses of an events-topic value; ValueError names the field."""
+    if not isinstance(d, dict):
+        raise ValueError("event: a JSON object is required")
+    if type(d.get("index")) is not int or d["index"] < 0:
+        raise ValueError("index: a non-negative integer is required")
+    name = d.get("brokerName")
+    if not isinstance(name, str) or not name:
+        raise ValueError("brokerName: a non-empty string is required")
+    st = d.get("state")
+    if st is not None and not isinstance(st, dict):
+        raise ValueError("state: an object or null is required")
+    return d

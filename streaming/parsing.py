@@ -1,0 +1,74 @@
+"""Parse and validate raw Kafka rows before the stateful operator (pure Python; used in `mapInPandas`).
+
+Every input row becomes one parsed row `(group, kind, topic, partition, offset, payload)`:
+
+* a valid heartbeat: group = brokerName, kind = "hb", payload = the canonical heartbeat
+  (`records.validate_heartbeat`), `ts` defaulting to the Kafka record time;
+* a valid event: group = brokerName, kind = "ev", payload = the event record;
+* anything else: group = "" (reserved: broker set names are never empty), kind = "dlq",
+  payload = the dead letter `{error, topic, partition, offset, raw}`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from electra.streaming import records
+from electra.streaming.detector import DEAD_LETTER, parse_event
+
+HEARTBEAT = "hb"
+EVENT = "ev"
+DLQ_GROUP = ""
+
+PARSED_SCHEMA = "group string, kind string, topic string, partition int, offset long, payload string"
+PARSED_COLUMNS = ["group", "kind", "topic", "partition", "offset", "payload"]
+
+
+def _dump(d: dict) -> str:
+    return json.dumps(d, separators=(",", ":"))
+
+
+def dead_letter(error: str, topic: str, partition: int, offset: int, raw: Any) -> dict:
+    return {"error": error, "topic": topic, "partition": int(partition), "offset": int(offset),
+            "raw": raw if isinstance(raw, str) or raw is None else str(raw)}
+
+
+def parse_row(topic: str, partition: int, offset: int, value: str | None, kafka_ts_ms: int | None,
+              heartbeats_topic: str, events_topic: str) -> tuple[str, str, str]:
+    """(group, kind, payload JSON) for one raw record."""
+    try:
+        if value is None:
+            raise ValueError("value: missing")
+        try:
+            d = json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"invalid JSON: {exc}") from None
+        if topic == heartbeats_topic:
+            hb = records.validate_heartbeat(d)
+            if "ts" not in hb:
+                hb["ts"] = int(kafka_ts_ms) if kafka_ts_ms and kafka_ts_ms > 0 else 0
+            return hb["brokerName"], HEARTBEAT, _dump(hb)
+        if topic == events_topic:
+            ev = parse_event(d)
+            return ev["brokerName"], EVENT, _dump(ev)
+        raise ValueError(f"unexpected topic {topic!r}")
+    except ValueError as exc:  # InvalidHeartbeat is a ValueError
+        return DLQ_GROUP, DEAD_LETTER, _dump(dead_letter(str(exc), topic, partition, offset, value))
+
+
+def parse_frames(frames: Iterator[Any], heartbeats_topic: str, events_topic: str) -> Iterator[Any]:
+    """`mapInPandas` body: frames with topic, partition, offset, value, kafka_ts → PARSED_SCHEMA frames."""
+    import pandas as pd
+
+    for df in frames:
+        rows = []
+        for topic, part, off, value, ts in zip(df["topic"], df["partition"], df["offset"], df["value"],
+                                               df["kafka_ts"]):
+            ts_ms = None if ts is None or pd.isna(ts) else int(ts)
+            val = None if value is None or (not isinstance(value, str) and pd.isna(value)) else value
+            group, kind, payload = parse_row(topic, int(part), int(off), val, ts_ms, heartbeats_topic,
+                                             events_topic)
+            rows.append((group, kind, topic, int(part), int(off), payload))
+        yield pd.DataFrame(rows, columns=PARSED_COLUMNS).astype({"partition": "int32", "offset": "int64"})

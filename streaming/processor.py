@@ -1,0 +1,95 @@
+"""The Spark adapter of `detector.py`: a StatefulProcessor for `transformWithStateInPandas`.
+
+Keyed by broker set name. The whole `SetWatch` is one JSON string in one ValueState,
+so a batch costs one state read, one state write and at most two timer calls per set
+(every state call is a socket round trip to the JVM). Heartbeats are collapsed per
+broker before they touch the watch. The reserved group "" carries dead letters
+through the operator unchanged (no state), so the job needs only one Kafka read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pandas as pd
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+
+from electra.streaming import detector
+from electra.streaming.parsing import DLQ_GROUP, EVENT, HEARTBEAT
+
+log = logging.getLogger("electra.streaming.processor")
+
+OUTPUT_SCHEMA = "kind string, brokerName string, payload string"
+OUTPUT_COLUMNS = ["kind", "brokerName", "payload"]
+
+
+def _frame(rows: list[tuple[str, str, str]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
+
+
+class MasterWatchProcessor(StatefulProcessor):
+    """One `detector.SetWatch` per broker set, one processing-time timer per watch."""
+
+    def __init__(self, max_retries: int = 3, retry_factor: int = 2) -> None:
+        self.max_retries = max_retries
+        self.retry_factor = retry_factor
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.watch_state = handle.getValueState("watch", "json string")
+
+    # ------------------------------------------------------------------ state helpers
+    def _load(self) -> detector.SetWatch | None:
+        row = self.watch_state.get()  # None when the set has no state yet (one round trip)
+        return detector.SetWatch.from_json(row[0]) if row is not None else None
+
+    def _store(self, watch: detector.SetWatch, armed: int | None) -> None:
+        """Save the watch and move the timer from `armed` (currently registered) to `watch.timer_ms`."""
+        if armed != watch.timer_ms:
+            if armed is not None:
+                self.handle.deleteTimer(armed)
+            if watch.timer_ms is not None:
+                self.handle.registerTimer(watch.timer_ms)
+        self.watch_state.update((watch.to_json(),))
+
+    # ------------------------------------------------------------------ callbacks
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:
+        name = key[0]
+        frames = list(rows)
+        if name == DLQ_GROUP:  # dead letters pass through
+            out = [(detector.DEAD_LETTER, "", p) for df in frames for p in df["payload"]]
+            if out:
+                yield _frame(out)
+            return
+        df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        evs = df[df["kind"] == EVENT]
+        hbs = df[df["kind"] == HEARTBEAT].sort_values(["partition", "offset"])
+        events = [json.loads(p) for p in evs["payload"]]
+        heartbeats = detector.collapse_heartbeats([json.loads(p) for p in hbs["payload"]])
+        now = timerValues.getCurrentProcessingTimeInMs()
+        watch = self._load()
+        armed = watch.timer_ms if watch is not None else None
+        watch, outputs = detector.process(watch, name, heartbeats, events, now, self.max_retries,
+                                          self.retry_factor)
+        self._store(watch, armed)
+        if outputs:
+            yield _frame([o.row() for o in outputs])
+
+    def handleExpiredTimer(self, key: Any, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:
+        watch = self._load()
+        if watch is None:
+            return
+        fired = expiredTimerInfo.getExpiryTimeInMs()
+        # The fired timer is gone; any other registered one is the watch's current timer.
+        armed = watch.timer_ms if watch.timer_ms != fired else None
+        now = timerValues.getCurrentProcessingTimeInMs()
+        outputs = detector.on_timer(watch, now, self.max_retries, self.retry_factor)
+        self._store(watch, armed)
+        if outputs:
+            yield _frame([o.row() for o in outputs])
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,204 @@
+"""The real streaming job (Spark local[2] in a subprocess) on real tansu, with a recording controller.
+
+Events make broker 1 master at epoch 1 in three broker sets; brokers 1-3 heartbeat every
+0.3 s (timeout 2 s). Broker 1 of one set stops: exactly one ElectMaster proposal with
+expectedMasterEpoch=1 and a snapshot in which brokers 2 and 3 are alive. The recording
+controller answers 200 and publishes the resulting ElectMaster event (broker 2, epoch 2),
+as the real controller's events publisher would. Bad records land in the DLQ, liveness
+records appear, and a restart from the checkpoint does not propose again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer
+from stream_helpers import FakeController
+
+from electra.streaming import kafka_io, records
+from electra.streaming.embedded_kafka import EmbeddedKafka
+
+pytestmark = pytest.mark.integration
+
+SETS = ["bs-0", "bs-1", "bs-2"]
+VICTIM = "bs-0"
+TIMEOUT_MS = 2000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class World:
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+        self.lock = threading.Lock()
+        self.index = 0
+        self.stopped: set[tuple[str, int]] = set()
+        self.last_hb: dict[tuple[str, int], int] = {}
+        self.quit = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def event(self, name: str, master: int, epoch: int) -> None:
+        with self.lock:
+            self.index += 1
+            state = {"clusterName": "c1", "masterBrokerId": master, "masterEpoch": epoch, "syncStateSet": [master],
+                     "syncStateSetEpoch": epoch, "brokers": {str(b): f"10.0.0.{b}:10911" for b in (1, 2, 3)}}
+            ev = records.event_record(self.index, 1, now_ms(), {"type": "ElectMaster", "brokerName": name},
+                                      state, "c1")
+            self.producer.send(records.EVENTS, key=name.encode(), value=records.encode(ev))
+            self.producer.flush()
+
+    def _beat(self) -> None:
+        while not self.quit.is_set():
+            ts = now_ms()
+            for name in SETS:
+                for b in (1, 2, 3):
+                    if (name, b) in self.stopped:
+                        continue
+                    hb = {"clusterName": "c1", "brokerName": name, "brokerAddr": f"10.0.0.{b}:10911", "brokerId": b,
+                          "epoch": 1, "maxOffset": 1000, "confirmOffset": 1000, "heartbeatTimeoutMillis": TIMEOUT_MS,
+                          "electionPriority": b, "ts": ts}
+                    self.producer.send(records.HEARTBEATS, key=name.encode(), value=records.encode(hb))
+                    self.last_hb[(name, b)] = ts
+            self.producer.flush()
+            self.quit.wait(0.3)
+
+
+class TopicReader:
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+        self.tps = kafka_io.topic_partitions(self.c, topic)
+        self.c.assign(self.tps)
+        self.c.seek_to_beginning(*self.tps)
+        self.values: list[dict] = []
+
+    def poll(self) -> list[dict]:
+        for msgs in self.c.poll(timeout_ms=200).values():
+            self.values += [json.loads(m.value) for m in msgs]
+        return self.values
+
+
+def start_job(bootstrap: str, controller: str, checkpoint: str, log_path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "electra.streaming.job", "--bootstrap", bootstrap, "--controllers", controller,
+           "--checkpoint", checkpoint, "--trigger-ms", "500", "--shuffle-partitions", "2", "--source", "auto"]
+    log = open(log_path, "ab")  # noqa: SIM115 - owned by the process
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            start_new_session=True)
+
+
+def stop_job(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+        raise
+
+
+def wait_for(pred, timeout_s: float, step: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(step)
+    return pred()
+
+
+def test_streaming_job_end_to_end(tmp_path):
+    t_start = time.monotonic()
+    kafka = EmbeddedKafka(log_file=tmp_path / "tansu.log").start()
+    world = None
+    controller = None
+    job = None
+    try:
+        kafka_io.ensure_topics(kafka.bootstrap, records.Topics().partitions())
+        world = World(kafka.bootstrap)
+
+        def on_proposal(name: str, body: dict) -> None:  # the controller elects broker 2 and publishes it
+            world.event(name, 2, body["expectedMasterEpoch"] + 1)
+
+        controller = FakeController(on_proposal=on_proposal).start()
+        for name in SETS:
+            world.event(name, 1, 1)
+        bad = [b"{not json", b'{"clusterName":"c1","brokerName":"bs-1","brokerAddr":"a","brokerId":0}']
+        for raw in bad:
+            world.producer.send(records.HEARTBEATS, key=b"bs-1", value=raw)
+        world.thread.start()
+
+        checkpoint = str(tmp_path / "checkpoint")
+        log_path = tmp_path / "job.log"
+        job = start_job(kafka.bootstrap, controller.address, checkpoint, log_path)
+        liveness = TopicReader(kafka.bootstrap, records.LIVENESS)
+        ready = wait_for(lambda: {v["brokerName"] for v in liveness.poll()} >= set(SETS) or job.poll() is not None,
+                         120)
+        assert ready and job.poll() is None, log_path.read_text()[-3000:]
+        t_ready = time.monotonic()
+        rec = next(v for v in reversed(liveness.values) if v["brokerName"] == "bs-1")
+        assert rec["clusterName"] == "c1" and [b["broker_id"] for b in rec["brokers"]] == [1, 2, 3]
+        assert all(b["timeout_ms"] == TIMEOUT_MS and b["max_offset"] == 1000 for b in rec["brokers"])
+        assert not controller.posts
+
+        # The master of one set stops heartbeating.
+        world.stopped.add((VICTIM, 1))
+        time.sleep(0.35)
+        last_master_hb = world.last_hb[(VICTIM, 1)]
+        assert wait_for(lambda: controller.posts, 30), log_path.read_text()[-3000:]
+        detect_s = controller.posts[0][0] - last_master_hb / 1000
+        time.sleep(2.5 * TIMEOUT_MS / 1000)  # longer than the retry interval (2 x timeout)
+        assert len(controller.posts) == 1, controller.posts
+        _, name, body = controller.posts[0]
+        assert name == VICTIM and body["brokerName"] == VICTIM and body["clusterName"] == "c1"
+        assert body["expectedMasterEpoch"] == 1
+        at = body["proposedAtMs"]
+        alive = {b["broker_id"] for b in body["live"] if b["last_update_ms"] + b["timeout_ms"] >= at}
+        assert alive == {2, 3}
+        assert {b["broker_id"] for b in body["live"]} == {1, 2, 3}
+
+        # Dead letters.
+        dlq = TopicReader(kafka.bootstrap, records.DEAD_LETTERS)
+        assert wait_for(lambda: len(dlq.poll()) >= 2, 10)
+        assert len(dlq.values) == 2
+        assert {d["raw"] for d in dlq.values} == {b.decode() for b in bad}
+        assert all(d["topic"] == records.HEARTBEATS and d["error"] for d in dlq.values)
+
+        # Stop cleanly and restart from the checkpoint: no second proposal.
+        assert stop_job(job) == 0
+        t_restart = time.monotonic()
+        restarted_ms = now_ms()
+        job = start_job(kafka.bootstrap, controller.address, checkpoint, log_path)
+        assert wait_for(lambda: any(v["ts"] > restarted_ms for v in liveness.poll()) or job.poll() is not None,
+                        120) and job.poll() is None, log_path.read_text()[-3000:]
+        t_back = time.monotonic()
+        time.sleep(2.5 * TIMEOUT_MS / 1000)
+        assert len(controller.posts) == 1, controller.posts
+        assert stop_job(job) == 0
+        job = None
+
+        text = log_path.read_text()
+        assert "using the Python data source" in text  # source=auto fell back cleanly
+        batch_ms = [int(m) for m in re.findall(r"batch=\d+ rows=\d+ .*?batch_ms=(\d+)", text)]
+        print(f"\nready after {t_ready - t_start:.1f}s, detection {detect_s:.2f}s after the master's last heartbeat, "
+              f"restart to first batch {t_back - t_restart:.1f}s, batches={len(batch_ms)} "
+              f"batch_ms median={sorted(batch_ms)[len(batch_ms) // 2]} max={max(batch_ms)}")
+        assert detect_s < 15
+    finally:
+        if job is not None and job.poll() is None:
+            job.kill()
+            job.wait(timeout=10)
+        if world is not None:
+            world.quit.set()
+        if controller is not None:
+            controller.stop()
+        kafka.stop()

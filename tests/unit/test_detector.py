@@ -1,0 +1,216 @@
+"""The per-broker-set detector (pure Python): timer, stale master, candidates, event order, epoch fence, retries."""
+
+from __future__ import annotations
+
+import json
+
+from electra.streaming import detector
+from electra.streaming.detector import LIVENESS, PROPOSAL, SetWatch
+from electra.streaming.parsing import DEAD_LETTER, DLQ_GROUP, EVENT, HEARTBEAT, parse_row
+
+T0 = 1_700_000_000_000
+TIMEOUT = 2000
+
+
+def hb(bid: int, ts: int, *, epoch: int = 1, max_offset: int = 100, confirm: int = 100, name: str = "bs",
+       timeout: int = TIMEOUT) -> dict:
+    return {"clusterName": "c1", "brokerName": name, "brokerAddr": f"10.0.0.{bid}:10911", "brokerId": bid,
+            "epoch": epoch, "maxOffset": max_offset, "confirmOffset": confirm, "heartbeatTimeoutMillis": timeout,
+            "electionPriority": bid, "ts": ts}
+
+
+def ev(index: int, master: int | None, epoch: int, name: str = "bs", removed: bool = False) -> dict:
+    state = None if removed else {"clusterName": "c1", "masterBrokerId": master, "masterEpoch": epoch,
+                                  "syncStateSet": [1, 2, 3], "syncStateSetEpoch": 1,
+                                  "brokers": {"1": "a1", "2": "a2", "3": "a3"}}
+    return {"index": index, "term": 1, "ts": T0, "type": "ElectMaster", "brokerName": name, "clusterName": "c1",
+            "event": {"type": "ElectMaster", "brokerName": name}, "state": state}
+
+
+def proposals(outs):
+    return [o.payload for o in outs if o.kind == PROPOSAL]
+
+
+def started(now: int = T0) -> SetWatch:
+    """Master 1 at epoch 1; brokers 1-3 heartbeat at `now`."""
+    w, _ = detector.process(None, "bs", [hb(1, now), hb(2, now), hb(3, now)], [ev(5, 1, 1)], now)
+    return w
+
+
+def test_timer_is_armed_at_master_heartbeat_plus_timeout():
+    w = started()
+    assert w.master_id == 1 and w.master_epoch == 1
+    assert w.timer_ms == T0 + TIMEOUT + 1
+    # A fresh master heartbeat moves the timer.
+    w, outs = detector.process(w, "bs", [hb(1, T0 + 500)], [], T0 + 600)
+    assert not proposals(outs) and w.timer_ms == T0 + 500 + TIMEOUT + 1
+
+
+def test_stale_master_yields_one_proposal_with_snapshot():
+    w = started()
+    w, _ = detector.process(w, "bs", [hb(2, T0 + 1500), hb(3, T0 + 1500)], [], T0 + 1500)
+    now = T0 + TIMEOUT + 1
+    outs = detector.on_timer(w, now)
+    [p] = proposals(outs)
+    assert p["brokerName"] == "bs" and p["clusterName"] == "c1" and p["expectedMasterEpoch"] == 1
+    assert p["proposedAtMs"] == now and p["masterLastHeartbeatMs"] == T0
+    live = {b["broker_id"]: b for b in p["live"]}
+    assert set(live) == {1, 2, 3}
+    assert live[2]["last_update_ms"] == T0 + 1500 and live[2]["timeout_ms"] == TIMEOUT
+    assert set(live[2]) == {"broker_id", "broker_addr", "last_update_ms", "timeout_ms", "epoch", "max_offset",
+                            "confirm_offset", "priority"}
+    # Not proposed again for the same epoch before the retry time, even on new data.
+    w, outs = detector.process(w, "bs", [hb(2, now + 100)], [], now + 100)
+    assert not proposals(outs)
+    assert w.timer_ms == now + 2 * TIMEOUT
+
+
+def test_master_alive_at_deadline_is_not_stale():
+    w = started()
+    assert not proposals(detector.on_timer(w, T0 + TIMEOUT))  # last + timeout >= now: still alive
+    assert w.timer_ms == T0 + TIMEOUT + 1
+
+
+def test_no_live_candidate_no_proposal_until_one_heartbeats():
+    w = started()
+    now = T0 + 3 * TIMEOUT
+    assert not proposals(detector.on_timer(w, now))
+    assert w.timer_ms is None  # waits for data
+    w, outs = detector.process(w, "bs", [hb(3, now + 10)], [], now + 20)
+    [p] = proposals(outs)
+    assert p["expectedMasterEpoch"] == 1
+
+
+def test_master_learned_late_gets_a_full_timeout_from_learning():
+    # Heartbeats of broker 2 are old, then an event makes it master: the timer starts when the job learns it.
+    w, _ = detector.process(None, "bs", [hb(1, T0), hb(2, T0 - 10_000), hb(3, T0)], [ev(1, 1, 1)], T0)
+    w, outs = detector.process(w, "bs", [], [ev(2, 2, 2)], T0 + 100)
+    assert w.master_id == 2 and not proposals(outs)
+    assert w.timer_ms == T0 + 100 + TIMEOUT + 1
+    # A master that never heartbeated: timeout from when it was learned (default: the set's timeouts).
+    w2, _ = detector.process(None, "bs", [hb(2, T0), hb(3, T0)], [ev(1, 1, 1)], T0)
+    assert w2.timer_ms == T0 + TIMEOUT + 1
+
+
+def test_duplicate_and_old_event_indexes_are_ignored():
+    w = started()
+    assert w.last_index == 5
+    w, _ = detector.process(w, "bs", [], [ev(5, 2, 9), ev(3, 3, 7)], T0 + 10)
+    assert (w.master_id, w.master_epoch, w.last_index) == (1, 1, 5)
+    # Out-of-order within a batch: applied in index order, the highest wins.
+    w, _ = detector.process(w, "bs", [], [ev(8, 3, 3), ev(7, 2, 2), ev(7, 2, 2)], T0 + 20)
+    assert (w.master_id, w.master_epoch, w.last_index) == (3, 3, 8)
+
+
+def test_epoch_fence_new_epoch_can_be_proposed_again():
+    w = started()
+    w, _ = detector.process(w, "bs", [hb(2, T0 + 1900), hb(3, T0 + 1900)], [], T0 + 1900)
+    [p1] = proposals(detector.on_timer(w, T0 + TIMEOUT + 1))
+    assert p1["expectedMasterEpoch"] == 1
+    # The controller elected broker 2 at epoch 2; the job learns it from the events topic.
+    now = T0 + TIMEOUT + 500
+    w, outs = detector.process(w, "bs", [hb(2, now), hb(3, now)], [ev(6, 2, 2)], now)
+    assert not proposals(outs) and w.master_id == 2 and w.retries == 0
+    # Broker 2 dies too: epoch 2 is a different epoch, so it is proposed.
+    later = now + TIMEOUT + 1
+    w, outs = detector.process(w, "bs", [hb(3, later)], [], later)
+    [p2] = proposals(outs)
+    assert p2["expectedMasterEpoch"] == 2
+
+
+def test_retry_is_bounded():
+    w = started()
+    now = T0 + TIMEOUT + 1
+    w, outs = detector.process(w, "bs", [hb(2, now), hb(3, now)], [], now)  # the data path detects it too
+    first = proposals(outs) + proposals(detector.on_timer(w, now))
+    # No event arrives; brokers 2 and 3 keep heartbeating.
+    got = list(first)
+    t = now
+    for _ in range(40):  # 40 x 500 ms = 20 s = 10 x timeout
+        t += 500
+        w, outs = detector.process(w, "bs", [hb(2, t), hb(3, t)], [], t)
+        got += proposals(outs)
+        if w.timer_ms is not None and w.timer_ms <= t + 500:
+            got += proposals(detector.on_timer(w, w.timer_ms))
+    assert [p["retry"] for p in got] == [0, 1, 2, 3]
+    assert all(p["expectedMasterEpoch"] == 1 for p in got)
+    times = [p["proposedAtMs"] for p in got]
+    assert all(b - a >= 2 * TIMEOUT for a, b in zip(times, times[1:]))
+    assert w.timer_ms is None
+
+
+def test_rocketmq_offset_rule():
+    w = started()
+    # Lower max offset at the same epoch: offsets kept, heartbeat time and address follow.
+    w, _ = detector.process(w, "bs", [hb(2, T0 + 10, epoch=1, max_offset=50, confirm=40)], [], T0 + 10)
+    b = w.brokers[2]
+    assert (b.epoch, b.max_offset, b.confirm_offset, b.last_update_ms) == (1, 100, 100, T0 + 10)
+    # Higher epoch with a lower offset moves forward.
+    w, _ = detector.process(w, "bs", [hb(2, T0 + 20, epoch=2, max_offset=10, confirm=5)], [], T0 + 20)
+    b = w.brokers[2]
+    assert (b.epoch, b.max_offset, b.confirm_offset) == (2, 10, 5)
+    # Same epoch, higher offset moves forward; older epoch never goes back.
+    w, _ = detector.process(w, "bs", [hb(2, T0 + 30, epoch=2, max_offset=20, confirm=15),
+                                      hb(2, T0 + 40, epoch=1, max_offset=999, confirm=999)], [], T0 + 40)
+    b = w.brokers[2]
+    assert (b.epoch, b.max_offset, b.confirm_offset, b.last_update_ms) == (2, 20, 15, T0 + 40)
+
+
+def test_collapse_equals_sequential_apply():
+    seq = [hb(2, T0 + 1, epoch=1, max_offset=5, confirm=1), hb(3, T0 + 2), hb(2, T0 + 3, epoch=2, max_offset=1),
+           hb(2, T0 + 4, epoch=1, max_offset=50, confirm=9), hb(3, T0 + 5, max_offset=7)]
+    a = started()
+    b = started()
+    for h in seq:
+        a.apply_heartbeat(h, T0 + 10)
+    for h in detector.collapse_heartbeats(seq):
+        b.apply_heartbeat(h, T0 + 10)
+    assert a.brokers == b.brokers
+
+
+def test_liveness_record_for_sets_with_heartbeats():
+    w = started()
+    w, outs = detector.process(w, "bs", [hb(2, T0 + 100)], [], T0 + 200)
+    [rec] = [o for o in outs if o.kind == LIVENESS]
+    assert rec.broker_name == "bs"
+    p = rec.payload
+    assert p["clusterName"] == "c1" and p["brokerName"] == "bs" and p["ts"] == T0 + 200
+    assert [b["broker_id"] for b in p["brokers"]] == [1, 2, 3]
+    assert p["brokers"][1]["last_update_ms"] == T0 + 100
+    # No heartbeats in the batch: no liveness record.
+    w, outs = detector.process(w, "bs", [], [ev(9, 1, 1)], T0 + 300)
+    assert not [o for o in outs if o.kind == LIVENESS]
+
+
+def test_removed_set_clears_master_and_json_round_trip():
+    w = started()
+    w2 = SetWatch.from_json(w.to_json())
+    assert w2 == w
+    w2, _ = detector.process(w2, "bs", [], [ev(6, None, 0, removed=True)], T0 + 10)
+    assert w2.master_id is None and w2.timer_ms is None
+    assert not proposals(detector.on_timer(w2, T0 + 100 * TIMEOUT))
+
+
+def test_silent_non_master_brokers_are_forgotten():
+    w = started()
+    later = T0 + 61_000
+    w, _ = detector.process(w, "bs", [hb(1, later), hb(2, later)], [], later)
+    assert set(w.brokers) == {1, 2}
+
+
+def test_parse_row_routes_heartbeats_events_and_dead_letters():
+    good = json.dumps({k: v for k, v in hb(2, T0).items() if k != "ts"})
+    group, kind, payload = parse_row("electra.heartbeats", 1, 7, good, T0 + 5, "electra.heartbeats",
+                                     "electra.events")
+    assert (group, kind) == ("bs", HEARTBEAT) and json.loads(payload)["ts"] == T0 + 5
+    group, kind, _ = parse_row("electra.events", 0, 1, json.dumps(ev(1, 1, 1)), T0, "electra.heartbeats",
+                               "electra.events")
+    assert (group, kind) == ("bs", EVENT)
+    for raw, err in (("{nope", "invalid JSON"), ('{"clusterName":"c1","brokerName":"bs"}', "brokerAddr"),
+                     (None, "missing")):
+        group, kind, payload = parse_row("electra.heartbeats", 3, 9, raw, T0, "electra.heartbeats",
+                                         "electra.events")
+        d = json.loads(payload)
+        assert (group, kind) == (DLQ_GROUP, DEAD_LETTER)
+        assert err in d["error"] and d["topic"] == "electra.heartbeats" and d["partition"] == 3
+        assert d["offset"] == 9 and d["raw"] == raw

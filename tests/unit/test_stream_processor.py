@@ -1,0 +1,107 @@
+"""The transformWithStateInPandas adapter with a stand-in handle: one state value per set, timer bookkeeping."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from electra.streaming.parsing import DLQ_GROUP, EVENT, HEARTBEAT, PARSED_COLUMNS
+from electra.streaming.processor import OUTPUT_COLUMNS, MasterWatchProcessor
+
+T0 = 1_700_000_000_000
+
+
+class FakeValue:
+    def __init__(self) -> None:
+        self.value = None
+        self.calls = 0
+
+    def get(self):
+        self.calls += 1
+        return self.value
+
+    def update(self, v) -> None:
+        self.calls += 1
+        self.value = v
+
+
+class FakeHandle:
+    def __init__(self) -> None:
+        self.state = FakeValue()
+        self.timers: set[int] = set()
+
+    def getValueState(self, name, schema):
+        assert name == "watch" and schema == "json string"
+        return self.state
+
+    def registerTimer(self, ms: int) -> None:
+        self.timers.add(ms)
+
+    def deleteTimer(self, ms: int) -> None:
+        self.timers.discard(ms)
+
+
+class TV:
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def getCurrentProcessingTimeInMs(self) -> int:
+        return self.now
+
+
+class Expired:
+    def __init__(self, ms: int) -> None:
+        self.ms = ms
+
+    def getExpiryTimeInMs(self) -> int:
+        return self.ms
+
+
+def hb(bid: int, ts: int, off: int) -> tuple:
+    d = {"clusterName": "c1", "brokerName": "bs", "brokerAddr": f"a{bid}", "brokerId": bid, "epoch": 1,
+         "maxOffset": 10, "confirmOffset": 10, "heartbeatTimeoutMillis": 2000, "electionPriority": bid, "ts": ts}
+    return ("bs", HEARTBEAT, "electra.heartbeats", 0, off, json.dumps(d))
+
+
+def ev(index: int, master: int, epoch: int) -> tuple:
+    d = {"index": index, "brokerName": "bs", "clusterName": "c1",
+         "state": {"clusterName": "c1", "masterBrokerId": master, "masterEpoch": epoch}}
+    return ("bs", EVENT, "electra.events", 0, index, json.dumps(d))
+
+
+def run(proc, rows, now):
+    frames = [pd.DataFrame(rows, columns=PARSED_COLUMNS)]
+    out = list(proc.handleInputRows(("bs",), iter(frames), TV(now)))
+    return pd.concat(out) if out else pd.DataFrame(columns=OUTPUT_COLUMNS)
+
+
+def test_timer_moves_with_the_master_and_fires_once():
+    h = FakeHandle()
+    p = MasterWatchProcessor()
+    p.init(h)
+    out = run(p, [ev(1, 1, 1), hb(1, T0, 1), hb(2, T0, 2), hb(3, T0, 3), hb(1, T0 - 50, 4)], T0)
+    assert list(out["kind"]) == ["liveness"]
+    assert h.timers == {T0 + 2001} and h.state.calls == 2  # one read, one write per batch
+    run(p, [hb(1, T0 + 1000, 5), hb(2, T0 + 1000, 6), hb(3, T0 + 1000, 7)], T0 + 1000)
+    assert h.timers == {T0 + 3001}
+    run(p, [hb(2, T0 + 2500, 8), hb(3, T0 + 2500, 9)], T0 + 2500)
+    assert h.timers == {T0 + 3001}
+    # The timer fires (Spark removed it): one proposal, then a retry timer.
+    h.timers.discard(T0 + 3001)
+    out = pd.concat(list(p.handleExpiredTimer(("bs",), TV(T0 + 3001), Expired(T0 + 3001))))
+    [payload] = [json.loads(x) for k, x in zip(out["kind"], out["payload"]) if k == "proposal"]
+    assert payload["expectedMasterEpoch"] == 1 and payload["brokerName"] == "bs"
+    assert h.timers == {T0 + 3001 + 4000}
+    # The election event arrives: the retry timer is replaced by the new master's timer.
+    run(p, [ev(2, 2, 2), hb(2, T0 + 3500, 10)], T0 + 3500)
+    assert h.timers == {T0 + 3500 + 2001}
+
+
+def test_dead_letters_pass_through_without_state():
+    h = FakeHandle()
+    p = MasterWatchProcessor()
+    p.init(h)
+    rows = [(DLQ_GROUP, "dlq", "electra.heartbeats", 1, 5, json.dumps({"error": "x"}))]
+    out = list(p.handleInputRows((DLQ_GROUP,), iter([pd.DataFrame(rows, columns=PARSED_COLUMNS)]), TV(T0)))
+    assert list(out[0]["kind"]) == ["dlq"] and h.state.calls == 0 and not h.timers

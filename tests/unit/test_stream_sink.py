@@ -1,0 +1,118 @@
+"""The job's sink against real HTTP servers on 127.0.0.1: leader discovery, 307, 503 retry, final answers."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from stream_helpers import FakeController
+
+from electra.streaming.embedded_kafka import free_port
+from electra.streaming.job import BatchSink, JobConfig
+from electra.streaming.sink import ControllerClient
+
+
+def proposal(name: str = "bs", epoch: int = 1) -> dict:
+    return {"brokerName": name, "clusterName": "c1", "expectedMasterEpoch": epoch, "proposedAtMs": 1,
+            "live": [{"broker_id": 2, "broker_addr": "a2", "last_update_ms": 1, "timeout_ms": 2000, "epoch": 1,
+                      "max_offset": 1, "confirm_offset": 1, "priority": 1}]}
+
+
+@pytest.fixture
+def cluster():
+    leader = FakeController().start()
+    follower = FakeController(leader_address=leader.address).start()
+    yield follower, leader
+    follower.stop()
+    leader.stop()
+
+
+def test_discovers_leader_from_follower_metadata(cluster):
+    follower, leader = cluster
+    c = ControllerClient([follower.address, leader.address], deadline_s=5)
+    assert c.discover_leader() == leader.address
+    out = c.propose(proposal())
+    assert (out.result, out.status, out.code, out.endpoint) == ("ok", 200, 0, leader.address)
+    assert [p[1] for p in leader.posts] == ["bs"] and not follower.posts
+    assert leader.posts[0][2]["expectedMasterEpoch"] == 1
+
+
+def test_follows_307_from_a_stale_leader(cluster):
+    follower, leader = cluster
+    c = ControllerClient([follower.address, leader.address], deadline_s=5)
+    c.leader = follower.address  # stale cache: the follower redirects
+    out = c.propose(proposal())
+    assert out.result == "ok" and out.attempts == 2 and out.endpoint == leader.address
+    assert len(follower.posts) == 1 and len(leader.posts) == 1
+    assert c.leader == leader.address
+
+
+def test_retries_503_then_succeeds(cluster):
+    _, leader = cluster
+    leader.script["bs"] = [(503, {"code": 2007, "remark": "no leader"})] * 2
+    c = ControllerClient([leader.address], deadline_s=5, backoff_s=0.05)
+    t0 = time.monotonic()
+    out = c.propose(proposal())
+    assert out.result == "ok" and out.attempts == 3 and len(leader.posts) == 3
+    assert time.monotonic() - t0 < 3
+
+
+@pytest.mark.parametrize(("status", "code", "result"), [
+    (409, 2000, "fenced"), (409, 2011, "master_still_alive"), (409, 2004, "no_candidate"),
+    (404, 2008, "not_found"), (409, 2002, "rejected"), (422, None, "rejected")])
+def test_final_answers_are_not_retried(cluster, status, code, result):
+    _, leader = cluster
+    leader.script["bs"] = [(status, {"code": code, "remark": "x"})]
+    out = ControllerClient([leader.address], deadline_s=5).propose(proposal())
+    assert (out.result, out.status, out.code, out.final) == (result, status, code, True)
+    assert len(leader.posts) == 1
+
+
+def test_gives_up_at_the_deadline():
+    dead = f"127.0.0.1:{free_port()}"
+    c = ControllerClient([dead], deadline_s=1.0, backoff_s=0.05, max_backoff_s=0.2)
+    t0 = time.monotonic()
+    out = c.propose(proposal())
+    took = time.monotonic() - t0
+    assert out.result == "gave_up" and not out.final and out.attempts >= 3
+    assert took < 2.5
+    # A controller stuck at 503 is bounded the same way.
+    busy = FakeController().start()
+    try:
+        busy.script["bs"] = [(503, {"code": 2007})] * 1000
+        out = ControllerClient([busy.address], deadline_s=1.0, backoff_s=0.05, max_backoff_s=0.2).propose(proposal())
+        assert out.result == "gave_up" and 3 <= len(busy.posts) <= 20
+    finally:
+        busy.stop()
+
+
+class RecordingOutput:
+    def __init__(self) -> None:
+        self.liveness: list[tuple[str, str]] = []
+        self.dead: list[str] = []
+
+    def send(self, liveness, dead_letters, timeout_s: float = 10.0) -> int:
+        self.liveness += liveness
+        self.dead += dead_letters
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def test_batch_sink_routes_rows(cluster):
+    _, leader = cluster
+    out = RecordingOutput()
+    cfg = JobConfig(bootstrap="unused:1", controllers=[leader.address], checkpoint="unused")
+    sink = BatchSink(cfg, client=ControllerClient([leader.address], deadline_s=5), output=out)
+    rows = [("liveness", "bs", json.dumps({"brokerName": "bs", "brokers": []})),
+            ("dlq", "", json.dumps({"error": "invalid JSON", "raw": "{"})),
+            ("proposal", "bs", json.dumps(proposal())),
+            ("proposal", "bs2", json.dumps(proposal("bs2", 4)))]
+    st = sink.handle_rows(rows, batch_id=7)
+    assert (st["proposals"], st["dead_letters"], st["liveness"]) == (2, 1, 1)
+    assert st["outcomes"] == ["ok", "ok"]
+    assert sorted(p[1] for p in leader.posts) == ["bs", "bs2"]
+    assert out.liveness[0][0] == "bs" and json.loads(out.dead[0])["error"] == "invalid JSON"
+    assert sink.dead_letters_total == 1 and sink.take(7) == st and sink.take(7) is None
