@@ -87,6 +87,7 @@ class ProposedElection(BaseModel):
     clusterName: Name
     expectedMasterEpoch: Annotated[int, Field(ge=0)]
     live: Annotated[list[LiveBroker], Field(max_length=64)]
+    proposedAtMs: Annotated[int, Field(ge=0)] | None = None  # the instant the job judged liveness at
 
 
 class AlterSyncStateSet(BaseModel):
@@ -252,7 +253,8 @@ def create_app(svc: ControllerService) -> FastAPI:
         """The streaming job's election proposal; fenced by `expectedMasterEpoch` (409, code 2000, when stale)."""
         live = [BrokerLiveInfo(**b.model_dump()) for b in req.live]
         return await run("proposed_election", request,
-                         svc.propose_election(req.clusterName, name, req.expectedMasterEpoch, live))
+                         svc.propose_election(req.clusterName, name, req.expectedMasterEpoch, live,
+                                              judged_at_ms=req.proposedAtMs))
 
     # ------------------------------------------------------------------ admin endpoints
     @app.post("/v1/admin/sync-state-data", tags=["admin"])

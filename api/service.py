@@ -110,9 +110,15 @@ class ControllerService:
         return res
 
     async def propose_election(self, cluster: str, name: str, expected_master_epoch: int,
-                               live: list[BrokerLiveInfo]) -> dict:
-        """The streaming job's election: its heartbeat snapshot of the set, fenced by the master epoch it saw."""
-        res = await self._write(C.elect_master(cluster, name, C.CONTROLLER_TRIGGER, self.now_ms(), live,
+                               live: list[BrokerLiveInfo], judged_at_ms: int | None = None) -> dict:
+        """The streaming job's election: its heartbeat snapshot of the set, fenced by the master epoch it saw.
+
+        The command carries the instant the job judged liveness at (never later than this
+        node's clock), so apply sees the snapshot as the job did: a replica alive at detection
+        is not declared dead by the seconds the proposal spent in the pipeline.
+        """
+        now = self.now_ms() if judged_at_ms is None else min(judged_at_ms, self.now_ms())
+        res = await self._write(C.elect_master(cluster, name, C.CONTROLLER_TRIGGER, now, live,
                                                unclean=self.unclean, expected_master_epoch=expected_master_epoch))
         self._count_election(res)
         return res

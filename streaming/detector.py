@@ -186,27 +186,56 @@ class SetWatch:
         return {"clusterName": self.cluster, "brokerName": self.name, "ts": now_ms, "brokers": self.snapshot()}
 
 
+RECHECK_MS = 1000  # with no data horizon yet, look again this much later
+_NOW = object()
+
+
+def judge_at(now_ms: int, horizon_ms: int | None) -> int | None:
+    """The instant at which liveness may be judged: never later than the data horizon.
+
+    `horizon_ms` is the newest ingest time (`ts`) among the heartbeats the job has read in
+    this batch. Heartbeats are stamped when an ingest node accepts them, so everything
+    ingested before the horizon is (about) in the batch, and nothing after it is. Judging at
+    the wall clock instead would turn any processing lag (a slow batch, a restart, a
+    backlog) into "every master is stale": false elections. Judging at the horizon also
+    means a fleet-wide silence (ingest or Kafka down) stops detection instead of failing
+    every master over. None: no horizon known, do not judge.
+    """
+    if horizon_ms is None:
+        return None
+    return min(now_ms, horizon_ms)
+
+
 def process(watch: SetWatch | None, name: str, heartbeats: list[dict], events: list[dict], now_ms: int,
-            max_retries: int = 3, retry_factor: int = 2) -> tuple[SetWatch, list[Output]]:
+            max_retries: int = 3, retry_factor: int = 2, judge_ms=_NOW) -> tuple[SetWatch, list[Output]]:
     """Apply one batch of a set's records (events first, in index order; then heartbeats in order).
 
-    Returns the new watch and its outputs: a liveness record if any heartbeat arrived, and at
-    most one proposal.
+    Liveness is judged at `judge_ms` (see `judge_at`; default `now_ms`; None: not judged
+    now, the timer looks again after RECHECK_MS). Returns the new watch and its outputs: a
+    liveness record if any heartbeat arrived, and at most one proposal.
     """
     w = watch if watch is not None else SetWatch(name)
     for ev in sorted(events, key=lambda e: e["index"]):
-        w.apply_event(ev, now_ms)
+        w.apply_event(ev, now_ms if judge_ms is _NOW or judge_ms is None else judge_ms)
     for hb in heartbeats:
         w.apply_heartbeat(hb, now_ms)
-    out = w.evaluate(now_ms, max_retries, retry_factor)
+    if judge_ms is None:
+        out: list[Output] = []
+        w.timer_ms = now_ms + RECHECK_MS if w.master_id is not None else None
+    else:
+        out = w.evaluate(now_ms if judge_ms is _NOW else judge_ms, max_retries, retry_factor)
     if heartbeats:
         out.append(Output(LIVENESS, name, w.liveness(now_ms)))
     return w, out
 
 
-def on_timer(watch: SetWatch, now_ms: int, max_retries: int = 3, retry_factor: int = 2) -> list[Output]:
-    """The watch's timer fired: the same check as after input rows."""
-    return watch.evaluate(now_ms, max_retries, retry_factor)
+def on_timer(watch: SetWatch, now_ms: int, max_retries: int = 3, retry_factor: int = 2,
+             judge_ms=_NOW) -> list[Output]:
+    """The watch's timer fired: the same check as after input rows, judged at `judge_ms` (see `process`)."""
+    if judge_ms is None:
+        watch.timer_ms = now_ms + RECHECK_MS
+        return []
+    return watch.evaluate(now_ms if judge_ms is _NOW else judge_ms, max_retries, retry_factor)
 
 
 def collapse_heartbeats(heartbeats: list[dict]) -> list[dict]:

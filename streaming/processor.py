@@ -39,6 +39,10 @@ class MasterWatchProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
+        # The newest heartbeat ingest time seen in this partition's batch so far. Spark calls
+        # handleInputRows for every set with data before any expired timer, on this instance,
+        # so timers are judged against the data the batch actually holds (detector.judge_at).
+        self._horizon: int | None = None
         self.watch_state = handle.getValueState("watch", "json string")
 
     # ------------------------------------------------------------------ state helpers
@@ -70,10 +74,13 @@ class MasterWatchProcessor(StatefulProcessor):
         events = [json.loads(p) for p in evs["payload"]]
         heartbeats = detector.collapse_heartbeats([json.loads(p) for p in hbs["payload"]])
         now = timerValues.getCurrentProcessingTimeInMs()
+        newest = max((hb["ts"] for hb in heartbeats if hb.get("ts")), default=None)
+        if newest is not None:
+            self._horizon = max(self._horizon or 0, newest)
         watch = self._load()
         armed = watch.timer_ms if watch is not None else None
         watch, outputs = detector.process(watch, name, heartbeats, events, now, self.max_retries,
-                                          self.retry_factor)
+                                          self.retry_factor, judge_ms=detector.judge_at(now, self._horizon))
         self._store(watch, armed)
         if outputs:
             yield _frame([o.row() for o in outputs])
@@ -86,10 +93,11 @@ class MasterWatchProcessor(StatefulProcessor):
         # The fired timer is gone; any other registered one is the watch's current timer.
         armed = watch.timer_ms if watch.timer_ms != fired else None
         now = timerValues.getCurrentProcessingTimeInMs()
-        outputs = detector.on_timer(watch, now, self.max_retries, self.retry_factor)
+        outputs = detector.on_timer(watch, now, self.max_retries, self.retry_factor,
+                                    judge_ms=detector.judge_at(now, self._horizon))
         self._store(watch, armed)
         if outputs:
             yield _frame([o.row() for o in outputs])
 
     def close(self) -> None:
-        pass
+        self._horizon = None

@@ -87,7 +87,11 @@ def test_timer_moves_with_the_master_and_fires_once():
     assert h.timers == {T0 + 3001}
     run(p, [hb(2, T0 + 2500, 8), hb(3, T0 + 2500, 9)], T0 + 2500)
     assert h.timers == {T0 + 3001}
-    # The timer fires (Spark removed it): one proposal, then a retry timer.
+    # A later batch: Spark calls init again; other sets of the partition brought heartbeats up to
+    # T0 + 3001 (the data horizon), then the timer fires (Spark removed it): one proposal, then a retry timer.
+    p.close()
+    p.init(h)
+    p._horizon = T0 + 3001
     h.timers.discard(T0 + 3001)
     out = pd.concat(list(p.handleExpiredTimer(("bs",), TV(T0 + 3001), Expired(T0 + 3001))))
     [payload] = [json.loads(x) for k, x in zip(out["kind"], out["payload"]) if k == "proposal"]
@@ -105,3 +109,23 @@ def test_dead_letters_pass_through_without_state():
     rows = [(DLQ_GROUP, "dlq", "electra.heartbeats", 1, 5, json.dumps({"error": "x"}))]
     out = list(p.handleInputRows((DLQ_GROUP,), iter([pd.DataFrame(rows, columns=PARSED_COLUMNS)]), TV(T0)))
     assert list(out[0]["kind"]) == ["dlq"] and h.state.calls == 0 and not h.timers
+
+
+def test_a_lagging_batch_judges_at_its_data_horizon_not_the_wall_clock():
+    """A batch that runs late holds only old heartbeats: the master must not look stale."""
+    h = FakeHandle()
+    p = MasterWatchProcessor()
+    p.init(h)
+    run(p, [ev(1, 1, 1), hb(1, T0, 1), hb(2, T0, 2), hb(3, T0, 3)], T0)
+    p.close()
+    p.init(h)
+    # Processed 10 s late: the newest heartbeat the batch holds is from T0 + 1000, master's included.
+    out = run(p, [hb(1, T0 + 1000, 4), hb(2, T0 + 1000, 5)], T0 + 10_000)
+    assert list(out["kind"]) == ["liveness"]
+    assert h.timers == {T0 + 3001}
+    # The timer fires, still with no newer data anywhere in the partition: nothing is judged.
+    p.close()
+    p.init(h)
+    h.timers.discard(T0 + 3001)
+    fired = list(p.handleExpiredTimer(("bs",), TV(T0 + 11_000), Expired(T0 + 3001)))
+    assert fired == [] and h.timers == {T0 + 11_000 + 1000}  # look again a second later
