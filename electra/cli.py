@@ -247,6 +247,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     ingest = [f"127.0.0.1:{args.ingest_port + i - 1}" for i in range(1, n + 1)]
     topics = Topics.prefixed(args.topic_prefix)
     stack = _Stack(logs)
+
+    def on_term(_sig, _frame):
+        raise KeyboardInterrupt  # SIGTERM stops the stack as Ctrl-C does
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         if args.kafka_bootstrap:
             bootstrap = args.kafka_bootstrap
