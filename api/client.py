@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import zlib
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,9 +30,9 @@ class ControllerClient:
         self.deadline_s = deadline_s
         self.max_connections = max_connections
         # With the heartbeat pipeline, heartbeats go to ONE ingest endpoint (they all feed the same
-        # Kafka topic); the client sticks to one and moves on when it fails or answers 503.
+        # Kafka topic): the one a broker set's name hashes to, the next one when it fails or says 503.
         self.ingest_endpoints = list(ingest_endpoints or [])
-        self._ingest_i = 0
+        self._ingest_skip: dict[str, int] = {}
         self._rr = itertools.cycle(range(len(self.endpoints)))
         self.preferred: str | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -104,8 +105,11 @@ class ControllerClient:
 
     async def _heartbeat_ingest(self, body: dict) -> dict:
         last: object = None
-        for _ in range(len(self.ingest_endpoints)):
-            ep = self.ingest_endpoints[self._ingest_i % len(self.ingest_endpoints)]
+        n = len(self.ingest_endpoints)
+        name = body["brokerName"]
+        home = zlib.crc32(name.encode()) % n
+        for _ in range(n):
+            ep = self.ingest_endpoints[(home + self._ingest_skip.get(name, 0)) % n]
             try:
                 async with self._http().post(f"http://{ep}/v1/heartbeat", json=body) as r:
                     reply = (await r.json(content_type=None)) | {"httpStatus": r.status}
@@ -114,7 +118,7 @@ class ControllerClient:
                 last = reply
             except (aiohttp.ClientError, TimeoutError) as exc:
                 last = exc
-            self._ingest_i += 1
+            self._ingest_skip[name] = self._ingest_skip.get(name, 0) + 1
         if isinstance(last, dict):
             return last  # every endpoint said 503: the caller sees it
         raise TimeoutError(f"no ingest endpoint accepted the heartbeat: {last!r}")

@@ -41,6 +41,7 @@ class SimBroker:
     max_offset: int = 0
     priority: int = 5
     errors: int = 0
+    last_heartbeat_at: float = 0.0  # wall clock of the last heartbeat the controller side accepted
 
 
 class BrokerFleet:
@@ -60,7 +61,7 @@ class BrokerFleet:
         for b in self.brokers:
             self.by_set.setdefault(b.name, []).append(b)
         self._tasks: list[asyncio.Task] = []
-        self.stats = {"requests": 0, "errors": 0, "elections": 0, "role_changes": 0}
+        self.stats = {"requests": 0, "errors": 0, "elections": 0, "role_changes": 0, "heartbeats": 0}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, progress: bool = False) -> None:
@@ -124,9 +125,13 @@ class BrokerFleet:
         return res
 
     async def _heartbeat(self, b: SimBroker) -> None:
-        await self._call(self.client.heartbeat(b.cluster, b.name, b.broker_id, b.addr, epoch=b.master_epoch,
-                                               maxOffset=b.max_offset, confirmOffset=b.max_offset,
-                                               heartbeatTimeoutMillis=self.timeout_ms, electionPriority=b.priority))
+        res = await self._call(self.client.heartbeat(b.cluster, b.name, b.broker_id, b.addr, epoch=b.master_epoch,
+                                                     maxOffset=b.max_offset, confirmOffset=b.max_offset,
+                                                     heartbeatTimeoutMillis=self.timeout_ms,
+                                                     electionPriority=b.priority))
+        if res.get("code") == 0:
+            b.last_heartbeat_at = time.time()
+            self.stats["heartbeats"] += 1
 
     async def _join(self, b: SimBroker) -> None:
         while b.broker_id is None:

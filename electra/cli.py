@@ -7,7 +7,6 @@ import asyncio
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -197,119 +196,68 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- electra up
-class _Stack:
-    """The processes of a local stack, stopped in reverse order of start."""
-
-    def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self.procs: list[tuple[str, subprocess.Popen]] = []
-        self.kafka = None
-
-    def spawn(self, name: str, cmd: list[str], *, log_to_file: bool = True, stdin=None) -> subprocess.Popen:
-        out = open(self.logs / f"{name}.log", "ab") if log_to_file else None  # noqa: SIM115
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                stdin=stdin if stdin is not None else subprocess.DEVNULL)
-        self.procs.append((name, proc))
-        return proc
-
-    def exited(self) -> list[str]:
-        return [f"{name} (exit {p.returncode})" for name, p in self.procs if p.poll() is not None]
-
-    def stop(self) -> None:
-        for _, p in reversed(self.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for name, p in reversed(self.procs):
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                print(f"{name} did not stop within 20s; killing it", file=sys.stderr)
-                p.kill()
-        if self.kafka is not None:
-            self.kafka.stop()
-
-
 def cmd_up(args: argparse.Namespace) -> int:
     """The whole local stack: Kafka-compatible broker, controller nodes, ingest workers, the Spark job
-    and, with --demo, simulated brokers. Ctrl-C stops everything."""
-    from electra.streaming.embedded_kafka import EmbeddedKafka, KafkaBinaryMissing
-    from electra.streaming.kafka_io import ensure_topics
-    from electra.streaming.records import Topics
+    and, with --demo, simulated brokers. Ctrl-C (or SIGTERM) stops everything."""
+    from electra.local_stack import LocalStack, StackConfig
+    from electra.streaming.embedded_kafka import KafkaBinaryMissing
 
-    base = Path(args.data_dir)
-    logs = base / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    n = args.nodes
-    py = [sys.executable, "-m", "electra.cli", "--log-level", args.log_level]
-    peers = ",".join(f"{i}=127.0.0.1:{args.raft_port + i - 1}" for i in range(1, n + 1))
-    http_peers = ",".join(f"{i}=127.0.0.1:{args.http_port + i - 1}" for i in range(1, n + 1))
-    endpoints = [f"127.0.0.1:{args.http_port + i - 1}" for i in range(1, n + 1)]
-    ingest = [f"127.0.0.1:{args.ingest_port + i - 1}" for i in range(1, n + 1)]
-    topics = Topics.prefixed(args.topic_prefix)
-    stack = _Stack(logs)
+    cfg = StackConfig(data_dir=Path(args.data_dir), nodes=args.nodes, raft_port=args.raft_port,
+                      http_port=args.http_port, ingest_port=args.ingest_port, ingest_workers=args.ingest_workers,
+                      kafka_bootstrap=args.kafka_bootstrap, kafka_port=args.kafka_port,
+                      topic_prefix=args.topic_prefix, spark_master=args.spark_master, log_level=args.log_level)
+    stack = LocalStack(cfg)
 
     def on_term(_sig, _frame):
         raise KeyboardInterrupt  # SIGTERM stops the stack as Ctrl-C does
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        if args.kafka_bootstrap:
-            bootstrap = args.kafka_bootstrap
-            print(f"Kafka: {bootstrap} (external)")
-        else:
-            try:
-                stack.kafka = EmbeddedKafka(port=args.kafka_port, log_file=logs / "kafka.log").start()
-            except KafkaBinaryMissing as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 1
-            bootstrap = stack.kafka.bootstrap
-            print(f"Kafka: embedded tansu on {bootstrap} (memory only; log {logs / 'kafka.log'})")
-        ensure_topics(bootstrap, topics.partitions())
-        for i in range(1, n + 1):
-            stack.spawn(f"node{i}", [*py, "node", "--id", str(i), "--peers", peers, "--http-addr", endpoints[i - 1],
-                                     "--http-peers", http_peers, "--data-dir", str(base / f"node{i}"),
-                                     "--state-machine", "controller", "--kafka-bootstrap", bootstrap,
-                                     "--topic-prefix", args.topic_prefix])
-            stack.spawn(f"ingest{i}", [*py, "ingest", "--listen", ingest[i - 1], "--kafka-bootstrap", bootstrap,
-                                       "--workers", str(args.ingest_workers), "--topic", topics.heartbeats])
-        print(f"started {n} controller nodes (raft {peers}) and {n} x {args.ingest_workers} ingest workers")
-        for ep, ing in zip(endpoints, ingest):
-            print(f"  http://{ep}  (API docs /docs, metrics /metrics)   heartbeats: http://{ing}/v1/heartbeat")
+        try:
+            bootstrap = stack.start_kafka()
+        except KafkaBinaryMissing as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        where = "external" if args.kafka_bootstrap else f"embedded tansu, memory only; log {stack.logs / 'kafka.log'}"
+        print(f"Kafka: {bootstrap} ({where})")
+        stack.start_controllers()
+        print(f"started {cfg.nodes} controller nodes (raft {stack.raft_peers}) and {cfg.nodes} x "
+              f"{cfg.ingest_workers} ingest workers; logs in {stack.logs}")
+        for i, ep in stack.endpoints.items():
+            print(f"  http://{ep}  (API docs /docs, metrics /metrics)   "
+                  f"heartbeats: http://{stack.ingest_endpoints[i]}/v1/heartbeat")
         print("waiting for a leader ...", flush=True)
-        leader = asyncio.run(_wait_for_http_leader(endpoints, timeout=30))
+        leader = asyncio.run(_wait_for_http_leader(list(stack.endpoints.values()), timeout=30))
         print(f"leader elected: node {leader}", flush=True)
         if not args.no_streaming:
-            stack.spawn("streaming", [sys.executable, "-m", "electra.streaming.job", "--bootstrap", bootstrap,
-                                      "--controllers", ",".join(endpoints), "--checkpoint",
-                                      str(base / "streaming-checkpoint"), "--spark-master", args.spark_master,
-                                      "--topic-prefix", args.topic_prefix])
-            print(f"streaming job: Spark {args.spark_master}, checkpoint {base / 'streaming-checkpoint'}, "
-                  f"log {logs / 'streaming.log'}", flush=True)
+            stack.start_job()
+            print(f"streaming job: Spark {cfg.spark_master}, checkpoint {stack.checkpoint} "
+                  f"(first batch after 10-30 s: JVM and Python workers start)", flush=True)
         if args.demo:
-            stack.spawn("brokers", [*py, "simulate-brokers", "--endpoints", ",".join(endpoints),
-                                    "--ingest-endpoints", ",".join(ingest), "--groups", str(args.demo_groups)],
+            stack.spawn("brokers", [*stack._py(), "simulate-brokers", "--endpoints", ",".join(stack.endpoints.values()),
+                                    "--ingest-endpoints", ",".join(stack.ingest_endpoints.values()),
+                                    "--groups", str(args.demo_groups)],
                         log_to_file=False, stdin=sys.stdin if sys.stdin and sys.stdin.isatty() else None)
             print(f"demo: {args.demo_groups} simulated broker sets x 3 replicas; type `kill-master SET` "
                   "(e.g. kill-master sim-set-0) to watch a failover, `status`, `quit`", flush=True)
         print("the stack is up; Ctrl-C stops it. `electra status` shows the controllers.", flush=True)
         while True:
             gone = stack.exited()
+            if gone == ["brokers (exit 0)"]:  # the simulator was told to quit: keep the rest running
+                stack.procs.pop("brokers")
+                continue
             if gone:
-                done = [g for g in gone if g.startswith("brokers (exit 0")]
-                if done and len(gone) == 1:  # the simulator was told to quit: keep the rest running
-                    stack.procs = [(nm, p) for nm, p in stack.procs if nm != "brokers"]
-                    continue
-                print(f"stopping the stack: {', '.join(gone)} exited (logs in {logs})", file=sys.stderr)
+                print(f"stopping the stack: {', '.join(gone)} exited (logs in {stack.logs})", file=sys.stderr)
                 return 1
             time.sleep(0.5)
     except KeyboardInterrupt:
         return 0
     except TimeoutError as exc:
-        print(f"error: {exc} (logs in {logs})", file=sys.stderr)
+        print(f"error: {exc} (logs in {stack.logs})", file=sys.stderr)
         return 1
     finally:
         print("stopping ...", flush=True)
-        stack.stop()
+        stack.stop_all()
 
 
 async def _wait_for_http_leader(endpoints: list[str], timeout: float) -> int:

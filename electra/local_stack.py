@@ -1,0 +1,158 @@
+"""The local stack as real processes: Kafka-compatible broker, controller nodes, ingest workers, Spark job.
+
+`electra up`, the end-to-end tests and `electra bench failover` all start the same
+thing through this class, so what the tests prove is what operators run. Every
+process listens on loopback; logs go to `<data_dir>/logs/<name>.log`.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from electra.streaming.embedded_kafka import EmbeddedKafka
+from electra.streaming.kafka_io import ensure_topics
+from electra.streaming.records import Topics
+
+
+@dataclass
+class StackConfig:
+    data_dir: Path
+    nodes: int = 3
+    raft_port: int = 7101
+    http_port: int = 7301
+    ingest_port: int = 7401
+    ingest_workers: int = 1
+    kafka_bootstrap: str | None = None  # None: start the embedded broker
+    kafka_port: int = 0  # 0: any free port
+    topic_prefix: str = ""
+    spark_master: str = "local[2]"
+    trigger_ms: int = 1000
+    tick_ms: int = 100
+    log_level: str = "INFO"
+    job_args: list[str] = field(default_factory=list)
+
+
+class LocalStack:
+    def __init__(self, cfg: StackConfig) -> None:
+        self.cfg = cfg
+        self.logs = Path(cfg.data_dir) / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.topics = Topics.prefixed(cfg.topic_prefix)
+        n = cfg.nodes
+        self.raft_peers = ",".join(f"{i}=127.0.0.1:{cfg.raft_port + i - 1}" for i in range(1, n + 1))
+        self.endpoints = {i: f"127.0.0.1:{cfg.http_port + i - 1}" for i in range(1, n + 1)}
+        self.ingest_endpoints = {i: f"127.0.0.1:{cfg.ingest_port + i - 1}" for i in range(1, n + 1)}
+        self.kafka: EmbeddedKafka | None = None
+        self.bootstrap = cfg.kafka_bootstrap or ""
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._order: list[str] = []
+
+    # ------------------------------------------------------------------ processes
+    def _py(self) -> list[str]:
+        return [sys.executable, "-m", "electra.cli", "--log-level", self.cfg.log_level]
+
+    def spawn(self, name: str, cmd: list[str], *, log_to_file: bool = True, stdin=None) -> subprocess.Popen:
+        out = open(self.logs / f"{name}.log", "ab") if log_to_file else None  # noqa: SIM115 - owned by the child
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                stdin=stdin if stdin is not None else subprocess.DEVNULL)
+        self.procs[name] = proc
+        if name not in self._order:
+            self._order.append(name)
+        return proc
+
+    def start_kafka(self) -> str:
+        if not self.cfg.kafka_bootstrap:
+            self.kafka = EmbeddedKafka(port=self.cfg.kafka_port, log_file=self.logs / "kafka.log").start()
+            self.bootstrap = self.kafka.bootstrap
+        ensure_topics(self.bootstrap, self.topics.partitions())
+        return self.bootstrap
+
+    def restart_kafka(self) -> None:
+        """Stop and start the embedded broker on the same port (it comes back empty)."""
+        assert self.kafka is not None, "only the embedded broker can be restarted"
+        self.kafka.restart()
+        ensure_topics(self.bootstrap, self.topics.partitions())
+
+    def start_node(self, i: int) -> subprocess.Popen:
+        http_peers = ",".join(f"{k}={ep}" for k, ep in self.endpoints.items())
+        return self.spawn(f"node{i}", [*self._py(), "node", "--id", str(i), "--peers", self.raft_peers,
+                                       "--http-addr", self.endpoints[i], "--http-peers", http_peers,
+                                       "--data-dir", str(Path(self.cfg.data_dir) / f"node{i}"),
+                                       "--tick-ms", str(self.cfg.tick_ms), "--state-machine", "controller",
+                                       "--kafka-bootstrap", self.bootstrap, "--topic-prefix", self.cfg.topic_prefix])
+
+    def start_ingest(self, i: int) -> subprocess.Popen:
+        return self.spawn(f"ingest{i}", [*self._py(), "ingest", "--listen", self.ingest_endpoints[i],
+                                         "--kafka-bootstrap", self.bootstrap, "--workers",
+                                         str(self.cfg.ingest_workers), "--topic", self.topics.heartbeats])
+
+    def start_job(self) -> subprocess.Popen:
+        return self.spawn("streaming", [sys.executable, "-m", "electra.streaming.job", "--bootstrap", self.bootstrap,
+                                        "--controllers", ",".join(self.endpoints.values()), "--checkpoint",
+                                        str(self.checkpoint), "--spark-master", self.cfg.spark_master,
+                                        "--trigger-ms", str(self.cfg.trigger_ms), "--topic-prefix",
+                                        self.cfg.topic_prefix, "--log-level", self.cfg.log_level,
+                                        *self.cfg.job_args])
+
+    @property
+    def checkpoint(self) -> Path:
+        return Path(self.cfg.data_dir) / "streaming-checkpoint"
+
+    def start_controllers(self) -> None:
+        for i in self.endpoints:
+            self.start_node(i)
+            self.start_ingest(i)
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
+        proc = self.procs.get(name)
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        return proc.returncode
+
+    def exited(self) -> list[str]:
+        return [f"{name} (exit {p.returncode})" for name, p in self.procs.items() if p.poll() is not None]
+
+    def stop_all(self) -> None:
+        for name in reversed(self._order):
+            p = self.procs.get(name)
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for name in reversed(self._order):
+            self.stop(name, timeout=20)
+        if self.kafka is not None:
+            self.kafka.stop()
+
+    # ------------------------------------------------------------------ waiting
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        try:
+            return "\n".join((self.logs / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait_log(self, name: str, text: str, timeout: float) -> None:
+        """Wait until `text` appears in a process's log (bounded)."""
+        deadline = time.monotonic() + timeout
+        path = self.logs / f"{name}.log"
+        while time.monotonic() < deadline:
+            try:
+                if text in path.read_text(errors="replace"):
+                    return
+            except OSError:
+                pass
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"{name} exited ({proc.returncode}):\n{self.log_tail(name)}")
+            time.sleep(0.2)
+        raise TimeoutError(f"{name} did not log {text!r} within {timeout}s:\n{self.log_tail(name)}")
