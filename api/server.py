@@ -10,6 +10,7 @@ import uvicorn
 
 from electra.consensus.node import NodeConfig, RaftNode
 from electra.state.machine import ControllerStateMachine
+from electra.tiering.uploader import TierConfig, TierUploader
 
 from .app import create_app
 from .service import ControllerService
@@ -25,22 +26,34 @@ class ControllerNode:
     service: ControllerService
     server: uvicorn.Server
     task: asyncio.Task = field(repr=False)
+    tier: TierUploader | None = None
 
     async def stop(self) -> None:
         self.server.should_exit = True
         await asyncio.gather(self.task, return_exceptions=True)
+        if self.tier is not None:
+            await self.tier.stop()
         await self.service.stop()
         await self.node.stop()
 
 
 async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int, http_peers: dict[int, str], *,
-                                unclean_election: bool = False, scan_interval_s: float = 5.0) -> ControllerNode:
+                                unclean_election: bool = False, scan_interval_s: float = 5.0,
+                                tier: TierConfig | None = None, bootstrap_from_tier: bool = False) -> ControllerNode:
+    if tier is not None and bootstrap_from_tier:  # an empty data dir starts from the tier's newest state
+        from electra.tiering.bootstrap import bootstrap_from_tier as bootstrap
+
+        await asyncio.to_thread(bootstrap, cfg.data_dir, tier.uri, tier.storage_options, fsync=cfg.fsync,
+                                keep=cfg.snapshots_kept)
     sm = ControllerStateMachine()
     node = RaftNode(cfg, sm)
     await node.start()
     service = ControllerService(node, sm, http_peers=http_peers, unclean_election=unclean_election,
                                 scan_interval_s=scan_interval_s)
     service.start()
+    if tier is not None:
+        service.tier = TierUploader(node, sm, service.journal, tier)
+        service.tier.start()
     config = uvicorn.Config(create_app(service), host=http_host, port=http_port, log_level="warning",
                             lifespan="off", access_log=False)
     server = uvicorn.Server(config)
@@ -51,7 +64,9 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
             break
         await asyncio.sleep(0.01)
     if task.done():
+        if tier is not None:
+            await service.tier.stop()
         await node.stop()
         raise RuntimeError(f"HTTP server on {http_host}:{http_port} failed to start: {task.exception()!r}")
     log.info("controller node %d: http://%s:%d", cfg.node_id, http_host, http_port)
-    return ControllerNode(node, service, server, task)
+    return ControllerNode(node, service, server, task, getattr(service, "tier", None))

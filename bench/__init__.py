@@ -9,6 +9,7 @@ BENCHMARKS = {
     "reads": "electra.bench.reads",
     "controller": "electra.bench.controller",
     "ingest": "electra.bench.ingest",
+    "tier": "electra.bench.tier",
 }
 
 

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from electra.tiering.options import parse_storage_options
+
 
 def parse_peers(text: str) -> dict[int, tuple[str, int]]:
     """Parse `1=127.0.0.1:7001,2=127.0.0.1:7002` into {1: ("127.0.0.1", 7001), ...}."""
@@ -56,12 +58,15 @@ NODE_OPTIONS = [
     ("--snapshot-entries", int, "snapshot every N applied entries (default 100000)"),
     ("--compaction-slack", int, "log entries kept behind a snapshot (default 5000)"),
     ("--inactive-master-scan-ms", int, "how often the leader looks for dead masters (default 5000, as RocketMQ)"),
+    ("--tier-uri", str, "upload snapshots and events to Delta tables under this path or object-store URI"),
+    ("--tier-options", parse_storage_options, "KEY=VALUE,... delta-rs storage options for --tier-uri"),
 ]
 NODE_DEFAULTS = {"state_machine": "controller", "http_addr": ("127.0.0.1", 7301), "client_addr": ("127.0.0.1", 0),
                  "http_peers": None, "tick_ms": 100, "snapshot_entries": 100_000, "compaction_slack": 5000,
-                 "inactive_master_scan_ms": 5000,
+                 "inactive_master_scan_ms": 5000, "tier_uri": None, "tier_options": None, "bootstrap_from_tier": False,
                  "unsafe_no_fsync": False}
-_NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} | {"unsafe_no_fsync": bool}
+_NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} | {"unsafe_no_fsync": bool,
+                                                                                  "bootstrap_from_tier": bool}
 
 
 def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
@@ -126,8 +131,14 @@ def cmd_node(args: argparse.Namespace) -> int:
         http_peers = args.http_peers or {args.id: f"{host}:{port}"}
 
         async def start():
+            tier = None
+            if args.tier_uri:
+                from electra.tiering.uploader import TierConfig
+
+                tier = TierConfig(args.tier_uri, args.tier_options)
             ctl = await start_controller_node(cfg, host, port, http_peers,
-                                              scan_interval_s=args.inactive_master_scan_ms / 1000)
+                                              scan_interval_s=args.inactive_master_scan_ms / 1000,
+                                              tier=tier, bootstrap_from_tier=args.bootstrap_from_tier)
             print(f"controller node {args.id} raft={raft} http=http://{host}:{port} data={args.data_dir}", flush=True)
             return ctl.stop
 
@@ -385,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
         n.add_argument(opt, type=typ, default=None, help=help_text)
     n.add_argument("--unsafe-no-fsync", action="store_true", default=None,
                    help="benchmarks only: acks before data is durable")
+    n.add_argument("--bootstrap-from-tier", action="store_true", default=None,
+                   help="with --tier-uri: an empty data dir starts from the tier's newest state")
     n.set_defaults(fn=cmd_node)
 
     u = sub.add_parser("up", help="run a local cluster (Ctrl-C stops it)")
@@ -435,6 +448,10 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--duration", type=float, default=None, help="seconds to run (default: until quit/EOF)")
     sb.add_argument("--no-stdin", action="store_true", help="ignore stdin commands")
     sb.set_defaults(fn=cmd_simulate_brokers)
+
+    from electra.tiering.cli import add_history_command
+
+    add_history_command(sub)
 
     b = sub.add_parser("bench", help="run a benchmark from bench/ (ends with a RESULT line)")
     b.add_argument("name")
