@@ -5,17 +5,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from electra.consensus.node import NodeConfig, RaftNode
 from electra.state.machine import ControllerStateMachine
-from electra.tiering.uploader import TierConfig, TierUploader
 
 from .app import create_app
 from .service import ControllerService
 
 log = logging.getLogger("electra.api.server")
+
+if TYPE_CHECKING:
+    from electra.tiering.uploader import TierConfig, TierUploader
 
 
 @dataclass
@@ -52,6 +55,8 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
                                 scan_interval_s=scan_interval_s)
     service.start()
     if tier is not None:
+        from electra.tiering.uploader import TierUploader
+
         service.tier = TierUploader(node, sm, service.journal, tier)
         service.tier.start()
     config = uvicorn.Config(create_app(service), host=http_host, port=http_port, log_level="warning",

@@ -63,10 +63,11 @@ NODE_OPTIONS = [
 ]
 NODE_DEFAULTS = {"state_machine": "controller", "http_addr": ("127.0.0.1", 7301), "client_addr": ("127.0.0.1", 0),
                  "http_peers": None, "tick_ms": 100, "snapshot_entries": 100_000, "compaction_slack": 5000,
-                 "inactive_master_scan_ms": 5000, "tier_uri": None, "tier_options": None, "bootstrap_from_tier": False,
+                 "inactive_master_scan_ms": 5000,
+                 "tier_uri": None, "tier_options": None, "bootstrap_from_tier": False,
                  "unsafe_no_fsync": False}
-_NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} | {"unsafe_no_fsync": bool,
-                                                                                  "bootstrap_from_tier": bool}
+_NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} | {"unsafe_no_fsync": bool}
+_NODE_TYPES["bootstrap_from_tier"] = bool
 
 
 def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:

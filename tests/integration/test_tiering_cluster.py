@@ -195,7 +195,7 @@ def test_leader_killed_mid_upload_then_fenced_zombie_then_bootstrap_and_time_tra
             await asyncio.to_thread(zombie_exec.shutdown, True)
             assert isinstance(outcome.get("error"), Fenced), outcome
             after_zombie = TierStore(uri).progress()
-            assert after_zombie.version == before.version and after_zombie.term == before.term
+            assert after_zombie.term == before.term  # only the new leader commits (it keeps uploading)
             rows = TierStore(uri).table("events").to_pyarrow_table().to_pylist()
             assert all(r["index"] <= before.upto for r in rows if r["uploader_term"] == old_term)
 
