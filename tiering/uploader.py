@@ -180,9 +180,7 @@ class TierUploader:
             upto = entries[-1].index - 1
             entries = [e for e in entries if e.index <= upto]
         upto_term = core.term_at(upto) or (entries[-1].term if entries else 0)
-        rows = event_rows(entries, term)
-        if pre_snapshot is not None:
-            rows.insert(0, pre_snapshot.pop("gap_row"))
+        gap = [pre_snapshot.pop("gap_row")] if pre_snapshot is not None else []
         snap = None
         due = (self.clock() - self._last_snapshot_wall >= self.cfg.snapshot_every_s
                or upto - self.snapshot_uploaded >= self.cfg.snapshot_every_entries)
@@ -192,9 +190,11 @@ class TierUploader:
         try:
             if pre_snapshot is not None:  # gap path: the full snapshot lands before the gap marker
                 await self._thread(self._commit_snapshot, *pre_snapshot["snap"], term)
+            expect = self.uploaded
+            # Rows are serialized on the worker thread too (journal entries are immutable).
             await self._thread(lambda: self.store.commit(
-                "events", events_table(rows), upto=upto, upto_term=upto_term, uploader_term=term,
-                expect_upto=self.uploaded, before_commit=self.before_commit))
+                "events", events_table(gap + event_rows(entries, term)), upto=upto, upto_term=upto_term,
+                uploader_term=term, expect_upto=expect, before_commit=self.before_commit))
             self.uploaded = upto
             self._synced_wall = captured
             self.metrics["commits"] += 1

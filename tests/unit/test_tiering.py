@@ -243,3 +243,18 @@ def test_reader_empty_tables(tmp_path):
     assert r.state_at(T0)["brokerSets"] == [] and r.events_between(0, T0)["events"] == []
     assert r.state_at_index(None).index == 0 and r.files("events") == []
     assert isinstance(r.table("snapshots"), pa.Table)
+
+
+def test_node_options_for_tiering():
+    from electra.cli import build_parser, resolve_node_settings
+
+    args = build_parser().parse_args(["node", "--id", "1", "--peers", "1=127.0.0.1:7001", "--data-dir", "d",
+                                      "--tier-uri", "s3://bucket/electra", "--tier-options",
+                                      "AWS_REGION=eu-west-1,AWS_ENDPOINT_URL=http://minio:9000",
+                                      "--bootstrap-from-tier"])
+    args = resolve_node_settings(args)
+    assert args.tier_uri == "s3://bucket/electra" and args.bootstrap_from_tier is True
+    assert args.tier_options == {"AWS_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "http://minio:9000"}
+    plain = resolve_node_settings(build_parser().parse_args(["node", "--id", "1", "--peers", "1=127.0.0.1:7001",
+                                                             "--data-dir", "d"]))
+    assert plain.tier_uri is None and plain.bootstrap_from_tier is False
