@@ -148,6 +148,12 @@ def create_app(svc: ControllerService) -> FastAPI:
     latency = Histogram("electra_request_seconds", "request latency by endpoint", ["endpoint"], registry=registry,
                         buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5))
     registry.register(_RaftCollector(svc))
+    tier = getattr(svc, "tier", None)  # electra.tiering: upload lag metrics and GET /v1/admin/history
+    if tier is not None:
+        from electra.tiering.api import history_router
+
+        registry.register(tier.collector())
+        app.include_router(history_router(tier.cfg.uri, tier.cfg.storage_options))
 
     def reply(endpoint: str, res: dict, t0: float) -> JSONResponse:
         code = res["code"]

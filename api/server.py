@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -19,6 +20,9 @@ from .service import ControllerService
 
 log = logging.getLogger("electra.api.server")
 
+if TYPE_CHECKING:
+    from electra.tiering.uploader import TierConfig, TierUploader
+
 
 @dataclass
 class ControllerNode:
@@ -28,10 +32,13 @@ class ControllerNode:
     service: ControllerService
     server: uvicorn.Server
     task: asyncio.Task = field(repr=False)
+    tier: TierUploader | None = None
 
     async def stop(self) -> None:
         self.server.should_exit = True
         await asyncio.gather(self.task, return_exceptions=True)
+        if self.tier is not None:
+            await self.tier.stop()
         svc = self.service
         if svc.events_publisher is not None:
             await svc.events_publisher.stop()
@@ -45,13 +52,20 @@ class ControllerNode:
 
 async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int, http_peers: dict[int, str], *,
                                 unclean_election: bool = False, scan_interval_s: float = 5.0,
-                                kafka_bootstrap: str | None = None, topics: Topics | None = None) -> ControllerNode:
+                                kafka_bootstrap: str | None = None, topics: Topics | None = None,
+                                tier: TierConfig | None = None, bootstrap_from_tier: bool = False) -> ControllerNode:
     """Start Raft, the controller service and the HTTP API; with `kafka_bootstrap`, also the pipeline links.
 
     With Kafka, heartbeats sent to this node go to the heartbeats topic, applied events are
     published to the events topic while this node leads, and liveness comes from the
-    streaming job's liveness topic.
+    streaming job's liveness topic. With `tier`, the leader uploads snapshots and events to
+    Delta tables; with `bootstrap_from_tier`, an empty data directory starts from the tier.
     """
+    if tier is not None and bootstrap_from_tier:  # an empty data dir starts from the tier's newest state
+        from electra.tiering.bootstrap import bootstrap_from_tier as bootstrap
+
+        await asyncio.to_thread(bootstrap, cfg.data_dir, tier.uri, tier.storage_options, fsync=cfg.fsync,
+                                keep=cfg.snapshots_kept)
     sm = ControllerStateMachine()
     node = RaftNode(cfg, sm)
     await node.start()
@@ -65,6 +79,11 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
         service.liveness_consumer = LivenessConsumer(service, kafka_bootstrap, topics.liveness)
         service.liveness_consumer.start()
     service.start()
+    if tier is not None:
+        from electra.tiering.uploader import TierUploader
+
+        service.tier = TierUploader(node, sm, service.journal, tier)
+        service.tier.start()
     config = uvicorn.Config(create_app(service), host=http_host, port=http_port, log_level="warning",
                             lifespan="off", access_log=False)
     server = uvicorn.Server(config)
@@ -75,7 +94,9 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
             break
         await asyncio.sleep(0.01)
     if task.done():
+        if tier is not None:
+            await service.tier.stop()
         await node.stop()
         raise RuntimeError(f"HTTP server on {http_host}:{http_port} failed to start: {task.exception()!r}")
     log.info("controller node %d: http://%s:%d", cfg.node_id, http_host, http_port)
-    return ControllerNode(node, service, server, task)
+    return ControllerNode(node, service, server, task, getattr(service, "tier", None))

@@ -10,6 +10,7 @@ BENCHMARKS = {
     "controller": "electra.bench.controller",
     "ingest": "electra.bench.ingest",
     "failover": "electra.bench.failover",
+    "tier": "electra.bench.tier",
 }
 
 

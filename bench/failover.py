@@ -152,7 +152,8 @@ def main(argv: list[str]) -> int:
               f"{r['batch_ms']:.0f} ms", flush=True)
         if not r["sustained"]:
             break
-    print(f"{'groups':>7} {'offered/s':>10} {'accepted/s':>10} {'replaced':>9} {'p50_s':>6} {'p99_s':>6} {'batch_ms':>8}")
+    print(f"{'groups':>7} {'offered/s':>10} {'accepted/s':>10} {'replaced':>9} {'p50_s':>6} {'p99_s':>6} "
+          f"{'batch_ms':>8}")
     for r in results:
         print(f"{r['groups']:>7} {r['offered_hb_per_s']:>10,} {r['hb_per_s']:>10,.0f} "
               f"{r['replaced']:>4}/{r['killed']:<4} {r['failover_p50_s']:>6.2f} {r['failover_p99_s']:>6.2f} "

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from electra.tiering.options import parse_storage_options
+
 
 def parse_peers(text: str) -> dict[int, tuple[str, int]]:
     """Parse `1=127.0.0.1:7001,2=127.0.0.1:7002` into {1: ("127.0.0.1", 7001), ...}."""
@@ -58,12 +60,16 @@ NODE_OPTIONS = [
                                        "0 = off, the default with --kafka-bootstrap: the streaming job detects them)"),
     ("--kafka-bootstrap", str, "Kafka bootstrap servers: heartbeats, events and liveness go through Kafka"),
     ("--topic-prefix", str, "prefix of the Kafka topic names (several Electra clusters on one Kafka)"),
+    ("--tier-uri", str, "upload snapshots and events to Delta tables under this path or object-store URI"),
+    ("--tier-options", parse_storage_options, "KEY=VALUE,... delta-rs storage options for --tier-uri"),
 ]
 NODE_DEFAULTS = {"state_machine": "controller", "http_addr": ("127.0.0.1", 7301), "client_addr": ("127.0.0.1", 0),
                  "http_peers": None, "tick_ms": 100, "snapshot_entries": 100_000, "compaction_slack": 5000,
                  "inactive_master_scan_ms": None, "kafka_bootstrap": None, "topic_prefix": "",
+                 "tier_uri": None, "tier_options": None, "bootstrap_from_tier": False,
                  "unsafe_no_fsync": False}
 _NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} | {"unsafe_no_fsync": bool}
+_NODE_TYPES["bootstrap_from_tier"] = bool
 
 
 def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
@@ -132,10 +138,16 @@ def cmd_node(args: argparse.Namespace) -> int:
         async def start():
             from electra.streaming.records import Topics
 
+            tier = None
+            if args.tier_uri:
+                from electra.tiering.uploader import TierConfig
+
+                tier = TierConfig(args.tier_uri, args.tier_options)
             ctl = await start_controller_node(cfg, host, port, http_peers,
                                               scan_interval_s=args.inactive_master_scan_ms / 1000,
                                               kafka_bootstrap=args.kafka_bootstrap,
-                                              topics=Topics.prefixed(args.topic_prefix))
+                                              topics=Topics.prefixed(args.topic_prefix),
+                                              tier=tier, bootstrap_from_tier=args.bootstrap_from_tier)
             print(f"controller node {args.id} raft={raft} http=http://{host}:{port} data={args.data_dir}", flush=True)
             return ctl.stop
 
@@ -410,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
         n.add_argument(opt, type=typ, default=None, help=help_text)
     n.add_argument("--unsafe-no-fsync", action="store_true", default=None,
                    help="benchmarks only: acks before data is durable")
+    n.add_argument("--bootstrap-from-tier", action="store_true", default=None,
+                   help="with --tier-uri: an empty data dir starts from the tier's newest state")
     n.set_defaults(fn=cmd_node)
 
     u = sub.add_parser("up", help="run the whole local stack (Kafka, controllers, ingest, Spark job); Ctrl-C stops it")
@@ -477,6 +491,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="HOST:PORT,... heartbeat ingest endpoints (Kafka pipeline); default: every controller")
     sb.add_argument("--heartbeat-timeout-ms", type=int, default=10_000, help="heartbeatTimeoutMillis the brokers send")
     sb.set_defaults(fn=cmd_simulate_brokers)
+
+    from electra.tiering.cli import add_history_command
+
+    add_history_command(sub)
 
     b = sub.add_parser("bench", help="run a benchmark from bench/ (ends with a RESULT line)")
     b.add_argument("name")

@@ -1,0 +1,123 @@
+"""`electra bench tier`: tier upload lag under the controller benchmark's write load.
+
+Starts 3 `electra node` controller processes (fsync on) with `--tier-uri` on a
+local directory, runs `electra bench controller`'s closed-loop broker load over
+HTTP, and samples the leader's `/metrics` every 100 ms: upload lag in entries
+(applied index minus the index the events table covers) and in seconds (age of
+the state the table reflects while it lags). After the load it waits for the
+tier to catch up and checks that the events table covers the applied index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .common import free_ports, percentile, result_line, stop_processes
+from .controller import _load
+
+
+def _metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+async def _sample(endpoints: list[str], stop: asyncio.Event, samples: list[tuple[float, float]]) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+        while not stop.is_set():
+            for ep in endpoints:
+                try:
+                    async with http.get(f"http://{ep}/metrics") as r:
+                        text = await r.text()
+                except Exception:
+                    continue
+                if _metric(text, "electra_tier_uploading") == 1.0:
+                    samples.append((_metric(text, "electra_tier_upload_lag_entries") or 0.0,
+                                    _metric(text, "electra_tier_upload_lag_seconds") or 0.0))
+                    break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.1)
+
+
+async def _run(endpoints: list[str], brokers: int, duration: float) -> tuple[dict, list]:
+    samples: list[tuple[float, float]] = []
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(_sample(endpoints, stop, samples))
+    try:
+        out = await _load(endpoints, brokers, duration)
+    finally:
+        stop.set()
+        await sampler
+    return out, samples
+
+
+async def _final(endpoints: list[str], timeout: float = 30.0) -> tuple[float, float]:
+    import aiohttp
+
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+        while time.monotonic() < deadline:
+            for ep in endpoints:
+                async with http.get(f"http://{ep}/metrics") as r:
+                    text = await r.text()
+                if _metric(text, "electra_tier_uploading") == 1.0:
+                    up = _metric(text, "electra_tier_uploaded_index")
+                    applied = _metric(text, "electra_raft_applied_index")
+                    if up is not None and applied is not None and up >= applied:
+                        return up, applied
+            await asyncio.sleep(0.2)
+    return -1.0, -1.0
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="electra bench tier", description=__doc__)
+    p.add_argument("--brokers", type=int, default=300)
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--tier-uri", help="default: a directory in the benchmark's temporary directory")
+    args = p.parse_args(argv)
+    ports = free_ports(6)
+    peers = ",".join(f"{i}=127.0.0.1:{ports[i - 1]}" for i in (1, 2, 3))
+    endpoints = [f"127.0.0.1:{ports[2 + i]}" for i in (1, 2, 3)]
+    http_peers = ",".join(f"{i}={ep}" for i, ep in zip((1, 2, 3), endpoints, strict=True))
+    print(f"bench tier: 3 controller processes (fsync on) uploading to Delta, {args.brokers} simulated brokers, "
+          f"{args.duration:.0f}s closed loop; lag sampled from the leader's /metrics every 100 ms", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-tier-") as tmp:
+        uri = args.tier_uri or str(Path(tmp) / "tier")
+        procs = [subprocess.Popen([sys.executable, "-m", "electra.cli", "--log-level", "WARNING", "node",
+                                   "--id", str(i), "--peers", peers, "--http-addr", endpoints[i - 1],
+                                   "--http-peers", http_peers, "--data-dir", str(Path(tmp) / f"n{i}"),
+                                   "--tier-uri", uri], stdout=subprocess.DEVNULL) for i in (1, 2, 3)]
+        try:
+            time.sleep(3.0)
+            out, samples = asyncio.run(_run(endpoints, args.brokers, args.duration))
+            uploaded, applied = asyncio.run(_final(endpoints))
+        finally:
+            stop_processes(procs)
+        from electra.tiering.reader import TierReader
+
+        reader = TierReader(uri)
+        events = reader.table("events").num_rows
+        commits = reader.store.table("events").version()
+    writes = len(out["lat"]["register"])
+    lag_entries = sorted(s[0] for s in samples)
+    lag_s = sorted(s[1] for s in samples)
+    print(f"  writes {writes / args.duration:,.0f}/s (errors {out['errors']['register']}); {len(samples)} lag samples: "
+          f"entries p50 {percentile(lag_entries, 0.5):.0f} p99 {percentile(lag_entries, 0.99):.0f} "
+          f"max {lag_entries[-1] if lag_entries else float('nan'):.0f}; seconds p50 {percentile(lag_s, 0.5):.3f} "
+          f"p99 {percentile(lag_s, 0.99):.3f}", flush=True)
+    print(f"  after the load: uploaded index {uploaded:.0f} / applied {applied:.0f}; events table: {events} rows, "
+          f"{commits} Delta versions", flush=True)
+    print(result_line(write_per_s=round(writes / args.duration),
+                      upload_lag_p99_entries=round(percentile(lag_entries, 0.99)),
+                      upload_lag_p99_s=round(percentile(lag_s, 0.99), 3)))
+    return 0 if uploaded >= applied >= 0 else 1

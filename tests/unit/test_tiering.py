@@ -1,0 +1,260 @@
+"""Tiering against real Delta tables (delta-rs) in tmp dirs: fencing, crash between write and commit,
+folding and time travel checked against a replayed state machine, retention, bootstrap files."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import uuid
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from electra.consensus.snapshots import SnapshotStore
+from electra.state import commands as C
+from electra.state.journal import JournalEntry, set_state
+from electra.state.liveness import BrokerLiveInfo
+from electra.state.machine import ControllerStateMachine
+from electra.tiering.bootstrap import bootstrap_from_tier
+from electra.tiering.reader import TierReader, iso, parse_time
+from electra.tiering.schema import event_rows, events_table, public_state, snapshot_rows, snapshots_table
+from electra.tiering.store import Conflict, Fenced, Moved, TierStore
+
+T0 = 1_790_000_000_000  # epoch ms of the first command
+
+
+def _workload(n: int, seed: int = 7) -> list[bytes]:
+    """A deterministic command mix, proposed against the current state, touching every event type."""
+    rnd = random.Random(seed)
+    sm = ControllerStateMachine()
+    cmds, now = [], T0
+    for k in range(n):
+        now += rnd.randint(1, 50)
+        name = f"bs{rnd.randint(0, 3)}"
+        bs = sm.sets.get(name)
+        ids = sorted(bs.brokers) if bs else []
+        live = [BrokerLiveInfo(i, f"10.0.0.{i}:1", now, 10_000) for i in ids if rnd.random() < 0.8]
+        r = rnd.random()
+        if bs is None or r < 0.2:
+            nxt = bs.next_broker_id if bs else 1
+            cmd = C.apply_broker_id("c", name, nxt, f"10.0.0.{nxt}:1;{nxt}", now)
+        elif r < 0.35:
+            cmd = C.register_broker("c", name, rnd.choice(ids), f"10.0.{k % 3}.{rnd.choice(ids)}:1", now, live)
+        elif r < 0.55:
+            cmd = C.elect_master("c", name, rnd.choice(ids) if rnd.random() < 0.5 else C.CONTROLLER_TRIGGER, now,
+                                 live, designate=rnd.random() < 0.3)
+        elif r < 0.85 and bs.master_id is not None:
+            new_set = sorted({bs.master_id} | {i for i in ids if rnd.random() < 0.5})
+            cmd = C.alter_sync_state_set(name, bs.master_id, bs.master_epoch, new_set, bs.sync_state_set_epoch,
+                                         now, live)
+        else:
+            cmd = C.clean_broker_data("c", name, [rnd.choice(ids)] if rnd.random() < 0.8 else None, True, now, live)
+        sm.apply(k + 1, cmd)
+        cmds.append(cmd)
+    return cmds
+
+
+def _replay(cmds: list[bytes]):
+    """Apply commands 1..n; return (journal entries, wire state after each index, ts per index)."""
+    sm = ControllerStateMachine()
+    entries: list[JournalEntry] = []
+
+    def on_event(index, ev):
+        bs = sm.sets.get(ev.get("brokerName", ""))
+        entries.append(JournalEntry(index, 1 + index // 100, sm.apply_time_ms, ev,
+                                    bs.cluster if bs else ev.get("clusterName"), set_state(bs)))
+
+    sm.on_event(on_event)
+    states, ts = {0: {}}, {0: 0}
+    for i, data in enumerate(cmds, start=1):
+        sm.apply(i, data)
+        states[i] = {n: bs.to_wire() for n, bs in sm.sets.items()}
+        ts[i] = sm.apply_time_ms
+    return entries, states, ts, sm
+
+
+def _upload(store: TierStore, entries, states, upto_list, snapshot_at=(), term=1, ts=None):
+    """Commit events in batches ending at each index of `upto_list`; snapshots at `snapshot_at` indexes."""
+    from electra.state.machine import BrokerSet
+
+    done = store.progress().upto
+    for upto in upto_list:
+        batch = [e for e in entries if done < e.index <= upto]
+        store.commit("events", events_table(event_rows(batch, term)), upto=upto, upto_term=1 + upto // 100,
+                     uploader_term=term, expect_upto=done)
+        done = upto
+        if upto in snapshot_at:
+            sets = [BrokerSet.from_wire(w) for w in states[upto].values()]
+            store.commit("snapshots", snapshots_table(snapshot_rows(sets, upto, 1 + upto // 100, ts[upto], term)),
+                         upto=upto, upto_term=1 + upto // 100, uploader_term=term, expect_upto=None)
+
+
+def _rows(store: TierStore) -> list[tuple]:
+    t = store.table("events").to_pyarrow_table().to_pylist()
+    return sorted((r["index"], r["seq"], r["type"], r["payload"]) for r in t)
+
+
+def _expected(entries, upto) -> list[tuple]:
+    rows = event_rows([e for e in entries if e.index <= upto], 0)
+    return sorted((r["index"], r["seq"], r["type"], r["payload"]) for r in rows)
+
+
+def test_fence_refuses_deposed_uploader_even_when_it_checked_first(tmp_path):
+    store = TierStore(tmp_path / "tier")
+    store.ensure()
+    entries, states, _, _ = _replay(_workload(60))
+    _upload(store, entries, states, [20], term=2)
+    # A new leader (term 3) claims: an uploader of term 2 is refused before writing anything.
+    assert store.claim(3)["events"].upto == 20
+    with pytest.raises(Fenced):
+        store.commit("events", events_table(event_rows([e for e in entries if 20 < e.index <= 30], 2)),
+                     upto=30, upto_term=1, uploader_term=2, expect_upto=20)
+    # Check-then-commit interleaving: term 3 passes its check at version V, then term 4 claims and
+    # uploads before term 3's commit lands. delta-rs's conflict check on the shared app ids rejects it.
+    other = TierStore(tmp_path / "tier")
+
+    def newer_leader_wins():
+        other.claim(4)
+        other.commit("events", events_table(event_rows([e for e in entries if 20 < e.index <= 40], 4)),
+                     upto=40, upto_term=1, uploader_term=4, expect_upto=20)
+
+    with pytest.raises(Fenced):
+        store.commit("events", events_table(event_rows([e for e in entries if 20 < e.index <= 30], 3)),
+                     upto=30, upto_term=1, uploader_term=3, expect_upto=20, before_commit=newer_leader_wins)
+    p = store.progress()
+    assert (p.upto, p.term) == (40, 4)
+    # Same term racing itself (two uploader instances): the loser gets Conflict, then Moved.
+    with pytest.raises(Conflict):
+        store.commit("events", events_table([]), upto=45, upto_term=1, uploader_term=4, expect_upto=40,
+                     before_commit=lambda: other.commit("events", events_table([]), upto=41, upto_term=1,
+                                                        uploader_term=4, expect_upto=40))
+    with pytest.raises(Moved):
+        store.commit("events", events_table([]), upto=45, upto_term=1, uploader_term=4, expect_upto=40)
+    # The failed commits left orphan data files; they are not part of the table.
+    files = [f for f in os.listdir(tmp_path / "tier" / "events") if f.endswith(".parquet")]
+    assert len(files) > len(store.table("events").file_uris())
+    assert _rows(store) == _expected(entries, 40)
+
+
+def test_crash_between_data_write_and_commit_redoes_the_range_once(tmp_path):
+    store = TierStore(tmp_path / "tier")
+    store.ensure()
+    entries, states, _, _ = _replay(_workload(80))
+    _upload(store, entries, states, [30])
+    batch = [e for e in entries if 30 < e.index <= 60]
+
+    class Crash(Exception):
+        pass
+
+    def write_then_die():
+        # What a process killed inside write_deltalake leaves: data files, no log entry.
+        pq.write_table(events_table(event_rows(batch, 1)),
+                       tmp_path / "tier" / "events" / f"part-00000-{uuid.uuid4()}-c000.snappy.parquet")
+        raise Crash()
+
+    with pytest.raises(Crash):
+        store.commit("events", events_table(event_rows(batch, 1)), upto=60, upto_term=1, uploader_term=1,
+                     expect_upto=30, before_commit=write_then_die)
+    restarted = TierStore(tmp_path / "tier")  # the uploader after a restart reads progress from the table
+    assert restarted.progress().upto == 30
+    assert _rows(restarted) == _expected(entries, 30)  # orphan rows do not count
+    restarted.commit("events", events_table(event_rows(batch, 1)), upto=60, upto_term=1, uploader_term=1,
+                     expect_upto=30)
+    assert _rows(restarted) == _expected(entries, 60)  # the range exactly once
+    assert len(TierReader(str(tmp_path / "tier")).files("events")) == 2
+
+
+def test_time_travel_and_fold_match_replayed_state(tmp_path):
+    uri = str(tmp_path / "tier")
+    store = TierStore(uri)
+    store.ensure()
+    cmds = _workload(300)
+    entries, states, ts, sm = _replay(cmds)
+    assert {e.event["type"] for e in entries} >= {"ApplyBrokerId", "UpdateBrokerAddress", "ElectMaster",
+                                                  "AlterSyncStateSet", "CleanBrokerData"}
+    _upload(store, entries, states, [50, 120, 200, 260, 300], snapshot_at={120, 260}, ts=ts)
+    reader = TierReader(uri)
+    # Exact full state (check codes, next ids) at any index, from a snapshot plus events or events alone.
+    for i in (0, 1, 49, 50, 119, 120, 121, 233, 260, 299, 300):
+        st = reader.state_at_index(i)
+        assert {n: bs.to_wire() for n, bs in st.sets.items()} == states[i], i
+        assert st.complete
+    assert reader.state_at_index(None).index == 300
+    # As of an instant: the log prefix of entries with time <= T.
+    for i in (3, 77, 120, 150, 261, 300):
+        at = ts[i]
+        cut = max(j for j in ts if ts[j] <= at)
+        got = reader.state_at(at)
+        want = {n: public_state(_bs(w)) for n, w in states[cut].items()}
+        assert got["index"] <= cut and got["complete"]
+        assert {s["brokerName"]: s for s in got["brokerSets"]} == want
+    assert reader.state_at(parse_time(iso(ts[150]))) == reader.state_at(ts[150])
+    ev = reader.events_between(ts[100], ts[140])
+    assert [(e["index"], e["type"]) for e in ev["events"]] == [(e.index, e.event["type"]) for e in entries
+                                                               if ts[100] <= e.ts <= ts[140]]
+    assert reader.state_at(T0 - 1)["brokerSets"] == []
+    # Retention: history older than the period goes, the snapshot it rests on stays, answers stay exact.
+    res = store.maintain(now_ms=ts[261] + 10, retention_ms=10, vacuum_retention_hours=0)
+    assert res["base_snapshot"] == 260 and res["deleted_events"] > 0
+    for i in (260, 280, 300):
+        assert {n: bs.to_wire() for n, bs in reader.state_at_index(i).sets.items()} == states[i]
+    assert not reader.state_at_index(100).complete  # before the retention horizon
+    # Bootstrap writes a local Raft snapshot of the newest state, at the entry's index and term.
+    b = bootstrap_from_tier(tmp_path / "node", uri, fsync=False)
+    assert (b.index, b.term) == (300, 4)
+    meta = SnapshotStore(tmp_path / "node" / "snapshots").latest()
+    assert (meta.index, meta.term) == (300, 4)
+    restored = ControllerStateMachine()
+    with SnapshotStore(tmp_path / "node" / "snapshots").open_data(meta) as f:
+        restored.restore(f)
+    assert {n: bs.to_wire() for n, bs in restored.sets.items()} == states[300]
+    assert bootstrap_from_tier(tmp_path / "node", uri, fsync=False) is None  # never over existing state
+
+
+def _bs(wire):
+    from electra.state.machine import BrokerSet
+
+    return BrokerSet.from_wire(wire)
+
+
+def test_history_cli_reads_the_tables(tmp_path, capsys):
+    from electra.cli import main
+
+    uri = str(tmp_path / "tier")
+    store = TierStore(uri)
+    store.ensure()
+    entries, states, ts, _ = _replay(_workload(40))
+    _upload(store, entries, states, [40], snapshot_at={40}, ts=ts)
+    assert main(["history", "--tier-uri", uri, "--at", iso(ts[40]), "--events-from", str(ts[1]),
+                 "--events-to", str(ts[40])]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["state"]["index"] == 40
+    assert {s["brokerName"] for s in out["state"]["brokerSets"]} == set(states[40])
+    assert len(out["events"]["events"]) == len(entries)
+    assert main(["history", "--tier-uri", uri, "--at", "not-a-time"]) == 2
+
+
+def test_reader_empty_tables(tmp_path):
+    store = TierStore(tmp_path / "tier")
+    store.ensure()
+    r = TierReader(str(tmp_path / "tier"))
+    assert r.state_at(T0)["brokerSets"] == [] and r.events_between(0, T0)["events"] == []
+    assert r.state_at_index(None).index == 0 and r.files("events") == []
+    assert isinstance(r.table("snapshots"), pa.Table)
+
+
+def test_node_options_for_tiering():
+    from electra.cli import build_parser, resolve_node_settings
+
+    args = build_parser().parse_args(["node", "--id", "1", "--peers", "1=127.0.0.1:7001", "--data-dir", "d",
+                                      "--tier-uri", "s3://bucket/electra", "--tier-options",
+                                      "AWS_REGION=eu-west-1,AWS_ENDPOINT_URL=http://minio:9000",
+                                      "--bootstrap-from-tier"])
+    args = resolve_node_settings(args)
+    assert args.tier_uri == "s3://bucket/electra" and args.bootstrap_from_tier is True
+    assert args.tier_options == {"AWS_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "http://minio:9000"}
+    plain = resolve_node_settings(build_parser().parse_args(["node", "--id", "1", "--peers", "1=127.0.0.1:7001",
+                                                             "--data-dir", "d"]))
+    assert plain.tier_uri is None and plain.bootstrap_from_tier is False

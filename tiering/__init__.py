@@ -1,0 +1,1 @@
+"""Snapshots and events of the controller tiered into Delta tables (delta-rs)."""

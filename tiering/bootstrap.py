@@ -1,0 +1,78 @@
+"""Bootstrap an empty node (or a whole cluster that lost its disks) from the tier.
+
+Before `RaftNode.start()`: fold the tables to the newest state they hold (the
+newest snapshot plus the events after it, up to the events table's progress),
+write it as a local Raft snapshot file at that index and the entry's term (via
+`SnapshotStore`, so it is checksummed and renamed like any snapshot), reset the
+empty Raft log to start after it, and record a hard-state term no lower than
+any term the tables have seen (Raft terms must not go backwards, and a fresh
+leader's term must exceed the last uploader's term or its claim is fenced).
+The node then starts as if it had taken that snapshot itself and catches up
+through Raft: log entries after the index, or InstallSnapshot when the leader
+has compacted past it. A node that already has a snapshot or log is left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from electra.consensus.snapshots import SnapshotStore
+from electra.consensus.storage import LogStorage
+from electra.state.machine import ControllerStateMachine
+
+from .reader import TierReader
+
+log = logging.getLogger("electra.tiering.bootstrap")
+
+
+@dataclass(frozen=True)
+class Bootstrapped:
+    index: int
+    term: int
+    hard_term: int
+    sets: int
+    snapshot_path: Path
+
+
+def bootstrap_from_tier(data_dir: str | Path, uri: str, storage_options: dict[str, str] | None = None, *,
+                        fsync: bool = True, keep: int = 3) -> Bootstrapped | None:
+    """Write a local snapshot from the tier into an empty node's data dir; None if nothing was done."""
+    data_dir = Path(data_dir)
+    snaps = SnapshotStore(data_dir / "snapshots", keep=keep, fsync=fsync)
+    if snaps.latest() is not None:
+        log.info("bootstrap: %s already has a snapshot; not bootstrapping", data_dir)
+        return None
+    storage = LogStorage(data_dir / "raft-log", fsync=fsync)
+    rec = storage.open()
+    try:
+        if rec.last_index > 0:
+            log.info("bootstrap: %s already has a Raft log up to %d; not bootstrapping", data_dir, rec.last_index)
+            return None
+        reader = TierReader(uri, storage_options)
+        if not reader.store.exists():
+            log.warning("bootstrap: no tier tables at %s; starting empty", uri)
+            return None
+        st = reader.state_at_index(None)
+        if st.index == 0:
+            return None
+        if not st.complete:
+            log.warning("bootstrap: the tier's state at %d crosses gaps %s", st.index, st.gaps)
+        ev, sp = reader.store.progress("events"), reader.store.progress("snapshots")
+        term = st.term or (ev.upto_term if st.index == ev.upto else sp.upto_term)
+        if term == 0:
+            raise RuntimeError(f"bootstrap: the tier does not record the term of entry {st.index}")
+        hard_term = max(term, ev.term, sp.term, rec.term)
+        sm = ControllerStateMachine()
+        sm.sets, sm.applied = st.sets, st.index
+        _, finish = snaps.create(st.index, term, sm.snapshot)
+        meta = finish()
+        storage.save_hard_state(hard_term, 0)
+        storage.reset(st.index, term)
+        storage.sync()
+        log.info("bootstrap: %s starts from the tier's state at index %d term %d (%d broker sets)",
+                 data_dir, st.index, term, len(st.sets))
+        return Bootstrapped(st.index, term, hard_term, len(st.sets), meta.path)
+    finally:
+        storage.close()

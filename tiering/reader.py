@@ -1,0 +1,169 @@
+"""Reading the tiered tables: controller state as of an index or an instant, events between instants,
+and loaders for pandas/pyarrow (delta-rs) and Spark.
+
+Time travel is over Raft history, not Delta versions: the state "as of T" is the
+state after the longest log prefix whose exported entries carry a proposer time
+<= T. It is the newest snapshot at or below that cut plus the events after it,
+folded (`schema.fold_event`). Delta's own versions are available too
+(`TierReader(..., version=n)`), until vacuum removes their files.
+
+Spark cannot write Delta here and may lack the delta-spark jars, so `spark_read`
+reads the Parquet files of the current Delta version (the table's own file list,
+which excludes orphan files of failed commits) with `basePath` set; with
+`use_delta_spark=True` (or ELECTRA_TIER_DELTA_SPARK=1) it uses
+`spark.read.format("delta")` instead, for clusters where those jars resolve.
+These tables use no deletion vectors or column mapping, so the file list is exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from electra.state.machine import BrokerSet
+
+from .schema import GAP, fold_event, public_state, sets_from_snapshot_rows
+from .store import TierStore
+
+
+def parse_time(text: str | int | float) -> int:
+    """Epoch milliseconds from an int, digits (epoch ms) or an ISO-8601 time (naive means UTC)."""
+    if isinstance(text, int | float):
+        return int(text)
+    s = str(text).strip()
+    if s.lstrip("-").isdigit():
+        return int(s)
+    dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return int(dt.timestamp() * 1000)
+
+
+def iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass
+class TierState:
+    index: int  # the Raft index this state is at
+    term: int  # Raft term of that entry (0 if unknown)
+    sets: dict[str, BrokerSet]
+    snapshot_index: int | None  # the snapshot the fold started from (None: from the empty state)
+    gaps: list[dict] = field(default_factory=list)  # gap markers inside the folded range
+    complete: bool = True  # False if a gap or the retention horizon makes the answer approximate
+
+
+class TierReader:
+    def __init__(self, uri: str, storage_options: dict[str, str] | None = None,
+                 version: dict[str, int] | None = None) -> None:
+        self.store = TierStore(uri, storage_options)
+        self.version = version or {}
+
+    def table(self, which: str) -> pa.Table:
+        return self.store.table(which, self.version.get(which)).to_pyarrow_table()
+
+    def to_pandas(self, which: str):
+        return self.table(which).to_pandas()
+
+    # ------------------------------------------------------------------ state by index
+    def state_at_index(self, index: int | None = None) -> TierState:
+        """The exact state after Raft index `index` (default: everything the events table covers)."""
+        snaps = self.table("snapshots")
+        events = self.table("events")
+        if index is None:
+            p = self.store.progress("events") if not self.version else None
+            covered = p.upto if p else (pc.max(events["index"]).as_py() or 0)
+            # A gap bridge commits its full snapshot before the events, so it can be ahead of them.
+            index = max(covered, pc.max(snaps["snapshot_index"]).as_py() or 0)
+        return self._fold(snaps, events, index)
+
+    def _fold(self, snaps: pa.Table, events: pa.Table, cut: int) -> TierState:
+        markers = snaps.filter(pc.and_(pc.is_null(snaps["name"]), pc.less_equal(snaps["snapshot_index"], cut)))
+        snap_index, term, sets = None, 0, {}
+        complete = True
+        if markers.num_rows:
+            snap_index = pc.max(markers["snapshot_index"]).as_py()
+            rows = snaps.filter(pc.equal(snaps["snapshot_index"], snap_index)).to_pylist()
+            term = rows[0]["snapshot_term"]
+            sets = sets_from_snapshot_rows(rows)
+        elif snaps.num_rows and events.num_rows:
+            # No snapshot at or below the cut: the empty state is a valid start only if retention
+            # has not dropped the events before the oldest snapshot.
+            ev_min = pc.min(events["index"]).as_py()
+            complete = ev_min < pc.min(snaps["snapshot_index"]).as_py()
+        lo = snap_index or 0
+        rng = events.filter(pc.and_(pc.greater(events["index"], lo), pc.less_equal(events["index"], cut)))
+        rng = rng.sort_by([("index", "ascending"), ("seq", "ascending")])
+        gaps = []
+        for r in rng.to_pylist():
+            if r["type"] == GAP:
+                gaps.append(json.loads(r["payload"]))
+                continue
+            fold_event(sets, r["type"], json.loads(r["payload"]), json.loads(r["state"]) if r["state"] else None)
+            term = r["term"]
+        if rng.num_rows and rng["index"][-1].as_py() < cut:
+            term = 0  # the entry at the cut produced no event; its term is not in the rows
+        return TierState(cut, term, sets, snap_index, gaps, complete and not gaps)
+
+    # ------------------------------------------------------------------ time travel
+    def state_at(self, at_ms: int) -> dict:
+        """Every broker set as of instant `at_ms` (epoch ms)."""
+        snaps = self.table("snapshots")
+        events = self.table("events")
+        ev = events.filter(pc.and_(pc.less_equal(events["ts_ms"], at_ms), pc.not_equal(events["type"], GAP)))
+        sm = snaps.filter(pc.and_(pc.is_null(snaps["name"]), pc.less_equal(snaps["snapshot_ts_ms"], at_ms)))
+        cut = max(pc.max(ev["index"]).as_py() or 0, pc.max(sm["snapshot_index"]).as_py() or 0)
+        st = self._fold(snaps, events, cut)
+        return {"at_ms": at_ms, "at": iso(at_ms), "index": cut, "snapshot_index": st.snapshot_index,
+                "complete": st.complete, "gaps": st.gaps,
+                "brokerSets": [public_state(bs) for _, bs in sorted(st.sets.items())]}
+
+    def events_between(self, from_ms: int, to_ms: int, limit: int = 100_000) -> dict:
+        """Events with from_ms <= time <= to_ms, in Raft index order, and any gap markers among them."""
+        events = self.table("events")
+        rng = events.filter(pc.and_(pc.greater_equal(events["ts_ms"], from_ms), pc.less_equal(events["ts_ms"], to_ms)))
+        rng = rng.sort_by([("index", "ascending"), ("seq", "ascending")])
+        out, gaps = [], []
+        for r in rng.to_pylist():
+            if r["type"] == GAP:
+                gaps.append(json.loads(r["payload"]))
+                continue
+            if len(out) < limit:
+                out.append({"index": r["index"], "seq": r["seq"], "term": r["term"], "ts_ms": r["ts_ms"],
+                            "time": iso(r["ts_ms"]), "type": r["type"], "cluster": r["cluster"],
+                            "brokerSet": r["broker_set"], "event": json.loads(r["payload"]),
+                            "state": json.loads(r["state"]) if r["state"] else None})
+        return {"from_ms": from_ms, "to_ms": to_ms, "events": out, "truncated": len(out) < rng.num_rows - len(gaps),
+                "gaps": gaps}
+
+    def history(self, at: str | int, events_from: str | int | None = None, events_to: str | int | None = None) -> dict:
+        out = {"state": self.state_at(parse_time(at))}
+        if events_from is not None or events_to is not None:
+            lo = parse_time(events_from) if events_from is not None else 0
+            hi = parse_time(events_to) if events_to is not None else 2**62
+            out["events"] = self.events_between(lo, hi)
+        return out
+
+    # ------------------------------------------------------------------ Spark
+    def files(self, which: str) -> list[str]:
+        """Parquet files of the table's current (or pinned) version: what Spark should read."""
+        return self.store.table(which, self.version.get(which)).file_uris()
+
+    def spark_read(self, spark, which: str, use_delta_spark: bool | None = None):
+        if use_delta_spark is None:
+            use_delta_spark = os.environ.get("ELECTRA_TIER_DELTA_SPARK", "") in ("1", "true", "yes")
+        uri = self.store.uris[which]
+        if use_delta_spark:
+            reader = spark.read.format("delta")
+            if which in self.version:
+                reader = reader.option("versionAsOf", self.version[which])
+            return reader.load(uri)
+        files = self.files(which)
+        if not files:
+            return spark.createDataFrame(self.table(which).to_pandas())
+        return spark.read.option("basePath", uri).parquet(*files)
