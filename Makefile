@@ -9,6 +9,10 @@ STAMP   = $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@# Spark needs a Java runtime (17+); install Debian's headless one if there is none.
+	@command -v java >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null) ; } || \
+		{ echo "error: Spark needs Java 17+ (install a JRE and retry)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev,bench]"

@@ -31,7 +31,7 @@ from electra.consensus.core import Role
 from electra.state.journal import JournalEntry, JournalGap, set_state
 from electra.state.liveness import BrokerLiveInfo
 from electra.streaming import records
-from electra.streaming.kafka_io import ensure_topics, last_record, topic_partitions
+from electra.streaming.kafka_io import end_offsets, ensure_topics, last_record, topic_partitions
 
 from .service import ControllerService
 
@@ -82,6 +82,9 @@ class EventsPublisher:
             except Exception as exc:
                 self.stats["errors"] += 1
                 log.warning("events publisher: %s; retrying in %.1fs", exc, backoff)
+                producer, self._producer = self._producer, None  # start over with a fresh connection
+                if producer is not None:
+                    await asyncio.to_thread(producer.close, 1)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
@@ -91,8 +94,10 @@ class EventsPublisher:
         if self._producer is None:
             self._producer = await asyncio.to_thread(
                 KafkaProducer, bootstrap_servers=self.bootstrap, client_id="electra-events", acks="all",
-                linger_ms=2, retries=5, max_block_ms=5000, request_timeout_ms=5000, delivery_timeout_ms=15_000,
-                metrics_enabled=False)
+                # Not idempotent: an idempotent producer dies for good when Kafka comes back without its
+                # producer state (tansu restarts empty). Duplicates are harmless: records carry the index.
+                enable_idempotence=False, linger_ms=2, retries=5, max_block_ms=5000, request_timeout_ms=5000,
+                delivery_timeout_ms=15_000, metrics_enabled=False)
         last = await asyncio.to_thread(self._last_published_index)
         self.published_index = last
         log.info("events publisher: leading in term %d; topic %s ends at index %d", term, self.topic, last)
@@ -150,12 +155,14 @@ class LivenessConsumer:
     """Follows the liveness topic in a thread and applies its records on the event loop."""
 
     def __init__(self, svc: ControllerService, bootstrap: str, topic: str = records.LIVENESS, *,
-                 replay_s: float = 120.0) -> None:
+                 replay_s: float = 120.0, reset_check_s: float = 3.0, hwm_fix: bool = True) -> None:
         self.svc = svc
         self.bootstrap = bootstrap
         self.topic = topic
         self.replay_s = replay_s
-        self.stats = {"records": 0, "bad_records": 0, "last_record_ms": 0}
+        self.reset_check_s = reset_check_s  # quiet this long: check whether the topic was truncated
+        self.hwm_fix = hwm_fix
+        self.stats = {"records": 0, "bad_records": 0, "last_record_ms": 0, "rewinds": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="liveness-consumer", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -183,6 +190,8 @@ class LivenessConsumer:
         consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, client_id="electra-liveness",
                                  enable_auto_commit=False, auto_offset_reset="earliest", request_timeout_ms=5000,
                                  metrics_enabled=False)
+        probe = KafkaConsumer(bootstrap_servers=self.bootstrap, client_id="electra-liveness-probe",
+                              enable_auto_commit=False, request_timeout_ms=5000, metrics_enabled=False)
         try:
             tps = topic_partitions(consumer, self.topic)
             consumer.assign(tps)
@@ -197,8 +206,14 @@ class LivenessConsumer:
                     consumer.seek(tp, starts[tp].offset)
                 else:
                     consumer.seek_to_beginning(tp)
+            quiet_since = time.monotonic()
             while not self._stop.is_set():
                 polled = consumer.poll(timeout_ms=200, max_records=20_000)
+                if polled:
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since > self.reset_check_s:
+                    quiet_since = time.monotonic()
+                    self._rewind_if_truncated(consumer, probe, tps)
                 batch = []
                 for msgs in polled.values():
                     for m in msgs:
@@ -212,6 +227,18 @@ class LivenessConsumer:
                     self._loop.call_soon_threadsafe(self._apply, batch)
         finally:
             consumer.close()
+            probe.close()
+
+    def _rewind_if_truncated(self, consumer: KafkaConsumer, probe: KafkaConsumer, tps: list) -> None:
+        """After Kafka lost its data (tansu restarts empty) our position lies past the new end, and a
+        fetch there just returns nothing: start again from the new beginning."""
+        ends = end_offsets(probe, tps, hwm_fix=self.hwm_fix)
+        for tp in tps:
+            if consumer.position(tp) > ends[tp]:
+                log.warning("liveness topic %s[%d] ends at %d, before our position %d (Kafka lost data?); "
+                            "reading it from the beginning", tp.topic, tp.partition, ends[tp], consumer.position(tp))
+                consumer.seek_to_beginning(tp)
+                self.stats["rewinds"] += 1
 
     def _apply(self, batch: list) -> None:
         table = self.svc.liveness

@@ -217,7 +217,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     cfg = StackConfig(data_dir=Path(args.data_dir), nodes=args.nodes, raft_port=args.raft_port,
                       http_port=args.http_port, ingest_port=args.ingest_port, ingest_workers=args.ingest_workers,
                       kafka_bootstrap=args.kafka_bootstrap, kafka_port=args.kafka_port,
-                      topic_prefix=args.topic_prefix, spark_master=args.spark_master, log_level=args.log_level)
+                      topic_prefix=args.topic_prefix, spark_master=args.spark_master, log_level=args.log_level,
+                      tier_uri=args.tier_uri or ("default" if not args.no_tier else None))
     stack = LocalStack(cfg)
 
     def on_term(_sig, _frame):
@@ -252,6 +253,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                         log_to_file=False, stdin=sys.stdin if sys.stdin and sys.stdin.isatty() else None)
             print(f"demo: {args.demo_groups} simulated broker sets x 3 replicas; type `kill-master SET` "
                   "(e.g. kill-master sim-set-0) to watch a failover, `status`, `quit`", flush=True)
+        if stack.tier_uri:
+            print(f"Delta tier: {stack.tier_uri} (`electra history --tier-uri {stack.tier_uri} --at <ISO time>`)")
         print("the stack is up; Ctrl-C stops it. `electra status` shows the controllers.", flush=True)
         while True:
             gone = stack.exited()
@@ -438,6 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--topic-prefix", default="")
     u.add_argument("--spark-master", default="local[2]", help="Spark master URL for the streaming job")
     u.add_argument("--no-streaming", action="store_true", help="do not start the Spark job")
+    u.add_argument("--tier-uri", help="Delta tables for snapshots and events (default <data-dir>/tier)")
+    u.add_argument("--no-tier", action="store_true", help="no Delta tiering")
     u.add_argument("--demo", action="store_true", help="also run simulated RocketMQ brokers")
     u.add_argument("--demo-groups", type=int, default=20, help="broker sets the demo simulates")
     u.set_defaults(fn=cmd_up)

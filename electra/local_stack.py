@@ -31,6 +31,7 @@ class StackConfig:
     kafka_port: int = 0  # 0: any free port
     topic_prefix: str = ""
     spark_master: str = "local[2]"
+    tier_uri: str | None = "default"  # "default": <data_dir>/tier; None: no Delta tiering
     trigger_ms: int = 1000
     tick_ms: int = 100
     log_level: str = "INFO"
@@ -84,7 +85,8 @@ class LocalStack:
                                        "--http-addr", self.endpoints[i], "--http-peers", http_peers,
                                        "--data-dir", str(Path(self.cfg.data_dir) / f"node{i}"),
                                        "--tick-ms", str(self.cfg.tick_ms), "--state-machine", "controller",
-                                       "--kafka-bootstrap", self.bootstrap, "--topic-prefix", self.cfg.topic_prefix])
+                                       "--kafka-bootstrap", self.bootstrap, "--topic-prefix", self.cfg.topic_prefix,
+                                       *(["--tier-uri", self.tier_uri] if self.tier_uri else [])])
 
     def start_ingest(self, i: int) -> subprocess.Popen:
         return self.spawn(f"ingest{i}", [*self._py(), "ingest", "--listen", self.ingest_endpoints[i],
@@ -98,6 +100,13 @@ class LocalStack:
                                         "--trigger-ms", str(self.cfg.trigger_ms), "--topic-prefix",
                                         self.cfg.topic_prefix, "--log-level", self.cfg.log_level,
                                         *self.cfg.job_args])
+
+    @property
+    def tier_uri(self) -> str | None:
+        """Where the leader tiers snapshots and events (Delta tables); shared by every node."""
+        if self.cfg.tier_uri == "default":
+            return str(Path(self.cfg.data_dir) / "tier")
+        return self.cfg.tier_uri
 
     @property
     def checkpoint(self) -> Path:

@@ -195,7 +195,11 @@ class KafkaOutput:
 
             self._producer = KafkaProducer(bootstrap_servers=self.bootstrap.split(","), linger_ms=5,
                                            max_block_ms=5000, request_timeout_ms=5000, retries=3,
-                                           client_id="electra-streaming-job")
+                                           client_id="electra-streaming-job",
+                                           # An idempotent producer dies for good ("InitProducerId" fatal
+                                           # error) when Kafka comes back without its producer state (tansu
+                                           # restarts empty); liveness and dead letters tolerate a duplicate.
+                                           enable_idempotence=False, metrics_enabled=False)
         return self._producer
 
     def send(self, liveness: list[tuple[str, str]], dead_letters: list[str], timeout_s: float = 10.0) -> int:
@@ -214,7 +218,8 @@ class KafkaOutput:
             return len(liveness) + len(dead_letters)
         failed = sum(1 for f in futs if f.failed())
         if failed:
-            log.warning("%d of %d produced records failed", failed, len(futs))
+            log.warning("%d of %d produced records failed; reconnecting next batch", failed, len(futs))
+            self.close()
         return failed
 
     def close(self) -> None:

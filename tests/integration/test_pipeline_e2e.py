@@ -121,7 +121,8 @@ async def scenario(stack: LocalStack) -> None:
 
         # 1. Sync-state sets grow to all three replicas once the job's liveness reaches the controllers.
         async def grown():
-            return all(len((await info(n))["syncStateSet"]) == 3 for n in names)
+            sizes = [len((await info(n))["syncStateSet"]) for n in names]
+            return all(size == 3 for size in sizes)
 
         await until(grown, "sync-state sets of 3 (liveness from the streaming job)", 120)
         before = await epochs()
