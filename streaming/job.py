@@ -69,9 +69,9 @@ def build_spark(cfg: JobConfig):
 
     master = cfg.spark_master or (None if _under_spark_submit() else "local[2]")
     local = master is not None and master.startswith("local")
-    if local:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if local:  # the workers must import electra: the same interpreter as the driver
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     b = SparkSession.builder.appName(cfg.app_name)
     if master:
         b = b.master(master)
@@ -91,7 +91,27 @@ def build_spark(cfg: JobConfig):
         b = b.config(k, v)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _quiet_spark_loggers(spark)
     return spark
+
+
+# Warnings that repeat on every micro-batch or worker and say nothing actionable here.
+_NOISY_LOGGERS = (
+    "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor",  # "batch is falling behind"
+    "org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer",  # socket closed
+    "org.apache.spark.sql.execution.streaming.runtime.ResolveWriteToStream",  # AQE disabled in streaming
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",  # AQE disabled for stateful
+)
+
+
+def _quiet_spark_loggers(spark) -> None:
+    try:
+        jvm = spark._jvm  # noqa: SLF001
+        level = jvm.org.apache.logging.log4j.Level.ERROR
+        for name in _NOISY_LOGGERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+    except Exception:  # noqa: BLE001 - logging only
+        log.debug("could not lower Spark log levels", exc_info=True)
 
 
 # ---------------------------------------------------------------------- sink
