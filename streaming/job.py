@@ -72,6 +72,7 @@ def build_spark(cfg: JobConfig):
     if local:  # the workers must import electra: the same interpreter as the driver
         os.environ["PYSPARK_PYTHON"] = sys.executable
         os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only; no hostname lookup warning
     b = SparkSession.builder.appName(cfg.app_name)
     if master:
         b = b.master(master)
