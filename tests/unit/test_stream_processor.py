@@ -76,24 +76,32 @@ def run(proc, rows, now):
     return pd.concat(out) if out else pd.DataFrame(columns=OUTPUT_COLUMNS)
 
 
-def test_timer_moves_with_the_master_and_fires_once():
+def fire(proc, h, ms):
+    h.timers.discard(ms)  # Spark removes a timer when it fires
+    out = list(proc.handleExpiredTimer(("bs",), TV(ms), Expired(ms)))
+    return [json.loads(x) for df in out for k, x in zip(df["kind"], df["payload"]) if k == "proposal"]
+
+
+def test_timer_is_armed_once_fires_early_and_then_proposes():
     h = FakeHandle()
     p = MasterWatchProcessor()
     p.init(h)
     out = run(p, [ev(1, 1, 1), hb(1, T0, 1), hb(2, T0, 2), hb(3, T0, 3), hb(1, T0 - 50, 4)], T0)
     assert list(out["kind"]) == ["liveness"]
     assert h.timers == {T0 + 2001} and h.state.calls == 2  # one read, one write per batch
+    # The master keeps heartbeating: the armed timer is not moved (no extra state calls).
     run(p, [hb(1, T0 + 1000, 5), hb(2, T0 + 1000, 6), hb(3, T0 + 1000, 7)], T0 + 1000)
+    assert h.timers == {T0 + 2001} and h.state.calls == 4
+    # It fires early, finds the master alive and arms the real deadline.
+    assert fire(p, h, T0 + 2001) == []
     assert h.timers == {T0 + 3001}
     run(p, [hb(2, T0 + 2500, 8), hb(3, T0 + 2500, 9)], T0 + 2500)
     assert h.timers == {T0 + 3001}
-    # The timer fires (Spark removed it): one proposal, then a retry timer.
-    h.timers.discard(T0 + 3001)
-    out = pd.concat(list(p.handleExpiredTimer(("bs",), TV(T0 + 3001), Expired(T0 + 3001))))
-    [payload] = [json.loads(x) for k, x in zip(out["kind"], out["payload"]) if k == "proposal"]
+    # The master stayed silent: one proposal, then a retry timer.
+    [payload] = fire(p, h, T0 + 3001)
     assert payload["expectedMasterEpoch"] == 1 and payload["brokerName"] == "bs"
     assert h.timers == {T0 + 3001 + 4000}
-    # The election event arrives: the retry timer is replaced by the new master's timer.
+    # The election event arrives: the new master's deadline is earlier than the retry, so it replaces it.
     run(p, [ev(2, 2, 2), hb(2, T0 + 3500, 10)], T0 + 3500)
     assert h.timers == {T0 + 3500 + 2001}
 
