@@ -184,6 +184,9 @@ def _progress_listener(sink: BatchSink):
             st = sink.take(p.batchId) or {"proposals": 0, "dead_letters": 0, "liveness": 0, "sink_ms": 0.0,
                                           "collect_ms": 0.0}
             phases = ",".join(f"{k}:{v}" for k, v in sorted((p.durationMs or {}).items()) if v)
+            for op in p.stateOperators or []:
+                phases += (f",state_update:{op.allUpdatesTimeMs},state_commit:{op.commitTimeMs},"
+                           f"state_rows:{op.numRowsTotal}")
             log.info("batch=%d rows=%d proposals=%d dead_letters=%d liveness=%d batch_ms=%d collect_ms=%.1f "
                      "sink_ms=%.1f dead_letters_total=%d proposals_total=%d phases=%s", p.batchId, p.numInputRows,
                      st["proposals"], st["dead_letters"], st["liveness"], p.batchDuration, st["collect_ms"],
