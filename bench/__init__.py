@@ -10,6 +10,7 @@ BENCHMARKS = {
     "controller": "electra.bench.controller",
     "ingest": "electra.bench.ingest",
     "failover": "electra.bench.failover",
+    "stream": "electra.bench.stream",
     "tier": "electra.bench.tier",
 }
 

@@ -67,6 +67,7 @@ class SetWatch:
     proposed_at_ms: int = 0
     retries: int = 0                  # retries sent for proposed_epoch
     timer_ms: int | None = None       # when the adapter must call on_timer() next (None: no timer)
+    armed_ms: int | None = None       # the adapter's registered timer (may be earlier than timer_ms)
 
     # ------------------------------------------------------------------ serialization
     def to_json(self) -> str:

@@ -69,9 +69,10 @@ def build_spark(cfg: JobConfig):
 
     master = cfg.spark_master or (None if _under_spark_submit() else "local[2]")
     local = master is not None and master.startswith("local")
-    if local:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if local:  # the workers must import electra: the same interpreter as the driver
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only; no hostname lookup warning
     b = SparkSession.builder.appName(cfg.app_name)
     if master:
         b = b.master(master)
@@ -91,7 +92,27 @@ def build_spark(cfg: JobConfig):
         b = b.config(k, v)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _quiet_spark_loggers(spark)
     return spark
+
+
+# Warnings that repeat on every micro-batch or worker and say nothing actionable here.
+_NOISY_LOGGERS = (
+    "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor",  # "batch is falling behind"
+    "org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer",  # socket closed
+    "org.apache.spark.sql.execution.streaming.runtime.ResolveWriteToStream",  # AQE disabled in streaming
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",  # AQE disabled for stateful
+)
+
+
+def _quiet_spark_loggers(spark) -> None:
+    try:
+        jvm = spark._jvm  # noqa: SLF001
+        level = jvm.org.apache.logging.log4j.Level.ERROR
+        for name in _NOISY_LOGGERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+    except Exception:  # noqa: BLE001 - logging only
+        log.debug("could not lower Spark log levels", exc_info=True)
 
 
 # ---------------------------------------------------------------------- sink
@@ -163,6 +184,9 @@ def _progress_listener(sink: BatchSink):
             st = sink.take(p.batchId) or {"proposals": 0, "dead_letters": 0, "liveness": 0, "sink_ms": 0.0,
                                           "collect_ms": 0.0}
             phases = ",".join(f"{k}:{v}" for k, v in sorted((p.durationMs or {}).items()) if v)
+            for op in p.stateOperators or []:
+                phases += (f",state_update:{op.allUpdatesTimeMs},state_commit:{op.commitTimeMs},"
+                           f"state_rows:{op.numRowsTotal}")
             log.info("batch=%d rows=%d proposals=%d dead_letters=%d liveness=%d batch_ms=%d collect_ms=%.1f "
                      "sink_ms=%.1f dead_letters_total=%d proposals_total=%d phases=%s", p.batchId, p.numInputRows,
                      st["proposals"], st["dead_letters"], st["liveness"], p.batchDuration, st["collect_ms"],

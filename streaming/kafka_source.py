@@ -39,6 +39,7 @@ log = logging.getLogger("electra.streaming.kafka_source")
 NAME = "electra_kafka"
 SCHEMA = "topic string, partition int, offset long, key string, value string, timestamp timestamp"
 BUILTIN_KAFKA_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+IDLE_CHECK_S = 2.0  # a partition read that gets nothing for this long checks whether its range still exists
 
 
 def _bool(v: Any, default: bool) -> bool:
@@ -94,8 +95,23 @@ def read_partition(part: KafkaPartition):
         consumer.seek(tp, part.start)
         pos = part.start
         deadline = time.monotonic() + part.read_timeout_ms / 1000
+        idle_since = time.monotonic()
         while pos < part.end and time.monotonic() < deadline:
             got = consumer.poll(timeout_ms=200, max_records=10_000).get(tp, [])
+            if got:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > IDLE_CHECK_S:
+                # Nothing arrives: has the log lost this range (broker restarted mid-batch)? A broker end
+                # at or below our position means the records are gone (tansu's end is never too high).
+                idle_since = time.monotonic()
+                try:
+                    reported = consumer.end_offsets([tp])[tp]
+                except Exception:  # noqa: BLE001 - broker down: keep trying until the deadline
+                    reported = None
+                if reported is not None and reported <= pos:
+                    log.warning("Kafka %s:%d: offsets [%d, %d) are gone (the log ends at %d; broker restarted?); "
+                                "ending this read early", part.topic, part.partition, pos, part.end, reported)
+                    break
             for m in got:
                 if m.offset >= part.end:
                     pos = part.end

@@ -50,38 +50,45 @@ class MasterWatchProcessor(StatefulProcessor):
         row = self.watch_state.get()  # None when the set has no state yet (one round trip)
         return detector.SetWatch.from_json(row[0]) if row is not None else None
 
-    def _store(self, watch: detector.SetWatch, armed: int | None) -> None:
-        """Save the watch and move the timer from `armed` (currently registered) to `watch.timer_ms`."""
-        if armed != watch.timer_ms:
+    def _store(self, watch: detector.SetWatch) -> None:
+        """Save the watch; register its timer only when none is armed or the new one is earlier.
+
+        A timer that is later than needed is never moved forward (that would cost two state
+        calls per set and batch while the master keeps heartbeating): it fires early,
+        `on_timer` finds the master alive and the next timer is armed then.
+        """
+        want, armed = watch.timer_ms, watch.armed_ms
+        if want is not None and (armed is None or want < armed):
             if armed is not None:
                 self.handle.deleteTimer(armed)
-            if watch.timer_ms is not None:
-                self.handle.registerTimer(watch.timer_ms)
+            self.handle.registerTimer(want)
+            watch.armed_ms = want
         self.watch_state.update((watch.to_json(),))
 
     # ------------------------------------------------------------------ callbacks
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:
         name = key[0]
-        frames = list(rows)
+        kinds: list[str] = []
+        payloads: list[str] = []
+        order: list[tuple[int, int]] = []
+        for df in rows:
+            kinds += df["kind"].tolist()
+            payloads += df["payload"].tolist()
+            order += list(zip(df["partition"].tolist(), df["offset"].tolist()))
         if name == DLQ_GROUP:  # dead letters pass through
-            out = [(detector.DEAD_LETTER, "", p) for df in frames for p in df["payload"]]
-            if out:
-                yield _frame(out)
+            if payloads:
+                yield _frame([(detector.DEAD_LETTER, "", p) for p in payloads])
             return
-        df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        evs = df[df["kind"] == EVENT]
-        hbs = df[df["kind"] == HEARTBEAT].sort_values(["partition", "offset"])
-        events = [json.loads(p) for p in evs["payload"]]
-        heartbeats = detector.collapse_heartbeats([json.loads(p) for p in hbs["payload"]])
+        events = [json.loads(p) for k, p in zip(kinds, payloads) if k == EVENT]
+        hbs = sorted((o, p) for k, o, p in zip(kinds, order, payloads) if k == HEARTBEAT)
+        heartbeats = detector.collapse_heartbeats([json.loads(p) for _, p in hbs])
         now = timerValues.getCurrentProcessingTimeInMs()
         newest = max((hb["ts"] for hb in heartbeats if hb.get("ts")), default=None)
         if newest is not None:
             self._horizon = max(self._horizon or 0, newest)
-        watch = self._load()
-        armed = watch.timer_ms if watch is not None else None
-        watch, outputs = detector.process(watch, name, heartbeats, events, now, self.max_retries,
+        watch, outputs = detector.process(self._load(), name, heartbeats, events, now, self.max_retries,
                                           self.retry_factor, judge_ms=detector.judge_at(now, self._horizon))
-        self._store(watch, armed)
+        self._store(watch)
         if outputs:
             yield _frame([o.row() for o in outputs])
 
@@ -89,13 +96,12 @@ class MasterWatchProcessor(StatefulProcessor):
         watch = self._load()
         if watch is None:
             return
-        fired = expiredTimerInfo.getExpiryTimeInMs()
-        # The fired timer is gone; any other registered one is the watch's current timer.
-        armed = watch.timer_ms if watch.timer_ms != fired else None
+        if watch.armed_ms == expiredTimerInfo.getExpiryTimeInMs():
+            watch.armed_ms = None  # Spark removed the fired timer
         now = timerValues.getCurrentProcessingTimeInMs()
         outputs = detector.on_timer(watch, now, self.max_retries, self.retry_factor,
                                     judge_ms=detector.judge_at(now, self._horizon))
-        self._store(watch, armed)
+        self._store(watch)
         if outputs:
             yield _frame([o.row() for o in outputs])
 

@@ -193,13 +193,13 @@ class KafkaOutput:
         if self._producer is None:
             from kafka import KafkaProducer
 
+            # Not idempotent: kafka-python 3's default idempotent producer fails for good once the broker
+            # forgets its producer id (tansu restarted: InitProducerId UnknownError on every batch).
+            # Liveness records and dead letters tolerate duplicates.
             self._producer = KafkaProducer(bootstrap_servers=self.bootstrap.split(","), linger_ms=5,
-                                           max_block_ms=5000, request_timeout_ms=5000, retries=3,
-                                           client_id="electra-streaming-job",
-                                           # An idempotent producer dies for good ("InitProducerId" fatal
-                                           # error) when Kafka comes back without its producer state (tansu
-                                           # restarts empty); liveness and dead letters tolerate a duplicate.
-                                           enable_idempotence=False, metrics_enabled=False)
+                                           max_block_ms=5000, request_timeout_ms=5000, retries=3, acks=1,
+                                           enable_idempotence=False, metrics_enabled=False,
+                                           client_id="electra-streaming-job")
         return self._producer
 
     def send(self, liveness: list[tuple[str, str]], dead_letters: list[str], timeout_s: float = 10.0) -> int:
@@ -216,7 +216,7 @@ class KafkaOutput:
                         len(dead_letters), exc)
             self.close()
             return len(liveness) + len(dead_letters)
-        failed = sum(1 for f in futs if f.failed())
+        failed = sum(1 for f in futs if not f.is_done or f.failed())
         if failed:
             log.warning("%d of %d produced records failed; reconnecting next batch", failed, len(futs))
             self.close()

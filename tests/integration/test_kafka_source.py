@@ -9,13 +9,14 @@ new beginning with a warning instead of stalling or failing.
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 from kafka import KafkaProducer
 
 from electra.streaming import kafka_io
 from electra.streaming.embedded_kafka import EmbeddedKafka
-from electra.streaming.kafka_source import KafkaStreamReader, plan_partitions
+from electra.streaming.kafka_source import KafkaPartition, KafkaStreamReader, plan_partitions
 
 pytestmark = pytest.mark.integration
 
@@ -79,6 +80,11 @@ def test_reader_offsets_ranges_and_restart(caplog):
             rows = read_all(reader, end2, end3)
         assert [r[4] for r in rows] == ['{"i":100}', '{"i":101}']
         assert any("went back" in r.message or "below the committed" in r.message for r in caplog.records)
+        # A range planned before the restart no longer exists: the read ends early, not at readTimeoutMs.
+        t0 = time.monotonic()
+        assert list(reader.read(KafkaPartition("t.hb", 0, end2["t.hb:0"], end2["t.hb:0"] + 10, kafka.bootstrap,
+                                               30_000))) == []
+        assert time.monotonic() - t0 < 10
         # And it goes on normally from there.
         produce(kafka.bootstrap, "t.ev", 1, start=102)
         end4 = reader.latestOffset(end3, None)

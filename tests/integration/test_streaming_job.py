@@ -31,6 +31,7 @@ pytestmark = pytest.mark.integration
 SETS = ["bs-0", "bs-1", "bs-2"]
 VICTIM = "bs-0"
 TIMEOUT_MS = 2000
+STARTUP_S = 180  # Spark start + first batch: ~30 s on an idle 2-core box, far more when it is shared
 
 
 def now_ms() -> int:
@@ -142,7 +143,7 @@ def test_streaming_job_end_to_end(tmp_path):
         job = start_job(kafka.bootstrap, controller.address, checkpoint, log_path)
         liveness = TopicReader(kafka.bootstrap, records.LIVENESS)
         ready = wait_for(lambda: {v["brokerName"] for v in liveness.poll()} >= set(SETS) or job.poll() is not None,
-                         120)
+                         STARTUP_S)
         assert ready and job.poll() is None, log_path.read_text()[-3000:]
         t_ready = time.monotonic()
         rec = next(v for v in reversed(liveness.values) if v["brokerName"] == "bs-1")
@@ -154,7 +155,7 @@ def test_streaming_job_end_to_end(tmp_path):
         world.stopped.add((VICTIM, 1))
         time.sleep(0.35)
         last_master_hb = world.last_hb[(VICTIM, 1)]
-        assert wait_for(lambda: controller.posts, 30), log_path.read_text()[-3000:]
+        assert wait_for(lambda: controller.posts, 40), log_path.read_text()[-3000:]
         detect_s = controller.posts[0][0] - last_master_hb / 1000
         time.sleep(2.5 * TIMEOUT_MS / 1000)  # longer than the retry interval (2 x timeout)
         assert len(controller.posts) == 1, controller.posts
@@ -179,7 +180,7 @@ def test_streaming_job_end_to_end(tmp_path):
         restarted_ms = now_ms()
         job = start_job(kafka.bootstrap, controller.address, checkpoint, log_path)
         assert wait_for(lambda: any(v["ts"] > restarted_ms for v in liveness.poll()) or job.poll() is not None,
-                        120) and job.poll() is None, log_path.read_text()[-3000:]
+                        STARTUP_S) and job.poll() is None, log_path.read_text()[-3000:]
         t_back = time.monotonic()
         time.sleep(2.5 * TIMEOUT_MS / 1000)
         assert len(controller.posts) == 1, controller.posts
@@ -192,7 +193,7 @@ def test_streaming_job_end_to_end(tmp_path):
         print(f"\nready after {t_ready - t_start:.1f}s, detection {detect_s:.2f}s after the master's last heartbeat, "
               f"restart to first batch {t_back - t_restart:.1f}s, batches={len(batch_ms)} "
               f"batch_ms median={sorted(batch_ms)[len(batch_ms) // 2]} max={max(batch_ms)}")
-        assert detect_s < 15
+        assert detect_s < 20  # timeout 2 s + one or two micro-batches (seconds each under load)
     finally:
         if job is not None and job.poll() is None:
             job.kill()

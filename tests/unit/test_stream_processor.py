@@ -76,28 +76,37 @@ def run(proc, rows, now):
     return pd.concat(out) if out else pd.DataFrame(columns=OUTPUT_COLUMNS)
 
 
-def test_timer_moves_with_the_master_and_fires_once():
+def fire(proc, h, ms, horizon=None):
+    """A later batch in which the timer at `ms` fires; other sets of the partition brought heartbeats
+    up to `horizon` (default: `ms`), the data horizon the timer is judged at."""
+    proc.close()
+    proc.init(h)  # Spark calls init for every batch's task
+    proc._horizon = ms if horizon is None else horizon
+    h.timers.discard(ms)  # Spark removes a timer when it fires
+    out = list(proc.handleExpiredTimer(("bs",), TV(ms), Expired(ms)))
+    return [json.loads(x) for df in out for k, x in zip(df["kind"], df["payload"]) if k == "proposal"]
+
+
+def test_timer_is_armed_once_fires_early_and_then_proposes():
     h = FakeHandle()
     p = MasterWatchProcessor()
     p.init(h)
     out = run(p, [ev(1, 1, 1), hb(1, T0, 1), hb(2, T0, 2), hb(3, T0, 3), hb(1, T0 - 50, 4)], T0)
     assert list(out["kind"]) == ["liveness"]
     assert h.timers == {T0 + 2001} and h.state.calls == 2  # one read, one write per batch
+    # The master keeps heartbeating: the armed timer is not moved (no extra state calls).
     run(p, [hb(1, T0 + 1000, 5), hb(2, T0 + 1000, 6), hb(3, T0 + 1000, 7)], T0 + 1000)
+    assert h.timers == {T0 + 2001} and h.state.calls == 4
+    # It fires early, finds the master alive and arms the real deadline.
+    assert fire(p, h, T0 + 2001) == []
     assert h.timers == {T0 + 3001}
     run(p, [hb(2, T0 + 2500, 8), hb(3, T0 + 2500, 9)], T0 + 2500)
     assert h.timers == {T0 + 3001}
-    # A later batch: Spark calls init again; other sets of the partition brought heartbeats up to
-    # T0 + 3001 (the data horizon), then the timer fires (Spark removed it): one proposal, then a retry timer.
-    p.close()
-    p.init(h)
-    p._horizon = T0 + 3001
-    h.timers.discard(T0 + 3001)
-    out = pd.concat(list(p.handleExpiredTimer(("bs",), TV(T0 + 3001), Expired(T0 + 3001))))
-    [payload] = [json.loads(x) for k, x in zip(out["kind"], out["payload"]) if k == "proposal"]
+    # The master stayed silent: one proposal, then a retry timer.
+    [payload] = fire(p, h, T0 + 3001)
     assert payload["expectedMasterEpoch"] == 1 and payload["brokerName"] == "bs"
     assert h.timers == {T0 + 3001 + 4000}
-    # The election event arrives: the retry timer is replaced by the new master's timer.
+    # The election event arrives: the new master's deadline is earlier than the retry, so it replaces it.
     run(p, [ev(2, 2, 2), hb(2, T0 + 3500, 10)], T0 + 3500)
     assert h.timers == {T0 + 3500 + 2001}
 
@@ -117,15 +126,20 @@ def test_a_lagging_batch_judges_at_its_data_horizon_not_the_wall_clock():
     p = MasterWatchProcessor()
     p.init(h)
     run(p, [ev(1, 1, 1), hb(1, T0, 1), hb(2, T0, 2), hb(3, T0, 3)], T0)
+    assert h.timers == {T0 + 2001}
     p.close()
     p.init(h)
-    # Processed 10 s late: the newest heartbeat the batch holds is from T0 + 1000, master's included.
-    out = run(p, [hb(1, T0 + 1000, 4), hb(2, T0 + 1000, 5)], T0 + 10_000)
+    # The next batch runs at T0 + 2600 but holds heartbeats only up to T0 + 1500 (the master's next one
+    # is still in Kafka). At the wall clock the master (deadline T0 + 2000) would look dead while 2 and 3
+    # look alive: a false election. At the data horizon it is not stale.
+    out = run(p, [hb(2, T0 + 1500, 5), hb(3, T0 + 1500, 6)], T0 + 2600)
     assert list(out["kind"]) == ["liveness"]
-    assert h.timers == {T0 + 3001}
-    # The timer fires, still with no newer data anywhere in the partition: nothing is judged.
+    h.timers.discard(T0 + 2001)  # the timer fires in the same batch, after the rows
+    assert list(p.handleExpiredTimer(("bs",), TV(T0 + 2600), Expired(T0 + 2001))) == []
+    assert h.timers == {T0 + 2001}  # judged again once the data reaches the deadline
+    # The timer fires in a batch with no heartbeats at all in the partition: nothing is judged.
     p.close()
     p.init(h)
-    h.timers.discard(T0 + 3001)
-    fired = list(p.handleExpiredTimer(("bs",), TV(T0 + 11_000), Expired(T0 + 3001)))
+    h.timers.discard(T0 + 2001)
+    fired = list(p.handleExpiredTimer(("bs",), TV(T0 + 11_000), Expired(T0 + 2001)))
     assert fired == [] and h.timers == {T0 + 11_000 + 1000}  # look again a second later

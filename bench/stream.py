@@ -1,0 +1,186 @@
+"""`electra bench stream`: the streaming job alone: batch times and detection latency with many broker sets.
+
+    electra bench stream [--sets 100] [--brokers 3] [--hb-interval-ms 1000] [--timeout-ms 3000]
+                         [--kill 10] [--trigger-ms 1000] [--shuffle-partitions 4] [--out DIR]
+
+Starts tansu, a recording controller stand-in (stdlib HTTP server; answers 200 and publishes the
+ElectMaster event), and the real job in local mode; all brokers heartbeat (produced straight to
+Kafka, no HTTP), then the masters of `--kill` sets stop. Prints a JSON summary (time to the first
+batch, batch_ms percentiles after warm-up, detection latency = master's last heartbeat -> proposal
+received, duplicate proposals), then `RESULT sets=<n> batch_ms_p50=<n> detect_p50_s=<x> ...`.
+`electra bench failover` measures the same through the whole pipeline (HTTP ingest, controllers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from kafka import KafkaProducer
+
+from electra.streaming import kafka_io, records
+from electra.streaming.embedded_kafka import EmbeddedKafka, free_port
+
+from .common import result_line
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="electra bench stream")
+    ap.add_argument("--sets", type=int, default=100)
+    ap.add_argument("--brokers", type=int, default=3)
+    ap.add_argument("--hb-interval-ms", type=int, default=1000)
+    ap.add_argument("--timeout-ms", type=int, default=3000)
+    ap.add_argument("--kill", type=int, default=10)
+    ap.add_argument("--trigger-ms", type=int, default=1000)
+    ap.add_argument("--shuffle-partitions", type=int, default=4)
+    ap.add_argument("--warmup-s", type=float, default=10.0)
+    ap.add_argument("--out", default=None, help="directory for the job log and checkpoint (default: a temp dir)")
+    a = ap.parse_args(argv)
+    out = Path(a.out or tempfile.mkdtemp(prefix="electra-stream-bench-"))
+    out.mkdir(parents=True, exist_ok=True)
+
+    kafka = EmbeddedKafka(log_file=out / "tansu.log").start()
+    kafka_io.ensure_topics(kafka.bootstrap, records.Topics().partitions())
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=5)
+    lock = threading.Lock()
+    index = [0]
+    posts: list[tuple[float, str, dict]] = []
+
+    def event(name: str, master: int, epoch: int) -> None:
+        with lock:
+            index[0] += 1
+            state = {"clusterName": "c", "masterBrokerId": master, "masterEpoch": epoch, "syncStateSet": [master],
+                     "syncStateSetEpoch": epoch, "brokers": {}}
+            ev = records.event_record(index[0], 1, int(time.time() * 1000), {"type": "ElectMaster",
+                                                                             "brokerName": name}, state, "c")
+            producer.send(records.EVENTS, key=name.encode(), value=records.encode(ev))
+            producer.flush()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def _reply(self, status: int, body: dict) -> None:
+            raw = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self) -> None:
+            self._reply(200, {"is_leader": True, "leader_address": None})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            posts.append((time.time(), body["brokerName"], body))
+            event(body["brokerName"], 2, body["expectedMasterEpoch"] + 1)
+            self._reply(200, {"code": 0})
+
+    port = free_port()
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+
+    names = [f"set-{i:04d}" for i in range(a.sets)]
+    for n in names:
+        event(n, 1, 1)
+    stopped: set[str] = set()
+    last_master_hb: dict[str, int] = {}
+    quit_ = threading.Event()
+
+    def beat() -> None:
+        while not quit_.is_set():
+            t0 = time.monotonic()
+            ts = int(time.time() * 1000)
+            for n in names:
+                for b in range(1, a.brokers + 1):
+                    if b == 1 and n in stopped:
+                        continue
+                    hb = {"clusterName": "c", "brokerName": n, "brokerAddr": f"{n}-{b}:10911", "brokerId": b,
+                          "epoch": 1, "maxOffset": 1, "confirmOffset": 1, "heartbeatTimeoutMillis": a.timeout_ms,
+                          "electionPriority": b, "ts": ts}
+                    producer.send(records.HEARTBEATS, key=n.encode(), value=records.encode(hb))
+                    if b == 1:
+                        last_master_hb[n] = ts
+            producer.flush()
+            quit_.wait(max(0.0, a.hb_interval_ms / 1000 - (time.monotonic() - t0)))
+
+    threading.Thread(target=beat, daemon=True).start()
+    log_path = out / "job.log"
+    t_start = time.monotonic()
+    job = subprocess.Popen([sys.executable, "-m", "electra.streaming.job", "--bootstrap", kafka.bootstrap,
+                            "--controllers", f"127.0.0.1:{port}", "--checkpoint", str(out / "checkpoint"),
+                            "--trigger-ms", str(a.trigger_ms), "--shuffle-partitions", str(a.shuffle_partitions)],
+                           stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                           start_new_session=True)
+    summary: dict = {"sets": a.sets, "brokers": a.brokers, "hb_per_s": a.sets * a.brokers * 1000 / a.hb_interval_ms,
+                     "timeout_ms": a.timeout_ms, "trigger_ms": a.trigger_ms, "out": str(out)}
+    try:
+        deadline = time.monotonic() + 300
+        while "batch=0 " not in log_path.read_text() and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.5)
+        summary["first_batch_s"] = round(time.monotonic() - t_start, 1)
+        time.sleep(a.warmup_s)
+        n_lines = len(log_path.read_text().splitlines())
+        victims = names[: a.kill]
+        stopped.update(victims)
+        time.sleep(a.hb_interval_ms / 1000 + 0.1)
+        killed_at = {n: last_master_hb[n] for n in victims}
+        deadline = time.monotonic() + 60
+        while len({p[1] for p in posts}) < len(victims) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2 * a.timeout_ms / 1000 + 1)
+        lines = log_path.read_text().splitlines()[n_lines:]
+        batch_ms = [int(m.group(1)) for m in (re.search(r" batch_ms=(\d+)", x) for x in lines) if m]
+        rows = [int(m.group(1)) for m in (re.search(r" rows=(\d+)", x) for x in lines) if m]
+        first = {}
+        for t, n, _ in posts:
+            first.setdefault(n, t)
+        lat = [first[n] * 1000 - killed_at[n] for n in victims if n in first]
+        summary.update({
+            "batches": len(batch_ms), "rows_per_batch_median": statistics.median(rows) if rows else None,
+            "batch_ms_p50": _pct(batch_ms, 0.5), "batch_ms_p90": _pct(batch_ms, 0.9), "batch_ms_max": max(batch_ms,
+                                                                                                         default=None),
+            "killed": len(victims), "proposed": len(first), "proposals_total": len(posts),
+            "wrong_sets": sorted({n for _, n, _ in posts} - set(victims)),
+            "detect_ms_p50": _pct(lat, 0.5), "detect_ms_max": max(lat, default=None)})
+    finally:
+        quit_.set()
+        job.send_signal(signal.SIGTERM)
+        try:
+            summary["job_exit"] = job.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            summary["job_exit"] = "killed"
+        httpd.shutdown()
+        kafka.stop()
+    print(json.dumps(summary))
+    detect = [summary.get("detect_ms_p50"), summary.get("detect_ms_max")]
+    print(result_line(sets=a.sets, batch_ms_p50=summary.get("batch_ms_p50"), batch_ms_p90=summary.get("batch_ms_p90"),
+                      detect_p50_s=None if detect[0] is None else round(detect[0] / 1000, 2),
+                      detect_max_s=None if detect[1] is None else round(detect[1] / 1000, 2),
+                      proposed=summary.get("proposed"), killed=summary.get("killed"),
+                      duplicates=summary.get("proposals_total", 0) - summary.get("proposed", 0),
+                      timeout_s=a.timeout_ms / 1000))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
