@@ -237,4 +237,6 @@ def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topi
     os.environ["ELECTRA_INGEST_KAFKA"] = bootstrap
     os.environ["ELECTRA_INGEST_TOPIC"] = topic
     uvicorn.run("electra.api.ingest:app_from_env", factory=True, host=host, port=port, workers=workers,
-                http="httptools", loop="uvloop", log_level=log_level, access_log=False, lifespan="on")
+                http="httptools", loop="uvloop", log_level=log_level, access_log=False, lifespan="on",
+                # Neither proxy-header rewriting nor Date/Server headers on the hot path (~15% of a request).
+                proxy_headers=False, server_header=False, date_header=False)
