@@ -155,6 +155,17 @@ class ControllerClient:
         return await self.request("POST", f"/v1/admin/broker-sets/{name}/clean",
                                   json={"clusterName": cluster, "brokerIds": ids, "cleanLivingBroker": clean_living})
 
+    async def find_leader(self) -> int | None:
+        """The id of the node that says it leads, asking each endpoint in turn (None if none does)."""
+        for ep in self.endpoints:
+            try:
+                md = await self.metadata(ep)
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                continue
+            if md.get("is_leader"):
+                return md["node_id"]
+        return None
+
     async def metadata(self, endpoint: str | None = None) -> dict:
         ep = endpoint or self.endpoints[0]
         async with self._http().get(f"http://{ep}/v1/admin/metadata") as r:

@@ -282,13 +282,9 @@ async def _wait_for_http_leader(endpoints: list[str], timeout: float) -> int:
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            for ep in endpoints:
-                try:
-                    md = await client.metadata(ep)
-                except Exception:
-                    continue
-                if md.get("is_leader"):
-                    return md["node_id"]
+            leader = await client.find_leader()
+            if leader is not None:
+                return leader
             await asyncio.sleep(0.2)
         raise TimeoutError(f"no leader within {timeout}s")
     finally:
@@ -512,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # kafka-python logs every connection at INFO; its warnings and errors still show.
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
     if args.cmd == "bench":
         return cmd_bench(args, extra)
     if extra:

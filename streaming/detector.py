@@ -70,16 +70,27 @@ class SetWatch:
     armed_ms: int | None = None       # the adapter's registered timer (may be earlier than timer_ms)
 
     # ------------------------------------------------------------------ serialization
-    def to_json(self) -> str:
+    def to_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "brokers"}
         d["brokers"] = [b.to_wire() for b in self.brokers.values()]
-        return json.dumps(d, separators=(",", ":"))
+        return d
+
+    @staticmethod
+    def from_dict(d: dict) -> SetWatch:
+        d = dict(d)
+        brokers = {b["broker_id"]: BrokerLiveInfo.from_wire(b) for b in d.pop("brokers", [])}
+        return SetWatch(brokers=brokers, **d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @staticmethod
     def from_json(raw: str) -> SetWatch:
-        d = json.loads(raw)
-        brokers = {b["broker_id"]: BrokerLiveInfo.from_wire(b) for b in d.pop("brokers", [])}
-        return SetWatch(brokers=brokers, **d)
+        return SetWatch.from_dict(json.loads(raw))
+
+    def idle(self) -> bool:
+        """Nothing left to watch: no master and no broker (a removed set, or one never seen again)."""
+        return self.master_id is None and not self.brokers
 
     # ------------------------------------------------------------------ inputs
     def apply_heartbeat(self, hb: dict, now_ms: int) -> None:

@@ -6,7 +6,7 @@
         [--proposal-retries 3] [--http-deadline-s 10] [--log-level INFO]
 
 Query: Kafka source (`kafka_source`) → parse + validate (`parsing`, mapInPandas; bad records
-become dead letters) → `groupBy(brokerName).transformWithStateInPandas(MasterWatchProcessor)`
+become dead letters) → `groupBy(bucket).transformWithStateInPandas(MasterWatchProcessor)`
 (RocksDB state store, processing-time timers, Update mode) → `foreachBatch` sink (`sink`):
 liveness records and dead letters to Kafka, proposals to the controller leader. One log
 line per batch: input rows, proposals, dead letters, liveness records, batch and sink ms.
@@ -45,6 +45,7 @@ class JobConfig:
     spark_master: str | None = None     # None: spark-submit's master, or local[2] when run with plain python
     topic_prefix: str = ""
     shuffle_partitions: int = 4
+    buckets: int = 64                    # operator keys (sets are hashed into them); fixed per checkpoint
     source: str = "auto"                 # auto | kafka | python
     hwm_fix: bool = True
     starting_offsets: str = "earliest"
@@ -213,12 +214,14 @@ def build_query(spark, cfg: JobConfig, sink: BatchSink):
     log.info("Kafka source: %s (%s, %s) on %s", used, t.heartbeats, t.events, cfg.bootstrap)
     hb_topic, ev_topic = t.heartbeats, t.events
 
+    buckets = cfg.buckets
+
     def parse(frames):
-        return parse_frames(frames, hb_topic, ev_topic)
+        return parse_frames(frames, hb_topic, ev_topic, buckets)
 
     parsed = (raw.selectExpr("topic", "partition", "offset", "value", "unix_millis(timestamp) AS kafka_ts")
               .mapInPandas(parse, PARSED_SCHEMA))
-    out = parsed.groupBy("group").transformWithStateInPandas(
+    out = parsed.groupBy("bucket").transformWithStateInPandas(
         MasterWatchProcessor(cfg.proposal_retries, cfg.retry_factor), OUTPUT_SCHEMA, "Update", "ProcessingTime")
     return (out.writeStream.queryName(cfg.app_name).outputMode("update")
             .option("checkpointLocation", cfg.checkpoint)
@@ -290,6 +293,8 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     ap.add_argument("--spark-master", default=None, help="default: spark-submit's master, else local[2]")
     ap.add_argument("--topic-prefix", default="")
     ap.add_argument("--shuffle-partitions", type=int, default=4)
+    ap.add_argument("--buckets", type=int, default=64,
+                    help="stateful operator keys; broker sets are hashed into them (fixed once a checkpoint exists)")
     ap.add_argument("--source", choices=("auto", "kafka", "python"), default="auto")
     ap.add_argument("--no-hwm-fix", action="store_true", help="real Kafka: trust ListOffsets (tansu needs the fix)")
     ap.add_argument("--starting-offsets", choices=("earliest", "latest"), default="earliest")
@@ -304,7 +309,8 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     extra = dict(kv.split("=", 1) for kv in a.conf)
     return JobConfig(bootstrap=a.bootstrap, controllers=[c for c in a.controllers.split(",") if c.strip()],
                      checkpoint=a.checkpoint, trigger_ms=a.trigger_ms, spark_master=a.spark_master,
-                     topic_prefix=a.topic_prefix, shuffle_partitions=a.shuffle_partitions, source=a.source,
+                     topic_prefix=a.topic_prefix, shuffle_partitions=a.shuffle_partitions, buckets=a.buckets,
+                     source=a.source,
                      hwm_fix=not a.no_hwm_fix, starting_offsets=a.starting_offsets,
                      proposal_retries=a.proposal_retries, http_deadline_s=a.http_deadline_s, extra_conf=extra)
 

@@ -1,17 +1,22 @@
 """Parse and validate raw Kafka rows before the stateful operator (pure Python; used in `mapInPandas`).
 
-Every input row becomes one parsed row `(group, kind, topic, partition, offset, payload)`:
+Every input row becomes one parsed row `(bucket, group, kind, topic, partition, offset, payload)`:
 
 * a valid heartbeat: group = brokerName, kind = "hb", payload = the canonical heartbeat
   (`records.validate_heartbeat`), `ts` defaulting to the Kafka record time;
 * a valid event: group = brokerName, kind = "ev", payload = the event record;
 * anything else: group = "" (reserved: broker set names are never empty), kind = "dlq",
   payload = the dead letter `{error, topic, partition, offset, raw}`.
+
+`bucket` is the stateful operator's key: `bucket_of(group)`, a stable hash of the broker set
+name modulo the number of buckets ("" for dead letters). See `processor.py` for why the
+operator is keyed by bucket and not by set.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,8 +27,16 @@ HEARTBEAT = "hb"
 EVENT = "ev"
 DLQ_GROUP = ""
 
-PARSED_SCHEMA = "group string, kind string, topic string, partition int, offset long, payload string"
-PARSED_COLUMNS = ["group", "kind", "topic", "partition", "offset", "payload"]
+PARSED_SCHEMA = "bucket string, group string, kind string, topic string, partition int, offset long, payload string"
+PARSED_COLUMNS = ["bucket", "group", "kind", "topic", "partition", "offset", "payload"]
+DEFAULT_BUCKETS = 64
+
+
+def bucket_of(group: str, buckets: int = DEFAULT_BUCKETS) -> str:
+    """The operator key of a broker set (stable across processes and restarts: CRC32, not hash())."""
+    if group == DLQ_GROUP:
+        return DLQ_GROUP
+    return str(zlib.crc32(group.encode()) % buckets)
 
 
 def _dump(d: dict) -> str:
@@ -58,7 +71,8 @@ def parse_row(topic: str, partition: int, offset: int, value: str | None, kafka_
         return DLQ_GROUP, DEAD_LETTER, _dump(dead_letter(str(exc), topic, partition, offset, value))
 
 
-def parse_frames(frames: Iterator[Any], heartbeats_topic: str, events_topic: str) -> Iterator[Any]:
+def parse_frames(frames: Iterator[Any], heartbeats_topic: str, events_topic: str,
+                 buckets: int = DEFAULT_BUCKETS) -> Iterator[Any]:
     """`mapInPandas` body: frames with topic, partition, offset, value, kafka_ts → PARSED_SCHEMA frames."""
     import pandas as pd
 
@@ -70,5 +84,5 @@ def parse_frames(frames: Iterator[Any], heartbeats_topic: str, events_topic: str
             val = None if value is None or (not isinstance(value, str) and pd.isna(value)) else value
             group, kind, payload = parse_row(topic, int(part), int(off), val, ts_ms, heartbeats_topic,
                                              events_topic)
-            rows.append((group, kind, topic, int(part), int(off), payload))
+            rows.append((bucket_of(group, buckets), group, kind, topic, int(part), int(off), payload))
         yield pd.DataFrame(rows, columns=PARSED_COLUMNS).astype({"partition": "int32", "offset": "int64"})

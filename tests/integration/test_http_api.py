@@ -8,36 +8,16 @@ import time
 
 import httpx
 import pytest
+from inprocess_cluster import start_cluster
 
 from electra.api.client import ControllerClient
-from electra.api.server import start_controller_node
-from electra.bench.common import free_ports
-from electra.consensus.core import RaftConfig
-from electra.consensus.node import NodeConfig
 from electra.state.codes import Code
 
 pytestmark = pytest.mark.integration
 
 
 async def _cluster(tmp_path):
-    ports = free_ports(6)
-    peers = {i + 1: ("127.0.0.1", ports[i]) for i in range(3)}
-    http = {i + 1: f"127.0.0.1:{ports[3 + i]}" for i in range(3)}
-    nodes = {}
-    try:
-        for i in peers:
-            cfg = NodeConfig(node_id=i, peers=peers, data_dir=tmp_path / f"n{i}", tick_s=0.05,
-                             raft=RaftConfig(election_ticks=10, heartbeat_ticks=1))
-            nodes[i] = await start_controller_node(cfg, "127.0.0.1", ports[2 + i], http, scan_interval_s=0.2)
-    except BaseException:
-        for n in nodes.values():
-            await n.stop()
-        raise
-    deadline = time.monotonic() + 10
-    while not any(n.node.is_leader and n.node.core.committed_in_term() for n in nodes.values()):
-        assert time.monotonic() < deadline, "no leader"
-        await asyncio.sleep(0.02)
-    return nodes, http
+    return await start_cluster(tmp_path, scan_interval_s=0.2)
 
 
 async def _register_group(client: ControllerClient, name: str, n: int = 3) -> None:

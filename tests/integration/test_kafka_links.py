@@ -14,13 +14,11 @@ import urllib.error
 import urllib.request
 
 import pytest
+from inprocess_cluster import start_cluster, wait_leader
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from electra.api.client import ControllerClient
-from electra.api.server import start_controller_node
 from electra.bench.common import free_ports
-from electra.consensus.core import RaftConfig
-from electra.consensus.node import NodeConfig
 from electra.state.codes import Code
 from electra.streaming import records
 from electra.streaming.embedded_kafka import EmbeddedKafka
@@ -48,27 +46,7 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list:
 
 
 async def _cluster(tmp_path, bootstrap: str):
-    ports = free_ports(6)
-    peers = {i + 1: ("127.0.0.1", ports[i]) for i in range(3)}
-    http = {i + 1: f"127.0.0.1:{ports[3 + i]}" for i in range(3)}
-    nodes = {}
-    for i in peers:
-        cfg = NodeConfig(node_id=i, peers=peers, data_dir=tmp_path / f"n{i}", tick_s=0.05,
-                         raft=RaftConfig(election_ticks=10, heartbeat_ticks=1))
-        nodes[i] = await start_controller_node(cfg, "127.0.0.1", ports[2 + i], http, scan_interval_s=0,
-                                               kafka_bootstrap=bootstrap)
-    await _wait_leader(nodes)
-    return nodes, http
-
-
-async def _wait_leader(nodes, timeout: float = 10.0) -> int:
-    deadline = time.monotonic() + timeout
-    while True:
-        for i, n in nodes.items():
-            if n.node.is_leader and n.node.core.committed_in_term():
-                return i
-        assert time.monotonic() < deadline, "no leader"
-        await asyncio.sleep(0.02)
+    return await start_cluster(tmp_path, scan_interval_s=0, kafka_bootstrap=bootstrap)
 
 
 async def _until(pred, timeout: float, what: str) -> None:
@@ -108,16 +86,16 @@ def test_heartbeats_events_and_liveness_through_kafka_across_a_leader_change(tmp
             assert (await client.alter_sync_state_set("a", 1, 1, [1, 2, 3], 1))["code"] == 0
 
             # Kill the leader mid-stream; the next leader resumes from the topic's last index.
-            old = await _wait_leader(nodes)
+            old = await wait_leader(nodes)
             await nodes.pop(old).stop()
-            await _wait_leader(nodes)
+            await wait_leader(nodes)
             producer.send(records.LIVENESS, key=b"b", value=_liveness_record("b", [1, 2], int(time.time() * 1000)))
             producer.flush()
             await _until(lambda: all(len(n.service.liveness.group("c", "b")) == 2 for n in nodes.values()), 15,
                          "liveness of b")
             r = await client.alter_sync_state_set("b", 1, 1, [1, 2], 1)
             assert r["code"] == 0, r
-            leader = nodes[await _wait_leader(nodes)]
+            leader = nodes[await wait_leader(nodes)]
             last_event = leader.service.journal.since(0)[-1].index
             await _until(lambda: leader.service.events_publisher.published_index >= last_event, 15,
                          "the new leader to publish")

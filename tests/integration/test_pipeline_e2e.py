@@ -99,16 +99,6 @@ async def scenario(stack: LocalStack) -> None:
     async def epochs() -> dict[str, int]:
         return {n: (await info(n))["masterEpoch"] for n in names}
 
-    async def leader_id() -> int | None:
-        for ep in endpoints:
-            try:
-                md = await client.metadata(ep)
-            except Exception:
-                continue
-            if md.get("is_leader"):
-                return md["node_id"]
-        return None
-
     async def replaced(name: str, old_master: int, old_epoch: int) -> dict | None:
         i = await info(name)
         if i["masterEpoch"] > old_epoch and i["masterBrokerId"] not in (None, old_master):
@@ -137,7 +127,7 @@ async def scenario(stack: LocalStack) -> None:
         producer.close()
 
         # 3. Kill a master: replaced, visible in replica info and on the watch stream.
-        lid = await until(leader_id, "a controller leader", 30)
+        lid = await until(client.find_leader, "a controller leader", 30)
         watch = Watch(stack.endpoints[lid], names[0])
         await asyncio.sleep(0.5)
         killed = fleet.master_of(names[0])
@@ -173,7 +163,7 @@ async def scenario(stack: LocalStack) -> None:
         # 5. A master dies and the controller leader is killed during detection.
         killed = fleet.master_of(names[1])
         fleet.kill(names[1], killed.broker_id)
-        lid = await until(leader_id, "a controller leader", 30)
+        lid = await until(client.find_leader, "a controller leader", 30)
         await asyncio.sleep(TIMEOUT_MS / 1000 / 2)
         stack.stop(f"node{lid}", sig=signal.SIGKILL)
         await until(lambda: replaced(names[1], killed.broker_id, 1), "a new master of " + names[1], 90)

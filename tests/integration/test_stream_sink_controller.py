@@ -11,12 +11,9 @@ import asyncio
 import time
 
 import pytest
+from inprocess_cluster import start_cluster
 
 from electra.api.client import ControllerClient as ApiClient
-from electra.api.server import start_controller_node
-from electra.bench.common import free_ports
-from electra.consensus.core import RaftConfig
-from electra.consensus.node import NodeConfig
 from electra.state.codes import Code
 from electra.streaming import detector
 from electra.streaming.sink import ControllerClient
@@ -38,20 +35,9 @@ def _state(master: int, epoch: int) -> dict:
 
 def test_proposals_against_real_controllers(tmp_path):
     async def main():
-        ports = free_ports(6)
-        peers = {i + 1: ("127.0.0.1", ports[i]) for i in range(3)}
-        http = {i + 1: f"127.0.0.1:{ports[3 + i]}" for i in range(3)}
-        nodes = {}
+        # The controller's own scan is off: only the job's proposals elect here.
+        nodes, http = await start_cluster(tmp_path, scan_interval_s=0)
         try:
-            for i in peers:
-                cfg = NodeConfig(node_id=i, peers=peers, data_dir=tmp_path / f"n{i}", tick_s=0.05,
-                                 raft=RaftConfig(election_ticks=10, heartbeat_ticks=1))
-                # The controller's own scan is off: only the job's proposals elect here.
-                nodes[i] = await start_controller_node(cfg, "127.0.0.1", ports[2 + i], http, scan_interval_s=3600)
-            deadline = time.monotonic() + 10
-            while not any(n.node.is_leader and n.node.core.committed_in_term() for n in nodes.values()):
-                assert time.monotonic() < deadline, "no leader"
-                await asyncio.sleep(0.02)
             leader_id = next(i for i, n in nodes.items() if n.node.is_leader)
             follower_ep = next(ep for i, ep in http.items() if i != leader_id)
             api = ApiClient(list(http.values()))

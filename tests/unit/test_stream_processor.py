@@ -1,4 +1,4 @@
-"""The transformWithStateInPandas adapter with a stand-in handle: one state value per set, timer bookkeeping."""
+"""The transformWithStateInPandas adapter with a stand-in handle: one state value and one timer per bucket of sets."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pandas as pd
 
 from electra.streaming.parsing import DLQ_GROUP, EVENT, HEARTBEAT, PARSED_COLUMNS
-from electra.streaming.processor import OUTPUT_COLUMNS, MasterWatchProcessor
+from electra.streaming.processor import BUCKET_SCHEMA, OUTPUT_COLUMNS, MasterWatchProcessor
 
 T0 = 1_700_000_000_000
 
@@ -32,7 +32,7 @@ class FakeHandle:
         self.timers: set[int] = set()
 
     def getValueState(self, name, schema):
-        assert name == "watch" and schema == "json string"
+        assert name == "bucket" and schema == BUCKET_SCHEMA
         return self.state
 
     def registerTimer(self, ms: int) -> None:
@@ -58,21 +58,24 @@ class Expired:
         return self.ms
 
 
-def hb(bid: int, ts: int, off: int) -> tuple:
-    d = {"clusterName": "c1", "brokerName": "bs", "brokerAddr": f"a{bid}", "brokerId": bid, "epoch": 1,
+BUCKET = "7"  # the operator key: several sets share it
+
+
+def hb(bid: int, ts: int, off: int, name: str = "bs") -> tuple:
+    d = {"clusterName": "c1", "brokerName": name, "brokerAddr": f"a{bid}", "brokerId": bid, "epoch": 1,
          "maxOffset": 10, "confirmOffset": 10, "heartbeatTimeoutMillis": 2000, "electionPriority": bid, "ts": ts}
-    return ("bs", HEARTBEAT, "electra.heartbeats", 0, off, json.dumps(d))
+    return (BUCKET, name, HEARTBEAT, "electra.heartbeats", 0, off, json.dumps(d))
 
 
-def ev(index: int, master: int, epoch: int) -> tuple:
-    d = {"index": index, "brokerName": "bs", "clusterName": "c1",
+def ev(index: int, master: int, epoch: int, name: str = "bs") -> tuple:
+    d = {"index": index, "brokerName": name, "clusterName": "c1",
          "state": {"clusterName": "c1", "masterBrokerId": master, "masterEpoch": epoch}}
-    return ("bs", EVENT, "electra.events", 0, index, json.dumps(d))
+    return (BUCKET, name, EVENT, "electra.events", 0, index, json.dumps(d))
 
 
 def run(proc, rows, now):
     frames = [pd.DataFrame(rows, columns=PARSED_COLUMNS)]
-    out = list(proc.handleInputRows(("bs",), iter(frames), TV(now)))
+    out = list(proc.handleInputRows((BUCKET,), iter(frames), TV(now)))
     return pd.concat(out) if out else pd.DataFrame(columns=OUTPUT_COLUMNS)
 
 
@@ -83,7 +86,7 @@ def fire(proc, h, ms, horizon=None):
     proc.init(h)  # Spark calls init for every batch's task
     proc._horizon = ms if horizon is None else horizon
     h.timers.discard(ms)  # Spark removes a timer when it fires
-    out = list(proc.handleExpiredTimer(("bs",), TV(ms), Expired(ms)))
+    out = list(proc.handleExpiredTimer((BUCKET,), TV(ms), Expired(ms)))
     return [json.loads(x) for df in out for k, x in zip(df["kind"], df["payload"]) if k == "proposal"]
 
 
@@ -115,7 +118,7 @@ def test_dead_letters_pass_through_without_state():
     h = FakeHandle()
     p = MasterWatchProcessor()
     p.init(h)
-    rows = [(DLQ_GROUP, "dlq", "electra.heartbeats", 1, 5, json.dumps({"error": "x"}))]
+    rows = [(DLQ_GROUP, DLQ_GROUP, "dlq", "electra.heartbeats", 1, 5, json.dumps({"error": "x"}))]
     out = list(p.handleInputRows((DLQ_GROUP,), iter([pd.DataFrame(rows, columns=PARSED_COLUMNS)]), TV(T0)))
     assert list(out[0]["kind"]) == ["dlq"] and h.state.calls == 0 and not h.timers
 
@@ -135,11 +138,31 @@ def test_a_lagging_batch_judges_at_its_data_horizon_not_the_wall_clock():
     out = run(p, [hb(2, T0 + 1500, 5), hb(3, T0 + 1500, 6)], T0 + 2600)
     assert list(out["kind"]) == ["liveness"]
     h.timers.discard(T0 + 2001)  # the timer fires in the same batch, after the rows
-    assert list(p.handleExpiredTimer(("bs",), TV(T0 + 2600), Expired(T0 + 2001))) == []
+    assert list(p.handleExpiredTimer((BUCKET,), TV(T0 + 2600), Expired(T0 + 2001))) == []
     assert h.timers == {T0 + 2001}  # judged again once the data reaches the deadline
     # The timer fires in a batch with no heartbeats at all in the partition: nothing is judged.
     p.close()
     p.init(h)
     h.timers.discard(T0 + 2001)
-    fired = list(p.handleExpiredTimer(("bs",), TV(T0 + 11_000), Expired(T0 + 2001)))
+    fired = list(p.handleExpiredTimer((BUCKET,), TV(T0 + 11_000), Expired(T0 + 2001)))
     assert fired == [] and h.timers == {T0 + 11_000 + 1000}  # look again a second later
+
+
+def test_sets_share_a_bucket_one_state_value_and_the_earliest_timer():
+    """Per-key costs are paid per bucket: one state read and write per batch for all its sets."""
+    h = FakeHandle()
+    p = MasterWatchProcessor()
+    p.init(h)
+    rows = [ev(1, 1, 1, "a"), ev(2, 1, 1, "b"), hb(1, T0, 1, "a"), hb(2, T0, 2, "a"), hb(1, T0 + 500, 3, "b"),
+            hb(2, T0 + 500, 4, "b")]
+    out = run(p, rows, T0 + 500)
+    assert sorted(out["brokerName"]) == ["a", "b"] and set(out["kind"]) == {"liveness"}
+    # Both masters were learned at T0 + 500 (the data horizon): one timer, at the earliest deadline.
+    assert h.state.calls == 2 and h.timers == {T0 + 2501}
+    # a's master (broker 1) falls silent while b's keeps heartbeating. a's deadline passes while
+    # the bucket processes rows: a is checked then, not only when the timer fires.
+    run(p, [hb(1, T0 + 1500, 5, "b"), hb(2, T0 + 1500, 6, "b"), hb(2, T0 + 1500, 7, "a")], T0 + 1500)
+    out = run(p, [hb(1, T0 + 2600, 8, "b"), hb(2, T0 + 2600, 9, "a")], T0 + 2600)
+    proposals = [json.loads(x) for k, x in zip(out["kind"], out["payload"]) if k == "proposal"]
+    assert [q["brokerName"] for q in proposals] == ["a"] and proposals[0]["expectedMasterEpoch"] == 1
+    assert sorted(json.loads(h.state.value[0])) == ["a", "b"]  # both sets in one state value
