@@ -1,12 +1,12 @@
-"""Heartbeat ingestion: `POST /v1/heartbeat` → validate → produce to Kafka, in worker processes.
+"""Heartbeat ingestion: validate → produce to Kafka (the producer and the request logic).
 
 Heartbeats are the bulk of a controller's traffic (every broker, every second), and
 none of them needs Raft: they only feed the streaming job's liveness state. So they
-are served by separate worker processes that share one listening port (uvicorn's
-multi-process supervisor), each with its own Kafka producer, and scale with cores
-independently of the Raft process. The hot path is a plain ASGI function (no
-routing framework, no pydantic): parse, `records.validate_heartbeat`, stamp with
-this node's clock, `producer.send` keyed by broker set.
+are served by separate worker processes sharing one port (`ingest_server.py`), each
+with its own Kafka producer, and scale with cores independently of the Raft process.
+A request is: parse, `records.validate_heartbeat`, stamp with this node's clock,
+`producer.send` keyed by broker set. The node's own FastAPI `/v1/heartbeat` uses the
+same `handle_heartbeat` when the pipeline is on.
 
 Answers: 200 once the producer accepted the record into its buffer (delivery is
 asynchronous; a lost heartbeat is replaced by the next one a second later); 422
@@ -40,7 +40,7 @@ class KafkaUnavailable(RuntimeError):
 class HeartbeatProducer:
     """One kafka-python producer with a circuit breaker around delivery failures."""
 
-    def __init__(self, bootstrap: str, topic: str = records.HEARTBEATS, *, linger_ms: int = 5,
+    def __init__(self, bootstrap: str, topic: str = records.HEARTBEATS, *, linger_ms: int = 20,
                  delivery_timeout_ms: int = 5000,
                  clock: Callable[[], float] = time.time) -> None:
         self.bootstrap = bootstrap
@@ -70,7 +70,7 @@ class HeartbeatProducer:
                 self._producer = KafkaProducer(
                     bootstrap_servers=self.bootstrap, client_id=f"electra-ingest-{os.getpid()}", acks=1,
                     enable_idempotence=False,
-                    linger_ms=self.linger_ms, max_block_ms=50, metrics_enabled=False,
+                    linger_ms=self.linger_ms, batch_size=256 << 10, max_block_ms=50, metrics_enabled=False,
                     delivery_timeout_ms=self.delivery_timeout_ms,
                     request_timeout_ms=min(3000, self.delivery_timeout_ms - 1),
                     retries=3)
@@ -146,7 +146,6 @@ class HeartbeatProducer:
                 log.exception("closing the Kafka producer failed")
 
 
-_JSON = [(b"content-type", b"application/json")]
 _OK = json.dumps({"code": 0, "remark": "Heart beat success"}).encode()
 
 
@@ -167,76 +166,3 @@ def handle_heartbeat(producer: HeartbeatProducer, raw: bytes, now_ms: int) -> tu
     except KafkaUnavailable as exc:
         return _body(503, {"code": 1, "remark": f"heartbeat not accepted: Kafka unavailable ({exc})"})
     return 200, _OK
-
-
-def create_ingest_app(producer: HeartbeatProducer, *, max_body: int = 64 << 10):
-    """The ASGI app of one ingest worker: /v1/heartbeat, /healthz, /metrics."""
-
-    async def app(scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    producer.close()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
-            return
-        path, method = scope["path"], scope["method"]
-        headers = _JSON
-        if path == "/v1/heartbeat" and method == "POST":
-            chunks, size = [], 0
-            more = True
-            while more:
-                msg = await receive()
-                chunk = msg.get("body", b"")
-                size += len(chunk)
-                if size > max_body:
-                    status, body = _body(413, {"code": 2005, "remark": "heartbeat too large"})
-                    break
-                chunks.append(chunk)
-                more = msg.get("more_body", False)
-            else:
-                status, body = handle_heartbeat(producer, b"".join(chunks), int(producer.clock() * 1000))
-            if status == 503:
-                headers = [*_JSON, (b"retry-after", b"1")]
-        elif path == "/healthz":
-            ok = producer.healthy
-            status, body = _body(200 if ok else 503, {"ok": ok, "kafka": producer.bootstrap, "pid": os.getpid()})
-        elif path == "/metrics":
-            lines = [f"electra_ingest_heartbeats{{result=\"{k}\"}} {v}" for k, v in producer.stats.items()]
-            lines.append(f"electra_ingest_kafka_healthy {int(producer.healthy)}")
-            status, body = 200, ("\n".join(lines) + "\n").encode()
-            headers = [(b"content-type", b"text/plain; version=0.0.4")]
-        elif path == "/v1/heartbeat":
-            status, body = _body(405, {"detail": "use POST"})
-        else:
-            status, body = _body(404, {"detail": "not found"})
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    return app
-
-
-def app_from_env():
-    """uvicorn factory for worker processes: settings come from ELECTRA_INGEST_* variables."""
-    logging.basicConfig(level=os.environ.get("ELECTRA_LOG_LEVEL", "INFO").upper(),
-                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
-    bootstrap = os.environ["ELECTRA_INGEST_KAFKA"]
-    topic = os.environ.get("ELECTRA_INGEST_TOPIC", records.HEARTBEATS)
-    return create_ingest_app(HeartbeatProducer(bootstrap, topic).start())
-
-
-def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topic: str = records.HEARTBEATS,
-                 log_level: str = "warning") -> None:
-    """Run `workers` ingest processes on host:port until SIGINT/SIGTERM (blocks)."""
-    import uvicorn
-
-    os.environ["ELECTRA_INGEST_KAFKA"] = bootstrap
-    os.environ["ELECTRA_INGEST_TOPIC"] = topic
-    uvicorn.run("electra.api.ingest:app_from_env", factory=True, host=host, port=port, workers=workers,
-                http="httptools", loop="uvloop", log_level=log_level, access_log=False, lifespan="on",
-                # Neither proxy-header rewriting nor Date/Server headers on the hot path (~15% of a request).
-                proxy_headers=False, server_header=False, date_header=False)

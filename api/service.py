@@ -5,7 +5,11 @@ command, carrying this node's liveness view where the outcome depends on it,
 and `propose()` it; the engine batches concurrent proposals. Consistent reads
 (next broker id, replica info) are ReadIndex reads on the leader and bounded-
 staleness follower reads on followers; the admin's sync-state data is a stale
-local read. Heartbeats only update this node's liveness table.
+local read. Without Kafka, heartbeats update this node's liveness table and the leader
+scans for inactive masters every 5 s, as RocketMQ does; with the heartbeat pipeline
+(docs/heartbeat-pipeline.md) heartbeats go to Kafka, the streaming job detects inactive
+masters and proposes elections (`propose_election`), and the liveness table is fed from
+the job's liveness topic.
 """
 
 from __future__ import annotations

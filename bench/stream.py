@@ -1,7 +1,7 @@
 """`electra bench stream`: the streaming job alone: batch times and detection latency with many broker sets.
 
     electra bench stream [--sets 100] [--brokers 3] [--hb-interval-ms 1000] [--timeout-ms 3000]
-                         [--kill 10] [--trigger-ms 1000] [--shuffle-partitions 4] [--out DIR]
+                         [--kill 10] [--trigger-ms 1000] [--shuffle-partitions 4] [--buckets 64] [--out DIR]
 
 Starts tansu, a recording controller stand-in (stdlib HTTP server; answers 200 and publishes the
 ElectMaster event), and the real job in local mode; all brokers heartbeat (produced straight to
@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill", type=int, default=10)
     ap.add_argument("--trigger-ms", type=int, default=1000)
     ap.add_argument("--shuffle-partitions", type=int, default=4)
+    ap.add_argument("--buckets", type=int, default=64,
+                    help="operator keys; a value >= --sets is one key per set (the layout before buckets)")
     ap.add_argument("--warmup-s", type=float, default=10.0)
     ap.add_argument("--out", default=None, help="directory for the job log and checkpoint (default: a temp dir)")
     a = ap.parse_args(argv)
@@ -127,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     job = subprocess.Popen([sys.executable, "-m", "electra.streaming.job", "--bootstrap", kafka.bootstrap,
                             "--controllers", f"127.0.0.1:{port}", "--checkpoint", str(out / "checkpoint"),
-                            "--trigger-ms", str(a.trigger_ms), "--shuffle-partitions", str(a.shuffle_partitions)],
+                            "--trigger-ms", str(a.trigger_ms), "--shuffle-partitions", str(a.shuffle_partitions),
+                            "--buckets", str(a.buckets)],
                            stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
                            start_new_session=True)
     summary: dict = {"sets": a.sets, "brokers": a.brokers, "hb_per_s": a.sets * a.brokers * 1000 / a.hb_interval_ms,
@@ -173,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         kafka.stop()
     print(json.dumps(summary))
     detect = [summary.get("detect_ms_p50"), summary.get("detect_ms_max")]
-    print(result_line(sets=a.sets, batch_ms_p50=summary.get("batch_ms_p50"), batch_ms_p90=summary.get("batch_ms_p90"),
+    print(result_line(sets=a.sets, buckets=a.buckets, batch_ms_p50=summary.get("batch_ms_p50"),
+                      batch_ms_p90=summary.get("batch_ms_p90"),
                       detect_p50_s=None if detect[0] is None else round(detect[0] / 1000, 2),
                       detect_max_s=None if detect[1] is None else round(detect[1] / 1000, 2),
                       proposed=summary.get("proposed"), killed=summary.get("killed"),

@@ -194,7 +194,7 @@ def _serve_until_signal(start) -> int:
 # --------------------------------------------------------------------------- electra ingest
 def cmd_ingest(args: argparse.Namespace) -> int:
     """Heartbeat ingest workers: POST /v1/heartbeat → Kafka, in `--workers` processes on one port."""
-    from electra.api.ingest import serve_ingest
+    from electra.api.ingest_server import serve_ingest
 
     if args.workers < 1:
         print("error: --workers must be at least 1", file=sys.stderr)

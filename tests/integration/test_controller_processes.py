@@ -11,7 +11,7 @@ import time
 import pytest
 
 from electra.api.client import ControllerClient
-from electra.bench.common import free_ports
+from electra.bench.common import free_ports, stop_processes
 from electra.state.codes import Code
 
 pytestmark = pytest.mark.integration
@@ -100,12 +100,5 @@ def test_broker_sets_survive_a_controller_leader_sigkill(tmp_path):
             print(f"--- node{i}.log ---\n" + (tmp_path / f"node{i}.log").read_text()[-3000:])
         raise
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(list(procs.values()))
         time.sleep(0.1)

@@ -152,7 +152,13 @@ def test_ingest_workers_answer_200_422_and_503_while_kafka_is_down():
             assert status == 422
             for i in range(20):
                 assert _post(url, json.dumps({**hb, "maxOffset": i}).encode())[0] == 200
-            got = [json.loads(m.value) for m in read_topic(kafka.bootstrap, records.HEARTBEATS)]
+            # 200 means accepted by the producer (delivery is asynchronous, after up to linger_ms).
+            deadline = time.monotonic() + 10
+            while True:
+                got = [json.loads(m.value) for m in read_topic(kafka.bootstrap, records.HEARTBEATS)]
+                if len(got) >= 21 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
             assert len(got) >= 21 and {g["maxOffset"] for g in got} >= set(range(20))
             assert all(g["brokerName"] == "b" and g["ts"] > 0 for g in got)
             # Kafka goes away: within the delivery timeout the workers answer 503 with Retry-After.

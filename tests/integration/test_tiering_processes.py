@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from electra.api.client import ControllerClient
-from electra.bench.common import free_ports
+from electra.bench.common import free_ports, stop_processes
 from electra.consensus.storage import LogStorage
 from electra.state.journal import JournalEntry, set_state
 from electra.state.machine import ControllerStateMachine
@@ -98,14 +98,7 @@ def test_sigkilled_leader_process_leaves_no_gap_or_duplicate(tmp_path):
     try:
         new = asyncio.run(asyncio.wait_for(scenario(), 60))
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(list(procs.values()))
     # Replay the new leader's durable log: every entry in it was committed (its upload covered them all).
     rec = LogStorage(tmp_path / f"node{new}" / "raft-log", fsync=False).open()
     assert rec.snapshot_index == 0

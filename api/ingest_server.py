@@ -1,0 +1,184 @@
+"""The ingest workers' HTTP server: HTTP/1.1 straight on httptools' parser, one SO_REUSEPORT socket per process.
+
+uvicorn's ASGI request cycle (scope dicts, receive/send coroutines, a task per request)
+was ~40% of the CPU of a heartbeat (docs/heartbeat-pipeline.md). This server has four
+routes and no framework: it parses with httptools (the C parser uvicorn uses), answers
+each request as soon as its body is complete (the work is synchronous: validation and a
+non-blocking `producer.send`), so pipelined requests are answered in order, and keeps
+connections alive unless the client asks otherwise. Each worker process binds its own
+socket with SO_REUSEPORT; the kernel spreads connections over them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import time
+
+import httptools
+
+from electra.streaming import records
+
+from .ingest import HeartbeatProducer, handle_heartbeat
+
+log = logging.getLogger("electra.api.ingest")
+
+MAX_BODY = 64 << 10
+_REASONS = {200: b"OK", 404: b"Not Found", 405: b"Method Not Allowed", 413: b"Payload Too Large",
+            422: b"Unprocessable Entity", 400: b"Bad Request", 503: b"Service Unavailable"}
+
+
+def _response(status: int, body: bytes, *, content_type: bytes = b"application/json", close: bool = False,
+              retry_after: bool = False) -> bytes:
+    head = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"")), b"content-type: " + content_type,
+            b"content-length: %d" % len(body)]
+    if retry_after:
+        head.append(b"retry-after: 1")
+    if close:
+        head.append(b"connection: close")
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+class IngestProtocol(asyncio.Protocol):
+    """One client connection: parse requests, answer each when its body is complete."""
+
+    def __init__(self, producer: HeartbeatProducer) -> None:
+        self.producer = producer
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.url = b""
+        self.body: list[bytes] = []
+        self.size = 0
+        self.too_large = False
+
+    # asyncio.Protocol
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._reply(400, b'{"detail":"upgrade not supported"}', close=True)
+        except httptools.HttpParserError:
+            self._reply(400, b'{"detail":"malformed HTTP request"}', close=True)
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        self.url, self.body, self.size, self.too_large = b"", [], 0, False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size > MAX_BODY:
+            self.too_large = True
+        elif not self.too_large:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        keep = self.parser.should_keep_alive()
+        path = self.url.split(b"?", 1)[0]
+        method = self.parser.get_method()
+        if path == b"/v1/heartbeat":
+            if method != b"POST":
+                self._reply(405, b'{"detail":"use POST"}', close=not keep)
+            elif self.too_large:
+                self._reply(413, b'{"code":2005,"remark":"heartbeat too large"}', close=True)
+            else:
+                status, body = handle_heartbeat(self.producer, b"".join(self.body), int(time.time() * 1000))
+                self._reply(status, body, close=not keep, retry_after=status == 503)
+        elif path == b"/healthz":
+            ok = self.producer.healthy
+            body = json.dumps({"ok": ok, "kafka": self.producer.bootstrap, "pid": os.getpid()}).encode()
+            self._reply(200 if ok else 503, body, close=not keep)
+        elif path == b"/metrics":
+            lines = [f'electra_ingest_heartbeats{{result="{k}"}} {v}' for k, v in self.producer.stats.items()]
+            lines.append(f"electra_ingest_kafka_healthy {int(self.producer.healthy)}")
+            self._reply(200, ("\n".join(lines) + "\n").encode(), content_type=b"text/plain; version=0.0.4",
+                        close=not keep)
+        else:
+            self._reply(404, b'{"detail":"not found"}', close=not keep)
+
+    def _reply(self, status: int, body: bytes, *, close: bool = False, retry_after: bool = False,
+               content_type: bytes = b"application/json") -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.transport.write(_response(status, body, content_type=content_type, close=close,
+                                       retry_after=retry_after))
+        if close:
+            self.transport.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str = "warning") -> None:
+    """One worker process: its own producer and its own SO_REUSEPORT socket; stops on SIGTERM/SIGINT."""
+    import uvloop
+
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+    producer = HeartbeatProducer(bootstrap, topic).start()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: IngestProtocol(producer), sock=_listen(host, port))
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        server.close()
+        await server.wait_closed()
+
+    try:
+        uvloop.run(main())
+    finally:
+        producer.close()
+
+
+def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topic: str = records.HEARTBEATS,
+                 log_level: str = "warning") -> None:
+    """Run `workers` ingest processes on host:port until SIGINT/SIGTERM (blocks)."""
+    ctx = multiprocessing.get_context("spawn")
+    _listen(host, port).close()  # fail here, clearly, if the address is taken
+    procs = [ctx.Process(target=run_worker, args=(host, port, bootstrap, topic, log_level), daemon=False,
+                         name=f"ingest-worker-{i}") for i in range(workers)]
+    for p in procs:
+        p.start()
+    stop = False
+
+    def on_signal(_sig, _frame) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        while not stop and all(p.is_alive() for p in procs):
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()  # SIGTERM: the worker stops its server and flushes its producer
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    dead = [p.exitcode for p in procs if p.exitcode not in (0, -signal.SIGTERM, None)]
+    if dead and not stop:
+        raise SystemExit(f"an ingest worker exited with {dead[0]}")
