@@ -156,8 +156,12 @@ def _body(status: int, payload: dict) -> tuple[int, bytes]:
 def handle_heartbeat(producer: HeartbeatProducer, raw: bytes, now_ms: int) -> tuple[int, bytes]:
     """The whole request logic, free of HTTP plumbing (also used by the controller node's own endpoint)."""
     try:
-        hb = records.validate_heartbeat(json.loads(raw))
-    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError and InvalidHeartbeat are ValueErrors
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise records.InvalidHeartbeat(f"body: invalid JSON ({exc})") from None
+        hb = records.validate_heartbeat(body)
+    except records.InvalidHeartbeat as exc:
         producer.stats["invalid"] += 1
         return _body(422, {"code": 2005, "remark": "invalid heartbeat", "detail": str(exc)})
     hb["ts"] = now_ms

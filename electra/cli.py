@@ -247,10 +247,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"streaming job: Spark {cfg.spark_master}, checkpoint {stack.checkpoint} "
                   f"(first batch after 10-30 s: JVM and Python workers start)", flush=True)
         if args.demo:
+            interactive = bool(sys.stdin) and sys.stdin.isatty()
             stack.spawn("brokers", [*stack._py(), "simulate-brokers", "--endpoints", ",".join(stack.endpoints.values()),
                                     "--ingest-endpoints", ",".join(stack.ingest_endpoints.values()),
-                                    "--groups", str(args.demo_groups)],
-                        log_to_file=False, stdin=sys.stdin if sys.stdin and sys.stdin.isatty() else None)
+                                    "--groups", str(args.demo_groups), *([] if interactive else ["--no-stdin"])],
+                        log_to_file=False, stdin=sys.stdin if interactive else None)
             print(f"demo: {args.demo_groups} simulated broker sets x 3 replicas; type `kill-master SET` "
                   "(e.g. kill-master sim-set-0) to watch a failover, `status`, `quit`", flush=True)
         if stack.tier_uri:

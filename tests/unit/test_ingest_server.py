@@ -1,0 +1,117 @@
+"""The ingest workers' HTTP/1.1 server, byte for byte: routes, pipelining, keep-alive, limits, bad input.
+
+The producer is a stand-in (Kafka itself is covered by tests/integration/test_kafka_links.py)."""
+
+from __future__ import annotations
+
+import json
+
+from electra.api.ingest import KafkaUnavailable
+from electra.api.ingest_server import MAX_BODY, IngestProtocol
+
+
+class FakeProducer:
+    bootstrap = "kafka:9092"
+
+    def __init__(self, up: bool = True) -> None:
+        self.up = up
+        self.sent: list[dict] = []
+        self.stats = {"accepted": 0, "invalid": 0, "unavailable": 0}
+
+    @property
+    def healthy(self) -> bool:
+        return self.up
+
+    def submit(self, hb: dict) -> None:
+        if not self.up:
+            raise KafkaUnavailable("down")
+        self.sent.append(hb)
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.data = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def connect(producer: FakeProducer) -> tuple[IngestProtocol, FakeTransport]:
+    proto, transport = IngestProtocol(producer), FakeTransport()
+    proto.connection_made(transport)
+    return proto, transport
+
+
+def post(body: bytes, path: str = "/v1/heartbeat", extra: str = "") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def responses(raw: bytes) -> list[tuple[int, dict, dict]]:
+    """Split a byte stream of responses into (status, headers, body)."""
+    out = []
+    while raw:
+        head, rest = raw.split(b"\r\n\r\n", 1)
+        lines = head.decode().split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        n = int(headers["content-length"])
+        out.append((status, headers, rest[:n]))
+        raw = rest[n:]
+    return out
+
+
+HB = {"clusterName": "c", "brokerName": "b", "brokerId": 1, "brokerAddr": "10.0.0.1:10911"}
+
+
+def test_pipelined_heartbeats_are_answered_in_order_on_one_kept_alive_connection():
+    producer = FakeProducer()
+    proto, transport = connect(producer)
+    stream = post(json.dumps(HB).encode()) + post(b"{bad") + post(json.dumps({**HB, "brokerId": 2}).encode())
+    proto.data_received(stream[:37])  # requests arrive in arbitrary pieces
+    proto.data_received(stream[37:])
+    got = responses(transport.data)
+    assert [s for s, _, _ in got] == [200, 422, 200]
+    assert json.loads(got[0][2])["code"] == 0 and "JSON" in json.loads(got[1][2])["detail"]
+    assert [hb["brokerId"] for hb in producer.sent] == [1, 2] and all(hb["ts"] > 0 for hb in producer.sent)
+    assert not transport.closed
+
+
+def test_unavailable_kafka_gets_503_with_retry_after():
+    proto, transport = connect(FakeProducer(up=False))
+    proto.data_received(post(json.dumps(HB).encode()))
+    [(status, headers, body)] = responses(transport.data)
+    assert status == 503 and headers["retry-after"] == "1" and "Kafka" in json.loads(body)["remark"]
+
+
+def test_routes_methods_limits_and_connection_close():
+    proto, transport = connect(FakeProducer())
+    proto.data_received(b"GET /v1/heartbeat HTTP/1.1\r\nHost: x\r\n\r\n")
+    proto.data_received(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n")
+    proto.data_received(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    proto.data_received(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    got = responses(transport.data)
+    assert [s for s, _, _ in got] == [405, 404, 200, 200]
+    assert json.loads(got[2][2])["ok"] is True and b"electra_ingest_heartbeats" in got[3][2]
+    assert not transport.closed
+    proto.data_received(post(b"x" * (MAX_BODY + 1)))
+    assert responses(transport.data)[-1][0] == 413 and transport.closed
+
+    proto, transport = connect(FakeProducer())
+    proto.data_received(post(json.dumps(HB).encode(), extra="Connection: close\r\n"))
+    [(status, headers, _)] = responses(transport.data)
+    assert status == 200 and headers["connection"] == "close" and transport.closed
+
+
+def test_malformed_http_gets_400_and_the_connection_closes():
+    proto, transport = connect(FakeProducer())
+    proto.data_received(b"THIS IS NOT HTTP\r\n\r\n")
+    [(status, _, _)] = responses(transport.data)
+    assert status == 400 and transport.closed
