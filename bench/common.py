@@ -1,4 +1,4 @@
-"""Helpers shared by benchmarks: free ports, percentiles, worker processes, RESULT lines."""
+"""Helpers shared by benchmarks: free ports, percentiles, worker and controller processes, RESULT lines."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 
 def free_ports(n: int) -> list[int]:
@@ -92,3 +93,18 @@ def stop_processes(procs: list[subprocess.Popen]) -> None:
             p.wait(timeout=10)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def start_controller_processes(data_dir: Path, extra_args: tuple[str, ...] = (),
+                               nodes: int = 3) -> tuple[list[subprocess.Popen], list[str]]:
+    """`nodes` `electra node` controller processes on free loopback ports; returns them and their HTTP endpoints."""
+    ports = free_ports(2 * nodes)
+    ids = range(1, nodes + 1)
+    peers = ",".join(f"{i}=127.0.0.1:{ports[i - 1]}" for i in ids)
+    endpoints = [f"127.0.0.1:{ports[nodes + i - 1]}" for i in ids]
+    http_peers = ",".join(f"{i}={ep}" for i, ep in zip(ids, endpoints, strict=True))
+    procs = [subprocess.Popen([sys.executable, "-m", "electra.cli", "--log-level", "WARNING", "node", "--id", str(i),
+                               "--peers", peers, "--http-addr", endpoints[i - 1], "--http-peers", http_peers,
+                               "--data-dir", str(Path(data_dir) / f"n{i}"), *extra_args],
+                              stdout=subprocess.DEVNULL) for i in ids]
+    return procs, endpoints

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from .common import free_ports, percentile, result_line, stop_processes
+from .common import percentile, result_line, start_controller_processes, stop_processes
 
 
 async def _load(endpoints: list[str], brokers: int, duration: float) -> dict:
@@ -68,18 +66,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--brokers", type=int, default=1000)
     p.add_argument("--duration", type=float, default=10.0)
     args = p.parse_args(argv)
-    ports = free_ports(6)
-    peers = ",".join(f"{i}=127.0.0.1:{ports[i - 1]}" for i in (1, 2, 3))
-    endpoints = [f"127.0.0.1:{ports[2 + i]}" for i in (1, 2, 3)]
-    http_peers = ",".join(f"{i}={ep}" for i, ep in zip((1, 2, 3), endpoints, strict=True))
     print(f"bench controller: 3 controller processes (fsync on), {args.brokers} simulated brokers over HTTP, "
           f"{args.duration:.0f}s closed loop (register / replica info / next id, heartbeats every second)",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-controller-") as tmp:
-        procs = [subprocess.Popen([sys.executable, "-m", "electra.cli", "--log-level", "WARNING", "node",
-                                   "--id", str(i), "--peers", peers, "--http-addr", endpoints[i - 1],
-                                   "--http-peers", http_peers, "--data-dir", str(Path(tmp) / f"n{i}")],
-                                  stdout=subprocess.DEVNULL) for i in (1, 2, 3)]
+        procs, endpoints = start_controller_processes(Path(tmp))
         try:
             time.sleep(3.0)
             out = asyncio.run(_load(endpoints, args.brokers, args.duration))

@@ -13,13 +13,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from .common import free_ports, percentile, result_line, stop_processes
+from .common import percentile, result_line, start_controller_processes, stop_processes
 from .controller import _load
 
 
@@ -85,18 +83,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--tier-uri", help="default: a directory in the benchmark's temporary directory")
     args = p.parse_args(argv)
-    ports = free_ports(6)
-    peers = ",".join(f"{i}=127.0.0.1:{ports[i - 1]}" for i in (1, 2, 3))
-    endpoints = [f"127.0.0.1:{ports[2 + i]}" for i in (1, 2, 3)]
-    http_peers = ",".join(f"{i}={ep}" for i, ep in zip((1, 2, 3), endpoints, strict=True))
     print(f"bench tier: 3 controller processes (fsync on) uploading to Delta, {args.brokers} simulated brokers, "
           f"{args.duration:.0f}s closed loop; lag sampled from the leader's /metrics every 100 ms", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-tier-") as tmp:
         uri = args.tier_uri or str(Path(tmp) / "tier")
-        procs = [subprocess.Popen([sys.executable, "-m", "electra.cli", "--log-level", "WARNING", "node",
-                                   "--id", str(i), "--peers", peers, "--http-addr", endpoints[i - 1],
-                                   "--http-peers", http_peers, "--data-dir", str(Path(tmp) / f"n{i}"),
-                                   "--tier-uri", uri], stdout=subprocess.DEVNULL) for i in (1, 2, 3)]
+        procs, endpoints = start_controller_processes(Path(tmp), ("--tier-uri", uri))
         try:
             time.sleep(3.0)
             out, samples = asyncio.run(_run(endpoints, args.brokers, args.duration))
