@@ -13,9 +13,16 @@ $(STAMP): pyproject.toml
 	@command -v java >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 		(apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null) ; } || \
 		{ echo "error: Spark needs Java 17+ (install a JRE and retry)"; exit 1; }
+	@# promtool checks and unit-tests deploy/monitoring/alerts.yml; systemd-analyze verifies deploy/systemd.
+	@command -v promtool >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null) ; } || \
+		{ echo "error: the deploy tests need promtool (Debian package prometheus)"; exit 1; }
+	@command -v systemd-analyze >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd >/dev/null) ; } || \
+		{ echo "error: the deploy tests need systemd-analyze (Debian package systemd)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev,bench]"
+	$(PY) -m pip install -q -e ".[dev,bench,notebooks]"
 	rm -f $(VENV)/.installed-*
 	touch $@
 
