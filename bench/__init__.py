@@ -1,8 +1,14 @@
-"""Benchmarks, run as `electra bench <name>`; each ends with one `RESULT key=value ...` line."""
+"""Benchmarks, run as `electra bench <name>`; each ends with one `RESULT key=value ...` line
+(also appended to the file ELECTRA_BENCH_RESULTS names, see `results.py`)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import sys
+
+from . import results
 
 BENCHMARKS = {
     "raft": "electra.bench.raft",
@@ -19,4 +25,9 @@ def run_benchmark(name: str, argv: list[str]) -> int:
     if name not in BENCHMARKS:
         print(f"unknown benchmark {name!r}; available: {', '.join(sorted(BENCHMARKS))}")
         return 2
-    return importlib.import_module(BENCHMARKS[name]).main(argv)
+    module = importlib.import_module(BENCHMARKS[name])
+    path = os.environ.get(results.ENV)
+    if not path:
+        return module.main(argv)
+    with contextlib.redirect_stdout(results.Recorder(sys.stdout, name, path)):
+        return module.main(argv)

@@ -1,0 +1,60 @@
+"""Failover analysis over event rows (tiering/analysis.py) and the benchmark results file (bench/results.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pandas as pd
+
+from electra.bench import results
+from electra.tiering import analysis
+
+
+def _events(rows: list[tuple[int, int, str, dict]]) -> pd.DataFrame:
+    return pd.DataFrame([{"index": i, "seq": 0, "ts_ms": ts, "type": "ElectMaster", "broker_set": name,
+                          "payload": json.dumps(p)} for i, ts, name, p in rows]
+                        + [{"index": 0, "seq": 0, "ts_ms": 0, "type": "ApplyBrokerId", "broker_set": "a",
+                            "payload": "{}"}])
+
+
+def _elect(master: int | None, epoch: int) -> dict:
+    return {"type": "ElectMaster", "newMasterElected": master is not None, "newMasterBrokerId": master,
+            "masterEpoch": epoch}
+
+
+def test_failovers_tenure_and_masterless_time():
+    ev = _events([
+        (1, 1_000, "a", _elect(1, 1)),
+        (2, 4_000, "a", _elect(2, 2)),     # direct handover: 1 held the set 3 s
+        (3, 5_000, "b", _elect(1, 1)),
+        (4, 9_000, "a", _elect(None, 3)),  # nobody could take over
+        (5, 9_500, "a", _elect(None, 4)),
+        (6, 11_000, "a", _elect(3, 5)),    # 2 held it 5 s, then 2 s without a master
+        (7, 12_000, "b", _elect(None, 2)),
+        (8, 13_000, "b", _elect(1, 3)),    # the same master came back: no failover
+    ])
+    el = analysis.elections(ev)
+    assert len(el) == 8 and el["elected"].sum() == 5
+    assert pd.isna(el.loc[el["index"] == 6, "previous_master"].item())
+    assert el.loc[el["index"] == 2, "previous_master"].item() == 1
+    assert pd.isna(el.loc[el["index"] == 8, "previous_master"].item())  # b had no master after index 7
+    fo = analysis.failovers(el)
+    assert fo[["broker_set", "from_master", "to_master", "tenure_s", "masterless_s"]].values.tolist() == [
+        ["a", 1, 2, 3.0, 0.0], ["a", 2, 3, 5.0, 2.0]]
+    assert analysis.failovers_per_window(fo, "10s").tolist() == [1, 1]
+    assert analysis.failovers_per_window(fo.iloc[:0]).empty
+
+
+def test_results_file_lines_and_recorder(tmp_path):
+    path = tmp_path / "r.txt"
+    out = io.StringIO()
+    rec = results.Recorder(out, "raft", path)
+    rec.write("warming up\nRESULT commits_per_s=100 ")
+    rec.write("p99_ms=1.5 fsync=True\ndone\n")
+    assert out.getvalue() == "warming up\nRESULT commits_per_s=100 p99_ms=1.5 fsync=True\ndone\n"
+    path.write_text(path.read_text() + "# a comment with RESULT x=1\nRESULT hb_per_s=7\n")
+    runs = results.read(path)
+    assert [(r.bench, r.values) for r in runs] == [
+        ("raft", {"commits_per_s": 100.0, "p99_ms": 1.5, "fsync": "True"}), (None, {"hb_per_s": 7.0})]
+    assert runs[0].at.endswith("Z") and runs[1].at is None
