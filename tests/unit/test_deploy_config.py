@@ -6,6 +6,7 @@ the container entrypoint (run with stand-in binaries), the Dockerfile's stages, 
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -24,7 +25,8 @@ from electra.cli import build_parser, parse_addr, parse_http_peers, parse_peers,
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "kubernetes"
-K8S_VERSION = "1.30.0"  # oldest Kubernetes these manifests are meant for (pod-index free, PDB v1, ...)
+K8S_VERSION = "1.30.0"  # oldest Kubernetes these manifests are meant for
+K8S_VERSIONS = [K8S_VERSION, kubernetes_validate.utils.latest_version()]
 
 
 # --------------------------------------------------------------------------- Kubernetes
@@ -55,10 +57,11 @@ def test_kustomization_lists_every_manifest():
     assert listed == on_disk
 
 
+@pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("doc", manifests(), ids=lambda d: f"{d['kind']}-{d['metadata']['name']}")
-def test_manifest_is_valid_kubernetes(doc):
+def test_manifest_is_valid_kubernetes(doc, version):
     try:
-        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        kubernetes_validate.validate(doc, version, strict=True)
     except kubernetes_validate.ValidationError as exc:
         pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}")
 
@@ -288,8 +291,13 @@ def test_dockerfile_copies_every_package_and_existing_sources():
         for op, rest in st["ops"]:
             if op == "COPY" and not rest.startswith("--from="):
                 sources += rest.split()[:-1]
+    ignored = [p.strip().rstrip("/") for p in (ROOT / ".dockerignore").read_text().splitlines()
+               if p.strip() and not p.startswith("#")]
     for src in sources:
         assert (ROOT / src).exists(), f"COPY source {src} does not exist"
+        path = src.rstrip("/")
+        assert not any(path == pat or path.startswith(pat + "/") or fnmatch.fnmatch(path, pat) for pat in ignored), \
+            f"{src} is excluded by .dockerignore"
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     package_dirs = set(pyproject["tool"]["setuptools"]["package-dir"].values())
     copied = {s.rstrip("/") for s in sources}
