@@ -234,6 +234,9 @@ def test_entrypoint_starts_the_spark_executor_backend(stub_path):
     argv = out.stdout.splitlines()[1:]
     assert argv[:4] == ["-Xms1g", "-Xmx1g", "-Dspark.driver.port=7078", "-Dx=a b"]
     assert argv[argv.index("-cp") + 1] == "/opt/spark/jars/*"
+    env["SPARK_CLASSPATH"] = "/opt/extra/x.jar"  # spark.executor.extraClassPath, as Spark passes it to the pod
+    argv = entrypoint(["executor"], env).stdout.splitlines()[1:]
+    assert argv[argv.index("-cp") + 1] == "/opt/spark/jars/*:/opt/extra/x.jar"
     assert "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend" in argv
     pairs = dict(zip(argv[::1], argv[1:]))
     assert pairs["--executor-id"] == "4" and pairs["--podName"] == "exec-4" and pairs["--hostname"] == "10.0.0.9"
