@@ -141,6 +141,8 @@ def test_references_between_manifests_resolve():
             assert ("ServiceAccount", pod["serviceAccountName"]) in by_kind
         sc = pod["securityContext"]
         assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0
+        # kustomize's `images:` rewrites containers whose image is the placeholder name
+        assert {c["image"] for c in pod["containers"]} == {kustomization()["images"][0]["name"]}
     for d in docs:
         if d["kind"] == "Service":
             sel = d["spec"]["selector"]
