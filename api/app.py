@@ -284,9 +284,10 @@ def create_app(svc: ControllerService) -> FastAPI:
     # ------------------------------------------------------------------ operations
     @app.get("/healthz", tags=["ops"])
     async def healthz():
+        """503 when this node is stopped, its Raft ticks stalled, or no leader was known for an election timeout."""
         st = svc.node.status()
-        ok = st["role"] != "stopped"
-        return JSONResponse({"ok": ok, "role": st["role"], "leader_id": st["leader_id"]},
+        ok, reason = svc.node.health()
+        return JSONResponse({"ok": ok, "reason": reason, "role": st["role"], "leader_id": st["leader_id"]},
                             status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["ops"])
