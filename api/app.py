@@ -21,6 +21,7 @@ import time
 from typing import Annotated
 
 from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -28,13 +29,20 @@ from pydantic import BaseModel, Field
 
 from electra.consensus.errors import FollowerBehind, NotLeader, ProposalTimeout, RaftError, ReadTimeout
 from electra.state.codes import Code
+from electra.state.limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID
 from electra.state.liveness import BrokerLiveInfo
 
+from .http_limits import DEFAULT_LIMITS, BodyLimit, HTTPLimits
 from .ingest import handle_heartbeat
 from .service import ControllerService
 
 Name = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.:%\-]+$")]
-BrokerId = Annotated[int, Field(ge=1, le=2**62)]
+BrokerId = Annotated[int, Field(ge=1, le=MAX_BROKER_ID)]
+# RocketMQ's Java types (state/limits.py): numbers beyond them are a 422, never stored.
+Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+Epoch = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Millis = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 _STATUS = {Code.SUCCESS: 200, Code.CONTROLLER_BROKER_METADATA_NOT_EXIST: 404,
            Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED: 404, Code.CONTROLLER_INVALID_REQUEST: 400,
@@ -46,11 +54,11 @@ class Heartbeat(BaseModel):
     brokerName: Name
     brokerAddr: Annotated[str, Field(min_length=1, max_length=255)]
     brokerId: BrokerId
-    epoch: int = -1
-    maxOffset: int = -1
-    confirmOffset: int = -1
+    epoch: Int32 = -1
+    maxOffset: Int64 = -1
+    confirmOffset: Int64 = -1
     heartbeatTimeoutMillis: Annotated[int, Field(ge=100, le=3_600_000)] = 10_000
-    electionPriority: int = 2**31 - 1
+    electionPriority: Int32 = 2**31 - 1
 
 
 class ApplyBrokerId(BaseModel):
@@ -73,28 +81,28 @@ class ElectMaster(BaseModel):
 class LiveBroker(BaseModel):
     broker_id: BrokerId
     broker_addr: Annotated[str, Field(min_length=1, max_length=255)]
-    last_update_ms: Annotated[int, Field(ge=0)]
+    last_update_ms: Millis
     timeout_ms: Annotated[int, Field(ge=100, le=3_600_000)] = 10_000
-    epoch: int = -1
-    max_offset: int = -1
-    confirm_offset: int = -1
-    priority: int = 2**31 - 1
+    epoch: Int32 = -1
+    max_offset: Int64 = -1
+    confirm_offset: Int64 = -1
+    priority: Int32 = 2**31 - 1
 
 
 class ProposedElection(BaseModel):
     """An ElectMaster proposal from the streaming job: its heartbeat snapshot and the master epoch it saw."""
 
     clusterName: Name
-    expectedMasterEpoch: Annotated[int, Field(ge=0)]
+    expectedMasterEpoch: Epoch
     live: Annotated[list[LiveBroker], Field(max_length=64)]
-    proposedAtMs: Annotated[int, Field(ge=0)] | None = None  # the instant the job judged liveness at
+    proposedAtMs: Millis | None = None  # the instant the job judged liveness at
 
 
 class AlterSyncStateSet(BaseModel):
     masterBrokerId: BrokerId
-    masterEpoch: Annotated[int, Field(ge=0)]
+    masterEpoch: Epoch
     syncStateSet: Annotated[list[BrokerId], Field(min_length=1, max_length=64)]
-    syncStateSetEpoch: Annotated[int, Field(ge=0)]
+    syncStateSetEpoch: Epoch
 
 
 class SyncStateDataRequest(BaseModel):
@@ -139,9 +147,27 @@ class _RaftCollector:
         yield el
 
 
-def create_app(svc: ControllerService) -> FastAPI:
+def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
+    """Each bad field and what is wrong with it; never the value sent (it may be huge or hostile)."""
+    out = []
+    for e in exc.errors()[:20]:
+        field = ".".join(str(p) for p in e.get("loc", ()))
+        out.append({"field": field[:200], "problem": str(e.get("msg", "invalid"))[:200]})
+    return out
+
+
+def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS) -> FastAPI:
     app = FastAPI(title="Electra controller", version="0.1.0",
                   description="RocketMQ 5 controller semantics on a Raft-replicated state machine")
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    watchers = 0  # open SSE watch streams on this node
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = validation_errors(exc)
+        remark = "invalid request: " + "; ".join(f"{e['field']}: {e['problem']}" for e in errors[:3])
+        return JSONResponse({"code": int(Code.CONTROLLER_INVALID_REQUEST), "remark": remark, "errors": errors},
+                            status_code=422)
     registry = CollectorRegistry()
     requests = Counter("electra_requests", "requests by endpoint and RocketMQ code", ["endpoint", "code"],
                        registry=registry)
@@ -208,7 +234,8 @@ def create_app(svc: ControllerService) -> FastAPI:
             confirm_offset=hb.confirmOffset, timeout_ms=hb.heartbeatTimeoutMillis, priority=hb.electionPriority)))
 
     @app.get("/v1/broker-sets/{name}/next-broker-id", tags=["broker"])
-    async def next_broker_id(name: Name, request: Request, cluster: Annotated[str, Query(min_length=1)]):
+    async def next_broker_id(name: Name, request: Request,
+                             cluster: Annotated[str, Query(min_length=1, max_length=255)]):
         return await run("next_broker_id", request, svc.get_next_broker_id(cluster, name))
 
     @app.post("/v1/broker-sets/{name}/apply-broker-id", tags=["broker"])
@@ -236,10 +263,17 @@ def create_app(svc: ControllerService) -> FastAPI:
 
     @app.get("/v1/broker-sets/{name}/watch", tags=["broker"])
     async def watch(name: Name, request: Request):
-        """Server-sent events: one `role-change` event per election or sync-state-set change."""
+        """Server-sent events: one `role-change` event per election or sync-state-set change (503 when full)."""
+        nonlocal watchers
+        if watchers >= limits.max_watchers:
+            return JSONResponse({"code": int(Code.SYSTEM_BUSY),
+                                 "remark": f"this node serves at most {limits.max_watchers} watchers"},
+                                status_code=503, headers={"Retry-After": "5"})
+        watchers += 1
         q = svc.subscribe(name)
 
         async def stream():
+            nonlocal watchers
             try:
                 yield ": watching " + name + "\n\n"
                 while not await request.is_disconnected():
@@ -250,6 +284,7 @@ def create_app(svc: ControllerService) -> FastAPI:
                         continue
                     yield f"event: role-change\ndata: {json.dumps(ev)}\n\n"
             finally:
+                watchers -= 1
                 svc.unsubscribe(name, q)
 
         return StreamingResponse(stream(), media_type="text/event-stream")
