@@ -68,8 +68,12 @@ class RequestDeadline:
 
     def arm(self, transport: asyncio.BaseTransport, seconds: float, reply: bytes = b"") -> None:
         self.cancel()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # a protocol driven by hand, outside any event loop (unit tests): no clock to keep
         self.transport, self.reply = transport, reply
-        self.handle = asyncio.get_running_loop().call_later(seconds, self._fire)
+        self.handle = loop.call_later(seconds, self._fire)
 
     def cancel(self) -> None:
         if self.handle is not None:
@@ -85,7 +89,12 @@ class RequestDeadline:
             t.close()
 
 
-_TIMEOUT_REPLY = raw_error(408, _INVALID, "request not received in time")
+TIMEOUT_REPLY = raw_error(408, _INVALID, "request not received in time")
+BUSY_REPLY = raw_error(503, _BUSY, "too many connections", retry_after=True)
+
+
+def head_too_large(limit: int) -> bytes:
+    return raw_error(431, _INVALID, f"request head over {limit} bytes")
 
 
 def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProtocol]:
@@ -99,10 +108,10 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
             over = len(self.connections) >= limits.max_connections
             super().connection_made(transport)
             if over:
-                transport.write(raw_error(503, _BUSY, "too many connections", retry_after=True))
+                transport.write(BUSY_REPLY)
                 transport.close()
                 return
-            self._deadline.arm(transport, limits.request_timeout_s, _TIMEOUT_REPLY)
+            self._deadline.arm(transport, limits.request_timeout_s, TIMEOUT_REPLY)
 
         def connection_lost(self, exc) -> None:
             self._deadline.cancel()
@@ -114,7 +123,7 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
                 self._head_bytes += len(data) if end < 0 else end
                 if self._head_bytes > limits.max_header_bytes:
                     self._deadline.cancel()
-                    self.transport.write(raw_error(431, _INVALID, f"request head over {limits.max_header_bytes} bytes"))
+                    self.transport.write(head_too_large(limits.max_header_bytes))
                     self.transport.close()
                     return
             super().data_received(data)
@@ -123,7 +132,7 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
             super().on_message_begin()
             self._in_head, self._head_bytes = True, 0
             if self._deadline.handle is None:
-                self._deadline.arm(self.transport, limits.request_timeout_s, _TIMEOUT_REPLY)
+                self._deadline.arm(self.transport, limits.request_timeout_s, TIMEOUT_REPLY)
 
         def on_headers_complete(self) -> None:
             self._in_head = False
