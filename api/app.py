@@ -128,7 +128,9 @@ class _RaftCollector:
             role.add_metric([r], 1.0 if st["role"] == r else 0.0)
         yield role
         for key, doc in (("term", "current term"), ("commit_index", "commit index"),
-                         ("applied_index", "applied index"), ("snapshot_index", "newest snapshot index")):
+                         ("applied_index", "applied index"), ("snapshot_index", "newest snapshot index"),
+                         ("tick_late_p99_ms", "p99 of how late the last 100 Raft ticks ran (ms)"),
+                         ("tick_errors", "Raft ticks that raised (logged, counted, re-armed)")):
             yield GaugeMetricFamily(f"electra_raft_{key}", doc, value=st[key])
         batches = max(1, st["batches"])
         yield GaugeMetricFamily("electra_raft_proposal_batch_avg", "average proposals per batch",
@@ -300,7 +302,19 @@ def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS) -> F
     # ------------------------------------------------------------------ admin endpoints
     @app.post("/v1/admin/sync-state-data", tags=["admin"])
     async def sync_state_data(req: SyncStateDataRequest, request: Request):
-        return await run("sync_state_data", request, done(svc.get_sync_state_data(req.brokerNames)))
+        return await run("sync_state_data", request, sync_state_in_slices(req.brokerNames))
+
+    async def sync_state_in_slices(names: list[str]) -> dict:
+        """Up to 10,000 sets, 500 at a time, yielding to the event loop (Raft ticks) in between."""
+        res = None
+        for lo in range(0, len(names), 500):
+            part = svc.get_sync_state_data(names[lo:lo + 500])
+            if res is None:
+                res = part
+            else:
+                res["body"]["replicasInfoTable"].update(part["body"]["replicasInfoTable"])
+            await asyncio.sleep(0)
+        return res
 
     @app.post("/v1/admin/broker-sets/{name}/clean", tags=["admin"])
     async def clean(name: Name, req: CleanBrokerData, request: Request):

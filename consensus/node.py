@@ -26,6 +26,7 @@ import itertools
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -145,6 +146,8 @@ class RaftNode:
         self._receiver = SnapshotReceiver(cfg.node_id, self.snapshots.receive_sink, max_bytes=cfg.max_snapshot_bytes)
         self._last_chunk_at = 0.0
         self.last_tick_at = 0.0  # monotonic time of the last completed tick
+        self._tick_due = 0.0
+        self.tick_lateness: deque[float] = deque(maxlen=100)  # how late (s) each of the last 100 ticks ran
         self.leader_seen_at = 0.0  # monotonic time this node last knew a leader (itself included)
 
     # ------------------------------------------------------------------ lifecycle
@@ -239,8 +242,16 @@ class RaftNode:
             "commit_index": c.commit if c else 0, "applied_index": self.applied,
             "last_index": c.last_index() if c else 0, "peers": sorted(self.cfg.peers),
             "snapshot_index": c.snap_index if c else 0, "log_first_index": c.offset + 1 if c else 0,
-            "fsync": self.cfg.fsync, **self.metrics,
+            "fsync": self.cfg.fsync, **self.metrics, **self._tick_lateness_ms(),
         }
+
+    def _tick_lateness_ms(self) -> dict[str, float]:
+        """How late the last 100 ticks ran (p99 and max): whatever starves the event loop shows here."""
+        late = sorted(self.tick_lateness)
+        if not late:
+            return {"tick_late_p99_ms": 0.0, "tick_late_max_ms": 0.0}
+        return {"tick_late_p99_ms": round(late[int(0.99 * (len(late) - 1))] * 1000, 1),
+                "tick_late_max_ms": round(late[-1] * 1000, 1)}
 
     def on_role_change(self, fn: Callable[[Role, int, int], None]) -> None:
         """Call `fn(role, term, leader_id)` whenever this node's role or leader changes."""
@@ -371,6 +382,8 @@ class RaftNode:
             return
         try:
             now = self.core.now = time.monotonic()
+            if self._tick_due:
+                self.tick_lateness.append(max(0.0, now - self._tick_due))
             self.core.tick()
             if self.core.lead:
                 self.leader_seen_at = now
@@ -384,6 +397,7 @@ class RaftNode:
         finally:
             if self._running:
                 self.last_tick_at = time.monotonic()
+                self._tick_due = self.last_tick_at + self.cfg.tick_s
                 self._tick_handle = self._loop.call_later(self.cfg.tick_s, self._on_tick)
 
     def health(self) -> tuple[bool, str]:
