@@ -23,7 +23,7 @@ from enum import IntEnum
 from itertools import accumulate
 
 from .errors import NotLeader, ProposalDropped
-from .messages import MAX_TERM, Message, MsgType
+from .messages import MAX_TERM, MAX_TERM_JUMP, Message, MsgType
 
 NONE = 0  # node ids start at 1; 0 means "nobody"
 
@@ -218,6 +218,7 @@ class RaftCore:
         self._snap_requests: list[int] = []
         self._reset_to: tuple[int, int] | None = None
 
+        self.refused_terms = 0  # messages dropped for a term jump beyond MAX_TERM_JUMP
         self._msgs: list[Message] = []
         self._hard_dirty = False
         self._role_changed = False
@@ -414,6 +415,9 @@ class RaftCore:
         if m.src not in self.peers or m.src == self.id:
             return
         if m.term > self.term:
+            if m.term - self.term > MAX_TERM_JUMP:
+                self.refused_terms += 1  # docs/security.md: a jump no real election history produces
+                return
             if m.type in _ECHOED_TERM_TYPES or (not m.reject and (
                     m.type == MsgType.VOTE_RESP or (m.type == MsgType.PRE_VOTE_RESP and m.term != self.term + 1))):
                 return  # these echo a term we sent; a higher one is forged or corrupt

@@ -21,6 +21,10 @@ from .framing import MAX_FRAME
 # acceptable term can still campaign (term + 1) without any encoder or peer overflowing.
 MAX_INDEX = 2**63 - 1
 MAX_TERM = 2**62
+# A term more than this far beyond the receiver's is refused: legitimately it takes as many won
+# elections while the receiver was cut off (days of back-to-back elections at >= 1 s each), and
+# refusing it keeps a misbehaving peer from walking anyone's term up to MAX_TERM (2**42 messages).
+MAX_TERM_JUMP = 1 << 20
 MAX_ENTRIES = 1 << 16  # entries in one AppendEntries (RaftConfig.max_entries_per_msg must stay below)
 _LIMITS = {"max_str_len": 0, "max_map_len": 0, "max_ext_len": 0, "max_array_len": MAX_ENTRIES,
            "max_bin_len": MAX_FRAME}

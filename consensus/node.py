@@ -242,7 +242,8 @@ class RaftNode:
             "commit_index": c.commit if c else 0, "applied_index": self.applied,
             "last_index": c.last_index() if c else 0, "peers": sorted(self.cfg.peers),
             "snapshot_index": c.snap_index if c else 0, "log_first_index": c.offset + 1 if c else 0,
-            "fsync": self.cfg.fsync, **self.metrics, **self._tick_lateness_ms(),
+            "fsync": self.cfg.fsync, "refused_terms": c.refused_terms if c else 0, **self.metrics,
+            **self._tick_lateness_ms(),
         }
 
     def _tick_lateness_ms(self) -> dict[str, float]:

@@ -106,3 +106,15 @@ def test_append_batches_are_cut_at_the_byte_budget():
     apps = [m for m in net.sent if m.type == MsgType.APP and m.ent_data]
     assert apps and all(len(m.ent_data) == 1 or sum(map(len, m.ent_data)) <= 1000 for m in apps)
     assert all(net.applied[i][-1] == b"y" * 5000 for i in net.cores)
+
+
+def test_terms_jumping_further_than_any_election_history_are_refused():
+    from electra.consensus.messages import MAX_TERM_JUMP
+
+    net, leader, follower = _in_lease()
+    term = follower.term
+    follower.step(Message(MsgType.HEARTBEAT, leader.id, follower.id, term + MAX_TERM_JUMP + 1))
+    follower.step(Message(MsgType.APP, leader.id, follower.id, MAX_TERM, index=0, log_term=0))
+    assert follower.term == term and follower.refused_terms == 2
+    follower.step(Message(MsgType.HEARTBEAT, leader.id, follower.id, term + MAX_TERM_JUMP))
+    assert follower.term == term + MAX_TERM_JUMP  # within the bound: ordinary Raft
