@@ -115,6 +115,20 @@ class CleanBrokerData(BaseModel):
     cleanLivingBroker: bool = False
 
 
+class _Stream(StreamingResponse):
+    """An event stream that releases its watcher slot however it ends, even before its first event."""
+
+    def __init__(self, body, release) -> None:
+        super().__init__(body, media_type="text/event-stream")
+        self.release = release
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
 class _RaftCollector:
     """Raft role, term, indexes and batching, read from the node at scrape time."""
 
@@ -274,22 +288,22 @@ def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS) -> F
         watchers += 1
         q = svc.subscribe(name)
 
-        async def stream():
+        def release() -> None:
             nonlocal watchers
-            try:
-                yield ": watching " + name + "\n\n"
-                while not await request.is_disconnected():
-                    try:
-                        ev = await asyncio.wait_for(q.get(), timeout=5.0)
-                    except TimeoutError:
-                        yield ": keep-alive\n\n"
-                        continue
-                    yield f"event: role-change\ndata: {json.dumps(ev)}\n\n"
-            finally:
-                watchers -= 1
-                svc.unsubscribe(name, q)
+            watchers -= 1
+            svc.unsubscribe(name, q)
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        async def stream():
+            yield ": watching " + name + "\n\n"
+            while not await request.is_disconnected():
+                try:
+                    ev = await asyncio.wait_for(q.get(), timeout=5.0)
+                except TimeoutError:
+                    yield ": keep-alive\n\n"
+                    continue
+                yield f"event: role-change\ndata: {json.dumps(ev)}\n\n"
+
+        return _Stream(stream(), release)
 
     @app.post("/v1/internal/broker-sets/{name}/elect-master", tags=["internal"])
     async def proposed_election(name: Name, req: ProposedElection, request: Request):
