@@ -243,6 +243,7 @@ class RaftNode:
             "last_index": c.last_index() if c else 0, "peers": sorted(self.cfg.peers),
             "snapshot_index": c.snap_index if c else 0, "log_first_index": c.offset + 1 if c else 0,
             "fsync": self.cfg.fsync, "refused_terms": c.refused_terms if c else 0, **self.metrics,
+            **{f"peer_{k}": v for k, v in self.transport.stats.items()},
             **self._tick_lateness_ms(),
         }
 

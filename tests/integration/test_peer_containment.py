@@ -177,7 +177,7 @@ def test_oversized_and_malformed_frames_after_the_handshake_close_only_that_conn
     term = st["term"]
     target = 3 if st["node_id"] != 3 else 2
     rss0 = group.peak_rss_kib(target)
-    for payload in (b"\x00" * 16, msgpack.packb([5, 1, target, 1, 0, 0, [0] * 60_000, [b""] * 60_000] + [0] * 9),
+    for payload in (b"\x00" * 16, msgpack.packb([5, 1, target, 1, 0, 0, [0] * 70_000, [b""] * 70_000] + [0] * 9),
                     msgpack.packb(["x" * 1000] * 17)):
         s = _impersonate(group, 1, target)
         s.sendall(_frame(payload))
@@ -189,6 +189,7 @@ def test_oversized_and_malformed_frames_after_the_handshake_close_only_that_conn
     time.sleep(0.5)
     group.write(1, "after-frame-bombs")
     assert group.leader()["term"] == term
+    assert group.status(target)["peer_malformed"] >= 4  # each closed its connection, counted
     assert group.peak_rss_kib(target) - rss0 < 24 << 10
     assert group.logs[target].stat().st_size < 1 << 20
 
