@@ -10,6 +10,7 @@ import pytest
 
 from electra.bench.common import free_ports
 from electra.consensus.core import RaftConfig
+from electra.consensus.framing import MAX_COMMAND
 from electra.consensus.kv import KVStateMachine, encode_put
 from electra.consensus.messages import Message, MsgType
 from electra.consensus.node import NodeConfig, RaftNode
@@ -68,6 +69,8 @@ def test_a_failing_tick_is_counted_and_the_node_keeps_ticking_and_leading(tmp_pa
         assert (await _leader(nodes)) is leader
         await leader.propose(encode_put("k", 1), timeout=5)
         assert leader.health() == (True, "ok")
+        with pytest.raises(ValueError, match="at most"):  # no entry may outgrow a frame
+            leader.propose_future(b"x" * (MAX_COMMAND + 1))
 
     _run(tmp_path, scenario)
 
