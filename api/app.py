@@ -21,6 +21,7 @@ import time
 from typing import Annotated
 
 from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -28,13 +29,20 @@ from pydantic import BaseModel, Field
 
 from electra.consensus.errors import FollowerBehind, NotLeader, ProposalTimeout, RaftError, ReadTimeout
 from electra.state.codes import Code
+from electra.state.limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID
 from electra.state.liveness import BrokerLiveInfo
 
+from .http_limits import DEFAULT_LIMITS, BodyLimit, HTTPLimits
 from .ingest import handle_heartbeat
 from .service import ControllerService
 
 Name = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.:%\-]+$")]
-BrokerId = Annotated[int, Field(ge=1, le=2**62)]
+BrokerId = Annotated[int, Field(ge=1, le=MAX_BROKER_ID)]
+# RocketMQ's Java types (state/limits.py): numbers beyond them are a 422, never stored.
+Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+Epoch = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Millis = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 _STATUS = {Code.SUCCESS: 200, Code.CONTROLLER_BROKER_METADATA_NOT_EXIST: 404,
            Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED: 404, Code.CONTROLLER_INVALID_REQUEST: 400,
@@ -46,11 +54,11 @@ class Heartbeat(BaseModel):
     brokerName: Name
     brokerAddr: Annotated[str, Field(min_length=1, max_length=255)]
     brokerId: BrokerId
-    epoch: int = -1
-    maxOffset: int = -1
-    confirmOffset: int = -1
+    epoch: Int32 = -1
+    maxOffset: Int64 = -1
+    confirmOffset: Int64 = -1
     heartbeatTimeoutMillis: Annotated[int, Field(ge=100, le=3_600_000)] = 10_000
-    electionPriority: int = 2**31 - 1
+    electionPriority: Int32 = 2**31 - 1
 
 
 class ApplyBrokerId(BaseModel):
@@ -73,28 +81,28 @@ class ElectMaster(BaseModel):
 class LiveBroker(BaseModel):
     broker_id: BrokerId
     broker_addr: Annotated[str, Field(min_length=1, max_length=255)]
-    last_update_ms: Annotated[int, Field(ge=0)]
+    last_update_ms: Millis
     timeout_ms: Annotated[int, Field(ge=100, le=3_600_000)] = 10_000
-    epoch: int = -1
-    max_offset: int = -1
-    confirm_offset: int = -1
-    priority: int = 2**31 - 1
+    epoch: Int32 = -1
+    max_offset: Int64 = -1
+    confirm_offset: Int64 = -1
+    priority: Int32 = 2**31 - 1
 
 
 class ProposedElection(BaseModel):
     """An ElectMaster proposal from the streaming job: its heartbeat snapshot and the master epoch it saw."""
 
     clusterName: Name
-    expectedMasterEpoch: Annotated[int, Field(ge=0)]
+    expectedMasterEpoch: Epoch
     live: Annotated[list[LiveBroker], Field(max_length=64)]
-    proposedAtMs: Annotated[int, Field(ge=0)] | None = None  # the instant the job judged liveness at
+    proposedAtMs: Millis | None = None  # the instant the job judged liveness at
 
 
 class AlterSyncStateSet(BaseModel):
     masterBrokerId: BrokerId
-    masterEpoch: Annotated[int, Field(ge=0)]
+    masterEpoch: Epoch
     syncStateSet: Annotated[list[BrokerId], Field(min_length=1, max_length=64)]
-    syncStateSetEpoch: Annotated[int, Field(ge=0)]
+    syncStateSetEpoch: Epoch
 
 
 class SyncStateDataRequest(BaseModel):
@@ -105,6 +113,20 @@ class CleanBrokerData(BaseModel):
     clusterName: Name | None = None
     brokerIds: Annotated[list[BrokerId], Field(max_length=64)] | None = None
     cleanLivingBroker: bool = False
+
+
+class _Stream(StreamingResponse):
+    """An event stream that releases its watcher slot however it ends, even before its first event."""
+
+    def __init__(self, body, release) -> None:
+        super().__init__(body, media_type="text/event-stream")
+        self.release = release
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
 
 
 class _RaftCollector:
@@ -120,7 +142,9 @@ class _RaftCollector:
             role.add_metric([r], 1.0 if st["role"] == r else 0.0)
         yield role
         for key, doc in (("term", "current term"), ("commit_index", "commit index"),
-                         ("applied_index", "applied index"), ("snapshot_index", "newest snapshot index")):
+                         ("applied_index", "applied index"), ("snapshot_index", "newest snapshot index"),
+                         ("tick_late_p99_ms", "p99 of how late the last 100 Raft ticks ran (ms)"),
+                         ("tick_errors", "Raft ticks that raised (logged, counted, re-armed)")):
             yield GaugeMetricFamily(f"electra_raft_{key}", doc, value=st[key])
         batches = max(1, st["batches"])
         yield GaugeMetricFamily("electra_raft_proposal_batch_avg", "average proposals per batch",
@@ -139,9 +163,27 @@ class _RaftCollector:
         yield el
 
 
-def create_app(svc: ControllerService) -> FastAPI:
+def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
+    """Each bad field and what is wrong with it; never the value sent (it may be huge or hostile)."""
+    out = []
+    for e in exc.errors()[:20]:
+        field = ".".join(str(p) for p in e.get("loc", ()))
+        out.append({"field": field[:200], "problem": str(e.get("msg", "invalid"))[:200]})
+    return out
+
+
+def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS) -> FastAPI:
     app = FastAPI(title="Electra controller", version="0.1.0",
                   description="RocketMQ 5 controller semantics on a Raft-replicated state machine")
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    watchers = 0  # open SSE watch streams on this node
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = validation_errors(exc)
+        remark = "invalid request: " + "; ".join(f"{e['field']}: {e['problem']}" for e in errors[:3])
+        return JSONResponse({"code": int(Code.CONTROLLER_INVALID_REQUEST), "remark": remark, "errors": errors},
+                            status_code=422)
     registry = CollectorRegistry()
     requests = Counter("electra_requests", "requests by endpoint and RocketMQ code", ["endpoint", "code"],
                        registry=registry)
@@ -208,7 +250,8 @@ def create_app(svc: ControllerService) -> FastAPI:
             confirm_offset=hb.confirmOffset, timeout_ms=hb.heartbeatTimeoutMillis, priority=hb.electionPriority)))
 
     @app.get("/v1/broker-sets/{name}/next-broker-id", tags=["broker"])
-    async def next_broker_id(name: Name, request: Request, cluster: Annotated[str, Query(min_length=1)]):
+    async def next_broker_id(name: Name, request: Request,
+                             cluster: Annotated[str, Query(min_length=1, max_length=255)]):
         return await run("next_broker_id", request, svc.get_next_broker_id(cluster, name))
 
     @app.post("/v1/broker-sets/{name}/apply-broker-id", tags=["broker"])
@@ -236,23 +279,31 @@ def create_app(svc: ControllerService) -> FastAPI:
 
     @app.get("/v1/broker-sets/{name}/watch", tags=["broker"])
     async def watch(name: Name, request: Request):
-        """Server-sent events: one `role-change` event per election or sync-state-set change."""
+        """Server-sent events: one `role-change` event per election or sync-state-set change (503 when full)."""
+        nonlocal watchers
+        if watchers >= limits.max_watchers:
+            return JSONResponse({"code": int(Code.SYSTEM_BUSY),
+                                 "remark": f"this node serves at most {limits.max_watchers} watchers"},
+                                status_code=503, headers={"Retry-After": "5"})
+        watchers += 1
         q = svc.subscribe(name)
 
-        async def stream():
-            try:
-                yield ": watching " + name + "\n\n"
-                while not await request.is_disconnected():
-                    try:
-                        ev = await asyncio.wait_for(q.get(), timeout=5.0)
-                    except TimeoutError:
-                        yield ": keep-alive\n\n"
-                        continue
-                    yield f"event: role-change\ndata: {json.dumps(ev)}\n\n"
-            finally:
-                svc.unsubscribe(name, q)
+        def release() -> None:
+            nonlocal watchers
+            watchers -= 1
+            svc.unsubscribe(name, q)
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        async def stream():
+            yield ": watching " + name + "\n\n"
+            while not await request.is_disconnected():
+                try:
+                    ev = await asyncio.wait_for(q.get(), timeout=5.0)
+                except TimeoutError:
+                    yield ": keep-alive\n\n"
+                    continue
+                yield f"event: role-change\ndata: {json.dumps(ev)}\n\n"
+
+        return _Stream(stream(), release)
 
     @app.post("/v1/internal/broker-sets/{name}/elect-master", tags=["internal"])
     async def proposed_election(name: Name, req: ProposedElection, request: Request):
@@ -265,7 +316,19 @@ def create_app(svc: ControllerService) -> FastAPI:
     # ------------------------------------------------------------------ admin endpoints
     @app.post("/v1/admin/sync-state-data", tags=["admin"])
     async def sync_state_data(req: SyncStateDataRequest, request: Request):
-        return await run("sync_state_data", request, done(svc.get_sync_state_data(req.brokerNames)))
+        return await run("sync_state_data", request, sync_state_in_slices(req.brokerNames))
+
+    async def sync_state_in_slices(names: list[str]) -> dict:
+        """Up to 10,000 sets, 500 at a time, yielding to the event loop (Raft ticks) in between."""
+        res = None
+        for lo in range(0, len(names), 500):
+            part = svc.get_sync_state_data(names[lo:lo + 500])
+            if res is None:
+                res = part
+            else:
+                res["body"]["replicasInfoTable"].update(part["body"]["replicasInfoTable"])
+            await asyncio.sleep(0)
+        return res
 
     @app.post("/v1/admin/broker-sets/{name}/clean", tags=["admin"])
     async def clean(name: Name, req: CleanBrokerData, request: Request):
@@ -284,9 +347,10 @@ def create_app(svc: ControllerService) -> FastAPI:
     # ------------------------------------------------------------------ operations
     @app.get("/healthz", tags=["ops"])
     async def healthz():
+        """503 when this node is stopped, its Raft ticks stalled, or no leader was known for an election timeout."""
         st = svc.node.status()
-        ok = st["role"] != "stopped"
-        return JSONResponse({"ok": ok, "role": st["role"], "leader_id": st["leader_id"]},
+        ok, reason = svc.node.health()
+        return JSONResponse({"ok": ok, "reason": reason, "role": st["role"], "leader_id": st["leader_id"]},
                             status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["ops"])

@@ -24,6 +24,7 @@ import httptools
 
 from electra.streaming import records
 
+from .http_limits import BUSY_REPLY, DEFAULT_LIMITS, TIMEOUT_REPLY, HTTPLimits, RequestDeadline, head_too_large
 from .ingest import HeartbeatProducer, handle_heartbeat
 
 log = logging.getLogger("electra.api.ingest")
@@ -47,8 +48,16 @@ def _response(status: int, body: bytes, *, content_type: bytes = b"application/j
 class IngestProtocol(asyncio.Protocol):
     """One client connection: parse requests, answer each when its body is complete."""
 
-    def __init__(self, producer: HeartbeatProducer) -> None:
+    def __init__(self, producer: HeartbeatProducer, limits: HTTPLimits = DEFAULT_LIMITS,
+                 open_connections: set | None = None) -> None:
         self.producer = producer
+        # Containment (api/http_limits.py): connection cap, request deadline, idle timeout, head size.
+        self.limits = limits
+        self.open = open_connections if open_connections is not None else set()
+        self.deadline = RequestDeadline()
+        self.head_bytes = 0
+        self.in_head = True
+        self.content_length = 0
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.url = b""
@@ -59,8 +68,24 @@ class IngestProtocol(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if len(self.open) >= self.limits.max_connections:
+            transport.write(BUSY_REPLY)
+            transport.close()
+            return
+        self.open.add(self)
+        self.deadline.arm(transport, self.limits.request_timeout_s, TIMEOUT_REPLY)
+
+    def connection_lost(self, exc) -> None:
+        self.open.discard(self)
+        self.deadline.cancel()
 
     def data_received(self, data: bytes) -> None:
+        if self.in_head:
+            end = data.find(b"\r\n\r\n")
+            self.head_bytes += len(data) if end < 0 else end
+            if self.head_bytes > self.limits.max_header_bytes:
+                self._reply_raw(head_too_large(self.limits.max_header_bytes))
+                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -71,6 +96,17 @@ class IngestProtocol(asyncio.Protocol):
     # httptools callbacks
     def on_message_begin(self) -> None:
         self.url, self.body, self.size, self.too_large = b"", [], 0, False
+        self.in_head, self.head_bytes, self.content_length = True, 0, 0
+        self.deadline.arm(self.transport, self.limits.request_timeout_s, TIMEOUT_REPLY)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"content-length":
+            self.content_length = int(value) if value.isdigit() else MAX_BODY + 1
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        if self.content_length > MAX_BODY:  # refuse before reading a byte of the body
+            self._reply(413, b'{"code":2005,"remark":"heartbeat too large"}', close=True)
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -83,7 +119,10 @@ class IngestProtocol(asyncio.Protocol):
             self.body.append(body)
 
     def on_message_complete(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
         keep = self.parser.should_keep_alive()
+        self.deadline.arm(self.transport, self.limits.idle_timeout_s)  # idle until the next request
         path = self.url.split(b"?", 1)[0]
         method = self.parser.get_method()
         if path == b"/v1/heartbeat":
@@ -113,6 +152,13 @@ class IngestProtocol(asyncio.Protocol):
         self.transport.write(_response(status, body, content_type=content_type, close=close,
                                        retry_after=retry_after))
         if close:
+            self.deadline.cancel()
+            self.transport.close()
+
+    def _reply_raw(self, response: bytes) -> None:
+        self.deadline.cancel()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(response)
             self.transport.close()
 
 
@@ -137,7 +183,9 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: IngestProtocol(producer), sock=_listen(host, port))
+        connections: set = set()
+        server = await loop.create_server(lambda: IngestProtocol(producer, DEFAULT_LIMITS, connections),
+                                          sock=_listen(host, port))
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)

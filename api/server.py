@@ -14,6 +14,7 @@ from electra.state.machine import ControllerStateMachine
 from electra.streaming.records import Topics
 
 from .app import create_app
+from .http_limits import DEFAULT_LIMITS, HTTPLimits, guarded_protocol
 from .ingest import HeartbeatProducer
 from .kafka_bridge import EventsPublisher, LivenessConsumer
 from .service import ControllerService
@@ -53,7 +54,8 @@ class ControllerNode:
 async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int, http_peers: dict[int, str], *,
                                 unclean_election: bool = False, scan_interval_s: float = 5.0,
                                 kafka_bootstrap: str | None = None, topics: Topics | None = None,
-                                tier: TierConfig | None = None, bootstrap_from_tier: bool = False) -> ControllerNode:
+                                tier: TierConfig | None = None, bootstrap_from_tier: bool = False,
+                                http_limits: HTTPLimits = DEFAULT_LIMITS) -> ControllerNode:
     """Start Raft, the controller service and the HTTP API; with `kafka_bootstrap`, also the pipeline links.
 
     With Kafka, heartbeats sent to this node go to the heartbeats topic, applied events are
@@ -84,8 +86,9 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
 
         service.tier = TierUploader(node, sm, service.journal, tier)
         service.tier.start()
-    config = uvicorn.Config(create_app(service), host=http_host, port=http_port, log_level="warning",
-                            lifespan="off", access_log=False)
+    config = uvicorn.Config(create_app(service, http_limits), host=http_host, port=http_port, log_level="warning",
+                            lifespan="off", access_log=False, http=guarded_protocol(http_limits),
+                            timeout_keep_alive=http_limits.idle_timeout_s)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # the caller owns signals
     task = asyncio.create_task(server.serve())

@@ -18,6 +18,7 @@ BENCHMARKS = {
     "failover": "electra.bench.failover",
     "stream": "electra.bench.stream",
     "tier": "electra.bench.tier",
+    "flood": "electra.bench.flood",
 }
 
 

@@ -20,9 +20,10 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
+from itertools import accumulate
 
 from .errors import NotLeader, ProposalDropped
-from .messages import Message, MsgType
+from .messages import MAX_TERM, MAX_TERM_JUMP, Message, MsgType
 
 NONE = 0  # node ids start at 1; 0 means "nobody"
 
@@ -124,6 +125,10 @@ class Progress:
         self.inflight.clear()
 
 
+# Messages that carry the term of an exchange the receiver started or shares with its leader
+# (as granted vote answers do): a term above the receiver's in them is never legitimate.
+_ECHOED_TERM_TYPES = frozenset({MsgType.HEARTBEAT_RESP, MsgType.READ_INDEX_RESP, MsgType.READ_INDEX})
+
 _SEND_NOW_TYPES = frozenset({MsgType.APP, MsgType.HEARTBEAT, MsgType.TIMEOUT_NOW, MsgType.PRE_VOTE,
                              MsgType.READ_INDEX, MsgType.READ_INDEX_RESP})
 
@@ -213,6 +218,7 @@ class RaftCore:
         self._snap_requests: list[int] = []
         self._reset_to: tuple[int, int] | None = None
 
+        self.refused_terms = 0  # messages dropped for a term jump beyond MAX_TERM_JUMP
         self._msgs: list[Message] = []
         self._hard_dirty = False
         self._role_changed = False
@@ -300,6 +306,9 @@ class RaftCore:
         self._maybe_commit()
 
     def _campaign(self, pre: bool, force: bool = False) -> None:
+        if self.term >= MAX_TERM:
+            self.elapsed = 0  # peers refuse terms beyond MAX_TERM (docs/security.md); stay a follower
+            return
         if pre:
             self.role = Role.PRE_CANDIDATE
             vote_term = self.term + 1
@@ -406,10 +415,16 @@ class RaftCore:
         if m.src not in self.peers or m.src == self.id:
             return
         if m.term > self.term:
+            if m.term - self.term > MAX_TERM_JUMP:
+                self.refused_terms += 1  # docs/security.md: a jump no real election history produces
+                return
+            if m.type in _ECHOED_TERM_TYPES or (not m.reject and (
+                    m.type == MsgType.VOTE_RESP or (m.type == MsgType.PRE_VOTE_RESP and m.term != self.term + 1))):
+                return  # these echo a term we sent; a higher one is forged or corrupt
             if m.type in (MsgType.PRE_VOTE, MsgType.VOTE):
                 in_lease = (self.cfg.check_quorum and self.lead != NONE
                             and self.elapsed < self.cfg.election_ticks)
-                if in_lease and not m.force:
+                if in_lease and not self._is_transfer_vote(m):
                     return  # we heard from a live leader recently: do not help unseat it
             if m.type == MsgType.PRE_VOTE or (m.type == MsgType.PRE_VOTE_RESP and not m.reject):
                 pass  # pre-votes never change terms
@@ -430,6 +445,8 @@ class RaftCore:
             self._handle_vote_request(m)
         elif self.role == Role.LEADER:
             if t == MsgType.APP_RESP:
+                if m.index > self.last_index() and not m.reject:
+                    return  # acknowledges entries we never had: forged or corrupt
                 self._handle_append_resp(m)
             elif t == MsgType.HEARTBEAT_RESP:
                 self._handle_heartbeat_resp(m)
@@ -453,6 +470,17 @@ class RaftCore:
         elif t == MsgType.READ_INDEX_RESP:
             for ctx in self._follower_batches.pop(m.context, ()):
                 self._read_states.append((ctx, m.index))
+
+    def _is_transfer_vote(self, m: Message) -> bool:
+        """Whether a `force` vote request is what a leadership transfer produces.
+
+        The transferee campaigns from the leader's term on TimeoutNow, so its vote asks for
+        exactly our term + 1; the leader itself honours it only from the node it is handing
+        over to. Any other `force` flag is ignored, so a forged one cannot skip the lease.
+        """
+        if not m.force or m.term != self.term + 1:
+            return False
+        return self.role != Role.LEADER or m.src == self.transferee
 
     def _become_follower_of(self, m: Message) -> None:
         if self.role != Role.FOLLOWER or self.lead != m.src:
@@ -630,6 +658,10 @@ class RaftCore:
         hi = min(self.last_index() - self.offset, lo + self.cfg.max_entries_per_msg)
         terms = self.log_terms[lo:hi]
         datas = self.log_data[lo:hi]
+        if len(datas) > 1 and sum(map(len, datas)) > self.cfg.max_bytes_per_msg:
+            # Cut the batch at the byte budget (at least one entry) so every message fits a frame.
+            n = max(1, bisect.bisect_right(list(accumulate(map(len, datas))), self.cfg.max_bytes_per_msg))
+            terms, datas = terms[:n], datas[:n]
         pr.sent_commit = self.commit
         self._msgs.append(Message(MsgType.APP, self.id, to, self.term, index=prev, log_term=prev_term,
                                   ent_terms=terms, ent_data=datas, commit=self.commit))

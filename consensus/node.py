@@ -26,6 +26,7 @@ import itertools
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -42,6 +43,7 @@ from .errors import (
     RaftError,
     ReadTimeout,
 )
+from .framing import MAX_COMMAND, brief
 from .messages import Message, MsgType
 from .snapshots import SnapshotMeta, SnapshotReceiver, SnapshotSender, SnapshotStore
 from .storage import LogStorage
@@ -84,6 +86,14 @@ class NodeConfig:
     snapshot_bytes: int = 64 << 20
     snapshots_kept: int = 3
     compaction_slack: int = 5000  # entries kept behind a snapshot so short lags catch up from the log
+    # Containment of a peer's snapshot transfer (docs/security.md): the largest snapshot file a
+    # follower accepts, and how long an unfinished transfer may sit idle before its temp file goes.
+    max_snapshot_bytes: int = 4 << 30
+    snapshot_stall_s: float = 10.0
+
+    def election_timeout_s(self) -> float:
+        """The longest randomized election timeout: after this long without a leader, something is wrong."""
+        return 2 * self.raft.election_ticks * self.tick_s
 
     def lease_s(self) -> float:
         """Lease length: below the followers' vote-refusal window, shrunk by the drift bound.
@@ -121,7 +131,8 @@ class RaftNode:
         self.metrics = {"proposals": 0, "batches": 0, "fsyncs": 0, "entries_persisted": 0,
                         "applied": 0, "max_batch": 0, "reads_readindex": 0, "reads_lease": 0,
                         "reads_follower": 0, "reads_stale": 0, "reads_refused": 0, "snapshots_taken": 0,
-                        "snapshots_sent": 0, "snapshots_installed": 0}
+                        "snapshots_sent": 0, "snapshots_installed": 0, "tick_errors": 0,
+                        "process_errors": 0, "snapshot_chunks_refused": 0, "snapshot_transfers_aborted": 0}
         self._read_ids = itertools.count(1)
         # A read waits first for its read index (ctx -> (fut, deadline)), then until that index
         # is applied (a heap of (index, seq, fut, deadline)); one future serves both stages.
@@ -132,7 +143,12 @@ class RaftNode:
         self._snapshotting = False
         self._bytes_since_snap = 0
         self._senders: dict[int, asyncio.Queue] = {}  # peer -> SNAP_RESP queue of the running transfer
-        self._receiver = SnapshotReceiver(cfg.node_id, self.snapshots.receive_sink)
+        self._receiver = SnapshotReceiver(cfg.node_id, self.snapshots.receive_sink, max_bytes=cfg.max_snapshot_bytes)
+        self._last_chunk_at = 0.0
+        self.last_tick_at = 0.0  # monotonic time of the last completed tick
+        self._tick_due = 0.0
+        self.tick_lateness: deque[float] = deque(maxlen=100)  # how late (s) each of the last 100 ticks ran
+        self.leader_seen_at = 0.0  # monotonic time this node last knew a leader (itself included)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -168,6 +184,7 @@ class RaftNode:
                  self.cfg.node_id, rec.term, rec.vote, snap[0], rec.first_index, self.core.last_index(),
                  self.cfg.fsync, self.restart_seconds)
         self._running = True
+        self.last_tick_at = self.leader_seen_at = time.monotonic()
         await self.transport.start()
         self._tasks.append(asyncio.create_task(self._persister(), name=f"raft-persist-{self.cfg.node_id}"))
         self._tick_handle = self._loop.call_later(self.cfg.tick_s, self._on_tick)
@@ -225,8 +242,18 @@ class RaftNode:
             "commit_index": c.commit if c else 0, "applied_index": self.applied,
             "last_index": c.last_index() if c else 0, "peers": sorted(self.cfg.peers),
             "snapshot_index": c.snap_index if c else 0, "log_first_index": c.offset + 1 if c else 0,
-            "fsync": self.cfg.fsync, **self.metrics,
+            "fsync": self.cfg.fsync, "refused_terms": c.refused_terms if c else 0, **self.metrics,
+            **{f"peer_{k}": v for k, v in self.transport.stats.items()},
+            **self._tick_lateness_ms(),
         }
+
+    def _tick_lateness_ms(self) -> dict[str, float]:
+        """How late the last 100 ticks ran (p99 and max): whatever starves the event loop shows here."""
+        late = sorted(self.tick_lateness)
+        if not late:
+            return {"tick_late_p99_ms": 0.0, "tick_late_max_ms": 0.0}
+        return {"tick_late_p99_ms": round(late[int(0.99 * (len(late) - 1))] * 1000, 1),
+                "tick_late_max_ms": round(late[-1] * 1000, 1)}
 
     def on_role_change(self, fn: Callable[[Role, int, int], None]) -> None:
         """Call `fn(role, term, leader_id)` whenever this node's role or leader changes."""
@@ -244,6 +271,8 @@ class RaftNode:
         """`propose()` without a coroutine: for servers that answer from a done-callback."""
         if not isinstance(command, bytes | bytearray) or not command:
             raise ValueError("a command must be non-empty bytes (empty entries are reserved for no-ops)")
+        if len(command) > MAX_COMMAND:
+            raise ValueError(f"a command must be at most {MAX_COMMAND} bytes, not {len(command)}")
         if not self._running:
             raise NodeStopped("node is not running")
         if self.core.role != Role.LEADER:
@@ -350,13 +379,40 @@ class RaftNode:
         self._kick()
 
     def _on_tick(self) -> None:
+        """One tick; whatever fails inside it is logged and counted, and the next tick is armed regardless."""
         if not self._running:
             return
-        self.core.now = time.monotonic()
-        self.core.tick()
-        self._expire_waiters()
-        self._process()
-        self._tick_handle = self._loop.call_later(self.cfg.tick_s, self._on_tick)
+        try:
+            now = self.core.now = time.monotonic()
+            if self._tick_due:
+                self.tick_lateness.append(max(0.0, now - self._tick_due))
+            self.core.tick()
+            if self.core.lead:
+                self.leader_seen_at = now
+            self._expire_waiters()
+            self._abort_stalled_snapshot(now)
+            self._process()
+        except Exception as exc:
+            self.metrics["tick_errors"] += 1
+            log.exception("node %d: tick failed (%d so far); ticking on: %s", self.cfg.node_id,
+                          self.metrics["tick_errors"], brief(exc))
+        finally:
+            if self._running:
+                self.last_tick_at = time.monotonic()
+                self._tick_due = self.last_tick_at + self.cfg.tick_s
+                self._tick_handle = self._loop.call_later(self.cfg.tick_s, self._on_tick)
+
+    def health(self) -> tuple[bool, str]:
+        """(healthy, reason): unhealthy once ticks stop or no leader was known for an election timeout."""
+        if not self._running:
+            return False, "stopped"
+        now = time.monotonic()
+        limit = self.cfg.election_timeout_s()
+        if now - self.last_tick_at > limit:
+            return False, f"no Raft tick for {now - self.last_tick_at:.1f}s"
+        if self.core.lead == 0 and now - self.leader_seen_at > limit:
+            return False, f"no leader known for {now - self.leader_seen_at:.1f}s"
+        return True, "ok"
 
     def _kick(self) -> None:
         if not self._kicked:
@@ -367,11 +423,15 @@ class RaftNode:
         self._kicked = False
         if not self._running:
             return
-        core = self.core
-        if self._queued_cmds:
-            self._propose_queued()
-        while core.has_ready():
-            self._handle_ready(core.ready())
+        try:
+            core = self.core
+            if self._queued_cmds:
+                self._propose_queued()
+            while core.has_ready():
+                self._handle_ready(core.ready())
+        except Exception as exc:
+            self.metrics["process_errors"] += 1
+            log.exception("node %d: processing Raft output failed: %s", self.cfg.node_id, brief(exc))
 
     def _propose_queued(self) -> None:
         cmds, futs = self._queued_cmds, self._queued_futs
@@ -575,6 +635,17 @@ class RaftNode:
 
         self._tasks.append(asyncio.create_task(complete()))
 
+    def _abort_stalled_snapshot(self, now: float) -> None:
+        """Drop an incoming transfer (and its temp file) whose leader went quiet or lost its role."""
+        rcv = self._receiver
+        if rcv.sink is None:
+            return
+        if now - self._last_chunk_at > self.cfg.snapshot_stall_s or self.core.role == Role.LEADER:
+            log.warning("node %d: abandoning snapshot transfer %s at byte %d (no chunk for %.1fs)",
+                        self.cfg.node_id, rcv.key, rcv.expected, now - self._last_chunk_at)
+            rcv.abort()
+            self.metrics["snapshot_transfers_aborted"] += 1
+
     async def _send_snapshot(self, peer: int) -> None:
         """Stream the newest snapshot to `peer`, one chunk in flight, resuming on its offsets."""
         q = self._senders[peer]
@@ -614,8 +685,12 @@ class RaftNode:
 
     def _on_snapshot_chunk(self, m: Message) -> None:
         core = self.core
-        if m.term < core.term or core.role == Role.LEADER:
+        if m.term != core.term or core.lead != m.src or core.role != Role.FOLLOWER:
+            # Only the leader this node follows, in its term, may install a snapshot here; the
+            # leader's heartbeats establish it first, and the sender resends the chunk.
+            self.metrics["snapshot_chunks_refused"] += 1
             return
+        self._last_chunk_at = core.now
         # A chunk is contact from the current leader, like a heartbeat.
         core.step(Message(MsgType.HEARTBEAT, m.src, self.cfg.node_id, m.term))
         reply, meta = self._receiver.on_chunk(m, core.term)

@@ -277,9 +277,10 @@ class SnapshotSender:
 class SnapshotReceiver:
     """Follower side: accepts chunks in order, answers with the next expected offset."""
 
-    def __init__(self, me: int, new_sink: Callable[[int, int], object]) -> None:
+    def __init__(self, me: int, new_sink: Callable[[int, int], object], max_bytes: int = 4 << 30) -> None:
         self.me = me
         self.new_sink = new_sink
+        self.max_bytes = max_bytes  # the largest snapshot file accepted; a bigger transfer is refused
         self.key: tuple[int, int] | None = None
         self.sink = None
         self.expected = 0
@@ -287,6 +288,11 @@ class SnapshotReceiver:
     def on_chunk(self, m: Message, term: int) -> tuple[Message, SnapshotMeta | None]:
         """Handle one chunk; returns the reply and, when complete and valid, the snapshot."""
         key = (m.index, m.log_term)
+        if m.commit > self.max_bytes or m.offset + len(m.chunk) > m.commit:
+            # Announced size over the limit, or a chunk past the announced end: refuse the transfer.
+            if key == self.key:
+                self.abort()
+            return self._reply(m, term, 0, reject=True), None
         if key != self.key:
             if m.offset != 0:
                 return self._reply(m, term, 0), None  # we have nothing of this one: start over

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 
 import msgpack
 
-from .framing import FrameError, pack_frame, read_frame
+from .framing import MAX_HANDSHAKE, FrameError, brief, pack_frame, read_frame
 from .messages import Message
 
 PROTO = "electra-raft/1"
@@ -51,7 +51,8 @@ class PeerTransport:
         self.high_water = high_water
         self.peers = {p: _Peer(p) for p in peers if p != node_id}
         self.stats = dict.fromkeys(("frames_sent", "frames_received", "dropped", "malformed",
-                                    "rejected_handshakes", "rejected_messages", "reconnects"), 0)
+                                    "rejected_handshakes", "rejected_messages", "reconnects",
+                                    "unencodable", "handler_errors"), 0)
         self._server: asyncio.base_events.Server | None = None
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
@@ -95,7 +96,14 @@ class PeerTransport:
         if w is None or w.is_closing() or w.transport.get_write_buffer_size() > self.high_water:
             self.stats["dropped"] += 1
             return
-        peer.pending.append(pack_frame(msg.encode()))
+        try:
+            frame = pack_frame(msg.encode())
+        except (FrameError, OverflowError, TypeError, ValueError) as exc:
+            # A message that cannot be framed is a bug on this side; drop it rather than the caller.
+            self.stats["unencodable"] += 1
+            self.log.error("node %d: cannot encode %r for node %d: %s", self.id, msg, msg.dst, brief(exc))
+            return
+        peer.pending.append(frame)
         if not peer.flush_scheduled:
             peer.flush_scheduled = True
             self._loop.call_soon(self._flush, peer)
@@ -123,18 +131,18 @@ class PeerTransport:
     def _check_hello(self, frame: bytes, expect_from: int | None) -> int:
         """Validate a handshake; return the peer id or raise ValueError."""
         try:
-            h = msgpack.unpackb(frame, raw=False)
+            h = msgpack.unpackb(frame, raw=False, max_array_len=16, max_map_len=16, max_ext_len=0)
         except Exception as exc:
-            raise ValueError(f"undecodable handshake: {exc}") from exc
+            raise ValueError(f"undecodable handshake: {type(exc).__name__}") from exc
         if not isinstance(h, dict) or h.get("proto") != PROTO:
-            raise ValueError(f"wrong protocol {h.get('proto') if isinstance(h, dict) else h!r}")
+            raise ValueError(f"wrong protocol {brief(h.get('proto') if isinstance(h, dict) else h, 80)}")
         if h.get("cluster") != self.cluster:
-            raise ValueError(f"wrong cluster {h.get('cluster')!r} (this is {self.cluster!r})")
+            raise ValueError(f"wrong cluster {brief(repr(h.get('cluster')), 80)} (this is {self.cluster!r})")
         src = h.get("from")
         if src not in self.peers:
-            raise ValueError(f"unknown node id {src!r}")
+            raise ValueError(f"unknown node id {brief(repr(src), 40)}")
         if h.get("to") != self.id:
-            raise ValueError(f"handshake addressed to node {h.get('to')!r}, this is node {self.id}")
+            raise ValueError(f"handshake addressed to node {brief(repr(h.get('to')), 40)}, this is node {self.id}")
         if expect_from is not None and src != expect_from:
             raise ValueError(f"expected node {expect_from}, got node {src}")
         return src
@@ -142,14 +150,14 @@ class PeerTransport:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         _nodelay(writer)
         try:
-            frame = await asyncio.wait_for(read_frame(reader), timeout=5)
+            frame = await asyncio.wait_for(read_frame(reader, MAX_HANDSHAKE), timeout=5)
             src = self._check_hello(frame, None)
             if src > self.id:  # lower ids dial higher ones, so there is one connection per pair
                 raise ValueError(f"node {src} must accept connections from node {self.id}, not dial it")
         except (ValueError, FrameError, asyncio.IncompleteReadError, TimeoutError, ConnectionError) as exc:
             self.stats["rejected_handshakes"] += 1
             self.log.warning("node %d: rejected connection from %s: %s", self.id,
-                             writer.get_extra_info("peername"), exc)
+                             writer.get_extra_info("peername"), brief(exc))
             writer.close()
             return
         writer.write(self._hello(src))
@@ -164,10 +172,10 @@ class PeerTransport:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=2)
                 _nodelay(writer)
                 writer.write(self._hello(pid))
-                self._check_hello(await asyncio.wait_for(read_frame(reader), timeout=5), pid)
+                self._check_hello(await asyncio.wait_for(read_frame(reader, MAX_HANDSHAKE), timeout=5), pid)
             except (OSError, TimeoutError, ValueError, FrameError, asyncio.IncompleteReadError) as exc:
                 if isinstance(exc, ValueError | FrameError):
-                    self.log.warning("node %d: handshake with node %d failed: %s", self.id, pid, exc)
+                    self.log.warning("node %d: handshake with node %d failed: %s", self.id, pid, brief(exc))
                 await asyncio.sleep(backoff * (0.5 + random.random()))
                 backoff = min(2.0, backoff * 2)
                 continue
@@ -206,13 +214,18 @@ class PeerTransport:
                     self.log.warning("node %d: dropped message %r on the connection of node %d",
                                      self.id, msg, peer.id)
                     continue
-                deliver(msg)
+                try:
+                    deliver(msg)
+                except Exception as exc:  # a handler bug must not cut the connection or go unseen
+                    self.stats["handler_errors"] += 1
+                    self.log.exception("node %d: handling %r from node %d failed: %s", self.id, msg, peer.id,
+                                       brief(exc))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except (FrameError, ValueError) as exc:
             self.stats["malformed"] += 1
             self.log.warning("node %d: malformed frame from node %d, closing the connection: %s",
-                             self.id, peer.id, exc)
+                             self.id, peer.id, brief(exc))
         finally:
             writer.close()
             if peer.writer is writer:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 import msgpack
 
+from .limits import ints_within_int64, is_int32
 from .liveness import BrokerLiveInfo
 
 APPLY_BROKER_ID = "apply_broker_id"
@@ -21,6 +22,7 @@ ELECT_MASTER = "elect_master"
 ALTER_SYNC_STATE_SET = "alter_sync_state_set"
 CLEAN_BROKER_DATA = "clean_broker_data"
 OPS = (APPLY_BROKER_ID, REGISTER_BROKER, ELECT_MASTER, ALTER_SYNC_STATE_SET, CLEAN_BROKER_DATA)
+_INT32_FIELDS = ("master_epoch", "sync_state_set_epoch", "expected_master_epoch")  # Java int fields
 CONTROLLER_TRIGGER = -1  # broker id of an election the controller itself triggers
 
 
@@ -78,7 +80,14 @@ def decode(data: bytes) -> dict:
     except Exception as exc:
         raise ValueError(f"undecodable controller command: {exc}") from exc
     if not isinstance(cmd, dict) or cmd.get("op") not in OPS:
-        raise ValueError(f"not a controller command: {cmd!r:.80}")
+        raise ValueError("not a controller command")
+    # The last line of defence against numbers no Java broker can hold (state/limits.py).
+    if not ints_within_int64(cmd):
+        raise ValueError("an integer field is outside Java's long range")
+    for key in _INT32_FIELDS:
+        if cmd.get(key) is not None and not is_int32(cmd[key]):
+            raise ValueError(f"{key}: an int32 is required")
+    live_of(cmd)  # every liveness record, used or not, within its types
     return cmd
 
 

@@ -9,7 +9,9 @@ decides from the command alone, so every replica reaches the same result.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+
+from .limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID, check_int
 
 DEFAULT_TIMEOUT_MS = 10_000
 LOWEST_PRIORITY = 2**31 - 1  # RocketMQ's Integer.MAX_VALUE: lower numbers are preferred
@@ -34,7 +36,21 @@ class BrokerLiveInfo:
 
     @staticmethod
     def from_wire(d: dict) -> BrokerLiveInfo:
-        return BrokerLiveInfo(**d)
+        """Decode and bound-check a record (liveness topic, commands); ValueError names the bad field."""
+        if not isinstance(d, dict) or set(d) - _WIRE_FIELDS:
+            raise ValueError(f"a broker liveness record has exactly the fields {sorted(_WIRE_FIELDS)}")
+        info = BrokerLiveInfo(**d)
+        if not isinstance(info.broker_addr, str):
+            raise ValueError("broker_addr: a string is required")
+        check_int("broker_id", info.broker_id, 1, MAX_BROKER_ID)
+        for name in ("last_update_ms", "timeout_ms", "max_offset", "confirm_offset"):
+            check_int(name, getattr(info, name), INT64_MIN, INT64_MAX)
+        for name in ("epoch", "priority"):
+            check_int(name, getattr(info, name), INT32_MIN, INT32_MAX)
+        return info
+
+
+_WIRE_FIELDS = frozenset(f.name for f in fields(BrokerLiveInfo))
 
 
 class LivenessTable:

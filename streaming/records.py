@@ -22,6 +22,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from electra.state.limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID, check_int
+
 HEARTBEATS = "electra.heartbeats"
 EVENTS = "electra.events"
 LIVENESS = "electra.liveness"
@@ -56,8 +58,11 @@ class InvalidHeartbeat(ValueError):
     """A heartbeat that must not enter the pipeline; the message names the field."""
 
 
-_HB_INT_FIELDS = {"epoch": -1, "maxOffset": -1, "confirmOffset": -1, "heartbeatTimeoutMillis": 10_000,
-                  "electionPriority": LOWEST_PRIORITY}
+# field -> (default, lowest, highest): RocketMQ's Java types (epoch and priority int, offsets long).
+_HB_INT_FIELDS = {"epoch": (-1, INT32_MIN, INT32_MAX), "maxOffset": (-1, INT64_MIN, INT64_MAX),
+                  "confirmOffset": (-1, INT64_MIN, INT64_MAX),
+                  "heartbeatTimeoutMillis": (10_000, MIN_TIMEOUT_MS, MAX_TIMEOUT_MS),
+                  "electionPriority": (LOWEST_PRIORITY, INT32_MIN, INT32_MAX)}
 
 
 def _name(d: dict, key: str) -> str:
@@ -80,21 +85,14 @@ def validate_heartbeat(d: Any) -> dict:
     if not isinstance(addr, str) or not (1 <= len(addr) <= MAX_ADDR):
         raise InvalidHeartbeat(f"brokerAddr: a string of 1-{MAX_ADDR} characters is required")
     out["brokerAddr"] = addr
-    bid = d.get("brokerId")
-    if type(bid) is not int or not (1 <= bid <= 2**62):
-        raise InvalidHeartbeat("brokerId: an integer of at least 1 is required")
-    out["brokerId"] = bid
-    for key, default in _HB_INT_FIELDS.items():
-        v = d.get(key, default)
-        if type(v) is not int or not (-(2**63) <= v < 2**63):
-            raise InvalidHeartbeat(f"{key}: an integer is required")
-        out[key] = v
-    if not (MIN_TIMEOUT_MS <= out["heartbeatTimeoutMillis"] <= MAX_TIMEOUT_MS):
-        raise InvalidHeartbeat(f"heartbeatTimeoutMillis: between {MIN_TIMEOUT_MS} and {MAX_TIMEOUT_MS}")
-    if "ts" in d:
-        if type(d["ts"]) is not int or d["ts"] <= 0:
-            raise InvalidHeartbeat("ts: a positive integer (ms) is required")
-        out["ts"] = d["ts"]
+    try:
+        out["brokerId"] = check_int("brokerId", d.get("brokerId"), 1, MAX_BROKER_ID)
+        for key, (default, lo, hi) in _HB_INT_FIELDS.items():
+            out[key] = check_int(key, d.get(key, default), lo, hi)
+        if "ts" in d:
+            out["ts"] = check_int("ts", d["ts"], 1, INT64_MAX)
+    except ValueError as exc:
+        raise InvalidHeartbeat(str(exc)) from None
     return out
 
 

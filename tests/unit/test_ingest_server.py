@@ -115,3 +115,58 @@ def test_malformed_http_gets_400_and_the_connection_closes():
     proto.data_received(b"THIS IS NOT HTTP\r\n\r\n")
     [(status, _, _)] = responses(transport.data)
     assert status == 400 and transport.closed
+
+
+def test_announced_big_bodies_and_big_heads_are_refused_before_being_read():
+    proto, transport = connect(FakeProducer())
+    proto.data_received(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n{")
+    [(status, _, _)] = responses(transport.data)
+    assert status == 413 and transport.closed
+    proto, transport = connect(FakeProducer())
+    proto.data_received(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (64 << 10))
+    [(status, _, body)] = responses(transport.data)
+    assert status == 431 and transport.closed and b"aaaa" not in body
+
+
+def test_slow_requests_idle_connections_and_too_many_connections_are_cut_off_on_a_real_socket():
+    import asyncio
+    import time
+
+    from electra.api.http_limits import HTTPLimits
+
+    limits = HTTPLimits(request_timeout_s=0.5, idle_timeout_s=1, max_connections=3)
+
+    async def read_all(reader):
+        return await asyncio.wait_for(reader.read(65536), 5)
+
+    async def main():
+        conns: set = set()
+        server = await asyncio.get_running_loop().create_server(
+            lambda: IngestProtocol(FakeProducer(), limits, conns), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", port)  # slowloris: a head that never ends
+            t0 = time.monotonic()
+            w.write(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\n")
+            assert (await read_all(r)).startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 3
+            w.close()
+            r, w = await asyncio.open_connection("127.0.0.1", port)  # idle after a response
+            w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = await asyncio.wait_for(r.readuntil(b"}"), 5)
+            assert first.startswith(b"HTTP/1.1 200")
+            t0 = time.monotonic()
+            assert await read_all(r) == b"" and time.monotonic() - t0 < 3  # closed by the idle timeout
+            w.close()
+            await asyncio.sleep(0.1)
+            held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            reply = await read_all(r)
+            assert reply.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in reply
+            for _, hw in held:
+                hw.close()
+            w.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(asyncio.wait_for(main(), 30))

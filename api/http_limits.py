@@ -1,0 +1,200 @@
+"""Limits on what an HTTP client may cost a node (docs/security.md, "Containment").
+
+Both HTTP servers of a node share one set of limits: the controller API (FastAPI on
+uvicorn, `api/app.py`) and the lean ingest server (`api/ingest_server.py`). They run
+on the event loop that also drives Raft, so every limit here is about keeping one
+client's bytes or slowness from starving that loop or the node's memory:
+
+* request bodies above `max_body_bytes` are answered 413 before they are buffered
+  (from `Content-Length`, or as soon as a chunked body passes the limit);
+* request heads above `max_header_bytes` are answered 431 and the connection closed;
+* a request must arrive whole (head and body) within `request_timeout_s` of its first
+  byte, or of the connection being opened (slowloris); idle keep-alive connections
+  close after `idle_timeout_s`;
+* beyond `max_connections` open connections a new one is answered 503 with
+  `Retry-After` and closed; SSE watchers are capped separately (`max_watchers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from electra.state.codes import Code
+
+_INVALID, _BUSY = int(Code.CONTROLLER_INVALID_REQUEST), int(Code.SYSTEM_BUSY)
+
+
+@dataclass(frozen=True)
+class HTTPLimits:
+    max_body_bytes: int = 1 << 20
+    max_header_bytes: int = 32 << 10
+    request_timeout_s: float = 10.0
+    idle_timeout_s: int = 5
+    max_connections: int = 1000
+    max_watchers: int = 200  # SSE watch streams per node
+
+
+DEFAULT_LIMITS = HTTPLimits()
+
+_REASONS = {413: b"Payload Too Large", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable",
+            408: b"Request Timeout"}
+
+
+def raw_error(status: int, code: int, remark: str, *, retry_after: bool = False) -> bytes:
+    """A complete HTTP/1.1 error response that closes the connection, for use below the ASGI layer."""
+    body = json.dumps({"code": code, "remark": remark}).encode()
+    head = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"Error")), b"content-type: application/json",
+            b"content-length: %d" % len(body), b"connection: close"]
+    if retry_after:
+        head.append(b"retry-after: 1")
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+class RequestDeadline:
+    """One timer per connection: closes the transport (after an optional response) when it fires."""
+
+    __slots__ = ("handle", "transport", "reply")
+
+    def __init__(self) -> None:
+        self.handle: asyncio.TimerHandle | None = None
+        self.transport: asyncio.BaseTransport | None = None
+        self.reply = b""
+
+    def arm(self, transport: asyncio.BaseTransport, seconds: float, reply: bytes = b"") -> None:
+        self.cancel()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # a protocol driven by hand, outside any event loop (unit tests): no clock to keep
+        self.transport, self.reply = transport, reply
+        self.handle = loop.call_later(seconds, self._fire)
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+    def _fire(self) -> None:
+        self.handle = None
+        t = self.transport
+        if t is not None and not t.is_closing():
+            if self.reply:
+                t.write(self.reply)
+            t.close()
+
+
+TIMEOUT_REPLY = raw_error(408, _INVALID, "request not received in time")
+BUSY_REPLY = raw_error(503, _BUSY, "too many connections", retry_after=True)
+
+
+def head_too_large(limit: int) -> bytes:
+    return raw_error(431, _INVALID, f"request head over {limit} bytes")
+
+
+def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with the connection, head-size and slow-request limits added."""
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            self._deadline = RequestDeadline()
+            self._head_bytes = 0
+            self._in_head = True
+            over = len(self.connections) >= limits.max_connections
+            super().connection_made(transport)
+            if over:
+                transport.write(BUSY_REPLY)
+                transport.close()
+                return
+            self._deadline.arm(transport, limits.request_timeout_s, TIMEOUT_REPLY)
+
+        def connection_lost(self, exc) -> None:
+            self._deadline.cancel()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._in_head:
+                end = data.find(b"\r\n\r\n")  # the head may end inside this chunk, a body following
+                self._head_bytes += len(data) if end < 0 else end
+                if self._head_bytes > limits.max_header_bytes:
+                    self._deadline.cancel()
+                    self.transport.write(head_too_large(limits.max_header_bytes))
+                    self.transport.close()
+                    return
+            super().data_received(data)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._in_head, self._head_bytes = True, 0
+            if self._deadline.handle is None:
+                self._deadline.arm(self.transport, limits.request_timeout_s, TIMEOUT_REPLY)
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._deadline.cancel()
+            super().on_message_complete()
+
+    return GuardedHttpToolsProtocol
+
+
+ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for bodies over the limit, before the app (or pydantic) sees a byte of them.
+
+    Bodies of POST/PUT/PATCH requests are read here, up to the limit, and replayed to the
+    app; the app's later `receive()` calls (disconnect detection) go to the server.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and (not value.isdigit() or int(value) > self.max_bytes):
+                await self._too_large(send)
+                return
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._too_large(send)
+                return
+            chunks.append(chunk)
+            if not msg.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send) -> None:
+        body = json.dumps({"code": _INVALID, "remark": f"request body over {self.max_bytes} bytes"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,46 @@
+"""RocketMQ's Java integer types, as ranges every entry point enforces.
+
+RocketMQ declares epochs and priorities `int` (int32) and offsets, broker ids and
+timestamps `long` (int64) (see docs/rocketmq-differences.md). A number outside its
+Java type can never come from a real broker, and once stored it would poison a
+broker set: msgpack cannot encode integers of 2**64 and beyond, so every later
+write of that set would fail. The HTTP models (api/app.py), the Kafka record rule
+(streaming/records.py) and the state machine's command decoding (state/commands.py)
+all check against these bounds; the last one is the backstop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_BROKER_ID = 2**62  # below INT64_MAX so "next broker id" (max + 1) always stays a Java long
+
+
+def is_int32(v: Any) -> bool:
+    return type(v) is int and INT32_MIN <= v <= INT32_MAX
+
+
+def is_int64(v: Any) -> bool:
+    return type(v) is int and INT64_MIN <= v <= INT64_MAX
+
+
+def check_int(name: str, v: Any, lo: int, hi: int) -> int:
+    """`v` if it is an integer (not a bool) in [lo, hi], else ValueError naming the field, never the value."""
+    if type(v) is not int or not lo <= v <= hi:
+        raise ValueError(f"{name}: an integer between {lo} and {hi} is required")
+    return v
+
+
+def ints_within_int64(obj: Any, depth: int = 0) -> bool:
+    """Whether every integer inside a decoded command (dicts and lists, nested) is a Java long."""
+    if type(obj) is int:
+        return INT64_MIN <= obj <= INT64_MAX
+    if depth > 8:
+        return False
+    if isinstance(obj, dict):
+        return all(ints_within_int64(k, depth + 1) and ints_within_int64(v, depth + 1) for k, v in obj.items())
+    if isinstance(obj, list | tuple):
+        return all(ints_within_int64(v, depth + 1) for v in obj)
+    return True

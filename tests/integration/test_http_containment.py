@@ -1,0 +1,179 @@
+"""Hostile HTTP clients against real controller nodes (uvicorn on loopback): bounded numbers, bodies, heads,
+slow clients, connections and watchers (docs/security.md, "Containment"; docs/controller-api.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+from inprocess_cluster import start_cluster, wait_leader
+
+from electra.api.http_limits import HTTPLimits
+from electra.state.codes import Code
+
+pytestmark = pytest.mark.integration
+
+LIMITS = HTTPLimits(request_timeout_s=1.0, max_connections=40, max_watchers=3)
+
+
+def _run(tmp_path, scenario, limits=LIMITS):
+    async def main():
+        nodes, http = await start_cluster(tmp_path, scan_interval_s=0.2, http_limits=limits)
+        try:
+            leader = await wait_leader(nodes)
+            async with httpx.AsyncClient(base_url=f"http://{http[leader]}", timeout=10) as client:
+                await scenario(nodes, leader, http[leader], client)
+        finally:
+            for n in nodes.values():
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 90))
+
+
+async def _exchange(ep: str, data: bytes, *, pause: float = 0.0, tail: bytes = b"") -> tuple[bytes, float]:
+    """Send raw bytes (then `tail` in three slow pieces) and read until the server closes; (reply, seconds)."""
+    host, port = ep.split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    t0 = time.monotonic()
+    try:
+        writer.write(data)
+        for _ in range(3 if tail else 0):
+            await asyncio.sleep(pause)
+            writer.write(tail)
+        reply = await asyncio.wait_for(reader.read(65536), 10)
+        return reply, time.monotonic() - t0
+    finally:
+        writer.close()
+
+
+def _hb(**over):
+    return {"clusterName": "c", "brokerName": "b", "brokerAddr": "10.0.0.1:10911", "brokerId": 1, "epoch": 1,
+            "maxOffset": 5, **over}
+
+
+async def _register(client, name="b"):
+    r = await client.post(f"/v1/broker-sets/{name}/apply-broker-id",
+                          json={"clusterName": "c", "brokerId": 1, "registerCheckCode": "10.0.0.1:10911;1"})
+    assert r.json()["code"] == 0, r.text
+    assert (await client.post("/v1/heartbeat", json=_hb(brokerName=name))).status_code == 200
+    r = await client.post(f"/v1/broker-sets/{name}/register",
+                          json={"clusterName": "c", "brokerId": 1, "brokerAddress": "10.0.0.1:10911"})
+    assert r.json()["code"] == 0, r.text
+
+
+def test_numbers_beyond_javas_types_are_422_naming_the_field_and_never_poison_a_set(tmp_path):
+    async def scenario(nodes, leader, ep, client):
+        await _register(client)
+        for field, value in (("epoch", 2**64), ("epoch", 2**31), ("electionPriority", -(2**31) - 1),
+                             ("maxOffset", 2**63), ("confirmOffset", -(2**70))):
+            r = await client.post("/v1/heartbeat", json=_hb(**{field: value}))
+            assert r.status_code == 422, (field, r.text)
+            body = r.json()
+            assert body["code"] == Code.CONTROLLER_INVALID_REQUEST
+            assert [e["field"] for e in body["errors"]] == [f"body.{field}"]
+            assert str(value) not in r.text  # the value is never echoed
+        # Every write on the set still works (a 2**64 epoch used to make them all 500).
+        r = await client.post("/v1/broker-sets/b/elect-master", json={"clusterName": "c", "brokerId": 1})
+        assert r.status_code == 200 and r.json()["header"]["masterBrokerId"] == 1, r.text
+        epoch = r.json()["header"]["masterEpoch"]
+        for bad in ({"masterEpoch": 2**64}, {"syncStateSetEpoch": 2**64}, {"syncStateSet": [2**64]},
+                    {"masterBrokerId": 2**64}, {"masterEpoch": 2**31}):
+            body = {"masterBrokerId": 1, "masterEpoch": epoch, "syncStateSet": [1], "syncStateSetEpoch": 1, **bad}
+            r = await client.post("/v1/broker-sets/b/sync-state-set", json=body)
+            assert r.status_code == 422, (bad, r.text)
+        live = {"broker_id": 1, "broker_addr": "10.0.0.1:10911", "last_update_ms": 1}
+        for bad in ({"expectedMasterEpoch": 2**64}, {"proposedAtMs": 2**64},
+                    {"live": [{**live, "epoch": 2**64}]}, {"live": [{**live, "max_offset": 2**64}]},
+                    {"live": [{**live, "priority": 2**31}]}):
+            body = {"clusterName": "c", "expectedMasterEpoch": epoch, "live": [live], **bad}
+            r = await client.post("/v1/internal/broker-sets/b/elect-master", json=body)
+            assert r.status_code == 422, (bad, r.text)
+        r = await client.post("/v1/broker-sets/b/sync-state-set", json={
+            "masterBrokerId": 1, "masterEpoch": epoch, "syncStateSet": [1], "syncStateSetEpoch": 1})
+        assert r.status_code in (200, 409) and r.json()["code"] != Code.SYSTEM_ERROR, r.text
+
+    _run(tmp_path, scenario)
+
+
+def test_big_bodies_are_413_before_being_read_and_errors_never_echo_input(tmp_path):
+    async def scenario(nodes, leader, ep, client):
+        term = nodes[leader].node.core.term
+        # 100 MB announced: refused from the Content-Length alone, the body is never read.
+        reply, _ = await _exchange(ep, b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                                       b"\r\nContent-Length: 100000000\r\n\r\n" + b"[" * 65536)
+        assert reply.startswith(b"HTTP/1.1 413"), reply
+        # A chunked body (no Content-Length) is cut off as soon as it passes the limit.
+        chunk = b"10000\r\n" + b" " * 65536 + b"\r\n"
+        reply, _ = await _exchange(ep, b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                                       b"\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 20)
+        assert reply.startswith(b"HTTP/1.1 413") and b'"code": 2005' in reply, reply
+        # Under the limit but invalid: a 422 that names the field, never the value.
+        marker = "Z" * 5000
+        r = await client.post("/v1/heartbeat", json=_hb(brokerAddr=marker, clusterName=marker + "!"))
+        assert r.status_code == 422 and "ZZZZ" not in r.text and len(r.content) < 2000, r.text
+        r = await client.post("/v1/heartbeat", content=b'{"brokerName": "' + b"Q" * 10000,
+                              headers={"content-type": "application/json"})
+        assert r.status_code == 422 and "QQQQ" not in r.text, r.text
+        assert nodes[leader].node.is_leader and nodes[leader].node.core.term == term
+
+    _run(tmp_path, scenario)
+
+
+def test_slow_and_oversized_request_heads_are_cut_off(tmp_path):
+    async def scenario(nodes, leader, ep, client):
+        # Slowloris: a head that never ends gets a 408 and a closed connection after request_timeout_s.
+        reply, took = await _exchange(ep, b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\n", pause=0.3,
+                                      tail=b"X-Slow: 1\r\n")
+        assert reply.startswith(b"HTTP/1.1 408") and took < 4, (reply, took)
+        # The same for a body that trickles in.
+        reply, took = await _exchange(ep, b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n",
+                                      pause=0.3, tail=b" ")
+        assert reply.startswith(b"HTTP/1.1 408") and took < 4, (reply, took)
+        # A head bigger than max_header_bytes: 431.
+        reply, _ = await _exchange(ep, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (64 << 10) + b"\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 431"), reply
+        assert (await client.get("/healthz")).status_code == 200
+
+    _run(tmp_path, scenario)
+
+
+def test_connections_and_watchers_beyond_their_limits_get_503_with_retry_after(tmp_path):
+    async def scenario(nodes, leader, ep, client):
+        host, port = ep.split(":")
+        # Watchers: three streams are served, the fourth is refused until one ends.
+        streams = []
+        for _ in range(3):
+            cm = client.stream("GET", "/v1/broker-sets/b/watch")
+            resp = await cm.__aenter__()
+            assert resp.status_code == 200
+            streams.append(cm)
+        r = await client.get("/v1/broker-sets/b/watch")
+        assert r.status_code == 503 and r.headers["retry-after"] and r.json()["code"] == Code.SYSTEM_BUSY
+        await streams.pop().__aexit__(None, None, None)
+        for _ in range(50):  # the server notices the closed stream within its keep-alive poll
+            cm = client.stream("GET", "/v1/broker-sets/b/watch")
+            resp = await cm.__aenter__()
+            if resp.status_code == 200:
+                streams.append(cm)
+                break
+            await cm.__aexit__(None, None, None)
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("a watcher slot was never freed")
+        for cm in streams:
+            await cm.__aexit__(None, None, None)
+        # Connections: idle sockets up to the limit, then a 503 with Retry-After and a close.
+        conns = [await asyncio.open_connection(host, int(port)) for _ in range(LIMITS.max_connections + 5)]
+        try:
+            await asyncio.sleep(0.3)
+            reply, _ = await _exchange(ep, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert reply.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in reply.lower(), reply
+        finally:
+            for _, w in conns:
+                w.close()
+        await asyncio.sleep(0.3)
+        assert (await client.get("/healthz")).status_code == 200
+
+    _run(tmp_path, scenario, HTTPLimits(request_timeout_s=30, max_connections=40, max_watchers=3))
