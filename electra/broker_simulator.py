@@ -17,6 +17,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from electra.api.client import ControllerClient
@@ -44,6 +45,21 @@ class SimBroker:
     last_heartbeat_at: float = 0.0  # wall clock of the last heartbeat the controller side accepted
 
 
+@dataclass(frozen=True)
+class Failover:
+    """A killed master replaced: what the demo prints as it happens."""
+
+    name: str
+    old_master: int
+    new_master: int
+    master_epoch: int
+    seconds: float  # from the kill until a replica of the set learned of the new master
+
+    def describe(self) -> str:
+        return (f"failover {self.name}: master {self.old_master} -> {self.new_master} "
+                f"(epoch {self.master_epoch}) {self.seconds:.1f} s after the kill")
+
+
 class BrokerFleet:
     """`groups` broker sets of `replicas` brokers each, all driven from one event loop."""
 
@@ -61,6 +77,10 @@ class BrokerFleet:
         for b in self.brokers:
             self.by_set.setdefault(b.name, []).append(b)
         self._tasks: list[asyncio.Task] = []
+        # A killed master's set -> (old master id, its master epoch, when it was killed): the next
+        # master any replica learns of completes the failover, reported to `on_failover`.
+        self._killed_masters: dict[str, tuple[int, int, float]] = {}
+        self.on_failover: Callable[[Failover], None] | None = None
         self.stats = {"requests": 0, "errors": 0, "elections": 0, "role_changes": 0, "heartbeats": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -96,6 +116,8 @@ class BrokerFleet:
 
     def kill(self, name: str, broker_id: int) -> SimBroker:
         b = self._find(name, broker_id)
+        if b.alive and b.role == "master":
+            self._killed_masters[name] = (broker_id, b.master_epoch, time.monotonic())
         b.alive = False
         return b
 
@@ -164,6 +186,12 @@ class BrokerFleet:
             b.sync_state_set_epoch = header["syncStateSetEpoch"]
         if old_role != b.role:
             self.stats["role_changes"] += 1
+        killed = self._killed_masters.get(b.name)
+        if killed and master is not None and master != killed[0] and epoch > killed[1]:
+            del self._killed_masters[b.name]
+            failover = Failover(b.name, killed[0], master, epoch, time.monotonic() - killed[2])
+            if self.on_failover is not None:
+                self.on_failover(failover)
 
     async def _elect_if_needed(self, b: SimBroker) -> None:
         res = await self._call(self.client.replica_info(b.name))
@@ -217,6 +245,7 @@ async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, dur
                         commands=None, ingest_endpoints: list[str] | None = None, timeout_ms: int = 10_000) -> dict:
     """Run a fleet; `commands` is an async iterator of text lines (kill/revive/status/quit)."""
     fleet = BrokerFleet(endpoints, groups, replicas, ingest_endpoints=ingest_endpoints, timeout_ms=timeout_ms)
+    fleet.on_failover = lambda f: print(f.describe(), flush=True)
     t0 = time.monotonic()
     await fleet.start(progress=True)
     print(f"{groups} broker sets x {replicas} replicas registered in {time.monotonic() - t0:.1f}s; "
