@@ -30,6 +30,7 @@ from electra.consensus.errors import FollowerBehind, NotLeader, ProposalTimeout,
 from electra.state.codes import Code
 from electra.state.liveness import BrokerLiveInfo
 
+from .dashboard import DashboardFeed, dashboard_router
 from .ingest import handle_heartbeat
 from .service import ControllerService
 
@@ -154,6 +155,9 @@ def create_app(svc: ControllerService) -> FastAPI:
 
         registry.register(tier.collector())
         app.include_router(history_router(tier.cfg.uri, tier.cfg.storage_options))
+
+    svc.dashboard = DashboardFeed(svc)  # GET /dashboard, its SSE stream and broker set pages (read-only)
+    app.include_router(dashboard_router(svc.dashboard))
 
     def reply(endpoint: str, res: dict, t0: float) -> JSONResponse:
         code = res["code"]
