@@ -12,6 +12,7 @@ BENCHMARKS = {
     "failover": "electra.bench.failover",
     "stream": "electra.bench.stream",
     "tier": "electra.bench.tier",
+    "dashboard": "electra.bench.dashboard",
 }
 
 

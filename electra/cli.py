@@ -237,7 +237,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"started {cfg.nodes} controller nodes (raft {stack.raft_peers}) and {cfg.nodes} x "
               f"{cfg.ingest_workers} ingest workers; logs in {stack.logs}")
         for i, ep in stack.endpoints.items():
-            print(f"  http://{ep}  (API docs /docs, metrics /metrics)   "
+            print(f"  http://{ep}  (API docs /docs, metrics /metrics, dashboard /dashboard)   "
                   f"heartbeats: http://{stack.ingest_endpoints[i]}/v1/heartbeat")
         print("waiting for a leader ...", flush=True)
         leader = asyncio.run(_wait_for_http_leader(list(stack.endpoints.values()), timeout=30))
