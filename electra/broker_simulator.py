@@ -121,6 +121,23 @@ class BrokerFleet:
         b.alive = False
         return b
 
+    def watch_failover(self, name: str, every_s: float = 0.25, limit_s: float = 120.0) -> None:
+        """Poll a set whose master was killed until its successor is known, so the failover is
+        reported when it commits (as a controller's role-change notice would tell the brokers),
+        not at the brokers' next replica-info poll."""
+
+        async def watch() -> None:
+            end = time.monotonic() + limit_s
+            while name in self._killed_masters and time.monotonic() < end:
+                res = await self._call(self.client.replica_info(name))
+                if res.get("code") == Code.SUCCESS:
+                    for b in self.by_set[name]:
+                        if b.alive:
+                            self._adopt(b, res["header"], res.get("body"))
+                await asyncio.sleep(every_s)
+
+        self._tasks.append(asyncio.create_task(watch()))
+
     def revive(self, name: str, broker_id: int) -> SimBroker:
         b = self._find(name, broker_id)
         b.alive = True
@@ -265,12 +282,14 @@ async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, dur
                         break
                     if parts[0] == "kill":
                         print(f"killed {fleet.kill(parts[1], int(parts[2])).addr}", flush=True)
+                        fleet.watch_failover(parts[1])
                     elif parts[0] == "revive":
                         print(f"revived {fleet.revive(parts[1], int(parts[2])).addr}", flush=True)
                     elif parts[0] == "kill-master":
                         m = fleet.master_of(parts[1])
                         print(f"killed master {m.broker_id} of {parts[1]}" if m and fleet.kill(parts[1], m.broker_id)
                               else f"{parts[1]} has no live master", flush=True)
+                        fleet.watch_failover(parts[1])
                     elif parts[0] == "status":
                         masters = sum(1 for n in fleet.by_set if fleet.master_of(n))
                         print(f"sets with a live master: {masters}/{len(fleet.by_set)}; {fleet.stats}", flush=True)

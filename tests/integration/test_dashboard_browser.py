@@ -126,6 +126,7 @@ def test_a_killed_master_appears_on_a_followers_dashboard(tmp_path):
                 browser.close()
         line = out.wait_for("failover sim-set-1: master", timeout=15)  # the demo's own report
         assert f"master {old} -> " in line and "s after the kill" in line
+        print(f"simulator: {line}")
     finally:
         if sim is not None and sim.poll() is None:
             sim.stdin.close()
