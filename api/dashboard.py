@@ -43,6 +43,8 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
 from electra.state.journal import set_state
 
+from .topic_stats import TopicStats
+
 if TYPE_CHECKING:
     from .service import ControllerService
 
@@ -72,6 +74,12 @@ class DashboardFeed:
         self.frame: dict | None = None
         self.encoded = b""
         self.cost = {"frames": 0, "build_s": 0.0, "bytes_sent": 0}
+        # With the Kafka pipeline: end offsets of the heartbeats and dead-letter topics, sampled in a
+        # thread one at a time; a frame shows the newest finished sample (a slow Kafka never stalls it).
+        pub = svc.events_publisher
+        self.topic_stats = TopicStats(pub.bootstrap, pub.topics) if pub is not None else None
+        self._topic_job: asyncio.Future | None = None
+        self._topic_sample: dict | None = None
         self._remember_masters()
         svc.sm.on_event(self._on_event)
         svc.sm.on_restore(lambda _index: self._remember_masters())
@@ -127,6 +135,10 @@ class DashboardFeed:
             await asyncio.gather(self._task, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
+        if self.topic_stats is not None:
+            if self._topic_job is not None:
+                await asyncio.gather(self._topic_job, return_exceptions=True)
+            await asyncio.to_thread(self.topic_stats.close)
 
     async def _run(self) -> None:
         """Build and broadcast while anyone watches; end when the last viewer leaves."""
@@ -145,8 +157,19 @@ class DashboardFeed:
         except Exception:  # keep the node serving; the next viewer restarts the feed
             log.exception("dashboard feed failed")
 
+    def _poll_topics(self) -> None:
+        job = self._topic_job
+        if job is not None and not job.done():
+            return
+        if job is not None:
+            exc = job.exception()
+            self._topic_sample = {"error": repr(exc)} if exc else job.result()
+        self._topic_job = asyncio.ensure_future(asyncio.to_thread(self.topic_stats.sample))
+
     async def refresh(self) -> dict:
         t0 = time.perf_counter()
+        if self.topic_stats is not None:
+            self._poll_topics()
         group = await self._group()
         frame = self._build(group)
         self.frame = frame
@@ -197,13 +220,31 @@ class DashboardFeed:
         return {"available": True, "lag_entries": tier.lag_entries(), "lag_seconds": round(tier.lag_seconds(), 1),
                 "uploaded_index": tier.uploaded}
 
+    LIVENESS_STALE_MS = 30_000
+
+    def _liveness_unknown(self, now_ms: int) -> str | None:
+        """Why this node's liveness view cannot be trusted (None when it can)."""
+        consumer = self.svc.liveness_consumer
+        if consumer is None:
+            return None  # heartbeats come straight to this node
+        last = consumer.stats["last_record_ms"]
+        if not last:
+            return "no liveness records from the streaming job yet"
+        if now_ms - last > self.LIVENESS_STALE_MS:
+            return f"the streaming job's last liveness record is {(now_ms - last) // 1000} s old"
+        return None
+
     def _fleet(self, now_ms: int) -> dict:
-        live = down = none = 0
+        live = down = none = unknown = 0
         unhealthy: list[dict] = []
+        why_unknown = self._liveness_unknown(now_ms)
         for name, bs in self.svc.sm.sets.items():
             if bs.master_id is None:
                 none += 1
                 state = "no master"
+            elif why_unknown:
+                unknown += 1
+                continue
             else:
                 info = self.svc.liveness.group_by_name(name).get(bs.master_id)
                 if info is not None and info.alive_at(now_ms):
@@ -214,7 +255,7 @@ class DashboardFeed:
             if len(unhealthy) < 20:
                 unhealthy.append({"set": name, "state": state, "master": bs.master_id, "epoch": bs.master_epoch})
         return {"sets": len(self.svc.sm.sets), "live_master": live, "master_down": down, "no_master": none,
-                "unhealthy": unhealthy}
+                "liveness_unknown": unknown, "liveness_unknown_why": why_unknown, "unhealthy": unhealthy}
 
     def _pipeline(self, st: dict, hb_rate: float | None, liveness_rate: float | None) -> dict:
         svc = self.svc
@@ -222,15 +263,23 @@ class DashboardFeed:
         out: dict[str, Any] = {"kafka": svc.liveness_consumer is not None, "heartbeats_per_s": hb_rate,
                                "heartbeats_note": "received by this node's /v1/heartbeat",
                                "elections": dict(svc.elections)}
+        unavailable = {"spark_batch": "the streaming job does not report its batches to the controllers",
+                       "kafka_consumer_lag": "Spark keeps its offsets in its checkpoint, not in Kafka"}
         if svc.liveness_consumer is not None:
-            out["heartbeats_note"] = "heartbeats go to the ingest workers; this node sees the job's liveness"
+            topics = self._topic_sample or {"error": "first sample pending"}
+            if "error" in topics:
+                out["heartbeats_per_s"] = None
+                out["heartbeats_note"] = f"heartbeats topic offsets unavailable: {topics['error']}"
+                unavailable["dead_letters"] = out["heartbeats_note"]
+            else:
+                out["heartbeats_per_s"] = topics["heartbeats_per_s"]
+                out["heartbeats_note"] = f"into the heartbeats topic ({topics['heartbeats_total']} in all)"
+                out["dead_letters_total"] = topics["dead_letters_total"]
             out["liveness_records_per_s"] = liveness_rate
             out["liveness_last_record_ms"] = pipe["liveness"]["last_record_ms"]
         if svc.events_publisher is not None and st["role"] == "leader":
             out["events_topic_lag"] = max(0, st["applied_index"] - pipe.get("events_published_index", 0))
-        out["unavailable"] = {"spark_batch": "the streaming job does not report its batches to the controllers",
-                              "kafka_consumer_lag": "Spark keeps its offsets in its checkpoint, not in Kafka",
-                              "dead_letters": "counted in the dead-letter topic, not reported to the controllers"}
+        out["unavailable"] = unavailable
         return out
 
     async def _group(self) -> dict:

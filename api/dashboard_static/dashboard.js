@@ -63,6 +63,7 @@ function renderPipeline(p, tier) {
   const fmt = (v) => v == null ? "–" : v;
   const rows = [["Kafka pipeline", p.kafka ? "on" : "off (heartbeats go to the controllers)"],
     ["heartbeats/s", `${fmt(p.heartbeats_per_s)} <small>${esc(p.heartbeats_note)}</small>`]];
+  if (p.dead_letters_total != null) rows.push(["dead letters (all time)", p.dead_letters_total]);
   if (p.kafka) rows.push(["liveness records/s (from the job)", fmt(p.liveness_records_per_s)],
                          ["last liveness record", clock(p.liveness_last_record_ms)]);
   if (p.events_topic_lag != null) rows.push(["events topic lag (entries)", p.events_topic_lag]);
@@ -76,6 +77,9 @@ function renderPipeline(p, tier) {
 function render(f) {
   $("node").textContent = `node ${f.node.id}: ${f.node.role}, term ${f.node.term}, leader ${f.node.leader_id || "unknown"}`;
   for (const k of ["sets", "live_master", "master_down", "no_master"]) $(k).textContent = f.fleet[k];
+  $("liveness-note").hidden = !f.fleet.liveness_unknown_why;
+  $("liveness-note").textContent = f.fleet.liveness_unknown_why
+    ? `master liveness unknown for ${f.fleet.liveness_unknown} sets: ${f.fleet.liveness_unknown_why}` : "";
   $("unhealthy").tBodies[0].innerHTML = f.fleet.unhealthy.map((u) =>
     `<tr><td><a href="#set=${encodeURIComponent(u.set)}">${esc(u.set)}</a></td><td>${esc(u.state)}</td><td>${esc(u.master ?? "none")}</td><td>${u.epoch}</td></tr>`).join("")
     || `<tr><td colspan="4" class="na">every broker set has a live master</td></tr>`;

@@ -43,7 +43,7 @@ class FakeService:
         self.index = 0
 
     def pipeline_status(self) -> dict:
-        return {}
+        return {"liveness": dict(self.liveness_consumer.stats)} if self.liveness_consumer else {}
 
     def metadata(self) -> dict:
         return self.node.status()
@@ -124,3 +124,18 @@ def test_leader_changes_are_counted():
     listener(None, 5, 0)
     listener(None, 5, 3)
     assert feed.leader_changes == 2
+
+
+def test_with_kafka_and_no_liveness_from_the_job_master_liveness_is_unknown_not_down():
+    clock = [T0 / 1000]
+    svc = FakeService(T0)
+    feed = DashboardFeed(svc, clock=lambda: clock[0])
+    _set_with_master(svc, "a")
+    svc.liveness_consumer = SimpleNamespace(stats={"records": 0, "last_record_ms": 0})
+    clock[0] = (T0 + 60_000) / 1000
+    fleet = asyncio.run(feed.refresh())["fleet"]
+    assert (fleet["live_master"], fleet["master_down"], fleet["liveness_unknown"]) == (0, 0, 1)
+    assert "no liveness records" in fleet["liveness_unknown_why"]
+    svc.liveness_consumer.stats["last_record_ms"] = T0 + 59_000
+    fleet = asyncio.run(feed.refresh())["fleet"]
+    assert (fleet["master_down"], fleet["liveness_unknown"], fleet["liveness_unknown_why"]) == (1, 0, None)
