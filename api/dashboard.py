@@ -15,10 +15,10 @@ rebuild; with no viewer nothing is built. A frame holds what this node knows:
 * the controller group: every node's role, term, commit and applied index (asked over
   HTTP, `/v1/admin/metadata`), its lag behind the highest commit index, the leader changes
   this node saw;
-* the pipeline: heartbeats/s this node received, liveness records/s from the streaming job,
-  events-topic lag, ElectMaster outcomes; what the node cannot know (the Spark job's batch
-  duration and rows, Kafka consumer lag: Spark keeps its offsets in its checkpoint) is
-  marked unavailable rather than guessed;
+* the pipeline: heartbeats/s (this node's own, or into the Kafka topic), dead letters, the
+  streaming job's last batch and consumer lag (from its job-stats topic), liveness
+  records/s, events-topic lag, ElectMaster outcomes; what the node cannot know right now
+  is marked unavailable with the reason rather than guessed;
 * the Delta tier's upload lag (leader).
 
 `GET /v1/dashboard/sets/{name}` is a broker set's page: its state here, the failovers seen
@@ -263,8 +263,8 @@ class DashboardFeed:
         out: dict[str, Any] = {"kafka": svc.liveness_consumer is not None, "heartbeats_per_s": hb_rate,
                                "heartbeats_note": "received by this node's /v1/heartbeat",
                                "elections": dict(svc.elections)}
-        unavailable = {"spark_batch": "the streaming job does not report its batches to the controllers",
-                       "kafka_consumer_lag": "Spark keeps its offsets in its checkpoint, not in Kafka"}
+        unavailable = {"spark_batch": "reported by the streaming job through Kafka: no Kafka pipeline here",
+                       "kafka_consumer_lag": "reported by the streaming job through Kafka: no Kafka pipeline here"}
         if svc.liveness_consumer is not None:
             topics = self._topic_sample or {"error": "first sample pending"}
             if "error" in topics:
@@ -275,6 +275,14 @@ class DashboardFeed:
                 out["heartbeats_per_s"] = topics["heartbeats_per_s"]
                 out["heartbeats_note"] = f"into the heartbeats topic ({topics['heartbeats_total']} in all)"
                 out["dead_letters_total"] = topics["dead_letters_total"]
+                job = topics.get("job")
+                if job is None:
+                    unavailable["spark_batch"] = "no batch report from the streaming job yet (job-stats topic empty)"
+                else:
+                    out["spark_batch"] = {k: job.get(k) for k in ("batchId", "rows", "batchMs", "proposals",
+                                                                   "liveness", "deadLetters", "ts")}
+                    out["kafka_consumer_lag"] = job["heartbeatsLag"]
+                    del unavailable["spark_batch"], unavailable["kafka_consumer_lag"]
             out["liveness_records_per_s"] = liveness_rate
             out["liveness_last_record_ms"] = pipe["liveness"]["last_record_ms"]
         if svc.events_publisher is not None and st["role"] == "leader":

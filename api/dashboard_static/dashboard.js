@@ -64,6 +64,12 @@ function renderPipeline(p, tier) {
   const rows = [["Kafka pipeline", p.kafka ? "on" : "off (heartbeats go to the controllers)"],
     ["heartbeats/s", `${fmt(p.heartbeats_per_s)} <small>${esc(p.heartbeats_note)}</small>`]];
   if (p.dead_letters_total != null) rows.push(["dead letters (all time)", p.dead_letters_total]);
+  if (p.spark_batch) {
+    const b = p.spark_batch;
+    rows.push(["Spark batch", `#${b.batchId}: ${b.rows} rows in ${b.batchMs} ms; ${b.proposals} proposals, `
+      + `${b.liveness} liveness, ${b.deadLetters} dead letters <small>(${clock(b.ts)})</small>`]);
+  }
+  if (p.kafka_consumer_lag != null) rows.push(["job's lag on heartbeats (records)", p.kafka_consumer_lag]);
   if (p.kafka) rows.push(["liveness records/s (from the job)", fmt(p.liveness_records_per_s)],
                          ["last liveness record", clock(p.liveness_last_record_ms)]);
   if (p.events_topic_lag != null) rows.push(["events topic lag (entries)", p.events_topic_lag]);

@@ -139,3 +139,17 @@ def test_with_kafka_and_no_liveness_from_the_job_master_liveness_is_unknown_not_
     svc.liveness_consumer.stats["last_record_ms"] = T0 + 59_000
     fleet = asyncio.run(feed.refresh())["fleet"]
     assert (fleet["master_down"], fleet["liveness_unknown"], fleet["liveness_unknown_why"]) == (1, 0, None)
+
+
+def test_the_jobs_batch_and_lag_replace_unavailable_once_reported():
+    svc = FakeService(T0)
+    feed = DashboardFeed(svc, clock=lambda: T0 / 1000)
+    svc.liveness_consumer = SimpleNamespace(stats={"records": 5, "last_record_ms": T0})
+    feed._topic_sample = {"heartbeats_total": 10, "heartbeats_per_s": 2.0, "dead_letters_total": 1, "job": None}
+    pipe = asyncio.run(feed.refresh())["pipeline"]
+    assert "no batch report" in pipe["unavailable"]["spark_batch"] and "kafka_consumer_lag" in pipe["unavailable"]
+    feed._topic_sample["job"] = {"batchId": 7, "rows": 40, "batchMs": 900, "proposals": 0, "liveness": 3,
+                                 "deadLetters": 0, "ts": T0, "heartbeatsLag": 4}
+    pipe = asyncio.run(feed.refresh())["pipeline"]
+    assert pipe["spark_batch"]["batchId"] == 7 and pipe["kafka_consumer_lag"] == 4 and pipe["unavailable"] == {}
+    assert (pipe["heartbeats_per_s"], pipe["dead_letters_total"]) == (2.0, 1)
