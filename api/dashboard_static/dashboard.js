@@ -12,7 +12,13 @@ const series = {t: [], hb: [], commits: [], live: [], down: [], none: []};
 function chart(el, labels, colors) {
   const opts = {width: Math.max(300, el.clientWidth || 500), height: 180, legend: {live: true},
     series: [{}, ...labels.map((label, i) => ({label, stroke: colors[i], width: 2, spanGaps: true}))],
-    axes: [{}, {size: 50}]};
+    axes: [{}, {size: 50}],
+    // at least the last minute on the x axis, so a first point is not drawn across years
+    scales: {x: {time: true, range: (u, min, max) => {
+      if (!series.t.length) return [min, max];
+      const last = series.t[series.t.length - 1];
+      return [Math.min(series.t[0], last - 60), last];
+    }}}};
   return new uPlot(opts, [[], ...labels.map(() => [])], el);
 }
 const rates = chart($("chart-rates"), ["heartbeats/s", "commits/s"], ["#2859c5", "#8a4bd6"]);
@@ -92,8 +98,10 @@ function render(f) {
   renderFailovers(f.failovers);
   renderGroup(f.group);
   renderPipeline(f.pipeline, f.tier);
-  $("feed").textContent = `read-only; one shared frame per second for ${f.feed.viewers} viewer(s) of this node: `
-    + `${f.feed.frame_bytes} bytes per frame, built in ${f.feed.build_ms_avg} ms on average (wall time, with the peers' metadata requests)`;
+  if (f.feed.frame_bytes) {  // the previous frame's numbers: the first frame has none
+    $("feed").textContent = `read-only; one shared frame per second for ${f.feed.viewers} viewer(s) of this node: `
+      + `${f.feed.frame_bytes} bytes per frame, built in ${f.feed.build_ms_avg} ms on average (wall time, with the peers' metadata requests)`;
+  }
   addSample(f.sample);
   redraw();
   if (openSet && f.failovers.some((x) => x.set === openSet && !setFailoversShown.has(x.index))) loadSet();
