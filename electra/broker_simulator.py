@@ -51,12 +51,13 @@ class Failover:
 
     name: str
     old_master: int
-    new_master: int
+    new_master: int | None  # None: the controller found no replica to elect (the set has no master)
     master_epoch: int
-    seconds: float  # from the kill until a replica of the set learned of the new master
+    seconds: float  # from the kill until a replica of the set learned of the outcome
 
     def describe(self) -> str:
-        return (f"failover {self.name}: master {self.old_master} -> {self.new_master} "
+        new = self.new_master if self.new_master is not None else "none elected (no eligible replica)"
+        return (f"failover {self.name}: master {self.old_master} -> {new} "
                 f"(epoch {self.master_epoch}) {self.seconds:.1f} s after the kill")
 
 
@@ -134,9 +135,19 @@ class BrokerFleet:
                     for b in self.by_set[name]:
                         if b.alive:
                             self._adopt(b, res["header"], res.get("body"))
+                    self._note_failed_election(name, res["header"])
                 await asyncio.sleep(every_s)
 
         self._tasks.append(asyncio.create_task(watch()))
+
+    def _note_failed_election(self, name: str, header: dict) -> None:
+        """A killed master's set whose epoch moved on without a master: the election found nobody."""
+        killed = self._killed_masters.get(name)
+        epoch = header.get("masterEpoch")
+        if killed and header.get("masterBrokerId") is None and epoch is not None and epoch > killed[1]:
+            del self._killed_masters[name]
+            if self.on_failover is not None:
+                self.on_failover(Failover(name, killed[0], None, epoch, time.monotonic() - killed[2]))
 
     def revive(self, name: str, broker_id: int) -> SimBroker:
         b = self._find(name, broker_id)

@@ -222,9 +222,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     stack = LocalStack(cfg)
 
     def on_term(_sig, _frame):
-        raise KeyboardInterrupt  # SIGTERM stops the stack as Ctrl-C does
+        raise KeyboardInterrupt  # SIGTERM, or the terminal closing (SIGHUP), stops the stack as Ctrl-C does
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
     try:
         try:
             bootstrap = stack.start_kafka()
@@ -275,8 +276,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     finally:
         # Every process the stack started is stopped, whatever happened to our output or a second Ctrl-C.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         _print_or_drop("stopping ...")
         stack.stop_all()
 

@@ -1,4 +1,6 @@
-"""`electra up | tee` then Ctrl-C: every process the stack started stops, though stdout is a closed pipe."""
+"""`electra up | tee` then Ctrl-C, or the terminal closing: every process the stack started stops,
+though stdout is a closed pipe (children lead their own process groups, so only `electra up` hears
+the signal and must stop them)."""
 
 from __future__ import annotations
 
@@ -53,7 +55,8 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_ctrl_c_with_a_closed_output_pipe_stops_every_process(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "hangup"])
+def test_a_signal_with_a_closed_output_pipe_stops_every_process(tmp_path, sig):
     data = tmp_path / "stack"
     kafka_port = _free_run(1)
     raft, http, ingest = _free_run(3), _free_run(3), _free_run(3)
@@ -75,7 +78,7 @@ def test_ctrl_c_with_a_closed_output_pipe_stops_every_process(tmp_path):
         assert _processes_mentioning(str(data)), "the stack's processes should be running"
         assert _listening(kafka_port)
         proc.stdout.close()  # the reader is gone, as `tee` is after Ctrl-C: every write now fails (EPIPE)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         proc.wait(timeout=120)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and (_processes_mentioning(str(data)) or _listening(kafka_port)):

@@ -113,3 +113,18 @@ def test_the_simulator_reports_a_killed_masters_replacement_once():
     fleet._adopt(brokers[2], {"masterBrokerId": 2, "masterEpoch": 2}, None)
     assert [(f.name, f.old_master, f.new_master, f.master_epoch) for f in seen] == [("sim-set-0", 1, 2, 2)]
     assert seen[0].describe().startswith("failover sim-set-0: master 1 -> 2 (epoch 2) ")
+
+
+def test_the_simulator_reports_a_failed_election_after_a_kill():
+    fleet = BrokerFleet(["127.0.0.1:1"], groups=1, replicas=2)
+    seen = []
+    fleet.on_failover = seen.append
+    for i, b in enumerate(fleet.by_set["sim-set-0"], 1):
+        b.broker_id = i
+        fleet._adopt(b, {"masterBrokerId": 1, "masterEpoch": 1}, None)
+    fleet.kill("sim-set-0", 1)
+    fleet._note_failed_election("sim-set-0", {"masterBrokerId": None, "masterEpoch": 1})  # not yet
+    assert seen == []
+    fleet._note_failed_election("sim-set-0", {"masterBrokerId": None, "masterEpoch": 2})
+    assert [(f.old_master, f.new_master, f.master_epoch) for f in seen] == [(1, None, 2)]
+    assert "master 1 -> none elected" in seen[0].describe()
