@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -269,11 +270,13 @@ def cmd_up(args: argparse.Namespace) -> int:
             time.sleep(0.5)
     except KeyboardInterrupt:
         return 0
-    except BrokenPipeError:  # whoever read our output is gone (`electra up | tee`, then Ctrl-C)
-        return 0
     except TimeoutError as exc:
         print(f"error: {exc} (logs in {stack.logs})", file=sys.stderr)
         return 1
+    except OSError as exc:  # whoever read our output is gone (`electra up | tee`, then Ctrl-C; a closed terminal)
+        if not isinstance(exc, BrokenPipeError) and exc.errno != errno.EIO:
+            raise
+        return 0
     finally:
         # Every process the stack started is stopped, whatever happened to our output or a second Ctrl-C.
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -283,10 +286,11 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _print_or_drop(text: str) -> None:
-    """Print, or, when stdout is a closed pipe, send it and everything later to /dev/null."""
+    """Print, or, when stdout is gone (a closed pipe: EPIPE; a closed terminal: EIO), send it and
+    everything later to /dev/null."""
     try:
         print(text, flush=True)
-    except BrokenPipeError:
+    except OSError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the flush at exit does not fail again
         os.close(devnull)

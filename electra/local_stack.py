@@ -139,14 +139,16 @@ class LocalStack:
         return [f"{name} (exit {p.returncode})" for name, p in self.procs.items() if p.poll() is not None]
 
     def stop_all(self) -> None:
-        for name in reversed(self._order):
-            p = self.procs.get(name)
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for name in reversed(self._order):
-            self.stop(name, timeout=20)
-        if self.kafka is not None:
-            self.kafka.stop()
+        try:
+            for name in reversed(self._order):
+                p = self.procs.get(name)
+                if p is not None and p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for name in reversed(self._order):
+                self.stop(name, timeout=20)
+        finally:  # the embedded broker is stopped whatever happened above
+            if self.kafka is not None:
+                self.kafka.stop()
 
     # ------------------------------------------------------------------ waiting
     def log_tail(self, name: str, lines: int = 30) -> str:

@@ -5,6 +5,7 @@ the signal and must stop them)."""
 from __future__ import annotations
 
 import os
+import pty
 import signal
 import socket
 import subprocess
@@ -55,37 +56,46 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "hangup"])
-def test_a_signal_with_a_closed_output_pipe_stops_every_process(tmp_path, sig):
+@pytest.mark.parametrize("output,sig", [("pipe", signal.SIGINT), ("pipe", signal.SIGHUP), ("terminal", signal.SIGHUP)],
+                         ids=["ctrl-c-pipe-closed", "hangup-pipe-closed", "terminal-closed"])
+def test_a_signal_when_the_output_is_gone_stops_every_process(tmp_path, output, sig):
     data = tmp_path / "stack"
     kafka_port = _free_run(1)
     raft, http, ingest = _free_run(3), _free_run(3), _free_run(3)
     cmd = [sys.executable, "-m", "electra.cli", "up", "--no-streaming", "--no-tier", "--data-dir", str(data),
            "--kafka-port", str(kafka_port), "--raft-port", str(raft), "--http-port", str(http),
            "--ingest-port", str(ingest)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    if output == "pipe":
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        reader = proc.stdout
+    else:  # a terminal (pty) that is closed under it: writes then fail with EIO
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(cmd, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL)
+        os.close(slave)
+        reader = os.fdopen(master, "rb", buffering=0)
     try:
         lines = []
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            line = proc.stdout.readline().decode()
+            line = reader.readline().decode(errors="replace")
             if not line:
                 break
             lines.append(line)
             if "the stack is up" in line:
                 break
-        assert any("the stack is up" in x for x in lines), "".join(lines) + proc.stderr.read().decode()
+        assert any("the stack is up" in x for x in lines), "".join(lines)
         assert _processes_mentioning(str(data)), "the stack's processes should be running"
         assert _listening(kafka_port)
-        proc.stdout.close()  # the reader is gone, as `tee` is after Ctrl-C: every write now fails (EPIPE)
+        reader.close()  # the reader is gone (`tee` after Ctrl-C, a closed terminal): every write now fails
         proc.send_signal(sig)
         proc.wait(timeout=120)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and (_processes_mentioning(str(data)) or _listening(kafka_port)):
             time.sleep(0.2)
-        assert _processes_mentioning(str(data)) == [], proc.stderr.read().decode()
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        assert _processes_mentioning(str(data)) == [], err
         assert not _listening(kafka_port), "the embedded Kafka (tansu) is still running"
-        assert "Traceback" not in proc.stderr.read().decode()
+        assert "Traceback" not in err
     finally:
         if proc.poll() is None:
             proc.kill()
