@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml
 	@command -v systemd-analyze >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 		(apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd >/dev/null) ; } || \
 		{ echo "error: the deploy tests need systemd-analyze (Debian package systemd)"; exit 1; }
+	@# The dashboard's browser test drives Debian's Chromium with playwright (no browser downloads).
+	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) ; } || \
+		{ echo "error: the dashboard test needs Chromium (apt-get install chromium)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev,bench,notebooks]"

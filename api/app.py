@@ -32,6 +32,7 @@ from electra.state.codes import Code
 from electra.state.limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID
 from electra.state.liveness import BrokerLiveInfo
 
+from .dashboard import DashboardFeed, dashboard_router
 from .http_limits import DEFAULT_LIMITS, BodyLimit, HTTPLimits
 from .ingest import handle_heartbeat
 from .service import ControllerService
@@ -196,6 +197,9 @@ def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS) -> F
 
         registry.register(tier.collector())
         app.include_router(history_router(tier.cfg.uri, tier.cfg.storage_options))
+
+    svc.dashboard = DashboardFeed(svc)  # GET /dashboard, its SSE stream and broker set pages (read-only)
+    app.include_router(dashboard_router(svc.dashboard))
 
     def reply(endpoint: str, res: dict, t0: float) -> JSONResponse:
         code = res["code"]

@@ -12,12 +12,30 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 import zlib
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+
+
+class UnexpectedResponse(ValueError):
+    """A controller (or something in front of it) answered with a body that is not JSON."""
+
+    def __init__(self, method: str, url: str, status: int, text: str) -> None:
+        snippet = " ".join(text.split())[:200] or "(empty body)"
+        super().__init__(f"{method} {url} answered HTTP {status} with a body that is not JSON: {snippet}")
+        self.status = status
+
+
+async def _json(r: aiohttp.ClientResponse) -> Any:
+    text = await r.text(errors="replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise UnexpectedResponse(r.method, str(r.url), r.status, text) from None
 
 
 class ControllerClient:
@@ -48,19 +66,19 @@ class ControllerClient:
         if self._session is not None:
             await self._session.close()
 
-    async def _once(self, method: str, url: str, json: Any, params: dict | None) -> tuple[int, dict]:
+    async def _once(self, method: str, url: str, body: Any, params: dict | None) -> tuple[int, dict]:
         """One request, following at most 3 redirects to the leader."""
         for _ in range(4):
-            async with self._http().request(method, url, json=json, params=params, allow_redirects=False) as r:
+            async with self._http().request(method, url, json=body, params=params, allow_redirects=False) as r:
                 status = r.status
-                body = await r.json(content_type=None)
+                body_out = await _json(r)
                 location = r.headers.get("Location")
             if status == 307 and location:
                 url = location
                 self.preferred = urlsplit(location).netloc
                 continue
-            return status, body
-        return status, body
+            return status, body_out
+        return status, body_out
 
     async def request(self, method: str, path: str, json: Any = None, params: dict | None = None) -> dict:
         end = time.monotonic() + self.deadline_s
@@ -169,4 +187,4 @@ class ControllerClient:
     async def metadata(self, endpoint: str | None = None) -> dict:
         ep = endpoint or self.endpoints[0]
         async with self._http().get(f"http://{ep}/v1/admin/metadata") as r:
-            return await r.json(content_type=None)
+            return await _json(r)

@@ -50,6 +50,8 @@ class ControllerService:
         self.events_publisher = None  # api.kafka_bridge.EventsPublisher
         self.liveness_consumer = None  # api.kafka_bridge.LivenessConsumer
         self.elections = {"success": 0, "failed": 0, "still_exist": 0, "fenced": 0}
+        self.heartbeats_received = 0  # heartbeats this node's liveness table took (no Kafka pipeline)
+        self.dashboard = None  # api.dashboard.DashboardFeed, set by the app
         # Applied events by Raft index, for the leader's publishers (Kafka events topic, Delta).
         self.journal = EventJournal(floor=sm.applied)
         sm.on_event(self._on_event)
@@ -67,6 +69,8 @@ class ControllerService:
             self._scan_task = asyncio.create_task(self._scan_inactive_masters())
 
     async def stop(self) -> None:
+        if self.dashboard is not None:
+            await self.dashboard.stop()
         if self._scan_task:
             self._scan_task.cancel()
             await asyncio.gather(self._scan_task, return_exceptions=True)
@@ -75,6 +79,7 @@ class ControllerService:
     def heartbeat(self, cluster: str, name: str, broker_id: int, addr: str, *, epoch: int = -1,
                   max_offset: int = -1, confirm_offset: int = -1, timeout_ms: int = 10_000,
                   priority: int = 2**31 - 1) -> dict:
+        self.heartbeats_received += 1
         self.liveness.on_heartbeat(cluster, name, broker_id, addr, self.now_ms(), timeout_ms=timeout_ms,
                                    epoch=epoch, max_offset=max_offset, confirm_offset=confirm_offset,
                                    priority=priority)

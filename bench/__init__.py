@@ -19,6 +19,7 @@ BENCHMARKS = {
     "stream": "electra.bench.stream",
     "tier": "electra.bench.tier",
     "flood": "electra.bench.flood",
+    "dashboard": "electra.bench.dashboard",
 }
 
 

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from electra.api.client import ControllerClient
@@ -44,6 +45,22 @@ class SimBroker:
     last_heartbeat_at: float = 0.0  # wall clock of the last heartbeat the controller side accepted
 
 
+@dataclass(frozen=True)
+class Failover:
+    """A killed master replaced: what the demo prints as it happens."""
+
+    name: str
+    old_master: int
+    new_master: int | None  # None: the controller found no replica to elect (the set has no master)
+    master_epoch: int
+    seconds: float  # from the kill until a replica of the set learned of the outcome
+
+    def describe(self) -> str:
+        new = self.new_master if self.new_master is not None else "none elected (no eligible replica)"
+        return (f"failover {self.name}: master {self.old_master} -> {new} "
+                f"(epoch {self.master_epoch}) {self.seconds:.1f} s after the kill")
+
+
 class BrokerFleet:
     """`groups` broker sets of `replicas` brokers each, all driven from one event loop."""
 
@@ -61,6 +78,10 @@ class BrokerFleet:
         for b in self.brokers:
             self.by_set.setdefault(b.name, []).append(b)
         self._tasks: list[asyncio.Task] = []
+        # A killed master's set -> (old master id, its master epoch, when it was killed): the next
+        # master any replica learns of completes the failover, reported to `on_failover`.
+        self._killed_masters: dict[str, tuple[int, int, float]] = {}
+        self.on_failover: Callable[[Failover], None] | None = None
         self.stats = {"requests": 0, "errors": 0, "elections": 0, "role_changes": 0, "heartbeats": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -96,8 +117,37 @@ class BrokerFleet:
 
     def kill(self, name: str, broker_id: int) -> SimBroker:
         b = self._find(name, broker_id)
+        if b.alive and b.role == "master":
+            self._killed_masters[name] = (broker_id, b.master_epoch, time.monotonic())
         b.alive = False
         return b
+
+    def watch_failover(self, name: str, every_s: float = 0.25, limit_s: float = 120.0) -> None:
+        """Poll a set whose master was killed until its successor is known, so the failover is
+        reported when it commits (as a controller's role-change notice would tell the brokers),
+        not at the brokers' next replica-info poll."""
+
+        async def watch() -> None:
+            end = time.monotonic() + limit_s
+            while name in self._killed_masters and time.monotonic() < end:
+                res = await self._call(self.client.replica_info(name))
+                if res.get("code") == Code.SUCCESS:
+                    for b in self.by_set[name]:
+                        if b.alive:
+                            self._adopt(b, res["header"], res.get("body"))
+                    self._note_failed_election(name, res["header"])
+                await asyncio.sleep(every_s)
+
+        self._tasks.append(asyncio.create_task(watch()))
+
+    def _note_failed_election(self, name: str, header: dict) -> None:
+        """A killed master's set whose epoch moved on without a master: the election found nobody."""
+        killed = self._killed_masters.get(name)
+        epoch = header.get("masterEpoch")
+        if killed and header.get("masterBrokerId") is None and epoch is not None and epoch > killed[1]:
+            del self._killed_masters[name]
+            if self.on_failover is not None:
+                self.on_failover(Failover(name, killed[0], None, epoch, time.monotonic() - killed[2]))
 
     def revive(self, name: str, broker_id: int) -> SimBroker:
         b = self._find(name, broker_id)
@@ -164,6 +214,12 @@ class BrokerFleet:
             b.sync_state_set_epoch = header["syncStateSetEpoch"]
         if old_role != b.role:
             self.stats["role_changes"] += 1
+        killed = self._killed_masters.get(b.name)
+        if killed and master is not None and master != killed[0] and epoch > killed[1]:
+            del self._killed_masters[b.name]
+            failover = Failover(b.name, killed[0], master, epoch, time.monotonic() - killed[2])
+            if self.on_failover is not None:
+                self.on_failover(failover)
 
     async def _elect_if_needed(self, b: SimBroker) -> None:
         res = await self._call(self.client.replica_info(b.name))
@@ -217,6 +273,7 @@ async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, dur
                         commands=None, ingest_endpoints: list[str] | None = None, timeout_ms: int = 10_000) -> dict:
     """Run a fleet; `commands` is an async iterator of text lines (kill/revive/status/quit)."""
     fleet = BrokerFleet(endpoints, groups, replicas, ingest_endpoints=ingest_endpoints, timeout_ms=timeout_ms)
+    fleet.on_failover = lambda f: print(f.describe(), flush=True)
     t0 = time.monotonic()
     await fleet.start(progress=True)
     print(f"{groups} broker sets x {replicas} replicas registered in {time.monotonic() - t0:.1f}s; "
@@ -236,12 +293,14 @@ async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, dur
                         break
                     if parts[0] == "kill":
                         print(f"killed {fleet.kill(parts[1], int(parts[2])).addr}", flush=True)
+                        fleet.watch_failover(parts[1])
                     elif parts[0] == "revive":
                         print(f"revived {fleet.revive(parts[1], int(parts[2])).addr}", flush=True)
                     elif parts[0] == "kill-master":
                         m = fleet.master_of(parts[1])
                         print(f"killed master {m.broker_id} of {parts[1]}" if m and fleet.kill(parts[1], m.broker_id)
                               else f"{parts[1]} has no live master", flush=True)
+                        fleet.watch_failover(parts[1])
                     elif parts[0] == "status":
                         masters = sum(1 for n in fleet.by_set if fleet.master_of(n))
                         print(f"sets with a live master: {masters}/{len(fleet.by_set)}; {fleet.stats}", flush=True)

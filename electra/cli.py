@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -222,9 +223,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     stack = LocalStack(cfg)
 
     def on_term(_sig, _frame):
-        raise KeyboardInterrupt  # SIGTERM stops the stack as Ctrl-C does
+        raise KeyboardInterrupt  # SIGTERM, or the terminal closing (SIGHUP), stops the stack as Ctrl-C does
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
     try:
         try:
             bootstrap = stack.start_kafka()
@@ -237,7 +239,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"started {cfg.nodes} controller nodes (raft {stack.raft_peers}) and {cfg.nodes} x "
               f"{cfg.ingest_workers} ingest workers; logs in {stack.logs}")
         for i, ep in stack.endpoints.items():
-            print(f"  http://{ep}  (API docs /docs, metrics /metrics)   "
+            print(f"  http://{ep}  (API docs /docs, metrics /metrics, dashboard /dashboard)   "
                   f"heartbeats: http://{stack.ingest_endpoints[i]}/v1/heartbeat")
         print("waiting for a leader ...", flush=True)
         leader = asyncio.run(_wait_for_http_leader(list(stack.endpoints.values()), timeout=30))
@@ -271,9 +273,27 @@ def cmd_up(args: argparse.Namespace) -> int:
     except TimeoutError as exc:
         print(f"error: {exc} (logs in {stack.logs})", file=sys.stderr)
         return 1
+    except OSError as exc:  # whoever read our output is gone (`electra up | tee`, then Ctrl-C; a closed terminal)
+        if not isinstance(exc, BrokenPipeError) and exc.errno != errno.EIO:
+            raise
+        return 0
     finally:
-        print("stopping ...", flush=True)
+        # Every process the stack started is stopped, whatever happened to our output or a second Ctrl-C.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        _print_or_drop("stopping ...")
         stack.stop_all()
+
+
+def _print_or_drop(text: str) -> None:
+    """Print, or, when stdout is gone (a closed pipe: EPIPE; a closed terminal: EIO), send it and
+    everything later to /dev/null."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the flush at exit does not fail again
+        os.close(devnull)
 
 
 async def _wait_for_http_leader(endpoints: list[str], timeout: float) -> int:
@@ -330,24 +350,41 @@ def cmd_status(args: argparse.Namespace) -> int:
     return asyncio.run(main())
 
 
+def _broker_set_arg(args: argparse.Namespace) -> str:
+    """The broker set of an admin verb: positional NAME, or `--broker-set NAME` (the older spelling)."""
+    given = [n for n in (args.broker_set, args.broker_set_option) if n]
+    if not given:
+        raise SystemExit(f"error: admin {args.verb}: give the broker set name (e.g. `admin {args.verb} broker-0`)")
+    if len(set(given)) > 1:
+        raise SystemExit(f"error: admin {args.verb}: two different broker sets given: {given[0]!r} and {given[1]!r}")
+    return given[0]
+
+
 def cmd_admin(args: argparse.Namespace) -> int:
     """mqadmin-style verbs; prints the RocketMQ response as JSON, exit 0 only for code 0."""
     import json
 
     from electra.api.client import ControllerClient
 
+    if args.verb == "get-sync-state":
+        names = [*args.broker_sets, *(args.broker_set_option or [])]
+        if not names:
+            raise SystemExit("error: admin get-sync-state: give at least one broker set name")
+    elif args.verb != "metadata":
+        name = _broker_set_arg(args)
+
     async def main() -> int:
         client = ControllerClient(_endpoints(args))
         try:
             if args.verb == "get-sync-state":
-                res = await client.sync_state_data(args.broker_sets)
+                res = await client.sync_state_data(names)
             elif args.verb == "elect-master":
-                res = await client.elect_master(args.cluster, args.broker_set, args.broker_id, admin=True)
+                res = await client.elect_master(args.cluster, name, args.broker_id, admin=True)
             elif args.verb == "clean-broker-data":
-                res = await client.clean_broker_data(args.broker_set, cluster=args.cluster,
+                res = await client.clean_broker_data(name, cluster=args.cluster,
                                                      ids=args.broker_ids or None, clean_living=args.clean_living)
             elif args.verb == "replica-info":
-                res = await client.replica_info(args.broker_set)
+                res = await client.replica_info(name)
             else:  # metadata
                 res = {"code": 0, "body": [await client.metadata(ep) for ep in client.endpoints]}
         finally:
@@ -404,9 +441,18 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- electra bench
 def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
-    from electra.bench import run_benchmark
+    from electra.bench import BENCHMARKS, run_benchmark
 
+    if args.name is None or args.name in ("-h", "--help"):
+        print("usage: electra bench NAME [options]   (`electra bench NAME --help` shows NAME's options)\n"
+              f"benchmarks: {', '.join(sorted(BENCHMARKS))}")
+        return 0 if args.name or "-h" in extra or "--help" in extra else 2
     return run_benchmark(args.name, extra)
+
+
+def _add_broker_set_args(verb: argparse.ArgumentParser) -> None:
+    verb.add_argument("broker_set", nargs="?", metavar="NAME", help="the broker set")
+    verb.add_argument("--broker-set", dest="broker_set_option", help=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -467,19 +513,22 @@ def build_parser() -> argparse.ArgumentParser:
     ad = sub.add_parser("admin", help="mqadmin-style controller verbs")
     ad.add_argument("--endpoints", default=os.environ.get("ELECTRA_ENDPOINTS", DEFAULT_ENDPOINTS))
     verbs = ad.add_subparsers(dest="verb", required=True)
+    # One style for every verb: the broker set is positional (`admin replica-info broker-0`);
+    # `--broker-set NAME`, the older spelling of some verbs, is still accepted.
     v = verbs.add_parser("get-sync-state", help="sync-state data of broker sets (GET_SYNC_STATE_DATA)")
-    v.add_argument("broker_sets", nargs="+")
+    v.add_argument("broker_sets", nargs="*", metavar="NAME")
+    v.add_argument("--broker-set", dest="broker_set_option", action="append", help=argparse.SUPPRESS)
     v = verbs.add_parser("elect-master", help="admin-designated election (mqadmin electMaster)")
+    _add_broker_set_args(v)
     v.add_argument("--cluster", required=True)
-    v.add_argument("--broker-set", required=True)
     v.add_argument("--broker-id", type=int, required=True)
     v = verbs.add_parser("clean-broker-data", help="remove broker ids, or a whole set (CLEAN_BROKER_DATA)")
+    _add_broker_set_args(v)
     v.add_argument("--cluster")
-    v.add_argument("--broker-set", required=True)
     v.add_argument("--broker-ids", type=int, nargs="*")
     v.add_argument("--clean-living", action="store_true", help="also clean brokers that are alive")
     v = verbs.add_parser("replica-info", help="master, epochs and sync-state set of one broker set")
-    v.add_argument("--broker-set", required=True)
+    _add_broker_set_args(v)
     verbs.add_parser("metadata", help="every node's controller metadata")
     ad.set_defaults(fn=cmd_admin)
 
@@ -498,8 +547,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_history_command(sub)
 
-    b = sub.add_parser("bench", help="run a benchmark from bench/ (ends with a RESULT line)")
-    b.add_argument("name")
+    # No -h of its own: `electra bench NAME --help` reaches that benchmark's parser.
+    b = sub.add_parser("bench", help="run a benchmark from bench/ (ends with a RESULT line)", add_help=False)
+    b.add_argument("name", nargs="?")
     b.set_defaults(fn=None)
     return p
 
@@ -511,11 +561,37 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # kafka-python logs every connection at INFO; its warnings and errors still show.
     logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
-    if args.cmd == "bench":
-        return cmd_bench(args, extra)
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return args.fn(args)
+    try:
+        if args.cmd == "bench":
+            return cmd_bench(args, extra)
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return args.fn(args)
+    except Exception as exc:
+        message = explain_error(exc)
+        if message is None:
+            raise  # a bug: keep the traceback
+        print(f"error: {message}", file=sys.stderr)
+        return 1
+
+
+def explain_error(exc: BaseException) -> str | None:
+    """The one place that turns expected failures of a command into one line; None for bugs."""
+    import aiohttp
+
+    from electra.api.client import UnexpectedResponse
+
+    if isinstance(exc, UnexpectedResponse):
+        return str(exc)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect to {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}"
+    if isinstance(exc, aiohttp.ClientError):
+        return f"HTTP request failed: {type(exc).__name__}: {exc}"
+    if isinstance(exc, TimeoutError):
+        return str(exc) or "timed out"
+    if isinstance(exc, ConnectionError | BrokenPipeError):
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 if __name__ == "__main__":

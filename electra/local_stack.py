@@ -7,6 +7,8 @@ process listens on loopback; logs go to `<data_dir>/logs/<name>.log`.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -59,8 +61,10 @@ class LocalStack:
 
     def spawn(self, name: str, cmd: list[str], *, log_to_file: bool = True, stdin=None) -> subprocess.Popen:
         out = open(self.logs / f"{name}.log", "ab") if log_to_file else None  # noqa: SIM115 - owned by the child
+        # Each child leads its own process group: a Ctrl-C reaches only `electra up`, which stops the
+        # children in order, and `stop()` can also end what a child started (Spark's JVM).
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                stdin=stdin if stdin is not None else subprocess.DEVNULL)
+                                stdin=stdin if stdin is not None else subprocess.DEVNULL, start_new_session=True)
         self.procs[name] = proc
         if name not in self._order:
             self._order.append(name)
@@ -128,20 +132,23 @@ class LocalStack:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+        _kill_group(proc.pid)
         return proc.returncode
 
     def exited(self) -> list[str]:
         return [f"{name} (exit {p.returncode})" for name, p in self.procs.items() if p.poll() is not None]
 
     def stop_all(self) -> None:
-        for name in reversed(self._order):
-            p = self.procs.get(name)
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for name in reversed(self._order):
-            self.stop(name, timeout=20)
-        if self.kafka is not None:
-            self.kafka.stop()
+        try:
+            for name in reversed(self._order):
+                p = self.procs.get(name)
+                if p is not None and p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for name in reversed(self._order):
+                self.stop(name, timeout=20)
+        finally:  # the embedded broker is stopped whatever happened above
+            if self.kafka is not None:
+                self.kafka.stop()
 
     # ------------------------------------------------------------------ waiting
     def log_tail(self, name: str, lines: int = 30) -> str:
@@ -165,3 +172,9 @@ class LocalStack:
                 raise RuntimeError(f"{name} exited ({proc.returncode}):\n{self.log_tail(name)}")
             time.sleep(0.2)
         raise TimeoutError(f"{name} did not log {text!r} within {timeout}s:\n{self.log_tail(name)}")
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL whatever is left in a stopped child's process group (processes it started)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)

@@ -173,8 +173,10 @@ class BatchSink:
         self.output.close()
 
 
-def _progress_listener(sink: BatchSink):
+def _progress_listener(sink: BatchSink, stats_topic: str | None = None):
     from pyspark.sql.streaming import StreamingQueryListener
+
+    from electra.streaming.job_stats import batch_record
 
     class ProgressLog(StreamingQueryListener):
         def onQueryStarted(self, event) -> None:
@@ -192,6 +194,9 @@ def _progress_listener(sink: BatchSink):
                      "sink_ms=%.1f dead_letters_total=%d proposals_total=%d phases=%s", p.batchId, p.numInputRows,
                      st["proposals"], st["dead_letters"], st["liveness"], p.batchDuration, st["collect_ms"],
                      st["sink_ms"], sink.dead_letters_total, sink.proposals_total, phases)
+            if stats_topic and hasattr(sink.output, "send_stats"):  # for the controllers' dashboards
+                sink.output.send_stats(stats_topic, batch_record(p, st, sink.dead_letters_total, sink.proposals_total,
+                                                                 int(time.time() * 1000)))
 
         def onQueryIdle(self, event) -> None:
             pass
@@ -253,7 +258,7 @@ def run_job(cfg: JobConfig, stop: threading.Event | None = None) -> int:
     spark = build_spark(cfg)
     log.info("Spark %s up in %.1fs (master %s)", spark.version, time.monotonic() - t0, spark.sparkContext.master)
     sink = BatchSink(cfg)
-    listener = _progress_listener(sink)
+    listener = _progress_listener(sink, cfg.topics.job_stats)
     spark.streams.addListener(listener)
     query = None
     code = 0

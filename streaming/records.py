@@ -14,6 +14,8 @@ every record of one broker set lands in one partition of its topic.
   streaming job's view of a set's brokers, the latest heartbeat of each, which
   controller nodes consume for broker- and admin-triggered requests.
 * dead letters (`electra.heartbeats.dlq`): records the job could not parse.
+* job stats (`electra.job-stats`, one partition): one record per micro-batch of the
+  streaming job (`streaming/job_stats.py`), read by the controllers' dashboards.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ HEARTBEATS = "electra.heartbeats"
 EVENTS = "electra.events"
 LIVENESS = "electra.liveness"
 DEAD_LETTERS = "electra.heartbeats.dlq"
-DEFAULT_PARTITIONS = {HEARTBEATS: 4, EVENTS: 1, LIVENESS: 4, DEAD_LETTERS: 1}
+JOB_STATS = "electra.job-stats"
+DEFAULT_PARTITIONS = {HEARTBEATS: 4, EVENTS: 1, LIVENESS: 4, DEAD_LETTERS: 1, JOB_STATS: 1}
 
 MAX_NAME = 255
 MAX_ADDR = 255
@@ -44,14 +47,15 @@ class Topics:
     events: str = EVENTS
     liveness: str = LIVENESS
     dead_letters: str = DEAD_LETTERS
+    job_stats: str = JOB_STATS
 
     @staticmethod
     def prefixed(prefix: str) -> Topics:
-        return Topics(*(prefix + t for t in (HEARTBEATS, EVENTS, LIVENESS, DEAD_LETTERS)))
+        return Topics(*(prefix + t for t in (HEARTBEATS, EVENTS, LIVENESS, DEAD_LETTERS, JOB_STATS)))
 
     def partitions(self) -> dict[str, int]:
         return {self.heartbeats: DEFAULT_PARTITIONS[HEARTBEATS], self.events: 1,
-                self.liveness: DEFAULT_PARTITIONS[LIVENESS], self.dead_letters: 1}
+                self.liveness: DEFAULT_PARTITIONS[LIVENESS], self.dead_letters: 1, self.job_stats: 1}
 
 
 class InvalidHeartbeat(ValueError):

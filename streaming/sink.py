@@ -202,6 +202,13 @@ class KafkaOutput:
                                            client_id="electra-streaming-job")
         return self._producer
 
+    def send_stats(self, topic: str, record: dict) -> None:
+        """One job-stats record (streaming/job_stats.py), fire and forget: a lost one is replaced next batch."""
+        try:
+            self._get().send(topic, value=json.dumps(record, separators=(",", ":")).encode())
+        except Exception as exc:  # noqa: BLE001 - statistics never fail a batch
+            log.warning("job stats not sent: %r", exc)
+
     def send(self, liveness: list[tuple[str, str]], dead_letters: list[str], timeout_s: float = 10.0) -> int:
         """Produce and flush; returns how many records failed (logged, not raised)."""
         if not liveness and not dead_letters:

@@ -174,6 +174,13 @@ def test_streaming_job_end_to_end(tmp_path):
         assert {d["raw"] for d in dlq.values} == {b.decode() for b in bad}
         assert all(d["topic"] == records.HEARTBEATS and d["error"] for d in dlq.values)
 
+        # One report per batch on the job-stats topic (the controllers' dashboards read it).
+        stats = TopicReader(kafka.bootstrap, records.JOB_STATS)
+        assert wait_for(lambda: any(s["deadLettersTotal"] >= 2 for s in stats.poll()), 20), stats.values[-3:]
+        last = stats.values[-1]
+        assert last["batchId"] >= 1 and last["batchMs"] > 0 and last["rows"] >= 0 and last["proposalsTotal"] == 1
+        assert any(k.startswith(records.HEARTBEATS + ":") for k in last["consumed"]), last
+
         # Stop cleanly and restart from the checkpoint: no second proposal.
         assert stop_job(job) == 0
         t_restart = time.monotonic()

@@ -1,0 +1,104 @@
+"""`electra up | tee` then Ctrl-C, or the terminal closing: every process the stack started stops,
+though stdout is a closed pipe (children lead their own process groups, so only `electra up` hears
+the signal and must stop them)."""
+
+from __future__ import annotations
+
+import os
+import pty
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _free_run(n: int) -> int:
+    """A first port of `n` consecutive ports that are free now (bounded tries)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65535:
+            continue
+        try:
+            for p in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no run of free ports")
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line mentions `text` (zombies excluded)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("output,sig", [("pipe", signal.SIGINT), ("pipe", signal.SIGHUP), ("terminal", signal.SIGHUP)],
+                         ids=["ctrl-c-pipe-closed", "hangup-pipe-closed", "terminal-closed"])
+def test_a_signal_when_the_output_is_gone_stops_every_process(tmp_path, output, sig):
+    data = tmp_path / "stack"
+    kafka_port = _free_run(1)
+    raft, http, ingest = _free_run(3), _free_run(3), _free_run(3)
+    cmd = [sys.executable, "-m", "electra.cli", "up", "--no-streaming", "--no-tier", "--data-dir", str(data),
+           "--kafka-port", str(kafka_port), "--raft-port", str(raft), "--http-port", str(http),
+           "--ingest-port", str(ingest)]
+    if output == "pipe":
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        reader = proc.stdout
+    else:  # a terminal (pty) that is closed under it: writes then fail with EIO
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(cmd, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL)
+        os.close(slave)
+        reader = os.fdopen(master, "rb", buffering=0)
+    try:
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = reader.readline().decode(errors="replace")
+            if not line:
+                break
+            lines.append(line)
+            if "the stack is up" in line:
+                break
+        assert any("the stack is up" in x for x in lines), "".join(lines)
+        assert _processes_mentioning(str(data)), "the stack's processes should be running"
+        assert _listening(kafka_port)
+        reader.close()  # the reader is gone (`tee` after Ctrl-C, a closed terminal): every write now fails
+        proc.send_signal(sig)
+        proc.wait(timeout=120)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (_processes_mentioning(str(data)) or _listening(kafka_port)):
+            time.sleep(0.2)
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        assert _processes_mentioning(str(data)) == [], err
+        assert not _listening(kafka_port), "the embedded Kafka (tansu) is still running"
+        assert "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        # never leave strays on the machine: the stack's processes and its tansu
+        for pid in _processes_mentioning(str(data)) + _processes_mentioning(f"tcp://127.0.0.1:{kafka_port}"):
+            os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,130 @@
+"""The CLI's surface: benchmark help, one argument style for `admin`, errors as one line, failover lines."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from electra.broker_simulator import BrokerFleet
+from electra.cli import main
+
+
+class _StubController(BaseHTTPRequestHandler):
+    """A stand-in controller: records each request, answers what the test queued (JSON or not)."""
+
+    seen: list[tuple[str, str, dict | None]] = []
+    reply: tuple[int, str, bytes] = (200, "application/json", b'{"code": 0, "header": {}, "body": null}')
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        type(self).seen.append((self.command, self.path, body))
+        status, ctype, payload = type(self).reply
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def stub():
+    _StubController.seen = []
+    _StubController.reply = (200, "application/json", b'{"code": 0, "header": {}, "body": null}')
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _StubController)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}", _StubController
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+def test_bench_name_help_shows_that_benchmarks_options(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "raft", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: electra bench raft" in out and "--clients" in out
+
+
+def test_bench_without_a_name_lists_the_benchmarks(capsys):
+    assert main(["bench", "--help"]) == 0
+    assert "failover" in capsys.readouterr().out
+    assert main(["bench"]) == 2
+
+
+@pytest.mark.parametrize("argv", [["replica-info", "broker-0"], ["replica-info", "--broker-set", "broker-0"]])
+def test_admin_takes_the_broker_set_positionally_and_as_the_old_flag(stub, argv):
+    ep, handler = stub
+    assert main(["admin", "--endpoints", ep, *argv]) == 0
+    assert handler.seen == [("GET", "/v1/broker-sets/broker-0/replica-info", None)]
+
+
+def test_admin_elect_master_positional(stub):
+    ep, handler = stub
+    assert main(["admin", "--endpoints", ep, "elect-master", "b1", "--cluster", "c", "--broker-id", "2"]) == 0
+    assert handler.seen == [("POST", "/v1/admin/broker-sets/b1/elect-master", {"clusterName": "c", "brokerId": 2})]
+
+
+def test_admin_get_sync_state_accepts_both_spellings(stub):
+    ep, handler = stub
+    assert main(["admin", "--endpoints", ep, "get-sync-state", "a", "--broker-set", "b"]) == 0
+    assert handler.seen[0][2] == {"brokerNames": ["a", "b"]}
+
+
+def test_admin_without_a_broker_set_or_with_two_is_a_clear_error(stub):
+    ep, _ = stub
+    with pytest.raises(SystemExit, match="give the broker set name"):
+        main(["admin", "--endpoints", ep, "replica-info"])
+    with pytest.raises(SystemExit, match="two different broker sets"):
+        main(["admin", "--endpoints", ep, "replica-info", "a", "--broker-set", "b"])
+
+
+def test_a_reply_that_is_not_json_is_one_error_line_not_a_traceback(stub, capsys):
+    ep, handler = stub
+    handler.reply = (500, "text/plain", b"Internal Server Error")
+    assert main(["admin", "--endpoints", ep, "elect-master", "b1", "--cluster", "c", "--broker-id", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: POST http://") and "HTTP 500" in err and "Internal Server Error" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_simulator_reports_a_killed_masters_replacement_once():
+    fleet = BrokerFleet(["127.0.0.1:1"], groups=1, replicas=3)
+    seen = []
+    fleet.on_failover = seen.append
+    brokers = fleet.by_set["sim-set-0"]
+    for i, b in enumerate(brokers, 1):
+        b.broker_id = i
+        fleet._adopt(b, {"masterBrokerId": 1, "masterEpoch": 1}, None)
+    fleet.kill("sim-set-0", 1)
+    fleet._adopt(brokers[1], {"masterBrokerId": 1, "masterEpoch": 1}, None)  # stale view: no failover yet
+    assert seen == []
+    fleet._adopt(brokers[1], {"masterBrokerId": 2, "masterEpoch": 2}, None)
+    fleet._adopt(brokers[2], {"masterBrokerId": 2, "masterEpoch": 2}, None)
+    assert [(f.name, f.old_master, f.new_master, f.master_epoch) for f in seen] == [("sim-set-0", 1, 2, 2)]
+    assert seen[0].describe().startswith("failover sim-set-0: master 1 -> 2 (epoch 2) ")
+
+
+def test_the_simulator_reports_a_failed_election_after_a_kill():
+    fleet = BrokerFleet(["127.0.0.1:1"], groups=1, replicas=2)
+    seen = []
+    fleet.on_failover = seen.append
+    for i, b in enumerate(fleet.by_set["sim-set-0"], 1):
+        b.broker_id = i
+        fleet._adopt(b, {"masterBrokerId": 1, "masterEpoch": 1}, None)
+    fleet.kill("sim-set-0", 1)
+    fleet._note_failed_election("sim-set-0", {"masterBrokerId": None, "masterEpoch": 1})  # not yet
+    assert seen == []
+    fleet._note_failed_election("sim-set-0", {"masterBrokerId": None, "masterEpoch": 2})
+    assert [(f.old_master, f.new_master, f.master_epoch) for f in seen] == [(1, None, 2)]
+    assert "master 1 -> none elected" in seen[0].describe()
