@@ -18,10 +18,13 @@ import multiprocessing
 import os
 import signal
 import socket
+import ssl
 import time
 
 import httptools
 
+from electra.security.auth import AuthError, TokenStore
+from electra.security.http_auth import check_request
 from electra.streaming import records
 
 from .ingest import HeartbeatProducer, handle_heartbeat
@@ -29,7 +32,8 @@ from .ingest import HeartbeatProducer, handle_heartbeat
 log = logging.getLogger("electra.api.ingest")
 
 MAX_BODY = 64 << 10
-_REASONS = {200: b"OK", 404: b"Not Found", 405: b"Method Not Allowed", 413: b"Payload Too Large",
+_REASONS = {200: b"OK", 401: b"Unauthorized", 403: b"Forbidden",
+            404: b"Not Found", 405: b"Method Not Allowed", 413: b"Payload Too Large",
             422: b"Unprocessable Entity", 400: b"Bad Request", 503: b"Service Unavailable"}
 
 
@@ -47,8 +51,10 @@ def _response(status: int, body: bytes, *, content_type: bytes = b"application/j
 class IngestProtocol(asyncio.Protocol):
     """One client connection: parse requests, answer each when its body is complete."""
 
-    def __init__(self, producer: HeartbeatProducer) -> None:
+    def __init__(self, producer: HeartbeatProducer, tokens: TokenStore | None = None) -> None:
         self.producer = producer
+        self.tokens = tokens  # None: insecure mode, nobody is asked for a credential
+        self.authorization: str | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.url = b""
@@ -71,6 +77,11 @@ class IngestProtocol(asyncio.Protocol):
     # httptools callbacks
     def on_message_begin(self) -> None:
         self.url, self.body, self.size, self.too_large = b"", [], 0, False
+        self.authorization = None
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"authorization":
+            self.authorization = value.decode("latin-1")
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -86,6 +97,13 @@ class IngestProtocol(asyncio.Protocol):
         keep = self.parser.should_keep_alive()
         path = self.url.split(b"?", 1)[0]
         method = self.parser.get_method()
+        if self.tokens is not None and not self.too_large:
+            try:
+                check_request(self.tokens, method.decode("latin-1"), path.decode("latin-1"), self.authorization,
+                              b"".join(self.body))
+            except AuthError as err:
+                self._reply(err.status, json.dumps(err.body()).encode(), close=not keep)
+                return
         if path == b"/v1/heartbeat":
             if method != b"POST":
                 self._reply(405, b'{"detail":"use POST"}', close=not keep)
@@ -126,18 +144,25 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str = "warning") -> None:
+def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str = "warning",
+               tls_files: tuple[str, str] | None = None, tokens_file: str | None = None) -> None:
     """One worker process: its own producer and its own SO_REUSEPORT socket; stops on SIGTERM/SIGINT."""
     import uvloop
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
     logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+    tokens = TokenStore(tokens_file) if tokens_file else None
+    tls = None
+    if tls_files:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(*tls_files)
     producer = HeartbeatProducer(bootstrap, topic).start()
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: IngestProtocol(producer), sock=_listen(host, port))
+        server = await loop.create_server(lambda: IngestProtocol(producer, tokens), sock=_listen(host, port),
+                                          ssl=tls)
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
@@ -152,11 +177,17 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
 
 
 def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topic: str = records.HEARTBEATS,
-                 log_level: str = "warning") -> None:
-    """Run `workers` ingest processes on host:port until SIGINT/SIGTERM (blocks)."""
+                 log_level: str = "warning", tls_files: tuple[str, str] | None = None,
+                 tokens_file: str | None = None) -> None:
+    """Run `workers` ingest processes on host:port until SIGINT/SIGTERM (blocks).
+
+    With `tls_files` (certificate, key) the workers serve HTTPS; with `tokens_file` every request
+    but /healthz needs a token (heartbeats: a broker credential scoped to the heartbeat's set).
+    """
     ctx = multiprocessing.get_context("spawn")
     _listen(host, port).close()  # fail here, clearly, if the address is taken
-    procs = [ctx.Process(target=run_worker, args=(host, port, bootstrap, topic, log_level), daemon=False,
+    procs = [ctx.Process(target=run_worker, args=(host, port, bootstrap, topic, log_level, tls_files, tokens_file),
+                         daemon=False,
                          name=f"ingest-worker-{i}") for i in range(workers)]
     for p in procs:
         p.start()

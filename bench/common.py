@@ -105,6 +105,6 @@ def start_controller_processes(data_dir: Path, extra_args: tuple[str, ...] = (),
     http_peers = ",".join(f"{i}={ep}" for i, ep in zip(ids, endpoints, strict=True))
     procs = [subprocess.Popen([sys.executable, "-m", "electra.cli", "--log-level", "WARNING", "node", "--id", str(i),
                                "--peers", peers, "--http-addr", endpoints[i - 1], "--http-peers", http_peers,
-                               "--data-dir", str(Path(data_dir) / f"n{i}"), *extra_args],
+                               "--data-dir", str(Path(data_dir) / f"n{i}"), "--insecure", *extra_args],
                               stdout=subprocess.DEVNULL) for i in ids]
     return procs, endpoints
