@@ -174,4 +174,7 @@ class ControllerClient:
     async def metadata(self, endpoint: str | None = None) -> dict:
         ep = endpoint or self.endpoints[0]
         async with self._http().get(f"{self.scheme}://{ep}/v1/admin/metadata") as r:
-            return await r.json(content_type=None)
+            body = await r.json(content_type=None)
+            if r.status in (401, 403):  # a credential problem is not an unreachable node
+                raise PermissionError(f"{ep}: HTTP {r.status}: {body.get('remark')}")
+            return body

@@ -376,6 +376,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             for ep in client.endpoints:
                 try:
                     m = await client.metadata(ep)
+                except PermissionError as exc:
+                    print(f"{ep:<22} refused: {exc} (set ELECTRA_TOKEN_FILE and ELECTRA_CA_FILE)")
+                    rc = 1
+                    continue
                 except Exception as exc:
                     print(f"{ep:<22} unreachable: {type(exc).__name__}")
                     rc = 1
