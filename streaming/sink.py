@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit
 
 from electra.security.credentials import ClientCredentials
+from electra.security.kafka_settings import kafka_client_kwargs
 
 log = logging.getLogger("electra.streaming.sink")
 
@@ -210,7 +211,7 @@ class KafkaOutput:
             self._producer = KafkaProducer(bootstrap_servers=self.bootstrap.split(","), linger_ms=5,
                                            max_block_ms=5000, request_timeout_ms=5000, retries=3, acks=1,
                                            enable_idempotence=False, metrics_enabled=False,
-                                           client_id="electra-streaming-job")
+                                           client_id="electra-streaming-job", **kafka_client_kwargs())
         return self._producer
 
     def send(self, liveness: list[tuple[str, str]], dead_letters: list[str], timeout_s: float = 10.0) -> int:
