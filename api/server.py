@@ -114,6 +114,7 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
         if tier is not None:
             await service.tier.stop()
         await node.stop()
+        audit.close()
         raise RuntimeError(f"HTTP server on {http_host}:{http_port} failed to start: {task.exception()!r}")
     scheme = "https" if http_ssl else "http"
     log.info("controller node %d: %s://%s:%d", cfg.node_id, scheme, http_host, http_port)
