@@ -414,6 +414,9 @@ def cmd_admin(args: argparse.Namespace) -> int:
                 res = await client.replica_info(args.broker_set)
             else:  # metadata
                 res = {"code": 0, "body": [await client.metadata(ep) for ep in client.endpoints]}
+        except PermissionError as exc:
+            print(f"error: {exc} (set ELECTRA_TOKEN_FILE and ELECTRA_CA_FILE)", file=sys.stderr)
+            return 1
         finally:
             await client.close()
         print(json.dumps(res, indent=2, sort_keys=True))
