@@ -72,21 +72,30 @@ class AuthMiddleware:
         return await self._audited(scope, receive, send, principal, rule)
 
     async def _audited(self, scope, receive, send, principal: Principal, rule) -> None:
-        seen: dict = {"status": 500, "body": b""}
+        """Run the route and write its audit record before the last byte of the answer leaves."""
+        seen: dict = {"status": 500, "body": b"", "recorded": False}
+
+        def record() -> None:
+            if not seen["recorded"]:
+                seen["recorded"] = True
+                code = _json_fields(seen["body"]).get("code")
+                self._audit(scope, principal, rule.action, seen["status"], code if isinstance(code, int) else None,
+                            None)
 
         async def send_and_watch(message):
             if message["type"] == "http.response.start":
                 seen["status"] = message["status"]
-            elif message["type"] == "http.response.body" and len(seen["body"]) < 65536:
-                seen["body"] += message.get("body", b"")
+            elif message["type"] == "http.response.body":
+                if len(seen["body"]) < 65536:
+                    seen["body"] += message.get("body", b"")
+                if not message.get("more_body"):
+                    record()
             await send(message)
 
         try:
             await self.app(scope, receive, send_and_watch)
         finally:
-            code = _json_fields(seen["body"]).get("code")
-            self._audit(scope, principal, rule.action, seen["status"], code if isinstance(code, int) else None,
-                        None)
+            record()  # the route failed before answering
 
     def _audit(self, scope, principal, action, status, code, detail) -> None:
         client = scope.get("client")

@@ -125,3 +125,39 @@ def test_client_credentials_from_env(tmp_path):
     assert ClientCredentials.from_env({}).headers() == {}
     with pytest.raises(ValueError, match="ELECTRA_TOKEN_FILE"):
         ClientCredentials.from_env({"ELECTRA_TOKEN_FILE": str(tmp_path / "missing")})
+
+
+def test_admin_action_is_audited_before_the_answer_leaves(tmp_path):
+    import asyncio
+
+    from electra.security.audit import AuditLog
+    from electra.security.http_auth import AuthMiddleware
+
+    tokens = tmp_path / "tokens.json"
+    admin = create_token(tokens, "admin", "ops")
+    audit = AuditLog(tmp_path / "audit.log")
+
+    async def route(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"code":0}'})
+
+    seen_at_last_byte = []
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            seen_at_last_byte.append((tmp_path / "audit.log").read_text())
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    app = AuthMiddleware(route, TokenStore(tokens), audit)
+    for auth in (f"Bearer {admin}", None):
+        headers = [(b"authorization", auth.encode())] if auth else []
+        scope = {"type": "http", "method": "POST", "path": "/v1/admin/broker-sets/s/clean", "headers": headers,
+                 "query_string": b"", "client": ("127.0.0.1", 5)}
+        asyncio.run(app(scope, receive, send))
+    audit.close()
+    first = json.loads(seen_at_last_byte[0].splitlines()[0])
+    assert (first["who"], first["action"], first["outcome"], first["code"]) == ("ops", "clean s", "ok", 0)
+    lines = [json.loads(x) for x in (tmp_path / "audit.log").read_text().splitlines()]
+    assert lines[1]["who"] == "unauthenticated" and lines[1]["status"] == 401 and lines[1]["outcome"] == "refused"
