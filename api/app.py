@@ -218,7 +218,8 @@ def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS) -> F
                     "leader": exc.leader_id or None, "leaderAddress": addr}
             requests.labels(endpoint, str(int(Code.CONTROLLER_NOT_LEADER))).inc()
             if addr:
-                loc = f"http://{addr}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
+                loc = (f"{request.url.scheme}://{addr}{request.url.path}"  # https stays https
+                       + (f"?{request.url.query}" if request.url.query else ""))
                 return JSONResponse(body, status_code=307, headers={"Location": loc})
             return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
         except (FollowerBehind, ReadTimeout) as exc:

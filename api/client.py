@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from electra.security.credentials import ClientCredentials
+
 
 class UnexpectedResponse(ValueError):
     """A controller (or something in front of it) answered with a body that is not JSON."""
@@ -40,10 +42,13 @@ async def _json(r: aiohttp.ClientResponse) -> Any:
 
 class ControllerClient:
     def __init__(self, endpoints: list[str], *, timeout: float = 5.0, deadline_s: float = 15.0,
-                 max_connections: int = 256, ingest_endpoints: list[str] | None = None) -> None:
+                 max_connections: int = 256, ingest_endpoints: list[str] | None = None,
+                 credentials: ClientCredentials | None = None) -> None:
         if not endpoints:
             raise ValueError("at least one controller endpoint (host:port) is required")
         self.endpoints = list(endpoints)
+        self.credentials = credentials if credentials is not None else ClientCredentials.from_env()
+        self.scheme = self.credentials.scheme
         self.timeout = timeout
         self.deadline_s = deadline_s
         self.max_connections = max_connections
@@ -58,8 +63,8 @@ class ControllerClient:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_connections),
-                timeout=aiohttp.ClientTimeout(total=self.timeout))
+                connector=aiohttp.TCPConnector(limit=self.max_connections, ssl=self.credentials.ssl_context() or True),
+                timeout=aiohttp.ClientTimeout(total=self.timeout), headers=self.credentials.headers())
         return self._session
 
     async def close(self) -> None:
@@ -86,7 +91,7 @@ class ControllerClient:
         while time.monotonic() < end:
             ep = self.preferred or self.endpoints[next(self._rr)]
             try:
-                status, body = await self._once(method, f"http://{ep}{path}", json, params)
+                status, body = await self._once(method, f"{self.scheme}://{ep}{path}", json, params)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 last, self.preferred = exc, None
                 await asyncio.sleep(0.05)
@@ -109,7 +114,7 @@ class ControllerClient:
 
         async def one(ep: str):
             try:
-                async with self._http().post(f"http://{ep}/v1/heartbeat", json=body) as r:
+                async with self._http().post(f"{self.scheme}://{ep}/v1/heartbeat", json=body) as r:
                     return (await r.json(content_type=None)) | {"httpStatus": r.status}
             except (aiohttp.ClientError, TimeoutError) as exc:
                 return exc
@@ -129,7 +134,7 @@ class ControllerClient:
         for _ in range(n):
             ep = self.ingest_endpoints[(home + self._ingest_skip.get(name, 0)) % n]
             try:
-                async with self._http().post(f"http://{ep}/v1/heartbeat", json=body) as r:
+                async with self._http().post(f"{self.scheme}://{ep}/v1/heartbeat", json=body) as r:
                     reply = (await r.json(content_type=None)) | {"httpStatus": r.status}
                 if r.status != 503:
                     return reply
@@ -186,5 +191,8 @@ class ControllerClient:
 
     async def metadata(self, endpoint: str | None = None) -> dict:
         ep = endpoint or self.endpoints[0]
-        async with self._http().get(f"http://{ep}/v1/admin/metadata") as r:
-            return await _json(r)
+        async with self._http().get(f"{self.scheme}://{ep}/v1/admin/metadata") as r:
+            body = await _json(r)
+            if r.status in (401, 403):  # a credential problem is not an unreachable node
+                raise PermissionError(f"{ep}: HTTP {r.status}: {body.get('remark')}")
+            return body

@@ -41,6 +41,7 @@ import aiohttp
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
+from electra.security.credentials import ClientCredentials
 from electra.state.journal import set_state
 
 from .topic_stats import TopicStats
@@ -70,6 +71,9 @@ class DashboardFeed:
         self._viewers: set[asyncio.Queue] = set()
         self._task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
+        # Peers' metadata is an observer read: in a secure group the node needs an observer token
+        # and the CA in its environment (ELECTRA_TOKEN_FILE, ELECTRA_CA_FILE; `electra up` sets them).
+        self._peer_credentials = ClientCredentials.from_env()
         self._last: dict[str, Any] | None = None  # previous counters, for rates
         self.frame: dict | None = None
         self.encoded = b""
@@ -298,10 +302,16 @@ class DashboardFeed:
         async def ask(node_id: int, ep: str) -> dict:
             if node_id == me:
                 return svc.metadata()
+            creds = self._peer_credentials
             if self._session is None or self._session.closed:
-                self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.8))
+                self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.8),
+                                                      headers=creds.headers(),
+                                                      connector=aiohttp.TCPConnector(ssl=creds.ssl_context()
+                                                                                     or False))
             try:
-                async with self._session.get(f"http://{ep}/v1/admin/metadata") as r:
+                async with self._session.get(f"{creds.scheme}://{ep}/v1/admin/metadata") as r:
+                    if r.status in (401, 403):  # a secure group: this node needs an observer credential
+                        return {"node_id": node_id, "error": "needs an observer credential (ELECTRA_TOKEN_FILE)"}
                     return await r.json(content_type=None)
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 return {"node_id": node_id, "error": type(exc).__name__}

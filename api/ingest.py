@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from kafka.partitioner.default import murmur2
 
+from electra.security.kafka_settings import kafka_client_kwargs
 from electra.streaming import records
 
 log = logging.getLogger("electra.api.ingest")
@@ -73,7 +74,7 @@ class HeartbeatProducer:
                     linger_ms=self.linger_ms, batch_size=256 << 10, max_block_ms=50, metrics_enabled=False,
                     delivery_timeout_ms=self.delivery_timeout_ms,
                     request_timeout_ms=min(3000, self.delivery_timeout_ms - 1),
-                    retries=3)
+                    retries=3, **kafka_client_kwargs())
                 self._healthy = True
                 log.info("ingest worker %d producing heartbeats to %s on %s", os.getpid(), self.topic, self.bootstrap)
             except Exception as exc:

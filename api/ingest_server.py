@@ -18,10 +18,13 @@ import multiprocessing
 import os
 import signal
 import socket
+import ssl
 import time
 
 import httptools
 
+from electra.security.auth import AuthError, TokenStore
+from electra.security.http_auth import check_request
 from electra.streaming import records
 
 from .http_limits import BUSY_REPLY, DEFAULT_LIMITS, TIMEOUT_REPLY, HTTPLimits, RequestDeadline, head_too_large
@@ -30,7 +33,8 @@ from .ingest import HeartbeatProducer, handle_heartbeat
 log = logging.getLogger("electra.api.ingest")
 
 MAX_BODY = 64 << 10
-_REASONS = {200: b"OK", 404: b"Not Found", 405: b"Method Not Allowed", 413: b"Payload Too Large",
+_REASONS = {200: b"OK", 401: b"Unauthorized", 403: b"Forbidden",
+            404: b"Not Found", 405: b"Method Not Allowed", 413: b"Payload Too Large",
             422: b"Unprocessable Entity", 400: b"Bad Request", 503: b"Service Unavailable"}
 
 
@@ -49,8 +53,10 @@ class IngestProtocol(asyncio.Protocol):
     """One client connection: parse requests, answer each when its body is complete."""
 
     def __init__(self, producer: HeartbeatProducer, limits: HTTPLimits = DEFAULT_LIMITS,
-                 open_connections: set | None = None) -> None:
+                 open_connections: set | None = None, tokens: TokenStore | None = None) -> None:
         self.producer = producer
+        self.tokens = tokens  # None: insecure mode, nobody is asked for a credential
+        self.authorization: str | None = None
         # Containment (api/http_limits.py): connection cap, request deadline, idle timeout, head size.
         self.limits = limits
         self.open = open_connections if open_connections is not None else set()
@@ -97,11 +103,15 @@ class IngestProtocol(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.url, self.body, self.size, self.too_large = b"", [], 0, False
         self.in_head, self.head_bytes, self.content_length = True, 0, 0
+        self.authorization = None
         self.deadline.arm(self.transport, self.limits.request_timeout_s, TIMEOUT_REPLY)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"content-length":
+        lname = name.lower()
+        if lname == b"content-length":
             self.content_length = int(value) if value.isdigit() else MAX_BODY + 1
+        elif lname == b"authorization":
+            self.authorization = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         self.in_head = False
@@ -125,6 +135,13 @@ class IngestProtocol(asyncio.Protocol):
         self.deadline.arm(self.transport, self.limits.idle_timeout_s)  # idle until the next request
         path = self.url.split(b"?", 1)[0]
         method = self.parser.get_method()
+        if self.tokens is not None and not self.too_large:
+            try:
+                check_request(self.tokens, method.decode("latin-1"), path.decode("latin-1"), self.authorization,
+                              b"".join(self.body))
+            except AuthError as err:
+                self._reply(err.status, json.dumps(err.body()).encode(), close=not keep)
+                return
         if path == b"/v1/heartbeat":
             if method != b"POST":
                 self._reply(405, b'{"detail":"use POST"}', close=not keep)
@@ -172,20 +189,26 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str = "warning") -> None:
+def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str = "warning",
+               tls_files: tuple[str, str] | None = None, tokens_file: str | None = None) -> None:
     """One worker process: its own producer and its own SO_REUSEPORT socket; stops on SIGTERM/SIGINT."""
     import uvloop
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
     logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+    tokens = TokenStore(tokens_file) if tokens_file else None
+    tls = None
+    if tls_files:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(*tls_files)
     producer = HeartbeatProducer(bootstrap, topic).start()
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         connections: set = set()
-        server = await loop.create_server(lambda: IngestProtocol(producer, DEFAULT_LIMITS, connections),
-                                          sock=_listen(host, port))
+        server = await loop.create_server(lambda: IngestProtocol(producer, DEFAULT_LIMITS, connections, tokens),
+                                          sock=_listen(host, port), ssl=tls)
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
@@ -200,11 +223,17 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
 
 
 def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topic: str = records.HEARTBEATS,
-                 log_level: str = "warning") -> None:
-    """Run `workers` ingest processes on host:port until SIGINT/SIGTERM (blocks)."""
+                 log_level: str = "warning", tls_files: tuple[str, str] | None = None,
+                 tokens_file: str | None = None) -> None:
+    """Run `workers` ingest processes on host:port until SIGINT/SIGTERM (blocks).
+
+    With `tls_files` (certificate, key) the workers serve HTTPS; with `tokens_file` every request
+    but /healthz needs a token (heartbeats: a broker credential scoped to the heartbeat's set).
+    """
     ctx = multiprocessing.get_context("spawn")
     _listen(host, port).close()  # fail here, clearly, if the address is taken
-    procs = [ctx.Process(target=run_worker, args=(host, port, bootstrap, topic, log_level), daemon=False,
+    procs = [ctx.Process(target=run_worker, args=(host, port, bootstrap, topic, log_level, tls_files, tokens_file),
+                         daemon=False,
                          name=f"ingest-worker-{i}") for i in range(workers)]
     for p in procs:
         p.start()

@@ -28,6 +28,7 @@ import time
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from electra.consensus.core import Role
+from electra.security.kafka_settings import kafka_client_kwargs
 from electra.state.journal import JournalEntry, JournalGap, set_state
 from electra.state.liveness import BrokerLiveInfo
 from electra.streaming import records
@@ -97,7 +98,7 @@ class EventsPublisher:
                 # Not idempotent: an idempotent producer dies for good when Kafka comes back without its
                 # producer state (tansu restarts empty). Duplicates are harmless: records carry the index.
                 enable_idempotence=False, linger_ms=2, retries=5, max_block_ms=5000, request_timeout_ms=5000,
-                delivery_timeout_ms=15_000, metrics_enabled=False)
+                delivery_timeout_ms=15_000, metrics_enabled=False, **kafka_client_kwargs())
         last = await asyncio.to_thread(self._last_published_index)
         self.published_index = last
         log.info("events publisher: leading in term %d; topic %s ends at index %d", term, self.topic, last)
@@ -143,7 +144,7 @@ class EventsPublisher:
 
     def _last_published_index(self) -> int:
         consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, client_id="electra-events-tail",
-                                 enable_auto_commit=False, request_timeout_ms=5000)
+                                 enable_auto_commit=False, request_timeout_ms=5000, **kafka_client_kwargs())
         try:
             rec = last_record(consumer, TopicPartition(self.topic, 0), hwm_fix=self.hwm_fix)
         finally:
@@ -189,9 +190,10 @@ class LivenessConsumer:
     def _follow(self) -> None:
         consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, client_id="electra-liveness",
                                  enable_auto_commit=False, auto_offset_reset="earliest", request_timeout_ms=5000,
-                                 metrics_enabled=False)
+                                 metrics_enabled=False, **kafka_client_kwargs())
         probe = KafkaConsumer(bootstrap_servers=self.bootstrap, client_id="electra-liveness-probe",
-                              enable_auto_commit=False, request_timeout_ms=5000, metrics_enabled=False)
+                              enable_auto_commit=False, request_timeout_ms=5000, metrics_enabled=False,
+                              **kafka_client_kwargs())
         try:
             tps = topic_partitions(consumer, self.topic)
             consumer.assign(tps)

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from electra.consensus.node import NodeConfig, RaftNode
+from electra.security.audit import AuditLog
+from electra.security.http_auth import AuthMiddleware
 from electra.state.machine import ControllerStateMachine
 from electra.streaming.records import Topics
 
@@ -22,6 +24,7 @@ from .service import ControllerService
 log = logging.getLogger("electra.api.server")
 
 if TYPE_CHECKING:
+    from electra.security.node_security import NodeSecurity
     from electra.tiering.uploader import TierConfig, TierUploader
 
 
@@ -34,10 +37,14 @@ class ControllerNode:
     server: uvicorn.Server
     task: asyncio.Task = field(repr=False)
     tier: TierUploader | None = None
+    audit: AuditLog | None = None
+    tls_watch: asyncio.Task | None = field(default=None, repr=False)
 
     async def stop(self) -> None:
         self.server.should_exit = True
         await asyncio.gather(self.task, return_exceptions=True)
+        if self.tls_watch is not None:
+            self.tls_watch.cancel()
         if self.tier is not None:
             await self.tier.stop()
         svc = self.service
@@ -49,19 +56,24 @@ class ControllerNode:
             await asyncio.to_thread(svc.heartbeat_producer.close)
         await self.service.stop()
         await self.node.stop()
+        if self.audit is not None:
+            self.audit.close()
 
 
 async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int, http_peers: dict[int, str], *,
                                 unclean_election: bool = False, scan_interval_s: float = 5.0,
                                 kafka_bootstrap: str | None = None, topics: Topics | None = None,
                                 tier: TierConfig | None = None, bootstrap_from_tier: bool = False,
-                                http_limits: HTTPLimits = DEFAULT_LIMITS) -> ControllerNode:
+                                http_limits: HTTPLimits = DEFAULT_LIMITS,
+                                security: NodeSecurity | None = None) -> ControllerNode:
     """Start Raft, the controller service and the HTTP API; with `kafka_bootstrap`, also the pipeline links.
 
     With Kafka, heartbeats sent to this node go to the heartbeats topic, applied events are
     published to the events topic while this node leads, and liveness comes from the
     streaming job's liveness topic. With `tier`, the leader uploads snapshots and events to
     Delta tables; with `bootstrap_from_tier`, an empty data directory starts from the tier.
+    With `security` (TLS files and tokens), the API serves HTTPS and asks every caller for a token;
+    without it the node is in insecure mode. Admin actions go to `<data_dir>/audit.log` either way.
     """
     if tier is not None and bootstrap_from_tier:  # an empty data dir starts from the tier's newest state
         from electra.tiering.bootstrap import bootstrap_from_tier as bootstrap
@@ -86,9 +98,14 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
 
         service.tier = TierUploader(node, sm, service.journal, tier)
         service.tier.start()
-    config = uvicorn.Config(create_app(service, http_limits), host=http_host, port=http_port, log_level="warning",
-                            lifespan="off", access_log=False, http=guarded_protocol(http_limits),
-                            timeout_keep_alive=http_limits.idle_timeout_s)
+    app = create_app(service, http_limits)
+    audit = AuditLog(cfg.data_dir / "audit.log")
+    app.add_middleware(AuthMiddleware, tokens=security.tokens if security else None, audit=audit)
+    http_ssl = security.tls.http_server_context() if security and security.tls else None
+    config = uvicorn.Config(app, host=http_host, port=http_port, log_level="warning", lifespan="off",
+                            access_log=False, http=guarded_protocol(http_limits),
+                            timeout_keep_alive=http_limits.idle_timeout_s,
+                            ssl_context_factory=(lambda _cfg, _default: http_ssl) if http_ssl else None)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # the caller owns signals
     task = asyncio.create_task(server.serve())
@@ -100,6 +117,9 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
         if tier is not None:
             await service.tier.stop()
         await node.stop()
+        audit.close()
         raise RuntimeError(f"HTTP server on {http_host}:{http_port} failed to start: {task.exception()!r}")
-    log.info("controller node %d: http://%s:%d", cfg.node_id, http_host, http_port)
-    return ControllerNode(node, service, server, task, getattr(service, "tier", None))
+    scheme = "https" if http_ssl else "http"
+    log.info("controller node %d: %s://%s:%d", cfg.node_id, scheme, http_host, http_port)
+    watch = asyncio.create_task(security.tls.watch()) if security and security.tls else None
+    return ControllerNode(node, service, server, task, getattr(service, "tier", None), audit, watch)

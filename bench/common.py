@@ -95,16 +95,26 @@ def stop_processes(procs: list[subprocess.Popen]) -> None:
             p.kill()
 
 
+def bench_credentials(data_dir: Path, ids=(1, 2, 3)):
+    """The role credentials of the controllers `start_controller_processes(data_dir)` starts."""
+    from electra.security.local import ensure_local_credentials
+
+    return ensure_local_credentials(Path(data_dir) / "certs", ids)
+
+
 def start_controller_processes(data_dir: Path, extra_args: tuple[str, ...] = (),
                                nodes: int = 3) -> tuple[list[subprocess.Popen], list[str]]:
-    """`nodes` `electra node` controller processes on free loopback ports; returns them and their HTTP endpoints."""
+    """`nodes` secure `electra node` controller processes on free loopback ports; returns them and their HTTP
+    endpoints. Their CA, certificates and role tokens are in `bench_credentials(data_dir)`."""
     ports = free_ports(2 * nodes)
     ids = range(1, nodes + 1)
+    creds = bench_credentials(data_dir, ids)
     peers = ",".join(f"{i}=127.0.0.1:{ports[i - 1]}" for i in ids)
     endpoints = [f"127.0.0.1:{ports[nodes + i - 1]}" for i in ids]
     http_peers = ",".join(f"{i}={ep}" for i, ep in zip(ids, endpoints, strict=True))
     procs = [subprocess.Popen([sys.executable, "-m", "electra.cli", "--log-level", "WARNING", "node", "--id", str(i),
                                "--peers", peers, "--http-addr", endpoints[i - 1], "--http-peers", http_peers,
-                               "--data-dir", str(Path(data_dir) / f"n{i}"), *extra_args],
+                               "--data-dir", str(Path(data_dir) / f"n{i}"), "--certs-dir", str(creds.certs_dir),
+                               *extra_args],
                               stdout=subprocess.DEVNULL) for i in ids]
     return procs, endpoints

@@ -16,14 +16,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import percentile, result_line, start_controller_processes, stop_processes
+from .common import bench_credentials, percentile, result_line, start_controller_processes, stop_processes
 
 
-async def _load(endpoints: list[str], brokers: int, duration: float) -> dict:
+async def _load(endpoints: list[str], brokers: int, duration: float, creds=None) -> dict:
     from electra.api.client import ControllerClient
     from electra.broker_simulator import BrokerFleet
 
-    fleet = BrokerFleet(endpoints, max(1, brokers // 3), 3, cluster="bench", heartbeat_s=1.0, poll_s=3600)
+    fleet = BrokerFleet(endpoints, max(1, brokers // 3), 3, cluster="bench", heartbeat_s=1.0, poll_s=3600,
+                        credentials=creds.credentials("broker") if creds else None)
     t0 = time.monotonic()
     await fleet.start(progress=True)
     print(f"  {len(fleet.brokers)} brokers registered in {time.monotonic() - t0:.1f}s", flush=True)
@@ -73,7 +74,7 @@ def main(argv: list[str]) -> int:
         procs, endpoints = start_controller_processes(Path(tmp))
         try:
             time.sleep(3.0)
-            out = asyncio.run(_load(endpoints, args.brokers, args.duration))
+            out = asyncio.run(_load(endpoints, args.brokers, args.duration, bench_credentials(Path(tmp))))
         finally:
             stop_processes(procs)
     lat, errors = out["lat"], out["errors"]

@@ -28,11 +28,12 @@ from pathlib import Path
 from .common import free_ports, percentile, result_line
 
 
-def _ingest_accepted(endpoints: list[str]) -> int:
+def _ingest_accepted(endpoints: list[str], creds) -> int:
     total = 0
     for ep in endpoints:
         try:
-            text = urllib.request.urlopen(f"http://{ep}/metrics", timeout=2).read().decode()
+            req = urllib.request.Request(f"{creds.scheme}://{ep}/metrics", headers=creds.headers())
+            text = urllib.request.urlopen(req, timeout=2, context=creds.ssl_context()).read().decode()
         except OSError:
             continue
         for line in text.splitlines():
@@ -59,8 +60,10 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
     stack.start_kafka()
     stack.start_controllers()
     stack.start_job()
-    client = ControllerClient(endpoints, deadline_s=30, max_connections=64)
+    observer = stack.creds.credentials("observer")  # the stack is secure: brokers and the bench have their roles
+    client = ControllerClient(endpoints, deadline_s=30, max_connections=64, credentials=observer)
     fleet = BrokerFleet(endpoints, groups, 3, heartbeat_s=1.0, poll_s=5.0, timeout_ms=args.timeout_ms,
+                        credentials=stack.creds.credentials("broker"),
                         ingest_endpoints=ingest)
     try:
         await fleet.start()
@@ -76,9 +79,9 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
                 print(f"  G={groups}: only {full}/{groups} sets reached a sync-state set of 3", flush=True)
                 break
             await asyncio.sleep(1.0)
-        a0, m0 = _ingest_accepted(ingest), time.monotonic()
+        a0, m0 = _ingest_accepted(ingest, observer), time.monotonic()
         await asyncio.sleep(args.measure)
-        hb_rate = (_ingest_accepted(ingest) - a0) / (time.monotonic() - m0)
+        hb_rate = (_ingest_accepted(ingest, observer) - a0) / (time.monotonic() - m0)
         out["hb_per_s"] = hb_rate
         out["offered_hb_per_s"] = 3 * groups
         print(f"  G={groups}: {hb_rate:,.0f} heartbeats/s accepted of {3 * groups:,} offered", flush=True)

@@ -120,9 +120,10 @@ def main(argv: list[str]) -> int:
         raft, http, ing = free_ports(3)
         py = [sys.executable, "-m", "electra.cli", "--log-level", "WARNING"]
         ingest = _measure("ingest", [*py, "ingest", "--listen", f"127.0.0.1:{ing}", "--kafka-bootstrap",
-                                     kafka.bootstrap, "--workers", "1"], f"127.0.0.1:{ing}", args)
+                                     kafka.bootstrap, "--workers", "1", "--insecure"], f"127.0.0.1:{ing}", args)
         node = _measure("node", [*py, "node", "--id", "1", "--peers", f"1=127.0.0.1:{raft}", "--http-addr",
-                                 f"127.0.0.1:{http}", "--data-dir", tmp, "--kafka-bootstrap", kafka.bootstrap],
+                                 f"127.0.0.1:{http}", "--data-dir", tmp, "--kafka-bootstrap", kafka.bootstrap,
+                                 "--insecure"],  # the same plaintext HTTP as the ingest side
                         f"127.0.0.1:{http}", args)
     print(result_line(hb_ingest_per_s_per_core=round(ingest["per_core"]), hb_per_s=round(ingest["rate"]),
                       api_cores_used=round(ingest["cores"], 2), node_api_per_s_per_core=round(node["per_core"]),

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import percentile, result_line, start_controller_processes, stop_processes
+from .common import bench_credentials, percentile, result_line, start_controller_processes, stop_processes
 from .controller import _load
 
 
@@ -28,14 +28,16 @@ def _metric(text: str, name: str) -> float | None:
     return None
 
 
-async def _sample(endpoints: list[str], stop: asyncio.Event, samples: list[tuple[float, float]]) -> None:
+async def _sample(endpoints: list[str], stop: asyncio.Event, samples: list[tuple[float, float]], creds) -> None:
     import aiohttp
 
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+    obs = creds.credentials("observer")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2), headers=obs.headers(),
+                                     connector=aiohttp.TCPConnector(ssl=obs.ssl_context() or True)) as http:
         while not stop.is_set():
             for ep in endpoints:
                 try:
-                    async with http.get(f"http://{ep}/metrics") as r:
+                    async with http.get(f"{obs.scheme}://{ep}/metrics") as r:
                         text = await r.text()
                 except Exception:
                     continue
@@ -47,26 +49,28 @@ async def _sample(endpoints: list[str], stop: asyncio.Event, samples: list[tuple
                 await asyncio.wait_for(stop.wait(), 0.1)
 
 
-async def _run(endpoints: list[str], brokers: int, duration: float) -> tuple[dict, list]:
+async def _run(endpoints: list[str], brokers: int, duration: float, creds) -> tuple[dict, list]:
     samples: list[tuple[float, float]] = []
     stop = asyncio.Event()
-    sampler = asyncio.create_task(_sample(endpoints, stop, samples))
+    sampler = asyncio.create_task(_sample(endpoints, stop, samples, creds))
     try:
-        out = await _load(endpoints, brokers, duration)
+        out = await _load(endpoints, brokers, duration, creds)
     finally:
         stop.set()
         await sampler
     return out, samples
 
 
-async def _final(endpoints: list[str], timeout: float = 30.0) -> tuple[float, float]:
+async def _final(endpoints: list[str], creds, timeout: float = 30.0) -> tuple[float, float]:
     import aiohttp
 
     deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+    obs = creds.credentials("observer")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2), headers=obs.headers(),
+                                     connector=aiohttp.TCPConnector(ssl=obs.ssl_context() or True)) as http:
         while time.monotonic() < deadline:
             for ep in endpoints:
-                async with http.get(f"http://{ep}/metrics") as r:
+                async with http.get(f"{obs.scheme}://{ep}/metrics") as r:
                     text = await r.text()
                 if _metric(text, "electra_tier_uploading") == 1.0:
                     up = _metric(text, "electra_tier_uploaded_index")
@@ -90,8 +94,9 @@ def main(argv: list[str]) -> int:
         procs, endpoints = start_controller_processes(Path(tmp), ("--tier-uri", uri))
         try:
             time.sleep(3.0)
-            out, samples = asyncio.run(_run(endpoints, args.brokers, args.duration))
-            uploaded, applied = asyncio.run(_final(endpoints))
+            creds = bench_credentials(Path(tmp))
+            out, samples = asyncio.run(_run(endpoints, args.brokers, args.duration, creds))
+            uploaded, applied = asyncio.run(_final(endpoints, creds))
         finally:
             stop_processes(procs)
         from electra.tiering.reader import TierReader

@@ -25,6 +25,7 @@ import heapq
 import itertools
 import logging
 import os
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from .cluster_stamp import check_cluster_stamp
 from .core import RaftConfig, RaftCore, Ready, Role
 from .errors import (
     FollowerBehind,
@@ -75,6 +77,11 @@ class NodeConfig:
     propose_timeout_s: float = 10.0
     max_batch: int = 16384  # commands per core.propose() call
     cluster: str = "electra"
+    # Identity: the cluster id (checked in the data dir and on every peer connection) and the
+    # mutual-TLS contexts the host built for the transport (None, None: plaintext, insecure mode).
+    cluster_id: str | None = None
+    peer_server_ssl: ssl.SSLContext | None = field(default=None, repr=False)
+    peer_client_ssl: ssl.SSLContext | None = field(default=None, repr=False)
     # Reads.
     lease_reads: bool = True
     max_clock_drift: float = 0.1  # assumed bound on relative clock rate error between nodes
@@ -113,7 +120,10 @@ class RaftNode:
         self.sm = state_machine
         self.storage = LogStorage(Path(cfg.data_dir) / "raft-log", fsync=cfg.fsync)
         self.snapshots = SnapshotStore(Path(cfg.data_dir) / "snapshots", keep=cfg.snapshots_kept, fsync=cfg.fsync)
-        self.transport = PeerTransport(cfg.node_id, cfg.peers, self._on_message, cluster=cfg.cluster)
+        self.cluster_id = check_cluster_stamp(cfg.data_dir, cfg.cluster_id)
+        self.transport = PeerTransport(cfg.node_id, cfg.peers, self._on_message, cluster=cfg.cluster,
+                                       cluster_id=self.cluster_id, server_ssl=cfg.peer_server_ssl,
+                                       client_ssl=cfg.peer_client_ssl)
         self.core: RaftCore | None = None
         self.applied = 0
         self._loop: asyncio.AbstractEventLoop | None = None

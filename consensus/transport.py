@@ -1,8 +1,13 @@
 """Peer-to-peer transport for Raft messages: one TCP connection per peer pair.
 
 The node with the lower id dials, the higher one accepts, and both use that one
-connection in both directions. A handshake names cluster and node ids, so a
-stray or misconfigured process is refused. Sends never block and never raise:
+connection in both directions. A handshake names cluster, cluster id and node
+ids, so a stray or misconfigured process is refused. With SSL contexts injected
+by the host (mutual TLS), a peer's node id and cluster id come from its
+certificate (see peer_identity): the handshake's `from` must equal the node the
+certificate names, and so must every message's `src`. Without them the
+transport is plaintext and believes the handshake (the node's explicit
+insecure mode). Sends never block and never raise:
 a message for a peer that is not connected (or whose socket buffer is over the
 high-water mark) is dropped and counted, because Raft retransmits anyway.
 Writes are coalesced into one `write()` per event-loop iteration per peer.
@@ -15,12 +20,14 @@ import contextlib
 import logging
 import random
 import socket
+import ssl
 from collections.abc import Callable, Iterable
 
 import msgpack
 
 from .framing import MAX_HANDSHAKE, FrameError, brief, pack_frame, read_frame
 from .messages import Message
+from .peer_identity import identity_from_peercert
 
 PROTO = "electra-raft/1"
 HIGH_WATER = 64 << 20
@@ -40,7 +47,10 @@ class _Peer:
 class PeerTransport:
     def __init__(self, node_id: int, peers: dict[int, tuple[str, int]], on_message: Callable[[Message], None],
                  *, cluster: str = "electra", logger: logging.Logger | None = None,
-                 high_water: int = HIGH_WATER) -> None:
+                 high_water: int = HIGH_WATER, cluster_id: str | None = None,
+                 server_ssl: ssl.SSLContext | None = None, client_ssl: ssl.SSLContext | None = None) -> None:
+        if (server_ssl is None) != (client_ssl is None):
+            raise ValueError("give both SSL contexts (mutual TLS) or neither (insecure mode)")
         if node_id not in peers:
             raise ValueError(f"node {node_id} has no address in {sorted(peers)}")
         self.id = node_id
@@ -49,11 +59,16 @@ class PeerTransport:
         self.cluster = cluster
         self.log = logger or logging.getLogger("electra.consensus.transport")
         self.high_water = high_water
+        self.cluster_id = cluster_id
+        self.server_ssl = server_ssl
+        self.client_ssl = client_ssl
         self.peers = {p: _Peer(p) for p in peers if p != node_id}
         self.stats = dict.fromkeys(("frames_sent", "frames_received", "dropped", "malformed",
                                     "rejected_handshakes", "rejected_messages", "reconnects",
                                     "unencodable", "handler_errors"), 0)
         self._server: asyncio.base_events.Server | None = None
+        self._listener: socket.socket | None = None
+        self._handshakes: set[asyncio.Task] = set()
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -62,7 +77,12 @@ class PeerTransport:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         host, port = self.addrs[self.id]
-        self._server = await asyncio.start_server(self._accept, host, port)
+        if self.server_ssl is None:
+            self._server = await asyncio.start_server(self._accept, host, port)
+        else:  # own accept loop: the TLS handshake's failures are then ours to count and log
+            self._listener = socket.create_server((host, port), backlog=128)
+            self._listener.setblocking(False)
+            self._tasks.append(asyncio.create_task(self._accept_tls_forever(), name=f"accept-{self.id}"))
         for pid in self.peers:
             if pid > self.id:
                 self._tasks.append(asyncio.create_task(self._dial_forever(pid), name=f"dial-{self.id}-{pid}"))
@@ -82,6 +102,11 @@ class PeerTransport:
         if self._server:
             self._server.close()
             await self._server.wait_closed()
+        if self._listener is not None:
+            self._listener.close()
+        for t in list(self._handshakes):
+            t.cancel()
+        await asyncio.gather(*self._handshakes, return_exceptions=True)
         tasks = self._tasks + [p.reader_task for p in self.peers.values() if p.reader_task]
         await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -126,10 +151,11 @@ class PeerTransport:
 
     # ------------------------------------------------------------------ connections
     def _hello(self, to: int) -> bytes:
-        return pack_frame(msgpack.packb({"proto": PROTO, "cluster": self.cluster, "from": self.id, "to": to}))
+        return pack_frame(msgpack.packb({"proto": PROTO, "cluster": self.cluster, "cluster_id": self.cluster_id,
+                                         "from": self.id, "to": to}))
 
-    def _check_hello(self, frame: bytes, expect_from: int | None) -> int:
-        """Validate a handshake; return the peer id or raise ValueError."""
+    def _check_hello(self, frame: bytes, expect_from: int | None, writer: asyncio.StreamWriter) -> int:
+        """Validate a handshake against this node and the peer's certificate; return the peer id or raise ValueError."""
         try:
             h = msgpack.unpackb(frame, raw=False, max_array_len=16, max_map_len=16, max_ext_len=0)
         except Exception as exc:
@@ -138,6 +164,9 @@ class PeerTransport:
             raise ValueError(f"wrong protocol {brief(h.get('proto') if isinstance(h, dict) else h, 80)}")
         if h.get("cluster") != self.cluster:
             raise ValueError(f"wrong cluster {brief(repr(h.get('cluster')), 80)} (this is {self.cluster!r})")
+        if h.get("cluster_id") != self.cluster_id:
+            raise ValueError(f"peer belongs to cluster id {brief(repr(h.get('cluster_id')), 80)}, "
+                             f"this is {self.cluster_id!r}")
         src = h.get("from")
         if src not in self.peers:
             raise ValueError(f"unknown node id {brief(repr(src), 40)}")
@@ -145,19 +174,56 @@ class PeerTransport:
             raise ValueError(f"handshake addressed to node {brief(repr(h.get('to')), 40)}, this is node {self.id}")
         if expect_from is not None and src != expect_from:
             raise ValueError(f"expected node {expect_from}, got node {src}")
+        if self.server_ssl is not None:
+            cert_cluster, cert_node = identity_from_peercert(writer.get_extra_info("peercert"))
+            if cert_cluster != self.cluster_id:
+                raise ValueError(f"peer certificate is for cluster id {cert_cluster!r}, this is {self.cluster_id!r}")
+            if cert_node != src:
+                raise ValueError(f"peer certificate names node {cert_node} but the handshake claims node {src}")
         return src
+
+    async def _accept_tls_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            try:
+                sock, addr = await loop.sock_accept(self._listener)
+            except OSError as exc:
+                if self._stopping:
+                    return
+                self.log.warning("node %d: accept failed: %s", self.id, exc)
+                await asyncio.sleep(0.1)
+                continue
+            task = asyncio.create_task(self._tls_handshake(sock, addr))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _tls_handshake(self, sock: socket.socket, addr) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=2**16, loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        try:
+            transport, _ = await asyncio.wait_for(loop.connect_accepted_socket(
+                lambda: protocol, sock, ssl=self.server_ssl, ssl_handshake_timeout=5), timeout=6)
+        except (OSError, TimeoutError) as exc:
+            sock.close()
+            self.stats["rejected_handshakes"] += 1
+            self.log.warning("node %d: rejected connection from %s: TLS handshake failed: %s", self.id, addr,
+                             str(exc) or repr(exc))
+            return
+        await self._accept(reader, asyncio.StreamWriter(transport, protocol, reader, loop))
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         _nodelay(writer)
+        peername = writer.get_extra_info("peername")
         try:
             frame = await asyncio.wait_for(read_frame(reader, MAX_HANDSHAKE), timeout=5)
-            src = self._check_hello(frame, None)
+            src = self._check_hello(frame, None, writer)
             if src > self.id:  # lower ids dial higher ones, so there is one connection per pair
                 raise ValueError(f"node {src} must accept connections from node {self.id}, not dial it")
-        except (ValueError, FrameError, asyncio.IncompleteReadError, TimeoutError, ConnectionError) as exc:
+        except (ValueError, FrameError, asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
             self.stats["rejected_handshakes"] += 1
-            self.log.warning("node %d: rejected connection from %s: %s", self.id,
-                             writer.get_extra_info("peername"), brief(exc))
+            self.log.warning("node %d: rejected connection from %s: %s", self.id, peername,
+                             f"TLS handshake failed: {brief(exc)}" if isinstance(exc, ssl.SSLError) else brief(exc))
             writer.close()
             return
         writer.write(self._hello(src))
@@ -169,12 +235,14 @@ class PeerTransport:
         host, port = self.addrs[pid]
         while not self._stopping:
             try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=2)
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port, ssl=self.client_ssl,
+                                            ssl_handshake_timeout=5 if self.client_ssl else None), timeout=7)
                 _nodelay(writer)
                 writer.write(self._hello(pid))
-                self._check_hello(await asyncio.wait_for(read_frame(reader, MAX_HANDSHAKE), timeout=5), pid)
+                self._check_hello(await asyncio.wait_for(read_frame(reader, MAX_HANDSHAKE), timeout=5), pid, writer)
             except (OSError, TimeoutError, ValueError, FrameError, asyncio.IncompleteReadError) as exc:
-                if isinstance(exc, ValueError | FrameError):
+                if isinstance(exc, ValueError | FrameError | ssl.SSLError):
                     self.log.warning("node %d: handshake with node %d failed: %s", self.id, pid, brief(exc))
                 await asyncio.sleep(backoff * (0.5 + random.random()))
                 backoff = min(2.0, backoff * 2)
@@ -192,6 +260,9 @@ class PeerTransport:
     def _attach(self, peer: _Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> asyncio.Task:
         """Make this connection the peer's one connection, replacing an older one."""
         if peer.writer is not None:
+            if not peer.writer.is_closing():
+                self.log.warning("node %d: new connection from node %d (%s) replaces the open one (%s)", self.id,
+                                 peer.id, writer.get_extra_info("peername"), peer.writer.get_extra_info("peername"))
             peer.writer.close()
         if peer.reader_task is not None:
             peer.reader_task.cancel()

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from electra.api.client import ControllerClient
+from electra.security.credentials import ClientCredentials
 from electra.state.codes import Code
 
 log = logging.getLogger("electra.broker_simulator")
@@ -66,10 +67,12 @@ class BrokerFleet:
 
     def __init__(self, endpoints: list[str], groups: int, replicas: int, *, cluster: str = "sim",
                  heartbeat_s: float = 1.0, poll_s: float = 5.0, timeout_ms: int = 10_000, seed: int = 0,
-                 ingest_endpoints: list[str] | None = None) -> None:
+                 ingest_endpoints: list[str] | None = None, credentials: ClientCredentials | None = None) -> None:
         if groups < 1 or replicas < 1:
             raise ValueError("--groups and --replicas must be at least 1")
-        self.client = ControllerClient(endpoints, deadline_s=30, ingest_endpoints=ingest_endpoints)
+        # `credentials`: a broker credential scoped to the simulated sets (default: ELECTRA_TOKEN_FILE, ...)
+        self.client = ControllerClient(endpoints, deadline_s=30, ingest_endpoints=ingest_endpoints,
+                                       credentials=credentials)
         self.heartbeat_s, self.poll_s, self.timeout_ms = heartbeat_s, poll_s, timeout_ms
         self.rng = random.Random(seed)
         self.brokers = [SimBroker(cluster, f"{cluster}-set-{g}", r, f"10.{g // 250}.{g % 250}.{r + 1}:10911")

@@ -63,13 +63,20 @@ NODE_OPTIONS = [
     ("--topic-prefix", str, "prefix of the Kafka topic names (several Electra clusters on one Kafka)"),
     ("--tier-uri", str, "upload snapshots and events to Delta tables under this path or object-store URI"),
     ("--tier-options", parse_storage_options, "KEY=VALUE,... delta-rs storage options for --tier-uri"),
+    ("--certs-dir", str, "ca.crt, node-<id>.crt/.key and tokens.json (electra cert ...): mutual TLS between peers, "
+                         "HTTPS and token authentication; required unless --insecure"),
+    ("--tokens-file", str, "hashed client tokens (default <certs-dir>/tokens.json); re-read when it changes"),
+    ("--cluster-id", str, "expected cluster id (default: the one in this node's certificate; checked against the "
+                          "data dir and every peer)"),
 ]
 NODE_DEFAULTS = {"state_machine": "controller", "http_addr": ("127.0.0.1", 7301), "client_addr": ("127.0.0.1", 0),
                  "http_peers": None, "tick_ms": 100, "snapshot_entries": 100_000, "compaction_slack": 5000,
                  "inactive_master_scan_ms": None, "kafka_bootstrap": None, "topic_prefix": "",
                  "tier_uri": None, "tier_options": None, "bootstrap_from_tier": False,
-                 "unsafe_no_fsync": False}
-_NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} | {"unsafe_no_fsync": bool}
+                 "unsafe_no_fsync": False, "certs_dir": None, "tokens_file": None, "cluster_id": None,
+                 "insecure": False}
+_NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} | {"unsafe_no_fsync": bool,
+                                                                                   "insecure": bool}
 _NODE_TYPES["bootstrap_from_tier"] = bool
 
 
@@ -126,9 +133,27 @@ def cmd_node(args: argparse.Namespace) -> int:
         return 2
     if args.unsafe_no_fsync:
         logging.warning("UNSAFE: fsync is off; acknowledged writes can be lost on power failure")
+    from electra.security.node_security import INSECURE_BANNER, resolve_node_security
+
+    if args.state_machine != "controller" and not args.insecure:
+        print(f"error: --state-machine {args.state_machine} serves an unauthenticated binary client protocol; "
+              "it runs only with --insecure", file=sys.stderr)
+        return 2
+    try:
+        security = resolve_node_security(args.id, args.certs_dir, insecure=args.insecure,
+                                         cluster_id=args.cluster_id, tokens_file=args.tokens_file)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if security.insecure:
+        print(INSECURE_BANNER, file=sys.stderr, flush=True)
+        logging.warning(INSECURE_BANNER)
     cfg = NodeConfig(node_id=args.id, peers=args.peers, data_dir=Path(args.data_dir),
                      tick_s=args.tick_ms / 1000, fsync=not args.unsafe_no_fsync,
-                     snapshot_entries=args.snapshot_entries, compaction_slack=args.compaction_slack)
+                     snapshot_entries=args.snapshot_entries, compaction_slack=args.compaction_slack,
+                     cluster_id=security.cluster_id,
+                     peer_server_ssl=security.tls.peer_server_context() if security.tls else None,
+                     peer_client_ssl=security.tls.peer_client_context() if security.tls else None)
     raft = f"{args.peers[args.id][0]}:{args.peers[args.id][1]}"
     if args.state_machine == "controller":
         from electra.api.server import start_controller_node
@@ -148,8 +173,11 @@ def cmd_node(args: argparse.Namespace) -> int:
                                               scan_interval_s=args.inactive_master_scan_ms / 1000,
                                               kafka_bootstrap=args.kafka_bootstrap,
                                               topics=Topics.prefixed(args.topic_prefix),
-                                              tier=tier, bootstrap_from_tier=args.bootstrap_from_tier)
-            print(f"controller node {args.id} raft={raft} http=http://{host}:{port} data={args.data_dir}", flush=True)
+                                              tier=tier, bootstrap_from_tier=args.bootstrap_from_tier,
+                                              security=None if security.insecure else security)
+            scheme = "http" if security.insecure else "https"
+            print(f"controller node {args.id} raft={raft} http={scheme}://{host}:{port} data={args.data_dir} "
+                  f"cluster-id={ctl.node.cluster_id}", flush=True)
             return ctl.stop
 
         return _serve_until_signal(start)
@@ -201,10 +229,30 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         print("error: --workers must be at least 1", file=sys.stderr)
         return 2
     host, port = args.listen
-    print(f"ingest: {args.workers} worker process(es) on http://{host}:{port}/v1/heartbeat -> Kafka "
+    tls_files = tokens_file = None
+    if args.insecure:
+        from electra.security.node_security import INSECURE_BANNER
+
+        print(INSECURE_BANNER, file=sys.stderr, flush=True)
+    elif not args.certs_dir or args.node_id is None:
+        print("error: refusing to serve without TLS and authentication: give --certs-dir DIR --node-id N "
+              "(the ingest serves node N's certificate and checks tokens.json), or --insecure", file=sys.stderr)
+        return 2
+    else:
+        from electra.security.node_security import TOKENS_FILE
+        from electra.security.pki import node_cert_paths
+
+        tls_files = tuple(str(p) for p in node_cert_paths(args.certs_dir, args.node_id))
+        tokens_file = str(Path(args.certs_dir) / TOKENS_FILE)
+        missing = [f for f in (*tls_files, tokens_file) if not Path(f).is_file()]
+        if missing:
+            print(f"error: missing {', '.join(missing)}", file=sys.stderr)
+            return 2
+    scheme = "http" if args.insecure else "https"
+    print(f"ingest: {args.workers} worker process(es) on {scheme}://{host}:{port}/v1/heartbeat -> Kafka "
           f"{args.kafka_bootstrap} topic {args.topic}", flush=True)
     serve_ingest(host, port, args.kafka_bootstrap, workers=args.workers, topic=args.topic,
-                 log_level=args.log_level.lower())
+                 log_level=args.log_level.lower(), tls_files=tls_files, tokens_file=tokens_file)
     return 0
 
 
@@ -213,9 +261,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     """The whole local stack: Kafka-compatible broker, controller nodes, ingest workers, the Spark job
     and, with --demo, simulated brokers. Ctrl-C (or SIGTERM) stops everything."""
     from electra.local_stack import LocalStack, StackConfig
+    from electra.security.node_security import INSECURE_BANNER
     from electra.streaming.embedded_kafka import KafkaBinaryMissing
 
-    cfg = StackConfig(data_dir=Path(args.data_dir), nodes=args.nodes, raft_port=args.raft_port,
+    cfg = StackConfig(data_dir=Path(args.data_dir), secure=not args.insecure, nodes=args.nodes,
+                      raft_port=args.raft_port,
                       http_port=args.http_port, ingest_port=args.ingest_port, ingest_workers=args.ingest_workers,
                       kafka_bootstrap=args.kafka_bootstrap, kafka_port=args.kafka_port,
                       topic_prefix=args.topic_prefix, spark_master=args.spark_master, log_level=args.log_level,
@@ -238,11 +288,21 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.start_controllers()
         print(f"started {cfg.nodes} controller nodes (raft {stack.raft_peers}) and {cfg.nodes} x "
               f"{cfg.ingest_workers} ingest workers; logs in {stack.logs}")
+        scheme = "https" if stack.creds else "http"
         for i, ep in stack.endpoints.items():
-            print(f"  http://{ep}  (API docs /docs, metrics /metrics, dashboard /dashboard)   "
-                  f"heartbeats: http://{stack.ingest_endpoints[i]}/v1/heartbeat")
+            print(f"  {scheme}://{ep}  (API docs /docs, metrics /metrics, dashboard /dashboard)   "
+                  f"heartbeats: {scheme}://{stack.ingest_endpoints[i]}/v1/heartbeat")
         print("waiting for a leader ...", flush=True)
-        leader = asyncio.run(_wait_for_http_leader(list(stack.endpoints.values()), timeout=30))
+        if stack.creds is not None:
+            print(f"secure: mutual TLS between nodes, HTTPS, tokens (cluster id {stack.creds.cluster_id}); "
+                  f"CA, certificates and role tokens in {stack.creds.certs_dir}. For `electra status/admin`:\n"
+                  f"  export ELECTRA_CA_FILE={stack.creds.ca_file} "
+                  f"ELECTRA_TOKEN_FILE={stack.creds.token_file('admin')}")
+        else:
+            print(INSECURE_BANNER, flush=True)
+        leader = asyncio.run(_wait_for_http_leader(list(stack.endpoints.values()), timeout=30,
+                                                   credentials=stack.creds.credentials("admin")
+                                                   if stack.creds else None))
         print(f"leader elected: node {leader}", flush=True)
         if not args.no_streaming:
             stack.start_job()
@@ -253,7 +313,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             stack.spawn("brokers", [*stack._py(), "simulate-brokers", "--endpoints", ",".join(stack.endpoints.values()),
                                     "--ingest-endpoints", ",".join(stack.ingest_endpoints.values()),
                                     "--groups", str(args.demo_groups), *([] if interactive else ["--no-stdin"])],
-                        log_to_file=False, stdin=sys.stdin if interactive else None)
+                        log_to_file=False, stdin=sys.stdin if interactive else None, role="broker")
             print(f"demo: {args.demo_groups} simulated broker sets x 3 replicas; type `kill-master SET` "
                   "(e.g. kill-master sim-set-0) to watch a failover, `status`, `quit`", flush=True)
         if stack.tier_uri:
@@ -296,10 +356,10 @@ def _print_or_drop(text: str) -> None:
         os.close(devnull)
 
 
-async def _wait_for_http_leader(endpoints: list[str], timeout: float) -> int:
+async def _wait_for_http_leader(endpoints: list[str], timeout: float, credentials=None) -> int:
     from electra.api.client import ControllerClient
 
-    client = ControllerClient(endpoints)
+    client = ControllerClient(endpoints, credentials=credentials)
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
@@ -336,6 +396,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             for ep in client.endpoints:
                 try:
                     m = await client.metadata(ep)
+                except PermissionError as exc:
+                    print(f"{ep:<22} refused: {exc} (set ELECTRA_TOKEN_FILE and ELECTRA_CA_FILE)")
+                    rc = 1
+                    continue
                 except Exception as exc:
                     print(f"{ep:<22} unreachable: {type(exc).__name__}")
                     rc = 1
@@ -387,6 +451,9 @@ def cmd_admin(args: argparse.Namespace) -> int:
                 res = await client.replica_info(name)
             else:  # metadata
                 res = {"code": 0, "body": [await client.metadata(ep) for ep in client.endpoints]}
+        except PermissionError as exc:
+            print(f"error: {exc} (set ELECTRA_TOKEN_FILE and ELECTRA_CA_FILE)", file=sys.stderr)
+            return 1
         finally:
             await client.close()
         print(json.dumps(res, indent=2, sort_keys=True))
@@ -470,6 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="benchmarks only: acks before data is durable")
     n.add_argument("--bootstrap-from-tier", action="store_true", default=None,
                    help="with --tier-uri: an empty data dir starts from the tier's newest state")
+    n.add_argument("--insecure", action="store_true", default=None,
+                   help="plaintext and no authentication (tests only; printed loudly)")
     n.set_defaults(fn=cmd_node)
 
     u = sub.add_parser("up", help="run the whole local stack (Kafka, controllers, ingest, Spark job); Ctrl-C stops it")
@@ -488,6 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--no-tier", action="store_true", help="no Delta tiering")
     u.add_argument("--demo", action="store_true", help="also run simulated RocketMQ brokers")
     u.add_argument("--demo-groups", type=int, default=20, help="broker sets the demo simulates")
+    u.add_argument("--insecure", action="store_true", help="no TLS, no credentials (tests only)")
     u.set_defaults(fn=cmd_up)
 
     ing = sub.add_parser("ingest", help="heartbeat ingest workers (HTTP -> Kafka), several processes on one port")
@@ -495,6 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--kafka-bootstrap", required=True, help="Kafka bootstrap servers, HOST:PORT[,HOST:PORT]")
     ing.add_argument("--workers", type=int, default=2, help="worker processes sharing the port (default 2)")
     ing.add_argument("--topic", default="electra.heartbeats")
+    ing.add_argument("--certs-dir", help="serve HTTPS with node-<node-id>.crt and check tokens.json from here")
+    ing.add_argument("--node-id", type=int, help="whose certificate the ingest serves (the node it runs next to)")
+    ing.add_argument("--insecure", action="store_true", help="plaintext, no authentication (tests only)")
     ing.set_defaults(fn=cmd_ingest)
 
     s = sub.add_parser("sim", help="deterministic simulation with fault injection")
@@ -546,6 +619,10 @@ def build_parser() -> argparse.ArgumentParser:
     from electra.tiering.cli import add_history_command
 
     add_history_command(sub)
+
+    from electra.security.cli import add_cert_command
+
+    add_cert_command(sub)
 
     # No -h of its own: `electra bench NAME --help` reaches that benchmark's parser.
     b = sub.add_parser("bench", help="run a benchmark from bench/ (ends with a RESULT line)", add_help=False)

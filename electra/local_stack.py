@@ -2,7 +2,11 @@
 
 `electra up`, the end-to-end tests and `electra bench failover` all start the same
 thing through this class, so what the tests prove is what operators run. Every
-process listens on loopback; logs go to `<data_dir>/logs/<name>.log`.
+process listens on loopback; logs go to `<data_dir>/logs/<name>.log`. The stack is
+secure by default: a local CA, node certificates and one token per role live in
+`<data_dir>/certs` (kept across restarts, so the cluster id stays), the nodes talk
+mutual TLS, every HTTP listener serves HTTPS, and each process gets the credential
+of its role (the job `pipeline`, the simulated brokers `broker`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from electra.security.local import LocalCredentials, ensure_local_credentials
 from electra.streaming.embedded_kafka import EmbeddedKafka
 from electra.streaming.kafka_io import ensure_topics
 from electra.streaming.records import Topics
@@ -38,6 +43,7 @@ class StackConfig:
     tick_ms: int = 100
     log_level: str = "INFO"
     job_args: list[str] = field(default_factory=list)
+    secure: bool = True  # False: every process runs --insecure (plaintext, no credentials)
 
 
 class LocalStack:
@@ -54,17 +60,32 @@ class LocalStack:
         self.bootstrap = cfg.kafka_bootstrap or ""
         self.procs: dict[str, subprocess.Popen] = {}
         self._order: list[str] = []
+        self.creds: LocalCredentials | None = (
+            ensure_local_credentials(Path(cfg.data_dir) / "certs", range(1, n + 1)) if cfg.secure else None)
+
+    def role_env(self, role: str) -> dict[str, str]:
+        """Environment of a process acting as `role` (empty when the stack is insecure)."""
+        return self.creds.env(role) if self.creds else {}
+
+    def _security_args(self, i: int | None = None) -> list[str]:
+        if self.creds is None:
+            return ["--insecure"]
+        return ["--certs-dir", str(self.creds.certs_dir), *([] if i is None else ["--node-id", str(i)])]
 
     # ------------------------------------------------------------------ processes
     def _py(self) -> list[str]:
         return [sys.executable, "-m", "electra.cli", "--log-level", self.cfg.log_level]
 
-    def spawn(self, name: str, cmd: list[str], *, log_to_file: bool = True, stdin=None) -> subprocess.Popen:
+    def spawn(self, name: str, cmd: list[str], *, log_to_file: bool = True, stdin=None,
+              role: str | None = None) -> subprocess.Popen:
+        """Start a process; with `role`, it gets that role's credential in its environment."""
         out = open(self.logs / f"{name}.log", "ab") if log_to_file else None  # noqa: SIM115 - owned by the child
         # Each child leads its own process group: a Ctrl-C reaches only `electra up`, which stops the
         # children in order, and `stop()` can also end what a child started (Spark's JVM).
+        env = {**os.environ, **self.role_env(role)} if role else None
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                stdin=stdin if stdin is not None else subprocess.DEVNULL, start_new_session=True)
+                                stdin=stdin if stdin is not None else subprocess.DEVNULL, env=env,
+                                start_new_session=True)
         self.procs[name] = proc
         if name not in self._order:
             self._order.append(name)
@@ -90,12 +111,15 @@ class LocalStack:
                                        "--data-dir", str(Path(self.cfg.data_dir) / f"node{i}"),
                                        "--tick-ms", str(self.cfg.tick_ms), "--state-machine", "controller",
                                        "--kafka-bootstrap", self.bootstrap, "--topic-prefix", self.cfg.topic_prefix,
-                                       *(["--tier-uri", self.tier_uri] if self.tier_uri else [])])
+                                       *(["--tier-uri", self.tier_uri] if self.tier_uri else []),
+                                       *self._security_args()],
+                          role="observer")  # the dashboard reads its peers' metadata as an observer
 
     def start_ingest(self, i: int) -> subprocess.Popen:
         return self.spawn(f"ingest{i}", [*self._py(), "ingest", "--listen", self.ingest_endpoints[i],
                                          "--kafka-bootstrap", self.bootstrap, "--workers",
-                                         str(self.cfg.ingest_workers), "--topic", self.topics.heartbeats])
+                                         str(self.cfg.ingest_workers), "--topic", self.topics.heartbeats,
+                                         *self._security_args(i)])
 
     def start_job(self) -> subprocess.Popen:
         return self.spawn("streaming", [sys.executable, "-m", "electra.streaming.job", "--bootstrap", self.bootstrap,
@@ -103,7 +127,7 @@ class LocalStack:
                                         str(self.checkpoint), "--spark-master", self.cfg.spark_master,
                                         "--trigger-ms", str(self.cfg.trigger_ms), "--topic-prefix",
                                         self.cfg.topic_prefix, "--log-level", self.cfg.log_level,
-                                        *self.cfg.job_args])
+                                        *self.cfg.job_args], role="pipeline")
 
     @property
     def tier_uri(self) -> str | None:

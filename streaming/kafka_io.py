@@ -16,6 +16,8 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
+from electra.security.kafka_settings import kafka_client_kwargs
+
 log = logging.getLogger("electra.streaming.kafka_io")
 
 
@@ -26,7 +28,7 @@ def ensure_topics(bootstrap: str, partitions: dict[str, int], timeout_s: float =
     while time.monotonic() < deadline:
         try:
             admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="electra-admin",
-                                     request_timeout_ms=5000)
+                                     request_timeout_ms=5000, **kafka_client_kwargs())
         except Exception as exc:  # broker not up yet
             last = exc
             time.sleep(0.2)

@@ -34,6 +34,8 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from electra.security.kafka_settings import KafkaSecurity, kafka_client_kwargs
+
 log = logging.getLogger("electra.streaming.kafka_source")
 
 NAME = "electra_kafka"
@@ -88,7 +90,7 @@ def read_partition(part: KafkaPartition):
 
     consumer = KafkaConsumer(bootstrap_servers=part.bootstrap.split(","), enable_auto_commit=False,
                              auto_offset_reset="earliest", client_id="electra-spark-reader",
-                             fetch_max_wait_ms=100, request_timeout_ms=10_000)
+                             fetch_max_wait_ms=100, request_timeout_ms=10_000, **kafka_client_kwargs())
     try:
         tp = TopicPartition(part.topic, part.partition)
         consumer.assign([tp])
@@ -151,7 +153,7 @@ class KafkaStreamReader(DataSourceStreamReader):
 
             self._consumer = KafkaConsumer(bootstrap_servers=self.bootstrap.split(","), enable_auto_commit=False,
                                            client_id="electra-spark-offsets", request_timeout_ms=5000,
-                                           fetch_max_wait_ms=100)
+                                           fetch_max_wait_ms=100, **kafka_client_kwargs())
         return self._consumer
 
     def _drop_probe(self) -> None:
@@ -258,7 +260,7 @@ def load_kafka_stream(spark, bootstrap: str, topics: list[str], source: str = "a
     if use == "kafka":
         df = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
               .option("subscribe", ",".join(topics)).option("startingOffsets", starting)
-              .option("failOnDataLoss", "false").load()
+              .option("failOnDataLoss", "false").options(**KafkaSecurity.from_env().spark_options()).load()
               .selectExpr("topic", "partition", "offset", "CAST(key AS STRING) AS key",
                           "CAST(value AS STRING) AS value", "timestamp"))
         return df, use

@@ -23,6 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit
 
+from electra.security.credentials import ClientCredentials
+from electra.security.kafka_settings import kafka_client_kwargs
+
 log = logging.getLogger("electra.streaming.sink")
 
 FINAL_CONFLICT_CODES = {2000: "fenced", 2011: "master_still_alive", 2004: "no_candidate"}
@@ -59,10 +62,14 @@ class ControllerClient:
     """Sends proposals to the leader among `endpoints` ("host:port")."""
 
     def __init__(self, endpoints: list[str], deadline_s: float = 10.0, request_timeout_s: float = 3.0,
-                 backoff_s: float = 0.1, max_backoff_s: float = 1.0, max_redirects: int = 5) -> None:
+                 backoff_s: float = 0.1, max_backoff_s: float = 1.0, max_redirects: int = 5,
+                 credentials: ClientCredentials | None = None) -> None:
         if not endpoints:
             raise ValueError("at least one controller endpoint is required")
         self.endpoints = [e.strip() for e in endpoints if e.strip()]
+        # The job's `pipeline` credential and the cluster CA (ELECTRA_TOKEN_FILE / ELECTRA_CA_FILE by default).
+        self.credentials = credentials if credentials is not None else ClientCredentials.from_env()
+        self._ssl = self.credentials.ssl_context()
         self.deadline_s = deadline_s
         self.request_timeout_s = request_timeout_s
         self.backoff_s = backoff_s
@@ -75,9 +82,14 @@ class ControllerClient:
     def _request(self, ep: str, method: str, path: str, body: bytes | None = None, timeout: float | None = None
                  ) -> tuple[int, dict, dict]:
         host, port = _hostport(ep)
-        conn = http.client.HTTPConnection(host, port, timeout=timeout or self.request_timeout_s)
+        if self._ssl is not None:
+            conn = http.client.HTTPSConnection(host, port, timeout=timeout or self.request_timeout_s,
+                                               context=self._ssl)
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=timeout or self.request_timeout_s)
         try:
             headers = {"Content-Type": "application/json"} if body is not None else {}
+            headers |= self.credentials.headers()
             conn.request(method, path, body=body, headers=headers)
             resp = conn.getresponse()
             raw = resp.read()
@@ -199,7 +211,7 @@ class KafkaOutput:
             self._producer = KafkaProducer(bootstrap_servers=self.bootstrap.split(","), linger_ms=5,
                                            max_block_ms=5000, request_timeout_ms=5000, retries=3, acks=1,
                                            enable_idempotence=False, metrics_enabled=False,
-                                           client_id="electra-streaming-job")
+                                           client_id="electra-streaming-job", **kafka_client_kwargs())
         return self._producer
 
     def send_stats(self, topic: str, record: dict) -> None:

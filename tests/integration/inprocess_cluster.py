@@ -1,4 +1,8 @@
-"""In-process controller clusters for integration tests: real Raft nodes and HTTP servers on loopback."""
+"""In-process controller clusters for integration tests: real Raft nodes and HTTP servers on loopback.
+
+Insecure by explicit choice (no `security=`: plaintext Raft and HTTP, no tokens): these tests are about
+the controller's semantics; identity is proven by tests/integration/test_security_processes.py.
+"""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ def test_broker_sets_survive_a_controller_leader_sigkill(tmp_path):
         procs[i] = subprocess.Popen(
             [sys.executable, "-m", "electra.cli", "node", "--id", str(i), "--peers", peers, "--http-addr", http[i],
              "--http-peers", http_peers, "--data-dir", str(tmp_path / f"node{i}"), "--tick-ms", "50",
-             "--inactive-master-scan-ms", "500"],
+             "--inactive-master-scan-ms", "500", "--insecure"],  # security: test_security_processes.py
             stdout=log, stderr=subprocess.STDOUT)
 
     async def register(client: ControllerClient, name: str, acked: set) -> None:

@@ -137,7 +137,8 @@ def test_ingest_workers_answer_200_422_and_503_while_kafka_is_down():
     with EmbeddedKafka() as kafka:
         ensure_topics(kafka.bootstrap, records.Topics().partitions())
         proc = subprocess.Popen([sys.executable, "-m", "electra.cli", "--log-level", "WARNING", "ingest", "--listen",
-                                 f"127.0.0.1:{port}", "--kafka-bootstrap", kafka.bootstrap, "--workers", "2"])
+                                 f"127.0.0.1:{port}", "--kafka-bootstrap", kafka.bootstrap, "--workers", "2",
+                                 "--insecure"])
         try:
             deadline = time.monotonic() + 20
             status = 0

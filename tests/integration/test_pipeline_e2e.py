@@ -25,6 +25,7 @@ from electra.api.client import ControllerClient
 from electra.bench.common import free_ports
 from electra.broker_simulator import BrokerFleet
 from electra.local_stack import LocalStack, StackConfig
+from electra.security.credentials import ClientCredentials
 from electra.state.codes import Code
 from electra.streaming import records
 
@@ -47,13 +48,15 @@ async def until(pred, what: str, timeout: float, every: float = 0.25):
 class Watch:
     """Collects `role-change` events of one broker set from a node's SSE watch stream."""
 
-    def __init__(self, endpoint: str, name: str) -> None:
-        self.url = f"http://{endpoint}/v1/broker-sets/{name}/watch"
+    def __init__(self, endpoint: str, name: str, creds: ClientCredentials) -> None:
+        self.url = f"{creds.scheme}://{endpoint}/v1/broker-sets/{name}/watch"
+        self.creds = creds
         self.events: list[dict] = []
         self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
-        async with aiohttp.ClientSession() as http, http.get(self.url, timeout=aiohttp.ClientTimeout(total=300)) as r:
+        async with aiohttp.ClientSession(headers=self.creds.headers()) as http, \
+                http.get(self.url, timeout=aiohttp.ClientTimeout(total=300), ssl=self.creds.ssl_context() or True) as r:
             async for raw in r.content:
                 line = raw.decode().strip()
                 if line.startswith("data: "):
@@ -87,9 +90,12 @@ def test_pipeline_end_to_end(tmp_path):
 
 async def scenario(stack: LocalStack) -> None:
     endpoints = list(stack.endpoints.values())
-    client = ControllerClient(endpoints, deadline_s=30)
+    # the stack is secure: the test acts as the brokers (their credential) and as an observer
+    client = ControllerClient(endpoints, deadline_s=30, credentials=stack.creds.credentials("broker"))
+    observer = ControllerClient(endpoints, deadline_s=30, credentials=stack.creds.credentials("observer"))
     fleet = BrokerFleet(endpoints, SETS, 3, heartbeat_s=0.5, poll_s=1.0, timeout_ms=TIMEOUT_MS,
-                        ingest_endpoints=list(stack.ingest_endpoints.values()))
+                        ingest_endpoints=list(stack.ingest_endpoints.values()),
+                        credentials=stack.creds.credentials("broker"))
     names = sorted(fleet.by_set)
 
     async def info(name: str) -> dict:
@@ -127,8 +133,8 @@ async def scenario(stack: LocalStack) -> None:
         producer.close()
 
         # 3. Kill a master: replaced, visible in replica info and on the watch stream.
-        lid = await until(client.find_leader, "a controller leader", 30)
-        watch = Watch(stack.endpoints[lid], names[0])
+        lid = await until(observer.find_leader, "a controller leader", 30)
+        watch = Watch(stack.endpoints[lid], names[0], stack.creds.credentials("observer"))
         await asyncio.sleep(0.5)
         killed = fleet.master_of(names[0])
         assert killed is not None
@@ -163,7 +169,7 @@ async def scenario(stack: LocalStack) -> None:
         # 5. A master dies and the controller leader is killed during detection.
         killed = fleet.master_of(names[1])
         fleet.kill(names[1], killed.broker_id)
-        lid = await until(client.find_leader, "a controller leader", 30)
+        lid = await until(observer.find_leader, "a controller leader", 30)
         await asyncio.sleep(TIMEOUT_MS / 1000 / 2)
         stack.stop(f"node{lid}", sig=signal.SIGKILL)
         await until(lambda: replaced(names[1], killed.broker_id, 1), "a new master of " + names[1], 90)
@@ -189,3 +195,4 @@ async def scenario(stack: LocalStack) -> None:
     finally:
         await fleet.stop()
         await client.close()
+        await observer.close()

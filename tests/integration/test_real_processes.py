@@ -39,7 +39,8 @@ class Cluster:
         self.procs[i] = subprocess.Popen(
             [sys.executable, "-m", "electra.cli", "--log-level", "INFO", "node", "--id", str(i),
              "--peers", self.peers, "--client-addr", f"127.0.0.1:{self.client_ports[i - 1]}",
-             "--data-dir", str(self.tmp / f"node{i}"), "--tick-ms", "50", "--state-machine", "kv", *extra],
+             "--data-dir", str(self.tmp / f"node{i}"), "--tick-ms", "50", "--state-machine", "kv",
+             "--insecure", *extra],
             stdout=log, stderr=subprocess.STDOUT)
 
     def kill(self, i: int) -> None:
@@ -214,7 +215,7 @@ def test_corrupt_log_refuses_to_start_with_a_clear_error(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "electra.cli", "node", "--id", "1", "--peers", cluster.peers,
          "--client-addr", f"127.0.0.1:{cluster.client_ports[0]}", "--data-dir", str(tmp_path / "node1"),
-         "--state-machine", "kv"],
+         "--state-machine", "kv", "--insecure"],
         capture_output=True, text=True, timeout=30, env={**os.environ})
     assert proc.returncode != 0
     assert segs[0].name in proc.stderr and "offset" in proc.stderr

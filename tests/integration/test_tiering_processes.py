@@ -42,7 +42,8 @@ def test_sigkilled_leader_process_leaves_no_gap_or_duplicate(tmp_path):
         procs[i] = subprocess.Popen(
             [sys.executable, "-m", "electra.cli", "node", "--id", str(i), "--peers", peers, "--http-addr", http[i],
              "--http-peers", http_peers, "--data-dir", str(tmp_path / f"node{i}"), "--tick-ms", "50",
-             "--inactive-master-scan-ms", "3600000", "--tier-uri", uri],
+             "--inactive-master-scan-ms", "3600000", "--tier-uri", uri,
+             "--insecure"],  # about tiering; security has its own process tests
             stdout=log, stderr=subprocess.STDOUT)
 
     async def leader(session, alive) -> int | None:

@@ -40,3 +40,45 @@ def test_clear_errors_for_missing_and_unknown_settings(tmp_path, monkeypatch):
         _node(["--config", str(tmp_path / "missing.toml")], monkeypatch)
     with pytest.raises(SystemExit):
         _node(["--peers", "one=two"], monkeypatch)  # argparse: ID=HOST:PORT expected
+
+
+def test_security_settings_come_through_the_same_path(tmp_path, monkeypatch):
+    for k in ("ELECTRA_INSECURE", "ELECTRA_CERTS_DIR", "ELECTRA_CLUSTER_ID"):
+        monkeypatch.delenv(k, raising=False)
+    cfg = tmp_path / "node.toml"
+    cfg.write_text(f'id = 1\ndata_dir = "d"\npeers = "1=127.0.0.1:7101"\ncerts_dir = "{tmp_path}"\n')
+    a = _node(["--config", str(cfg)], monkeypatch)
+    assert a.certs_dir == str(tmp_path) and a.insecure is False and a.cluster_id is None
+    a = _node(["--config", str(cfg)], monkeypatch, {"ELECTRA_INSECURE": "true", "ELECTRA_CLUSTER_ID": "c1"})
+    assert a.insecure is True and a.cluster_id == "c1"
+    a = _node(["--config", str(cfg), "--insecure"], monkeypatch)
+    assert a.insecure is True
+
+
+def test_cert_command_creates_ca_node_certificates_and_tokens(tmp_path, capsys):
+    import json
+
+    from electra.cli import main
+    from electra.security.auth import TokenStore
+    from electra.security.pki import cert_node_identity
+
+    d = tmp_path / "certs"
+    assert main(["cert", "create-ca", "--certs-dir", str(d), "--cluster-id", "prod-1"]) == 0
+    assert main(["cert", "create-ca", "--certs-dir", str(d)]) == 1  # never silently replaces a CA
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["cert", "create-node", "--certs-dir", str(d), "--id", "2", "--host", "10.0.0.2",
+                 "--host", "ctl-2.example"]) == 0
+    assert cert_node_identity(d / "node-2.crt") == ("prod-1", 2)
+    assert oct((d / "node-2.key").stat().st_mode)[-3:] == "600" and oct((d / "ca.key").stat().st_mode)[-3:] == "600"
+    capsys.readouterr()
+    assert main(["cert", "create-token", "--certs-dir", str(d), "--role", "broker", "--name", "b",
+                 "--broker-set", "broker-a"]) == 0
+    token = capsys.readouterr().out.strip()
+    p = TokenStore(d / "tokens.json").authenticate(f"Bearer {token}")
+    assert (p.role, p.broker_sets, p.clusters) == ("broker", ("broker-a",), ("*",))
+    assert main(["cert", "create-token", "--certs-dir", str(d), "--role", "broker", "--name", "x"]) == 1
+    assert main(["cert", "create-token", "--certs-dir", str(d), "--role", "admin", "--name", "ops",
+                 "--out", str(tmp_path / "ops.token")]) == 0
+    assert oct((tmp_path / "ops.token").stat().st_mode)[-3:] == "600"
+    assert main(["cert", "revoke-token", "--certs-dir", str(d), "--name", "b"]) == 0
+    assert [t["name"] for t in json.loads((d / "tokens.json").read_text())["tokens"]] == ["ops"]

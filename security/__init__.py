@@ -1,0 +1,1 @@
+"""Identity for Electra: certificates, role credentials, TLS contexts and the audit log."""

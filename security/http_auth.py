@@ -1,0 +1,155 @@
+"""ASGI middleware that authenticates and authorizes every request to the node API, and audits admin actions.
+
+Everything about HTTP identity happens here, in one place, in front of the FastAPI routes: the
+route table (electra.security.auth.rule_for) picks the roles, the token store names the caller,
+scope is checked against the broker set and cluster in the path, the query and (for broker
+credentials) the JSON body, and refusals get the API's error body. The routes stay unaware of it.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import parse_qs
+
+from .audit import AuditLog
+from .auth import ANONYMOUS, AuthError, Principal, TokenStore, authorize, rule_for
+
+MAX_SCOPED_BODY = 1 << 20  # bodies read here to check a broker's scope (larger ones are refused)
+
+
+def _error(err: AuthError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    body = json.dumps(err.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in err.headers().items()]
+    return err.status, headers, body
+
+
+class AuthMiddleware:
+    """`tokens=None` is the explicit insecure mode: every caller is an anonymous admin (still audited)."""
+
+    def __init__(self, app, tokens: TokenStore | None, audit: AuditLog | None) -> None:
+        self.app = app
+        self.tokens = tokens
+        self.audit = audit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        method, path = scope["method"], scope["path"]
+        rule = rule_for(method, path)
+        if rule.public:
+            return await self.app(scope, receive, send)
+        if self.tokens is None:  # insecure mode: no checks, but admin actions are still audited
+            if rule.audited and self.audit is not None:
+                return await self._audited(scope, receive, send, ANONYMOUS, rule)
+            return await self.app(scope, receive, send)
+        principal: Principal | None = None
+        try:
+            auth = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
+            principal = self.tokens.authenticate(auth)
+            cluster = None
+            if principal.role == "broker":
+                query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+                cluster = query.get("cluster", [None])[0]
+                authorize(principal, rule, cluster=cluster)  # role and path scope before reading a body
+                if method in ("POST", "PUT", "PATCH"):
+                    body, receive = await _buffer(receive)
+                    fields = _json_fields(body)
+                    authorize(principal, rule, cluster=fields.get("clusterName", cluster),
+                              broker_set=fields.get("brokerName", rule.broker_set))
+            else:
+                authorize(principal, rule)
+        except AuthError as err:
+            status, headers, body = _error(err)
+            if rule.audited and self.audit is not None:
+                self._audit(scope, principal, rule.action, status, int(err.body()["code"]), err.remark)
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return None
+        scope.setdefault("state", {})["principal"] = principal
+        if not (rule.audited and self.audit is not None):
+            return await self.app(scope, receive, send)
+        return await self._audited(scope, receive, send, principal, rule)
+
+    async def _audited(self, scope, receive, send, principal: Principal, rule) -> None:
+        """Run the route and write its audit record before the last byte of the answer leaves."""
+        seen: dict = {"status": 500, "body": b"", "recorded": False}
+
+        def record() -> None:
+            if not seen["recorded"]:
+                seen["recorded"] = True
+                code = _json_fields(seen["body"]).get("code")
+                self._audit(scope, principal, rule.action, seen["status"], code if isinstance(code, int) else None,
+                            None)
+
+        async def send_and_watch(message):
+            if message["type"] == "http.response.start":
+                seen["status"] = message["status"]
+            elif message["type"] == "http.response.body":
+                if len(seen["body"]) < 65536:
+                    seen["body"] += message.get("body", b"")
+                if not message.get("more_body"):
+                    record()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_watch)
+        finally:
+            record()  # the route failed before answering
+
+    def _audit(self, scope, principal, action, status, code, detail) -> None:
+        client = scope.get("client")
+        self.audit.record(who=principal.name if principal else "unauthenticated",
+                          role=principal.role if principal else None, action=action, status=status, code=code,
+                          remote=f"{client[0]}:{client[1]}" if client else None, detail=detail)
+
+
+async def _buffer(receive):
+    """Read the whole request body (bounded) and return it with a `receive` that replays it."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_SCOPED_BODY:
+            raise AuthError(403, "request body too large to check the credential's scope")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            break
+    body = b"".join(chunks)
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return body, replay
+
+
+def _json_fields(body: bytes) -> dict:
+    try:
+        data = json.loads(body) if body else {}
+    except ValueError:
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, str | int)} if isinstance(data, dict) else {}
+
+
+def check_request(tokens: TokenStore | None, method: str, path: str, authorization: str | None,
+                  body: bytes = b"") -> Principal:
+    """The same checks for servers without ASGI (the ingest server): the caller's principal or AuthError."""
+    rule = rule_for(method, path)
+    if rule.public or tokens is None:
+        return ANONYMOUS
+    principal = tokens.authenticate(authorization)
+    if principal.role == "broker" and body:
+        fields = _json_fields(body)
+        authorize(principal, rule, cluster=fields.get("clusterName"),
+                  broker_set=fields.get("brokerName", rule.broker_set))
+    else:
+        authorize(principal, rule)
+    return principal

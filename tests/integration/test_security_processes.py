@@ -1,0 +1,277 @@
+"""Secure `electra node` processes: forged peers and forged HTTP callers are refused and change nothing.
+
+Each of these fails on the code before issue #15: any process could claim a member id on the Raft
+port, and every HTTP endpoint served anyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from electra.api.client import ControllerClient
+from electra.bench.common import free_ports, stop_processes
+from electra.consensus.framing import pack_frame
+from electra.consensus.messages import Message, MsgType
+from electra.consensus.transport import PROTO
+from electra.security.auth import create_token
+from electra.security.credentials import ClientCredentials
+from electra.security.local import ensure_local_credentials
+from electra.security.pki import create_ca, create_node_cert
+from electra.security.tls import NodeTLS
+from electra.state.codes import Code
+
+pytestmark = pytest.mark.integration
+
+
+class SecureCluster:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.creds = ensure_local_credentials(tmp / "certs", (1, 2, 3))
+        ports = free_ports(6)
+        self.raft = {i: ("127.0.0.1", ports[i - 1]) for i in (1, 2, 3)}
+        self.http = {i: f"127.0.0.1:{ports[2 + i]}" for i in (1, 2, 3)}
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    def start(self) -> None:
+        peers = ",".join(f"{i}={h}:{p}" for i, (h, p) in self.raft.items())
+        http_peers = ",".join(f"{i}={ep}" for i, ep in self.http.items())
+        for i in (1, 2, 3):
+            log = open(self.tmp / f"node{i}.log", "ab")  # noqa: SIM115 - owned by the process
+            self.procs[i] = subprocess.Popen(
+                [sys.executable, "-m", "electra.cli", "node", "--id", str(i), "--peers", peers,
+                 "--http-addr", self.http[i], "--http-peers", http_peers, "--data-dir", str(self.tmp / f"node{i}"),
+                 "--tick-ms", "50", "--inactive-master-scan-ms", "3600000",
+                 "--certs-dir", str(self.creds.certs_dir)], stdout=log, stderr=subprocess.STDOUT)
+
+    def client(self, role: str | None, **kw) -> ControllerClient:
+        creds = self.creds.credentials(role) if role else ClientCredentials(None, str(self.creds.ca_file))
+        return ControllerClient(list(self.http.values()), credentials=creds, deadline_s=kw.pop("deadline_s", 20), **kw)
+
+    def log(self, i: int) -> str:
+        return (self.tmp / f"node{i}.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = SecureCluster(tmp_path_factory.mktemp("secure"))
+    c.start()
+    try:
+        yield c
+    finally:
+        stop_processes(list(c.procs.values()))
+
+
+async def _leader(c: SecureCluster, timeout: float = 30.0) -> dict:
+    client = c.client("observer", timeout=2.0)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            for ep in client.endpoints:
+                try:
+                    md = await client.metadata(ep)
+                except Exception:  # not up yet
+                    continue
+                if md.get("is_leader"):
+                    return md
+            assert time.monotonic() < deadline, "no leader"
+            await asyncio.sleep(0.2)
+    finally:
+        await client.close()
+
+
+async def _setup_broker_set(c: SecureCluster, name: str) -> dict:
+    """Register three brokers of `name` with a broker credential scoped to it, elect broker 1; its replica info."""
+    token = create_token(c.creds.tokens_file, "broker", f"brokers-of-{name}", broker_sets=[name], clusters=["c"])
+    await asyncio.sleep(1.2)  # the nodes re-read the tokens file at most once a second
+    client = ControllerClient(list(c.http.values()), credentials=ClientCredentials(token, str(c.creds.ca_file)),
+                              deadline_s=20)
+    try:
+        for bid in (1, 2, 3):
+            addr = f"10.0.0.{bid}:10911"
+            r = await client.apply_broker_id("c", name, bid, f"{addr};{bid}")
+            assert r["code"] == Code.SUCCESS, r
+            hb = await client.heartbeat("c", name, bid, addr, epoch=1, maxOffset=bid, heartbeatTimeoutMillis=60000)
+            assert hb.get("code") == Code.SUCCESS, hb
+            assert (await client.register("c", name, bid, addr))["code"] == Code.SUCCESS
+        r = await client.elect_master("c", name, 1)
+        assert r["code"] == Code.SUCCESS, r
+        return await client.replica_info(name)
+    finally:
+        await client.close()
+
+
+def test_forged_peers_are_refused_and_change_nothing(cluster):
+    c = cluster
+
+    async def scenario():
+        md = await _leader(c)
+        leader, term = md["node_id"], md["term"]
+        victim = next(i for i in (1, 2, 3) if i != leader)
+        claimed = next(i for i in (1, 2, 3) if i != victim)  # a member that may dial the victim or not
+        host, port = c.raft[victim]
+        forged = Message(MsgType.APP, claimed, victim, term + 50, index=0, ent_terms=[term + 50],
+                         ent_data=[b"forged"], commit=1)
+        hello = {"proto": PROTO, "cluster": "electra", "cluster_id": c.creds.cluster_id, "from": claimed, "to": victim}
+        other = c.tmp / "other-ca"
+        create_ca(other)
+        create_node_cert(other, claimed, ["127.0.0.1"])
+        foreign = c.tmp / "foreign"  # this CA's key, another cluster id
+        (c.creds.certs_dir / "cluster-id").write_text("stale-cluster\n")
+        create_node_cert(c.creds.certs_dir, claimed, ["127.0.0.1"], out_dir=foreign)
+        (c.creds.certs_dir / "cluster-id").write_text(c.creds.cluster_id + "\n")
+        impostor = next(i for i in (1, 2, 3) if i not in (victim, claimed))
+        attempts = [
+            ("no certificate", None),
+            ("another CA", NodeTLS(other / f"node-{claimed}.crt", other / f"node-{claimed}.key",
+                                   c.creds.ca_file).peer_client_context()),
+            (f"node {impostor}'s valid certificate", NodeTLS(*c.creds.node_files(impostor),
+                                                             c.creds.ca_file).peer_client_context()),
+            ("another cluster id", NodeTLS(foreign / f"node-{claimed}.crt", foreign / f"node-{claimed}.key",
+                                           c.creds.ca_file).peer_client_context()),
+        ]
+        for what, ctx in attempts:
+            try:
+                r, w = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ctx), 5)
+                w.write(pack_frame(msgpack.packb(hello)) + pack_frame(forged.encode()) * 3)
+                answer = await asyncio.wait_for(r.read(), 5)
+                w.close()
+            except OSError:  # the TLS handshake itself was refused
+                answer = b""
+            assert answer == b"", f"{what}: the node answered the forged handshake"
+        await asyncio.sleep(1.0)
+        after = await _leader(c)
+        assert after["term"] < term + 50, (md, after)  # the forged term never reached Raft
+        text = c.log(victim)
+        assert text.count("rejected connection") >= 4, text[-3000:]
+        assert "TLS handshake failed" in text
+        assert f"names node {impostor} but the handshake claims node {claimed}" in text
+        assert "certificate is for cluster id 'stale-cluster'" in text
+        # and the cluster still commits writes
+        cl = c.client("admin")
+        try:
+            r = await cl.sync_state_data(["nothing"])
+            assert r["httpStatus"] == 200, r
+        finally:
+            await cl.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_forged_http_calls_answer_401_or_403_and_change_nothing(cluster):
+    c = cluster
+
+    async def scenario():
+        await _leader(c)
+        before = await _setup_broker_set(c, "set-a")
+        other_token = create_token(c.creds.tokens_file, "broker", "brokers-of-set-b", broker_sets=["set-b"])
+        await asyncio.sleep(1.2)
+        ca = str(c.creds.ca_file)
+        anonymous = ControllerClient(list(c.http.values()), credentials=ClientCredentials(None, ca), deadline_s=10)
+        wrong_token = ControllerClient(list(c.http.values()), credentials=ClientCredentials("x" * 43, ca),
+                                       deadline_s=10)
+        set_b = ControllerClient(list(c.http.values()), credentials=ClientCredentials(other_token, ca),
+                                 deadline_s=10)
+        broker_a = ControllerClient(list(c.http.values()), credentials=ClientCredentials(
+            create_token(c.creds.tokens_file, "broker", "more-brokers-of-set-a", broker_sets=["set-a"],
+                         clusters=["c"]), ca),
+            deadline_s=10)
+        await asyncio.sleep(1.2)
+        observer, pipeline = c.client("observer", deadline_s=10), c.client("pipeline", deadline_s=10)
+        proposal = {"clusterName": "c", "expectedMasterEpoch": before["header"]["masterEpoch"],
+                    "live": [{"broker_id": 2, "broker_addr": "10.0.0.2:10911", "timeout_ms": 60000, "epoch": 1,
+                              "last_update_ms": int(time.time() * 1000), "max_offset": 99}]}
+
+        async def calls(client, only=("internal elect", "admin elect", "clean", "register", "heartbeat")):
+            """Every state-changing call an attacker would make against set-a (`only`: the ones to try)."""
+            todo = {
+                "internal elect": lambda: client.request("POST", "/v1/internal/broker-sets/set-a/elect-master",
+                                                         json=proposal),
+                "admin elect": lambda: client.elect_master("c", "set-a", 2, admin=True),
+                "clean": lambda: client.clean_broker_data("set-a", cluster="c", ids=[2], clean_living=True),
+                "register": lambda: client.register("c", "set-a", 3, "6.6.6.6:10911"),
+                "heartbeat": lambda: client.heartbeat("c", "set-a", 2, "6.6.6.6:10911", epoch=9, maxOffset=10**9),
+            }
+            return {what: await todo[what]() for what in only}
+
+        try:
+            for who in (anonymous, wrong_token):
+                for what, r in (await calls(who)).items():
+                    assert r["httpStatus"] == 401 and r["code"] == Code.NO_PERMISSION, (what, r)
+                    assert "token" in r["remark"]
+            wrong_scope = await calls(set_b)
+            for what in ("register", "heartbeat", "internal elect", "admin elect", "clean"):
+                assert wrong_scope[what]["httpStatus"] == 403 and wrong_scope[what]["code"] == Code.NO_PERMISSION, \
+                    (what, wrong_scope[what])
+            assert "not scoped to" in wrong_scope["register"]["remark"]
+            assert "may not call" in wrong_scope["clean"]["remark"]
+            # the right set, but not the broker role's endpoints
+            wrong_role = await calls(broker_a, only=("internal elect", "admin elect", "clean"))
+            for what, r in wrong_role.items():
+                assert r["httpStatus"] == 403, (what, r)
+            for what, r in (await calls(observer)).items():
+                assert r["httpStatus"] == 403, (what, r)
+            for what, r in (await calls(pipeline, only=("admin elect", "clean", "register", "heartbeat"))).items():
+                assert r["httpStatus"] == 403, (what, r)
+            # a broker of set-a may not heartbeat for set-a under another cluster name either
+            r = await broker_a.heartbeat("other-cluster", "set-a", 2, "6.6.6.6:10911")
+            assert r["httpStatus"] == 403, r
+            # observers read; nothing changed
+            after = await observer.replica_info("set-a")
+            assert after["httpStatus"] == 200
+            assert after["header"] == before["header"] and after["body"] == before["body"], (before, after)
+            # plain HTTP on the HTTPS port gets nowhere
+            plain = ControllerClient(list(c.http.values()), credentials=ClientCredentials(None, None), deadline_s=2)
+            with pytest.raises(TimeoutError):
+                await plain.replica_info("set-a")
+            await plain.close()
+            # the admin role may; the audit log names who did what, and the refusals
+            admin = c.client("admin")
+            r = await admin.elect_master("c", "set-a", 1, admin=True)  # reaches the state machine
+            assert r["code"] == Code.CONTROLLER_MASTER_STILL_EXIST, r
+            await admin.close()
+            records = [json.loads(line) for i in (1, 2, 3) for line in
+                       (c.tmp / f"node{i}" / "audit.log").read_text().splitlines()]
+            assert any(x["who"] == "local-admin" and x["action"] == "elect-master set-a" and x["status"] == 409
+                       and x["code"] == Code.CONTROLLER_MASTER_STILL_EXIST for x in records), records
+            assert any(x["who"] == "brokers-of-set-b" and x["action"] == "clean set-a" and x["status"] == 403
+                       for x in records), records
+            assert any(x["who"] == "unauthenticated" and x["status"] == 401 for x in records), records
+        finally:
+            for cl in (anonymous, wrong_token, set_b, broker_a, observer, pipeline):
+                await cl.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 180))
+
+
+def test_node_without_certs_or_with_a_foreign_data_dir_refuses_to_start(tmp_path):
+    base = [sys.executable, "-m", "electra.cli", "node", "--id", "1", "--peers", f"1=127.0.0.1:{free_ports(1)[0]}",
+            "--http-addr", f"127.0.0.1:{free_ports(1)[0]}", "--data-dir", str(tmp_path / "n1")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELECTRA_")}
+    p = subprocess.run(base, capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2 and "refusing to serve without TLS and authentication" in p.stderr, p.stderr
+    assert "--insecure" in p.stderr
+    # a data dir of another cluster
+    creds = ensure_local_credentials(tmp_path / "certs", (1,))
+    (tmp_path / "n1").mkdir()
+    (tmp_path / "n1" / "cluster-id").write_text("some-other-cluster\n")
+    p = subprocess.run([*base, "--certs-dir", str(creds.certs_dir)], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert p.returncode == 1 and "belongs to cluster id 'some-other-cluster'" in p.stderr, (p.stdout, p.stderr)
+    # node 2's certificate installed as node 1's
+    import shutil
+
+    swapped = shutil.copytree(creds.certs_dir, tmp_path / "swapped")
+    create_node_cert(swapped, 2, ["127.0.0.1"])
+    for ext in ("crt", "key"):
+        shutil.copy(swapped / f"node-2.{ext}", swapped / f"node-1.{ext}")
+    p = subprocess.run([*base, "--certs-dir", str(swapped)], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2 and "is the certificate of node 2, not of node 1" in p.stderr, p.stderr

@@ -1,0 +1,163 @@
+"""Role credentials: the route table, scope checks, the token store (reload, rotation, revocation), the
+ingest server's checks and the client credentials."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from test_ingest_server import FakeProducer, FakeTransport
+
+from electra.api.ingest_server import IngestProtocol
+from electra.security.auth import AuthError, Principal, TokenStore, authorize, create_token, revoke_tokens, rule_for
+from electra.security.credentials import ClientCredentials
+
+BROKER_A = Principal("a", "broker", ("set-a", "grp-*"), ("c",))
+
+
+@pytest.mark.parametrize("method,path,allowed,denied", [
+    ("POST", "/v1/heartbeat", {"broker"}, {"pipeline", "admin", "observer"}),
+    ("POST", "/v1/broker-sets/set-a/register", {"broker"}, {"pipeline", "admin", "observer"}),
+    ("POST", "/v1/broker-sets/set-a/apply-broker-id", {"broker"}, {"pipeline", "admin", "observer"}),
+    ("GET", "/v1/broker-sets/set-a/replica-info", {"broker", "observer", "admin", "pipeline"}, set()),
+    ("POST", "/v1/internal/broker-sets/set-a/elect-master", {"pipeline"}, {"broker", "admin", "observer"}),
+    ("POST", "/v1/admin/broker-sets/set-a/elect-master", {"admin"}, {"broker", "pipeline", "observer"}),
+    ("POST", "/v1/admin/broker-sets/set-a/clean", {"admin"}, {"broker", "pipeline", "observer"}),
+    ("GET", "/v1/admin/metadata", {"observer", "admin", "pipeline"}, {"broker"}),
+    ("GET", "/metrics", {"observer", "admin", "pipeline"}, {"broker"}),
+    ("GET", "/dashboard", {"observer", "admin", "pipeline"}, {"broker"}),
+    ("POST", "/v1/something-new", {"admin"}, {"broker", "pipeline", "observer"}),  # deny by default
+])
+def test_route_table(method, path, allowed, denied):
+    rule = rule_for(method, path)
+    for role in allowed:
+        authorize(Principal("p", role, ("*",), ("*",)), rule)
+    for role in denied:
+        with pytest.raises(AuthError) as e:
+            authorize(Principal("p", role, ("*",), ("*",)), rule)
+        assert e.value.status == 403
+
+
+def test_public_routes_and_audited_admin_routes():
+    assert rule_for("GET", "/healthz").public and rule_for("GET", "/openapi.json").public
+    r = rule_for("POST", "/v1/admin/broker-sets/b%2D1/clean")
+    assert r.audited and r.action == "clean b-1"
+    assert not rule_for("POST", "/v1/broker-sets/b/register").audited
+
+
+def test_broker_scope_covers_set_and_cluster():
+    reg = rule_for("POST", "/v1/broker-sets/set-a/register")
+    authorize(BROKER_A, reg, cluster="c")
+    authorize(BROKER_A, rule_for("POST", "/v1/broker-sets/grp-7/register"), cluster="c")
+    for rule, cluster in ((rule_for("POST", "/v1/broker-sets/set-b/register"), "c"), (reg, "other")):
+        with pytest.raises(AuthError, match="not scoped to") as e:
+            authorize(BROKER_A, rule, cluster=cluster)
+        assert e.value.status == 403 and e.value.body()["code"] == 16
+    with pytest.raises(AuthError):  # heartbeat: the set comes from the body
+        authorize(BROKER_A, rule_for("POST", "/v1/heartbeat"), cluster="c", broker_set="set-b")
+
+
+def test_token_store_reloads_rotates_and_revokes(tmp_path):
+    path = tmp_path / "tokens.json"
+    old = create_token(path, "admin", "ops")
+    store = TokenStore(path, check_interval_s=0)
+    assert store.authenticate(f"Bearer {old}").role == "admin"
+    for bad in (None, "", "Basic abc", "Bearer ", f"Bearer {old}x"):
+        with pytest.raises(AuthError) as e:
+            store.authenticate(bad)
+        assert e.value.status == 401 and "WWW-Authenticate" in e.value.headers()
+    new = create_token(path, "admin", "ops")  # rotation: both work during the rollover
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+    assert store.authenticate(f"Bearer {new}").name == "ops" and store.authenticate(f"Bearer {old}").name == "ops"
+    assert revoke_tokens(path, "ops", keep_newest=True) == 1
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 2_000_000))
+    with pytest.raises(AuthError, match="revoked"):
+        store.authenticate(f"Bearer {old}")
+    assert store.authenticate(f"Bearer {new}").role == "admin"
+    assert old not in path.read_text() and new not in path.read_text()  # only hashes on disk
+    path.write_text("{broken")  # a half-written file keeps the loaded tokens
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 3_000_000))
+    assert store.authenticate(f"Bearer {new}").role == "admin"
+    with pytest.raises(ValueError, match="broker set"):
+        create_token(path.with_name("t2.json"), "broker", "b")
+    with pytest.raises(ValueError, match="role"):
+        create_token(path.with_name("t2.json"), "root", "b")
+
+
+def _request(proto: IngestProtocol, body: dict, token: str | None) -> bytes:
+    raw = json.dumps(body).encode()
+    auth = f"authorization: Bearer {token}\r\n".encode() if token else b""
+    proto.data_received(b"POST /v1/heartbeat HTTP/1.1\r\nhost: x\r\n" + auth +
+                        b"content-length: %d\r\n\r\n" % len(raw) + raw)
+    return proto.transport.data
+
+
+def test_ingest_server_asks_brokers_for_a_token_scoped_to_the_heartbeat_set(tmp_path):
+    path = tmp_path / "tokens.json"
+    tok = create_token(path, "broker", "a", broker_sets=["set-a"])
+    obs = create_token(path, "observer", "o")
+    hb = {"clusterName": "c", "brokerName": "set-a", "brokerId": 1, "brokerAddr": "10.0.0.1:1", "epoch": 1}
+    cases = [(None, b"401"), ("nope", b"401"), (obs, b"403"), (tok, b"200")]
+    for token, status in cases:
+        producer = FakeProducer()
+        proto = IngestProtocol(producer, TokenStore(path))
+        proto.connection_made(FakeTransport())
+        out = _request(proto, hb, token)
+        assert out.startswith(b"HTTP/1.1 " + status), (token, out)
+        assert len(producer.sent) == (1 if status == b"200" else 0)
+    producer = FakeProducer()
+    proto = IngestProtocol(producer, TokenStore(path))
+    proto.connection_made(FakeTransport())
+    assert _request(proto, {**hb, "brokerName": "set-b"}, tok).startswith(b"HTTP/1.1 403")
+    assert producer.sent == []
+    proto.transport.data = b""
+    proto.data_received(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")  # probes need no token
+    assert proto.transport.data.startswith(b"HTTP/1.1 200")
+
+
+def test_client_credentials_from_env(tmp_path):
+    (tmp_path / "t").write_text("tok\n")
+    c = ClientCredentials.from_env({"ELECTRA_TOKEN_FILE": str(tmp_path / "t"), "ELECTRA_CA_FILE": "/ca.crt"})
+    assert c.token == "tok" and c.scheme == "https" and c.headers() == {"Authorization": "Bearer tok"}
+    assert ClientCredentials.from_env({"ELECTRA_TOKEN": "x"}).scheme == "http"
+    assert ClientCredentials.from_env({}).headers() == {}
+    with pytest.raises(ValueError, match="ELECTRA_TOKEN_FILE"):
+        ClientCredentials.from_env({"ELECTRA_TOKEN_FILE": str(tmp_path / "missing")})
+
+
+def test_admin_action_is_audited_before_the_answer_leaves(tmp_path):
+    import asyncio
+
+    from electra.security.audit import AuditLog
+    from electra.security.http_auth import AuthMiddleware
+
+    tokens = tmp_path / "tokens.json"
+    admin = create_token(tokens, "admin", "ops")
+    audit = AuditLog(tmp_path / "audit.log")
+
+    async def route(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"code":0}'})
+
+    seen_at_last_byte = []
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            seen_at_last_byte.append((tmp_path / "audit.log").read_text())
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    app = AuthMiddleware(route, TokenStore(tokens), audit)
+    for auth in (f"Bearer {admin}", None):
+        headers = [(b"authorization", auth.encode())] if auth else []
+        scope = {"type": "http", "method": "POST", "path": "/v1/admin/broker-sets/s/clean", "headers": headers,
+                 "query_string": b"", "client": ("127.0.0.1", 5)}
+        asyncio.run(app(scope, receive, send))
+    audit.close()
+    first = json.loads(seen_at_last_byte[0].splitlines()[0])
+    assert (first["who"], first["action"], first["outcome"], first["code"]) == ("ops", "clean s", "ok", 0)
+    lines = [json.loads(x) for x in (tmp_path / "audit.log").read_text().splitlines()]
+    assert lines[1]["who"] == "unauthenticated" and lines[1]["status"] == 401 and lines[1]["outcome"] == "refused"

@@ -1,0 +1,189 @@
+"""Mutual TLS between Raft peers: identity from the certificate, cluster id on every connection and in the data dir."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+
+import msgpack
+import pytest
+
+from electra.bench.common import free_ports
+from electra.consensus.cluster_stamp import ClusterIdMismatch, check_cluster_stamp
+from electra.consensus.framing import pack_frame
+from electra.consensus.messages import Message, MsgType
+from electra.consensus.peer_identity import identity_from_peercert, node_uri
+from electra.consensus.transport import PROTO, PeerTransport
+from electra.security.pki import cert_node_identity, create_ca, create_node_cert, read_cluster_id
+from electra.security.tls import NodeTLS
+
+
+async def _until(cond, timeout=10.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """The cluster's CA with nodes 1-3; a second CA; a node-1 cert of the same CA for another cluster id."""
+    base = tmp_path_factory.mktemp("pki")
+    good = base / "good"
+    cid = create_ca(good)
+    for i in (1, 2, 3):
+        create_node_cert(good, i, ["127.0.0.1"])
+    other = base / "other"
+    create_ca(other)
+    create_node_cert(other, 1, ["127.0.0.1"])
+    # same CA key, another cluster id (e.g. a CA shared by two clusters)
+    (good / "cluster-id").write_text("another-cluster\n")
+    create_node_cert(good, 1, ["127.0.0.1"], out_dir=base / "foreign")
+    (good / "cluster-id").write_text(cid + "\n")
+    return {"good": good, "other": other, "foreign": base / "foreign", "cid": cid}
+
+
+def _tls(d, i, ca_dir=None):
+    return NodeTLS(d / f"node-{i}.crt", d / f"node-{i}.key", (ca_dir or d) / "ca.crt")
+
+
+def test_certificates_name_cluster_and_node(pki):
+    assert cert_node_identity(pki["good"] / "node-2.crt") == (pki["cid"], 2)
+    assert cert_node_identity(pki["foreign"] / "node-1.crt") == ("another-cluster", 1)
+    assert read_cluster_id(pki["good"]) == pki["cid"]
+    assert identity_from_peercert({"subjectAltName": (("URI", node_uri("c1", 7)), ("DNS", "x"))}) == ("c1", 7)
+    with pytest.raises(ValueError):
+        identity_from_peercert({"subjectAltName": (("DNS", "node-1"),)})
+    with pytest.raises(ValueError):
+        identity_from_peercert(None)
+
+
+def test_data_dir_stamped_with_another_cluster_id_refuses(tmp_path):
+    assert check_cluster_stamp(tmp_path, None) is None
+    assert check_cluster_stamp(tmp_path, "a") == "a"
+    assert check_cluster_stamp(tmp_path, None) == "a"  # the stamp is the default afterwards
+    assert check_cluster_stamp(tmp_path, "a") == "a"
+    with pytest.raises(ClusterIdMismatch, match="belongs to cluster id 'a'"):
+        check_cluster_stamp(tmp_path, "b")
+
+
+def _cluster(pki):
+    ports = free_ports(3)
+    peers = {i + 1: ("127.0.0.1", p) for i, p in enumerate(ports)}
+    inbox = {i: [] for i in peers}
+    ts = {}
+    for i in peers:
+        tls = _tls(pki["good"], i)
+        ts[i] = PeerTransport(i, peers, inbox[i].append, cluster_id=pki["cid"],
+                              server_ssl=tls.peer_server_context(), client_ssl=tls.peer_client_context())
+    return peers, inbox, ts
+
+
+async def _forge(host, port, ssl_ctx, hello: dict, msg: Message) -> bytes:
+    """Connect (TLS if given), send a handshake and one message; return what the node answered before closing."""
+    try:
+        r, w = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ssl_ctx), 5)
+    except (ssl.SSLError, OSError):
+        return b"<tls refused>"
+    try:
+        w.write(pack_frame(msgpack.packb(hello)) + pack_frame(msg.encode()))
+        return await asyncio.wait_for(r.read(), 5)
+    except (ssl.SSLError, OSError):
+        return b"<tls refused>"
+    finally:
+        w.close()
+
+
+def test_forged_peers_are_refused_and_nothing_reaches_raft(pki, caplog):
+    caplog.set_level(logging.WARNING, logger="electra.consensus.transport")
+
+    async def main():
+        peers, inbox, ts = _cluster(pki)
+        for t in ts.values():
+            await t.start()
+        try:
+            await _until(lambda: all(t.connected(p) for i, t in ts.items() for p in peers if p != i))
+            host, port = peers[2]
+            forged = Message(MsgType.APP, 1, 2, 99, index=0, ent_terms=[99], ent_data=[b"evil"], commit=1)
+            hello = {"proto": PROTO, "cluster": "electra", "cluster_id": pki["cid"], "from": 1, "to": 2}
+            before = ts[2].stats["rejected_handshakes"]
+            # 1. plaintext, no certificate at all
+            r, w = await asyncio.open_connection(host, port)
+            w.write(pack_frame(msgpack.packb(hello)) + pack_frame(forged.encode()))
+            assert await asyncio.wait_for(r.read(), 5) == b""  # the TLS handshake fails on a plaintext hello
+            w.close()
+            # 2. a certificate from another CA
+            await _forge(host, port, _tls(pki["other"], 1, pki["good"]).peer_client_context(), hello, forged)
+            # 3. a valid certificate of node 3 claiming to be node 1
+            assert await _forge(host, port, _tls(pki["good"], 3).peer_client_context(), hello, forged) == b""
+            # 4. a certificate of this CA for another cluster id, handshake with ours or its own
+            foreign = _tls(pki["foreign"], 1, pki["good"]).peer_client_context()
+            assert await _forge(host, port, foreign, hello, forged) == b""
+            assert await _forge(host, port, foreign, hello | {"cluster_id": "another-cluster"}, forged) == b""
+            await _until(lambda: ts[2].stats["rejected_handshakes"] >= before + 5)
+            assert not any(m.term == 99 for m in inbox[2]), "a forged message reached Raft"
+            text = caplog.text
+            assert "TLS handshake failed" in text
+            assert "names node 3 but the handshake claims node 1" in text
+            assert "cluster id 'another-cluster'" in text
+            # the real members still talk
+            n = len(inbox[2])
+            await _until(lambda: (ts[1].send(Message(MsgType.HEARTBEAT, 1, 2, 1)) or len(inbox[2]) > n))
+        finally:
+            for t in ts.values():
+                await t.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_plaintext_node_cannot_join_a_tls_cluster_and_cluster_ids_must_match(pki):
+    async def main():
+        ports = free_ports(2)
+        peers = {1: ("127.0.0.1", ports[0]), 2: ("127.0.0.1", ports[1])}
+        tls = _tls(pki["good"], 2)
+        secure = PeerTransport(2, peers, lambda m: None, cluster_id=pki["cid"],
+                               server_ssl=tls.peer_server_context(), client_ssl=tls.peer_client_context())
+        plain = PeerTransport(1, peers, lambda m: None, cluster_id=pki["cid"])
+        await secure.start()
+        await plain.start()
+        try:
+            await _until(lambda: secure.stats["rejected_handshakes"] >= 2)
+            assert not secure.connected(1) and not plain.connected(2)
+        finally:
+            await plain.stop()
+            await secure.stop()
+        # insecure mode still checks the cluster id of the handshake
+        a = PeerTransport(2, peers, lambda m: None, cluster_id="fresh")
+        b = PeerTransport(1, peers, lambda m: None, cluster_id="stale")
+        await a.start()
+        await b.start()
+        try:
+            await _until(lambda: a.stats["rejected_handshakes"] >= 2)
+            assert not a.connected(1)
+        finally:
+            await b.stop()
+            await a.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_transport_needs_both_contexts_or_none(pki):
+    tls = _tls(pki["good"], 1)
+    with pytest.raises(ValueError, match="both SSL contexts"):
+        PeerTransport(1, {1: ("127.0.0.1", 1)}, lambda m: None, server_ssl=tls.peer_server_context())
+
+
+def test_rotated_node_certificate_is_reloaded_into_the_live_contexts(pki, tmp_path):
+    import shutil
+
+    d = tmp_path / "rot"
+    shutil.copytree(pki["good"], d)
+    tls = _tls(d, 1)
+    ctx = tls.peer_server_context()
+    assert not tls.reload_if_changed()
+    before = ctx.cert_store_stats()["x509_ca"]
+    create_ca(d, overwrite=True)  # CA rollover: the bundle now holds the new and the old CA
+    create_node_cert(d, 1, ["127.0.0.1"])
+    assert tls.reload_if_changed()
+    assert ctx.cert_store_stats()["x509_ca"] == before + 1
