@@ -102,13 +102,13 @@ def test_ingest_server_asks_brokers_for_a_token_scoped_to_the_heartbeat_set(tmp_
     cases = [(None, b"401"), ("nope", b"401"), (obs, b"403"), (tok, b"200")]
     for token, status in cases:
         producer = FakeProducer()
-        proto = IngestProtocol(producer, TokenStore(path))
+        proto = IngestProtocol(producer, tokens=TokenStore(path))
         proto.connection_made(FakeTransport())
         out = _request(proto, hb, token)
         assert out.startswith(b"HTTP/1.1 " + status), (token, out)
         assert len(producer.sent) == (1 if status == b"200" else 0)
     producer = FakeProducer()
-    proto = IngestProtocol(producer, TokenStore(path))
+    proto = IngestProtocol(producer, tokens=TokenStore(path))
     proto.connection_made(FakeTransport())
     assert _request(proto, {**hb, "brokerName": "set-b"}, tok).startswith(b"HTTP/1.1 403")
     assert producer.sent == []
