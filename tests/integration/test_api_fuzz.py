@@ -70,40 +70,62 @@ def fuzz_api(base_url: str, *, examples: int = 25, deadline_s: float = 240.0,
     return failures, calls
 
 
-@pytest.fixture
-def node(tmp_path):
+@pytest.fixture(params=["insecure", "authenticated"])
+def node(request, tmp_path):
+    """One real node: plain HTTP with --insecure, or HTTPS with tokens (fuzzed as admin, the widest role)."""
     http_port, raft_port = free_ports(2)
     ep = f"127.0.0.1:{http_port}"
+    if request.param == "insecure":
+        security, options, scheme, ctx = ["--insecure"], {}, "http", None
+    else:
+        from electra.security.local import ensure_local_credentials
+
+        creds = ensure_local_credentials(tmp_path / "certs", [1])
+        admin = creds.credentials("admin")
+        security, scheme, ctx = ["--certs-dir", str(creds.certs_dir)], "https", admin.ssl_context()
+        options = {"headers": admin.headers(), "verify": str(creds.ca_file)}
     with open(tmp_path / "node.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "electra.cli", "node", "--id", "1", "--peers",
                                  f"1=127.0.0.1:{raft_port}", "--http-addr", ep, "--http-peers", f"1={ep}",
-                                 "--data-dir", str(tmp_path / "n1"), "--tick-ms", "50"],
+                                 "--data-dir", str(tmp_path / "n1"), "--tick-ms", "50", *security],
                                 stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 20
         while True:
             try:
-                with urllib.request.urlopen(f"http://{ep}/v1/admin/metadata", timeout=1) as r:
+                req = urllib.request.Request(f"{scheme}://{ep}/v1/admin/metadata",
+                                             headers=options.get("headers", {}))
+                with urllib.request.urlopen(req, timeout=1, context=ctx) as r:
                     if json.loads(r.read())["is_leader"]:
                         break
             except OSError:
                 pass
             assert time.monotonic() < deadline, "the node did not start"
             time.sleep(0.1)
-        yield ep
+        yield f"{scheme}://{ep}", options
     finally:
         stop_processes([proc])
 
 
-def test_openapi_fuzzing_finds_no_server_errors_and_the_node_stays_healthy(node):
-    headers = json.loads(os.environ.get("ELECTRA_FUZZ_HEADERS", "{}"))  # credentials for an authenticated run
-    failures, calls = fuzz_api(f"http://{node}", headers=headers)
+def test_openapi_fuzzing_finds_no_server_errors_and_the_node_stays_healthy(node, tmp_path):
+    base, options = node
+    extra = json.loads(os.environ.get("ELECTRA_FUZZ_HEADERS", "{}"))  # e.g. credentials of a deployment
+    if extra:
+        options = {**options, "headers": {**options.get("headers", {}), **extra}}
+    failures, calls = fuzz_api(base, **options)
     assert not failures, "\n".join(failures[:20])
     assert calls >= 300  # every operation was exercised, valid and invalid
-    with urllib.request.urlopen(f"http://{node}/healthz", timeout=2) as r:
+    ctx = None
+    broker_headers = {}
+    if base.startswith("https"):
+        from electra.security.local import ensure_local_credentials
+
+        broker = ensure_local_credentials(tmp_path / "certs", [1]).credentials("broker")
+        ctx, broker_headers = broker.ssl_context(), broker.headers()
+    with urllib.request.urlopen(f"{base}/healthz", timeout=2, context=ctx) as r:
         assert r.status == 200
     body = json.dumps({"clusterName": "c", "brokerId": 1, "registerCheckCode": "10.0.0.1:1;1"}).encode()
-    req = urllib.request.Request(f"http://{node}/v1/broker-sets/after-fuzz/apply-broker-id", body,
-                                 {"Content-Type": "application/json", **headers})
-    with urllib.request.urlopen(req, timeout=5) as r:
+    req = urllib.request.Request(f"{base}/v1/broker-sets/after-fuzz/apply-broker-id", body,
+                                 {"Content-Type": "application/json", **broker_headers})
+    with urllib.request.urlopen(req, timeout=5, context=ctx) as r:
         assert json.loads(r.read())["code"] == 0
