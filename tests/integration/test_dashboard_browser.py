@@ -20,7 +20,7 @@ import time
 import pytest
 
 from electra.api.client import ControllerClient
-from electra.bench.common import start_controller_processes, stop_processes
+from electra.bench.common import bench_credentials, start_controller_processes, stop_processes
 
 pytestmark = pytest.mark.integration
 
@@ -33,9 +33,9 @@ def chromium_path() -> str:
     return path
 
 
-def _leader_and_follower(endpoints: list[str]) -> tuple[str, str]:
+def _leader_and_follower(endpoints: list[str], credentials) -> tuple[str, str]:
     async def main():
-        client = ControllerClient(endpoints, timeout=2)
+        client = ControllerClient(endpoints, timeout=2, credentials=credentials)
         try:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
@@ -84,21 +84,27 @@ def test_a_killed_master_appears_on_a_followers_dashboard(tmp_path):
     sim = None
     shots = tmp_path / "screenshots"
     shots.mkdir()
+    creds = bench_credentials(tmp_path)  # the nodes are secure: HTTPS and role tokens
     try:
-        _, follower = _leader_and_follower(endpoints)
+        _, follower = _leader_and_follower(endpoints, creds.credentials("admin"))
         sim = subprocess.Popen([sys.executable, "-m", "electra.cli", "simulate-brokers", "--endpoints",
                                 ",".join(endpoints), "--groups", "4", "--heartbeat-timeout-ms", "1500"],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env={**os.environ, **creds.env("broker")})
         out = _Lines(sim)
         out.wait_for("registered in", timeout=60)
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium_path(), headless=True,
                                          args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
             try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1100})
+                # An operator's browser: trusts the cluster CA (here: ignores the self-signed chain)
+                # and sends an observer token with every request, the SSE stream included.
+                context = browser.new_context(viewport={"width": 1400, "height": 1100}, ignore_https_errors=True,
+                                              extra_http_headers=creds.credentials("observer").headers())
+                page = context.new_page()
                 errors: list[str] = []
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
-                page.goto(f"http://{follower}/dashboard")
+                page.goto(f"https://{follower}/dashboard")
                 expect(page.locator("#conn")).to_have_text("live", timeout=15_000)
                 expect(page.locator("#live_master")).to_have_text("4", timeout=30_000)
                 expect(page.locator("#group tbody tr")).to_have_count(3, timeout=10_000)

@@ -69,7 +69,8 @@ def test_alerts_and_dashboard_use_exported_metrics(tmp_path):
         node = metric_names(asyncio.run(scrape_node()))
         port = free_ports(1)[0]
         proc = subprocess.Popen([sys.executable, "-m", "electra.cli", "--log-level", "WARNING", "ingest", "--listen",
-                                 f"127.0.0.1:{port}", "--kafka-bootstrap", kafka.bootstrap, "--workers", "1"])
+                                 f"127.0.0.1:{port}", "--kafka-bootstrap", kafka.bootstrap, "--workers", "1",
+                                 "--insecure"])
         try:
             deadline = time.monotonic() + 30
             ingest = ""

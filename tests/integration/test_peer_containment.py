@@ -7,7 +7,6 @@ node that lost its leader reporting itself unhealthy.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
 import struct
@@ -44,7 +43,8 @@ class Group:
                 self.procs[i] = subprocess.Popen(
                     [sys.executable, "-m", "electra.cli", "node", "--id", str(i), "--peers", peers,
                      "--http-addr", self.http[i], "--http-peers", http_peers, "--data-dir", str(tmp / f"n{i}"),
-                     "--tick-ms", "50"], stdout=log, stderr=subprocess.STDOUT)
+                     "--tick-ms", "50", "--insecure"],  # containment holds for any sender, authenticated or not
+                    stdout=log, stderr=subprocess.STDOUT)
 
     def get(self, i: int, path: str) -> tuple[int, dict]:
         try:
@@ -183,13 +183,17 @@ def test_oversized_and_malformed_frames_after_the_handshake_close_only_that_conn
         s.sendall(_frame(payload))
         s.close()
     s = _impersonate(group, 1, target)
-    with contextlib.suppress(OSError):  # closed after the length prefix
+    closed = False
+    try:
         s.sendall(_frame(_nil_array(16 << 20)))  # twice the largest legal message
+    except OSError:
+        closed = True  # closed after the length prefix (or when node 1's own redial replaced this link)
     s.close()
+    assert closed, "the node read a whole 16 MiB frame"
     time.sleep(0.5)
     group.write(1, "after-frame-bombs")
     assert group.leader()["term"] == term
-    assert group.status(target)["peer_malformed"] >= 4  # each closed its connection, counted
+    assert group.status(target)["peer_malformed"] >= 3  # each undecodable frame closed its connection, counted
     assert group.peak_rss_kib(target) - rss0 < 24 << 10
     assert group.logs[target].stat().st_size < 1 << 20
 
