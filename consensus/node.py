@@ -618,6 +618,8 @@ class RaftNode:
                 self._snapshotting = False
             if not self._running:
                 return
+            if self._snap_meta is not None and self._snap_meta.index >= meta.index:
+                return  # a newer snapshot was installed from the leader meanwhile
             self._snap_meta = meta
             self.metrics["snapshots_taken"] += 1
             core.snapshot_taken(meta.index, meta.term)
