@@ -145,6 +145,7 @@ class RaftNode:
         self._bytes_since_snap = 0
         self._senders: dict[int, asyncio.Queue] = {}  # peer -> SNAP_RESP queue of the running transfer
         self._receiver = SnapshotReceiver(cfg.node_id, self.snapshots.receive_sink)
+        self._receiving_from = 0  # the leader whose snapshot transfer we are receiving
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -327,7 +328,7 @@ class RaftNode:
         if mode not in READ_MODES:
             raise ValueError(f"unknown read mode {mode!r}; expected one of {READ_MODES}")
         if not self._running:
-            raise NodeStopped("node is not running")
+            raise self.failure or NodeStopped("node is not running")
         m = self.metrics
         if mode == "stale":
             m["reads_stale"] += 1
@@ -477,8 +478,9 @@ class RaftNode:
         if rd.apply_terms:
             self._apply(rd)
         if rd.role_changed:
-            self._receiver.abort()  # a transfer from the previous leader will never finish
             c = self.core
+            if c.lead != self._receiving_from:
+                self._receiver.abort()  # a transfer from the previous leader will never finish
             log.info("node %d is now %s in term %d (leader %d)", self.cfg.node_id, c.role.name, c.term, c.lead)
             if c.role != Role.LEADER:
                 for fut, _ in self._queued_futs:
@@ -677,6 +679,7 @@ class RaftNode:
             return
         # A chunk is contact from the current leader, like a heartbeat.
         core.step(Message(MsgType.HEARTBEAT, m.src, self.cfg.node_id, m.term))
+        self._receiving_from = m.src
         reply, meta = self._receiver.on_chunk(m, core.term)
         if meta is not None and meta.index > core.commit:
             with self.snapshots.open_data(meta) as f:

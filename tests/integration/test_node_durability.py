@@ -16,8 +16,9 @@ from test_node_reads_snapshots import _configs, _leader, _wait
 
 from electra.consensus.errors import DiskFailure, NodeStopped, ProposalTimeout
 from electra.consensus.kv import KVStateMachine, encode_put
-from electra.consensus.messages import MsgType
+from electra.consensus.messages import Message, MsgType
 from electra.consensus.node import RaftNode
+from electra.consensus.snapshots import make_blob
 
 pytestmark = pytest.mark.integration
 
@@ -96,5 +97,33 @@ def test_a_leader_whose_fsync_fails_fails_every_pending_request(tmp_path, monkey
             await node.stop()
         with pytest.raises((DiskFailure, NodeStopped)):
             node.propose_future(encode_put("late", 1))
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_transfer_from_a_leader_that_went_away_leaves_no_temporary_file(tmp_path):
+    """Node 1 runs alone (its peers' ports are silent); peers 2 and 3 are played by hand."""
+
+    async def main():
+        cfg = _configs(tmp_path)[1]
+        node = RaftNode(cfg, KVStateMachine())
+        await node.start()
+        snap_dir = cfg.data_dir / "snapshots"
+        blob = make_blob(500, 5, b"s" * 4096)
+        try:
+            node._on_message(Message(MsgType.SNAP, 2, 1, 5, index=500, log_term=5, commit=len(blob),
+                                     offset=0, chunk=blob[:1000], done=False))
+            await asyncio.sleep(0.1)
+            assert node.leader_id == 2 and list(snap_dir.glob("*.tmp")), "the transfer should have started"
+            node._on_message(Message(MsgType.HEARTBEAT, 3, 1, 6, index=0, commit=0))  # a new leader
+            await _wait(lambda: not list(snap_dir.glob("*.tmp")), what="the partial transfer to be dropped")
+            assert node.leader_id == 3
+            node._on_message(Message(MsgType.SNAP, 3, 1, 6, index=500, log_term=5, commit=len(blob),
+                                     offset=0, chunk=blob[:1000], done=False))
+            await asyncio.sleep(0.1)
+            assert list(snap_dir.glob("*.tmp"))
+        finally:
+            await node.stop()
+        assert not list(snap_dir.glob("*.tmp")), "stopping must drop a partial transfer"
 
     asyncio.run(asyncio.wait_for(main(), 60))
