@@ -155,7 +155,8 @@ class RaftCore:
         driver has already restored: it is committed and applied. `vote_floor` is the
         (index, term) of the newest entry of a log this node lost (a damaged snapshot):
         it votes as if its log still ended there, so it never helps elect a candidate
-        that misses entries it had acknowledged; it campaigns with the log it really has.
+        that misses entries it had acknowledged, and it does not campaign until its own
+        log has caught up to that point.
         """
         if node_id not in peers:
             raise ValueError(f"node {node_id} is not in its own peer list {peers}")
@@ -304,7 +305,16 @@ class RaftCore:
         self._append_as_leader([b""])
         self._maybe_commit()
 
+    def _behind_vote_floor(self) -> bool:
+        floor_index, floor_term = self.vote_floor
+        return (self.last_term(), self.last_index()) < (floor_term, floor_index)
+
     def _campaign(self, pre: bool, force: bool = False) -> None:
+        if self._behind_vote_floor():
+            # It would not vote for a log like its own: it must not vote for itself either.
+            self.elapsed = 0
+            self.timeout = self._random_timeout()
+            return
         if pre:
             self.role = Role.PRE_CANDIDATE
             vote_term = self.term + 1
@@ -469,8 +479,7 @@ class RaftCore:
     def _handle_vote_request(self, m: Message) -> None:
         pre = m.type == MsgType.PRE_VOTE
         floor_index, floor_term = self.vote_floor
-        my_term, my_index = max((self.last_term(), self.last_index()), (floor_term, floor_index))
-        up_to_date = (m.log_term, m.index) >= (my_term, my_index)
+        up_to_date = (m.log_term, m.index) >= max((self.last_term(), self.last_index()), (floor_term, floor_index))
         if pre:
             can_vote = m.term > self.term
         else:

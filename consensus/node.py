@@ -194,6 +194,11 @@ class RaftNode:
         reset, so that neither now nor after another crash does this node vote for a
         candidate missing entries it once acknowledged.
         """
+        if len(self.cfg.peers) == 1:
+            raise RuntimeError(
+                f"the Raft log in {self.storage.dir} is compacted up to {rec.snapshot_index} but the newest valid "
+                f"snapshot in {self.snapshots.dir} is at {snap[0]}, and a one-member group has no leader to "
+                "recover from; refusing to start (restore the snapshot files from a backup)")
         lost = (rec.last_index, rec.terms[-1] if rec.terms else rec.snapshot_term)
         floor = max(lost, rec.vote_floor, key=lambda it: (it[1], it[0]))
         log.critical(
@@ -209,8 +214,8 @@ class RaftNode:
         rec.terms, rec.datas, rec.snapshot_index, rec.snapshot_term = [], [], snap[0], snap[1]
 
     async def stop(self) -> None:
-        if self._stopped:
-            return
+        if self._stopped or (not self._running and self.failure is None):
+            return  # already stopped, or never started
         self._stopped = True
         self._running = False
         if self._tick_handle:

@@ -127,3 +127,27 @@ def test_a_transfer_from_a_leader_that_went_away_leaves_no_temporary_file(tmp_pa
         assert not list(snap_dir.glob("*.tmp")), "stopping must drop a partial transfer"
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_one_member_group_with_a_damaged_snapshot_refuses_to_start(tmp_path):
+    """With no leader to recover from, starting from older state would lose acknowledged writes."""
+
+    async def main():
+        cfg = _configs(tmp_path, snapshot_entries=50, compaction_slack=5)[1]
+        cfg.peers = {1: cfg.peers[1]}
+        node = RaftNode(cfg, KVStateMachine())
+        await node.start()
+        await _wait(lambda: node.is_leader, what="leadership")
+        for k in range(300):
+            await node.propose(encode_put(f"k{k}", k))
+        await _wait(lambda: node.metrics["snapshots_taken"] >= 3, what="snapshots")
+        await node.stop()
+        for path in (cfg.data_dir / "snapshots").glob("*.snap"):
+            data = bytearray(path.read_bytes())
+            data[15] ^= 0x01
+            path.write_bytes(bytes(data))
+        again = RaftNode(cfg, KVStateMachine())
+        with pytest.raises(RuntimeError, match="no leader to recover from"):
+            await again.start()
+
+    asyncio.run(asyncio.wait_for(main(), 60))

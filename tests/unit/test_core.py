@@ -344,3 +344,17 @@ def test_pre_votes_respect_the_vote_floor_too():
     c.step(Message(MsgType.PRE_VOTE, 1, 3, 5, index=9, log_term=2))
     rd = c.ready()
     assert [(m.type, m.reject) for m in rd.send_now + rd.send_after_persist] == [(MsgType.PRE_VOTE_RESP, True)]
+
+
+def test_a_node_behind_its_vote_floor_does_not_campaign():
+    c = RaftCore(1, [1, 2, 3], RaftConfig(election_ticks=10), term=4, vote_floor=(10, 2), rng=random.Random(1))
+    for _ in range(100):
+        c.tick()
+    assert c.role == Role.FOLLOWER and c.term == 4
+    assert not [m for m in c.ready().send_now if m.type in (MsgType.PRE_VOTE, MsgType.VOTE)]
+    c.step(Message(MsgType.TIMEOUT_NOW, 2, 1, 4))  # not even when asked to take over
+    assert c.role == Role.FOLLOWER and c.term == 4
+    solo = RaftCore(1, [1], RaftConfig(), term=4, vote_floor=(10, 2), rng=random.Random(1))
+    for _ in range(100):
+        solo.tick()
+    assert solo.role == Role.FOLLOWER, "a one-member group must not elect a node that lost its data"
