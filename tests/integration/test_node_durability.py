@@ -140,7 +140,7 @@ def test_a_one_member_group_with_a_damaged_snapshot_refuses_to_start(tmp_path):
         await _wait(lambda: node.is_leader, what="leadership")
         for k in range(300):
             await node.propose(encode_put(f"k{k}", k))
-        await _wait(lambda: node.metrics["snapshots_taken"] >= 3, what="snapshots")
+        await _wait(lambda: node.metrics["snapshots_taken"] >= 3 and not node._snapshotting, what="snapshots")
         await node.stop()
         for path in (cfg.data_dir / "snapshots").glob("*.snap"):
             data = bytearray(path.read_bytes())
