@@ -151,12 +151,17 @@ class RaftCore:
         commit: int = 0,
         applied: int = 0,
         snapshot: tuple[int, int] | None = None,
+        vote_floor: tuple[int, int] = (0, 0),
         rng: random.Random | None = None,
     ) -> None:
         """Start from durable state (all of it is treated as persisted).
 
         `snapshot` is (index, term) of the newest local state-machine snapshot, which the
-        driver has already restored: it is committed and applied.
+        driver has already restored: it is committed and applied. `vote_floor` is the
+        (index, term) of the newest entry of a log this node lost (a damaged snapshot):
+        it votes as if its log still ended there, so it never helps elect a candidate
+        that misses entries it had acknowledged, and it does not campaign until its own
+        log has caught up to that point.
         """
         if node_id not in peers:
             raise ValueError(f"node {node_id} is not in its own peer list {peers}")
@@ -170,6 +175,7 @@ class RaftCore:
 
         self.term = term
         self.vote = vote
+        self.vote_floor = tuple(vote_floor)
         self.role = Role.FOLLOWER
         self.lead = NONE
 
@@ -305,9 +311,18 @@ class RaftCore:
         self._append_as_leader([b""])
         self._maybe_commit()
 
+    def _behind_vote_floor(self) -> bool:
+        floor_index, floor_term = self.vote_floor
+        return (self.last_term(), self.last_index()) < (floor_term, floor_index)
+
     def _campaign(self, pre: bool, force: bool = False) -> None:
         if self.term >= MAX_TERM:
             self.elapsed = 0  # peers refuse terms beyond MAX_TERM (docs/security.md); stay a follower
+            return
+        if self._behind_vote_floor():
+            # It would not vote for a log like its own: it must not vote for itself either.
+            self.elapsed = 0
+            self.timeout = self._random_timeout()
             return
         if pre:
             self.role = Role.PRE_CANDIDATE
@@ -491,8 +506,8 @@ class RaftCore:
     # ------------------------------------------------------------------ elections
     def _handle_vote_request(self, m: Message) -> None:
         pre = m.type == MsgType.PRE_VOTE
-        up_to_date = (m.log_term > self.last_term()
-                      or (m.log_term == self.last_term() and m.index >= self.last_index()))
+        floor_index, floor_term = self.vote_floor
+        up_to_date = (m.log_term, m.index) >= max((self.last_term(), self.last_index()), (floor_term, floor_index))
         if pre:
             can_vote = m.term > self.term
         else:
@@ -527,8 +542,10 @@ class RaftCore:
     def _handle_append(self, m: Message) -> None:
         prev = m.index
         if prev < self.commit:
-            # Already committed here; answer with what we know so the leader moves on.
-            self._msgs.append(Message(MsgType.APP_RESP, self.id, m.src, self.term, index=self.commit))
+            # Already committed here; answer with what we know so the leader moves on (never
+            # more than this log holds: the leader counts the answer as a replica).
+            self._msgs.append(Message(MsgType.APP_RESP, self.id, m.src, self.term,
+                                      index=min(self.commit, self.last_index())))
             return
         if self.term_at(prev) != m.log_term:
             self._reject_append(m)
@@ -554,6 +571,12 @@ class RaftCore:
         self._msgs.append(Message(MsgType.APP_RESP, self.id, m.src, self.term, index=last_new))
 
     def _reject_append(self, m: Message) -> None:
+        """Refuse an append that does not match; the hint says where to retry.
+
+        `hint_term == 0` means "my log ends at `hint_index - 1`" (Raft terms start at 1):
+        the leader may then lower even its recorded match for us, since we prove we lost
+        entries (a torn log tail after a crash).
+        """
         prev = m.index
         last = self.last_index()
         if prev > last:
@@ -579,10 +602,16 @@ class RaftCore:
         pr = self.progress[m.src]
         pr.recent_active = True
         if m.reject:
+            if pr.state == ProgressState.SNAPSHOT:
+                return
+            follower_last = m.hint_index - 1 if m.hint_term == 0 else None
+            if follower_last is not None and follower_last < pr.match:
+                self._correct_match(m.src, pr, follower_last)
+                return
             if pr.state == ProgressState.REPLICATE:
                 if m.index <= pr.match:
                     return  # stale rejection of an old probe
-            elif pr.state == ProgressState.SNAPSHOT or m.index != pr.next - 1:
+            elif m.index != pr.next - 1:
                 return  # rejection of an append we no longer wait for
             nxt = m.hint_index
             if m.hint_term:
@@ -613,6 +642,14 @@ class RaftCore:
         if pr.next <= self.last_index():
             self._send_append(m.src, pr)
 
+    def _correct_match(self, to: int, pr: Progress, follower_last: int) -> None:
+        """The follower proved its log ends at `follower_last`, below its recorded match: it lost
+        entries (a torn tail). Lower the match (the commit index never moves back, and a quorum
+        still holds every committed entry) and probe from where its log really ends."""
+        pr.match = follower_last
+        pr.become_probe()
+        self._send_append(to, pr)
+
     def _handle_heartbeat_resp(self, m: Message) -> None:
         pr = self.progress[m.src]
         pr.recent_active = True
@@ -621,6 +658,12 @@ class RaftCore:
             pr.acked_round = m.context
             self._confirm_rounds()
         if pr.state == ProgressState.SNAPSHOT:
+            return
+        if m.index < pr.match:
+            # Its log (answered after its writes were durable) ends below what it acknowledged:
+            # it lost its tail in a crash. Correct the match and probe from its real end.
+            self._correct_match(m.src, pr, m.index)
+            pr.match_at_hb = pr.match
             return
         if pr.match < self.last_index():
             if pr.state == ProgressState.REPLICATE and pr.match == pr.match_at_hb:

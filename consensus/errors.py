@@ -54,3 +54,15 @@ class FollowerBehind(RaftError):
 
 class ReadTimeout(RaftError):
     """A read could not be confirmed before its deadline; reads change nothing, so retry."""
+
+
+class DiskFailure(RaftError):
+    """The node could not make its log durable (ENOSPC, EIO, a failed fsync) and stopped.
+
+    Fail-stop: after a failed write or fsync the kernel may have dropped the dirty pages,
+    so nothing written since the last good fsync can be trusted and nothing is retried.
+    Pending requests fail with this error; the command may or may not have committed on
+    the other members. The host process exits (see `electra node`).
+    """
+
+    outcome_known = False

@@ -11,6 +11,15 @@ Three mechanisms give throughput:
 * pipelined persistence: Readies produced while an fsync runs are queued and
   written together by the next one.
 
+Durability is fail-stop: when the log cannot be written or fsynced (ENOSPC, EIO),
+the node stops serving at once without sending the acks and votes that waited for
+that write, fails every pending request with `DiskFailure` and tells its host
+through `failed` (the `electra node` process then exits with code 74). It never
+retries an fsync. On start, a damaged newest snapshot that the compacted log no
+longer covers is not fatal: the node starts from the best state it can verify
+and lets the leader send a snapshot, voting meanwhile as if it still held the log
+it lost (`RaftCore.vote_floor`).
+
 Reads (`read()`) are ReadIndex on the leader, lease reads while the leader's lease
 holds, follower reads (ReadIndex asked of the leader, bounded staleness) on
 followers, or stale local reads. Snapshots are taken every `snapshot_entries`
@@ -24,7 +33,6 @@ import asyncio
 import heapq
 import itertools
 import logging
-import os
 import ssl
 import time
 from collections import deque
@@ -37,6 +45,7 @@ from typing import Any, Protocol
 from .cluster_stamp import check_cluster_stamp
 from .core import RaftConfig, RaftCore, Ready, Role
 from .errors import (
+    DiskFailure,
     FollowerBehind,
     LeadershipLost,
     NodeStopped,
@@ -137,6 +146,9 @@ class RaftNode:
         self._tasks: list[asyncio.Task] = []
         self._tick_handle: asyncio.TimerHandle | None = None
         self._running = False
+        self._stopped = False
+        self.failure: DiskFailure | None = None  # set when the node stopped on a disk error
+        self.failed: asyncio.Future | None = None  # resolves with that error: the host's signal to exit
         self._role_listeners: list[Callable[[Role, int, int], None]] = []
         self.metrics = {"proposals": 0, "batches": 0, "fsyncs": 0, "entries_persisted": 0,
                         "applied": 0, "max_batch": 0, "reads_readindex": 0, "reads_lease": 0,
@@ -154,6 +166,7 @@ class RaftNode:
         self._bytes_since_snap = 0
         self._senders: dict[int, asyncio.Queue] = {}  # peer -> SNAP_RESP queue of the running transfer
         self._receiver = SnapshotReceiver(cfg.node_id, self.snapshots.receive_sink, max_bytes=cfg.max_snapshot_bytes)
+        self._receiving_from = 0  # the leader whose snapshot transfer we are receiving
         self._last_chunk_at = 0.0
         self.last_tick_at = 0.0  # monotonic time of the last completed tick
         self._tick_due = 0.0
@@ -163,15 +176,13 @@ class RaftNode:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.failed = self._loop.create_future()
         t0 = time.monotonic()
         rec = self.storage.open()
         meta = self.snapshots.latest()
         snap = (meta.index, meta.term) if meta else (0, 0)
         if rec.snapshot_index > snap[0]:
-            raise RuntimeError(
-                f"the Raft log in {self.storage.dir} is compacted up to {rec.snapshot_index} but the newest "
-                f"valid snapshot in {self.snapshots.dir} is at {snap[0]}; refusing to start "
-                "(restore the snapshot files or wipe this node's data directory to re-sync it from peers)")
+            self._recover_lost_snapshot(rec, snap)
         if meta is not None:
             with self.snapshots.open_data(meta) as f:
                 self.sm.restore(f)
@@ -186,6 +197,7 @@ class RaftNode:
             self.cfg.node_id, sorted(self.cfg.peers), replace(self.cfg.raft, lease_s=self.cfg.lease_s()),
             term=rec.term, vote=rec.vote, log_offset=rec.snapshot_index, offset_term=rec.snapshot_term,
             log_terms=rec.terms, log_data=rec.datas, snapshot=snap if meta else None,
+            vote_floor=rec.vote_floor,
         )
         self.core.now = time.monotonic()
         self.applied = snap[0]
@@ -199,18 +211,71 @@ class RaftNode:
         self._tasks.append(asyncio.create_task(self._persister(), name=f"raft-persist-{self.cfg.node_id}"))
         self._tick_handle = self._loop.call_later(self.cfg.tick_s, self._on_tick)
 
+    def _recover_lost_snapshot(self, rec, snap: tuple[int, int]) -> None:
+        """The log is compacted past the newest snapshot that verifies: its state is lost here.
+
+        Keep the hard state (term, vote: still valid), drop the log (useless without the
+        state below it) and restart from `snap` (an older valid snapshot, or nothing) so the
+        leader brings this node up with entries or InstallSnapshot. The newest entry of the
+        dropped log becomes the vote floor, written with the hard state before the log is
+        reset, so that neither now nor after another crash does this node vote for a
+        candidate missing entries it once acknowledged.
+        """
+        if len(self.cfg.peers) == 1:
+            raise RuntimeError(
+                f"the Raft log in {self.storage.dir} is compacted up to {rec.snapshot_index} but the newest valid "
+                f"snapshot in {self.snapshots.dir} is at {snap[0]}, and a one-member group has no leader to "
+                "recover from; refusing to start (restore the snapshot files from a backup)")
+        lost = (rec.last_index, rec.terms[-1] if rec.terms else rec.snapshot_term)
+        floor = max(lost, rec.vote_floor, key=lambda it: (it[1], it[0]))
+        log.critical(
+            "node %d: the Raft log in %s is compacted up to %d but the newest valid snapshot in %s is at %d; "
+            "the state machine data up to %d is lost here. Dropping the log [%d..%d] and recovering from the "
+            "leader (InstallSnapshot); until then this node votes as if its log ended at index %d term %d",
+            self.cfg.node_id, self.storage.dir, rec.snapshot_index, self.snapshots.dir, snap[0],
+            rec.snapshot_index, rec.first_index, rec.last_index, floor[0], floor[1])
+        self.storage.save_vote_floor(*floor)
+        self.storage.reset(*snap)
+        self.storage.sync()
+        rec.vote_floor = floor
+        rec.terms, rec.datas, rec.snapshot_index, rec.snapshot_term = [], [], snap[0], snap[1]
+
     async def stop(self) -> None:
-        if not self._running:
-            return
+        if self._stopped or (not self._running and self.failure is None):
+            return  # already stopped, or never started
+        self._stopped = True
         self._running = False
         if self._tick_handle:
             self._tick_handle.cancel()
         self._persist_wakeup.set()
+        me = asyncio.current_task()
         for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+            if t is not me:
+                t.cancel()
+        await asyncio.gather(*(t for t in self._tasks if t is not me), return_exceptions=True)
         await self.transport.stop()
-        err = NodeStopped("node stopped before the result was known")
+        self._receiver.abort()
+        self._fail_pending(self.failure or NodeStopped("node stopped before the result was known"))
+        await asyncio.get_running_loop().run_in_executor(self._disk, self.storage.close)
+        self._disk.shutdown(wait=True)
+
+    def _fail_stop(self, exc: DiskFailure) -> None:
+        """The log cannot be made durable: stop serving now, acknowledge nothing more."""
+        if self.failure is not None:
+            return
+        log.critical("node %d: FATAL disk failure, stopping without acknowledging anything more: %s",
+                     self.cfg.node_id, exc)
+        self.failure = exc
+        self._running = False  # no more ticks, messages, proposals, acks or votes
+        if self._tick_handle:
+            self._tick_handle.cancel()
+        self._persist_queue.clear()
+        self._fail_pending(exc)
+        self._tasks.append(asyncio.create_task(self.stop()))
+        if self.failed is not None and not self.failed.done():
+            self.failed.set_result(exc)
+
+    def _fail_pending(self, err: RaftError) -> None:
         for fut, _ in self._queued_futs:
             if not fut.done():
                 fut.set_exception(err)
@@ -228,8 +293,6 @@ class RaftNode:
         self._queued_futs.clear()
         self._queued_cmds.clear()
         self._waiters.clear()
-        await asyncio.get_running_loop().run_in_executor(self._disk, self.storage.close)
-        self._disk.shutdown(wait=True)
 
     # ------------------------------------------------------------------ client API
     @property
@@ -284,7 +347,7 @@ class RaftNode:
         if len(command) > MAX_COMMAND:
             raise ValueError(f"a command must be at most {MAX_COMMAND} bytes, not {len(command)}")
         if not self._running:
-            raise NodeStopped("node is not running")
+            raise self.failure or NodeStopped("node is not running")
         if self.core.role != Role.LEADER:
             raise NotLeader(self.core.lead)
         fut = self._loop.create_future()
@@ -309,7 +372,7 @@ class RaftNode:
         if mode not in READ_MODES:
             raise ValueError(f"unknown read mode {mode!r}; expected one of {READ_MODES}")
         if not self._running:
-            raise NodeStopped("node is not running")
+            raise self.failure or NodeStopped("node is not running")
         m = self.metrics
         if mode == "stale":
             m["reads_stale"] += 1
@@ -491,6 +554,8 @@ class RaftNode:
             self._apply(rd)
         if rd.role_changed:
             c = self.core
+            if c.lead != self._receiving_from:
+                self._receiver.abort()  # a transfer from the previous leader will never finish
             log.info("node %d is now %s in term %d (leader %d)", self.cfg.node_id, c.role.name, c.term, c.lead)
             if c.role != Role.LEADER:
                 for fut, _ in self._queued_futs:
@@ -586,11 +651,10 @@ class RaftNode:
             if wrote:
                 try:
                     await loop.run_in_executor(self._disk, storage.sync)
-                except OSError:
-                    # A node that cannot make its log durable must not vote or ack anything.
-                    log.critical("node %d: fsync failed; stopping", self.cfg.node_id, exc_info=True)
-                    self._running = False
-                    os._exit(70)
+                except DiskFailure as exc:
+                    # The messages that waited for this write (acks, votes) are never sent.
+                    self._fail_stop(exc)
+                    return
                 self.metrics["fsyncs"] += 1
                 self.metrics["entries_persisted"] += n_entries
             if not self._running:
@@ -631,6 +695,8 @@ class RaftNode:
                 self._snapshotting = False
             if not self._running:
                 return
+            if self._snap_meta is not None and self._snap_meta.index >= meta.index:
+                return  # a newer snapshot was installed from the leader meanwhile
             self._snap_meta = meta
             self.metrics["snapshots_taken"] += 1
             core.snapshot_taken(meta.index, meta.term)
@@ -703,6 +769,7 @@ class RaftNode:
         self._last_chunk_at = core.now
         # A chunk is contact from the current leader, like a heartbeat.
         core.step(Message(MsgType.HEARTBEAT, m.src, self.cfg.node_id, m.term))
+        self._receiving_from = m.src
         reply, meta = self._receiver.on_chunk(m, core.term)
         if meta is not None and meta.index > core.commit:
             with self.snapshots.open_data(meta) as f:

@@ -1,10 +1,16 @@
 """State-machine snapshots: the file format, the on-disk store, and chunked transfer.
 
-A snapshot file is a 36-byte header (magic, version, Raft index and term, data
-size, CRC-32 of the data) followed by whatever the state machine streamed out.
+A snapshot file is a 40-byte header (magic, version 2, Raft index and term, data
+size, CRC-32 of the data, CRC-32 of the 36 header bytes before it) followed by
+whatever the state machine streamed out. Every byte is under a checksum, and a
+stored file's index and term must also match its name `<index>-<term>.snap`:
+a flipped bit in the header can no longer make a node believe it holds a newer
+state than it does. Version-1 files (no header checksum) are refused.
 Files are written to a temporary name, fsynced and renamed, so a crash leaves
-either the old set or the new one; a file whose checksum fails is skipped and
-the previous snapshot is used.
+either the old set or the new one; temporary files are never trusted: they are
+deleted when the store opens, when writing one fails, and when a transfer is
+aborted. A file that fails verification is skipped and the previous snapshot is
+used (the node decides what that means for its log, see `RaftNode.start`).
 
 InstallSnapshot sends the snapshot *file* verbatim in chunks with byte offsets,
 one chunk in flight per follower. The receiver answers every chunk with the
@@ -30,8 +36,9 @@ from typing import BinaryIO
 from .messages import Message, MsgType
 
 MAGIC = b"ESNP"
-VERSION = 1
-HEADER = struct.Struct(">4sIQQQI")  # magic, version, index, term, data size, crc32(data)
+VERSION = 2
+HEADER = struct.Struct(">4sIQQQII")  # magic, version, index, term, data size, crc32(data), crc32(header)
+_HEADER_BODY = HEADER.size - 4  # the bytes the header checksum covers
 CHUNK_SIZE = 1 << 20
 log = logging.getLogger("electra.consensus.snapshots")
 
@@ -54,16 +61,30 @@ class SnapshotMeta:
 
 
 def pack_header(index: int, term: int, size: int, crc: int) -> bytes:
-    return HEADER.pack(MAGIC, VERSION, index, term, size, crc)
+    body = HEADER.pack(MAGIC, VERSION, index, term, size, crc, 0)[:_HEADER_BODY]
+    return body + struct.pack(">I", zlib.crc32(body))
 
 
 def parse_header(head: bytes) -> tuple[int, int, int, int]:
     if len(head) < HEADER.size:
         raise SnapshotError("snapshot shorter than its header")
-    magic, version, index, term, size, crc = HEADER.unpack_from(head)
-    if magic != MAGIC or version != VERSION:
-        raise SnapshotError(f"not an Electra snapshot (magic {magic!r}, version {version})")
+    magic, version, index, term, size, crc, head_crc = HEADER.unpack_from(head)
+    if magic != MAGIC:
+        raise SnapshotError(f"not an Electra snapshot (magic {magic!r})")
+    if version != VERSION:
+        raise SnapshotError(f"snapshot format version {version} is not supported (expected {VERSION})")
+    if zlib.crc32(head[:_HEADER_BODY]) != head_crc:
+        raise SnapshotError("snapshot header checksum mismatch")
     return index, term, size, crc
+
+
+def key_from_name(path: Path) -> tuple[int, int]:
+    """(index, term) encoded in a snapshot file name `<index>-<term>.snap[...]`."""
+    try:
+        index, term = path.name.split(".", 1)[0].split("-")
+        return int(index), int(term)
+    except ValueError:
+        raise SnapshotError(f"{path.name} is not a snapshot file name (<index>-<term>.snap)") from None
 
 
 def verify_blob(blob: bytes) -> SnapshotMeta:
@@ -118,6 +139,8 @@ class SnapshotStore:
     def read_meta(self, path: Path, verify: bool = True) -> SnapshotMeta:
         with open(path, "rb") as f:
             index, term, size, crc = parse_header(f.read(HEADER.size))
+            if (index, term) != key_from_name(path):
+                raise SnapshotError(f"{path}: header says index {index} term {term}, the file name disagrees")
             if verify:
                 c, n = 0, 0
                 while chunk := f.read(CHUNK_SIZE):
@@ -158,13 +181,17 @@ class SnapshotStore:
 
         def finish() -> SnapshotMeta:
             try:
-                f.seek(0)
-                f.write(pack_header(index, term, w.size, w.crc))
-                f.flush()
-                if self.fsync:
-                    os.fsync(f.fileno())
-            finally:
-                f.close()
+                try:
+                    f.seek(0)
+                    f.write(pack_header(index, term, w.size, w.crc))
+                    f.flush()
+                    if self.fsync:
+                        os.fsync(f.fileno())
+                finally:
+                    f.close()
+            except BaseException:
+                tmp.unlink(missing_ok=True)  # e.g. ENOSPC: the half-written file is never used
+                raise
             return self._install(tmp, SnapshotMeta(index, term, w.size, w.crc))
 
         return tmp, finish
@@ -218,6 +245,7 @@ class FileSink:
         return self.store._install(self.tmp, meta)
 
     def abort(self) -> None:
+        """Drop the partial file (idempotent; also after a failed `finish`)."""
         self.f.close()
         self.tmp.unlink(missing_ok=True)
 
@@ -300,7 +328,12 @@ class SnapshotReceiver:
             self.key, self.sink, self.expected = key, self.new_sink(*key), 0
         if m.offset != self.expected:
             return self._reply(m, term, self.expected), None
-        self.sink.write(m.offset, m.chunk)
+        try:
+            self.sink.write(m.offset, m.chunk)
+        except OSError as exc:  # e.g. a full disk: drop the partial file, the leader retries later
+            log.warning("node %d: writing snapshot %s failed (%s); transfer aborted", self.me, key, exc)
+            self.abort()
+            return self._reply(m, term, 0, reject=True), None
         self.expected += len(m.chunk)
         if not m.done:
             return self._reply(m, term, self.expected), None

@@ -6,17 +6,24 @@ the payload a msgpack array whose first element is the record kind:
 * ENTRIES `(1, first_index, terms, datas)`: replaces the log from `first_index`
   on. A truncation after a leader change is just a later record, so files are
   only ever appended to (and a torn tail truncated on recovery).
-* HARD_STATE `(2, term, vote)`: the last one wins.
+* HARD_STATE `(2, term, vote[, floor_index, floor_term])`: the last one wins. The
+  optional vote floor is the newest entry of a log this node lost (see
+  `RaftCore.vote_floor`); it travels with the hard state so every segment keeps it.
 * COMPACTED `(3, index, term)`: entries up to `index` live in a snapshot.
 * RESET `(4, index, term)`: an installed snapshot replaced the whole log.
 
 Every segment begins with the current hard state and compaction marker, so whole
 segments that hold only compacted entries can be deleted without losing either.
 
-Writes are buffered; `sync()` writes the buffer with one `os.write` and one
-`fdatasync` (group commit). `sync()` may run on a worker thread while the event
-loop keeps calling `append()`: a lock swaps the buffer, so appends made during a
-sync land in the next one.
+Writes are buffered; `sync()` writes the buffer (looping over short writes) and
+runs one `fdatasync` (group commit). Any failed write or fsync is final: the
+storage refuses every later write and sync with `DiskFailure`, because after a
+failed fsync the kernel may have dropped the dirty pages and a retry could
+"succeed" without the data (fsyncgate). Nothing is acknowledged before `sync()`
+returns, so a node that stops here has acknowledged nothing it does not hold.
+`sync()` may run on a worker thread while the event loop keeps calling
+`append()`: a lock swaps the buffer, so appends made during a sync land in the
+next one.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgpack
+
+from .errors import DiskFailure
 
 ENTRIES, HARD_STATE, COMPACTED, RESET = 1, 2, 3, 4
 _HEADER = struct.Struct(">II")
@@ -45,6 +54,7 @@ class CorruptLogError(Exception):
 class RecoveredLog:
     term: int = 0
     vote: int = 0
+    vote_floor: tuple[int, int] = (0, 0)  # (index, term) of the newest entry of a lost log
     snapshot_index: int = 0
     snapshot_term: int = 0
     terms: list[int] = field(default_factory=list)
@@ -62,11 +72,11 @@ class RecoveredLog:
 def _valid_record_after(data: bytes, pos: int) -> bool:
     """Is there an intact record anywhere after `pos`? Then the damage is not a torn tail.
 
-    Payloads are msgpack arrays of 3 or 4 items, so candidate starts are found with
+    Payloads are msgpack arrays of 3 to 5 items, so candidate starts are found with
     `bytes.find` on those header bytes rather than by trying every offset.
     """
     n = len(data)
-    for marker in (b"\x93", b"\x94"):
+    for marker in (b"\x93", b"\x94", b"\x95"):
         at = data.find(marker, pos + 1 + _HEADER.size)
         while at != -1:
             start = at - _HEADER.size
@@ -76,6 +86,16 @@ def _valid_record_after(data: bytes, pos: int) -> bool:
                 return True
             at = data.find(marker, at + 1)
     return False
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """Write every byte or raise: a short write (a full disk) is never taken as done."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(f"write returned {n} with {len(view)} bytes left")
+        view = view[n:]
 
 
 def _record(payload: tuple) -> bytes:
@@ -97,10 +117,12 @@ class LogStorage:
         # What the log holds, tracked for segment headers and compaction.
         self._term = 0
         self._vote = 0
+        self._floor = (0, 0)
         self._snap = (0, 0)
         self._last_index = 0
         self._seg_max: dict[Path, int] = {}  # segment -> highest entry index written into it
         self._gap_until = 0
+        self._failed: BaseException | None = None
 
     @property
     def last_index(self) -> int:
@@ -117,7 +139,7 @@ class LogStorage:
         if self._gap_until:
             raise CorruptLogError(f"Raft log in {self.dir} misses entries up to {self._gap_until} "
                                   "(a segment file was deleted or lost); refusing to start")
-        self._term, self._vote = rec.term, rec.vote
+        self._term, self._vote, self._floor = rec.term, rec.vote, rec.vote_floor
         self._snap = (rec.snapshot_index, rec.snapshot_term)
         self._last_index = rec.last_index
         self._seg_seq = int(segs[-1].stem) if segs else 0
@@ -186,7 +208,8 @@ class LogStorage:
             rec.datas.extend(datas[skip:])
             return first + len(terms) - 1
         if kind == HARD_STATE:
-            _, rec.term, rec.vote = body
+            _, rec.term, rec.vote, *floor = body
+            rec.vote_floor = tuple(floor) if floor else (0, 0)
             return 0
         if kind == COMPACTED:
             _, index, term = body
@@ -224,7 +247,18 @@ class LogStorage:
     def save_hard_state(self, term: int, vote: int) -> None:
         with self._lock:
             self._term, self._vote = term, vote
-            self._buf += _record((HARD_STATE, term, vote))
+            self._buf += self._hard_state_record()
+
+    def save_vote_floor(self, index: int, term: int) -> None:
+        """Remember (durably, with the hard state) the newest entry of a log this node lost."""
+        with self._lock:
+            self._floor = (index, term)
+            self._buf += self._hard_state_record()
+
+    def _hard_state_record(self) -> bytes:
+        if self._floor == (0, 0):
+            return _record((HARD_STATE, self._term, self._vote))
+        return _record((HARD_STATE, self._term, self._vote, *self._floor))
 
     def compact(self, upto_index: int, upto_term: int) -> None:
         """Record that entries up to `upto_index` are in a snapshot; delete covered segments at next sync."""
@@ -242,23 +276,36 @@ class LogStorage:
             self._buf += _record((RESET, index, term))
             self._seg_max[self._seg_path] = max(self._seg_max.get(self._seg_path, 0), index)
 
+    @property
+    def failed(self) -> BaseException | None:
+        """The write or fsync error that made this storage refuse all further writes."""
+        return self._failed
+
     def sync(self) -> None:
-        """Make everything appended so far durable."""
-        with self._lock:
-            buf, self._buf = self._buf, bytearray()
-        if buf:
-            os.write(self._fd, buf)
-            self._seg_size += len(buf)
-        if self.fsync:
-            os.fdatasync(self._fd)
-        if self._seg_size >= self.segment_bytes:
+        """Make everything appended so far durable, or raise `DiskFailure` (then forever)."""
+        if self._failed is not None:
+            raise DiskFailure(f"the Raft log in {self.dir} failed earlier ({self._failed}); "
+                              "refusing to write or fsync again")
+        try:
             with self._lock:
-                self._roll()
-            self._delete_compacted()
+                buf, self._buf = self._buf, bytearray()
+            if buf:
+                write_all(self._fd, buf)
+                self._seg_size += len(buf)
+            if self.fsync:
+                os.fdatasync(self._fd)
+            if self._seg_size >= self.segment_bytes:
+                with self._lock:
+                    self._roll()
+                self._delete_compacted()
+        except OSError as exc:
+            self._failed = exc
+            raise DiskFailure(f"writing the Raft log in {self.dir} failed: {exc}") from exc
 
     def close(self) -> None:
         if self._fd is not None:
-            self.sync()
+            if self._failed is None:
+                self.sync()
             os.close(self._fd)
             self._fd = None
 
@@ -268,10 +315,10 @@ class LogStorage:
         self._seg_seq += 1
         path = self.dir / f"{self._seg_seq:020d}{_SUFFIX}"
         self._open_segment(path, new=True)
-        head = _record((HARD_STATE, self._term, self._vote))
+        head = self._hard_state_record()
         if self._snap[0]:
             head += _record((RESET if self._last_index == self._snap[0] else COMPACTED, *self._snap))
-        os.write(self._fd, head)
+        write_all(self._fd, head)
         self._seg_size = len(head)
         self._seg_max[path] = 0
         if self.fsync:

@@ -178,7 +178,7 @@ def cmd_node(args: argparse.Namespace) -> int:
             scheme = "http" if security.insecure else "https"
             print(f"controller node {args.id} raft={raft} http={scheme}://{host}:{port} data={args.data_dir} "
                   f"cluster-id={ctl.node.cluster_id}", flush=True)
-            return ctl.stop
+            return ctl.stop, ctl.node
 
         return _serve_until_signal(start)
     sm = KVStateMachine() if args.state_machine == "kv" else CounterStateMachine()
@@ -194,21 +194,34 @@ def cmd_node(args: argparse.Namespace) -> int:
             await service.stop()
             await node.stop()
 
-        return stop
+        return stop, node
 
     return _serve_until_signal(start_kv)
 
 
+EXIT_DISK_FAILURE = 74  # EX_IOERR: the Raft log could not be made durable (fail-stop)
+
+
 def _serve_until_signal(start) -> int:
-    """Run `await start()` (which returns an async stop function) until SIGINT or SIGTERM."""
+    """Run `await start()` (which returns an async stop function and the RaftNode) until SIGINT or
+    SIGTERM, or until the node fails on its disk: then exit with EXIT_DISK_FAILURE at once."""
 
     async def main() -> None:
-        stop_fn = await start()
+        stop_fn, node = await start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        signalled = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([signalled, node.failed], return_when=asyncio.FIRST_COMPLETED)
+        if node.failed.done():
+            # Fail-stop: the node already stopped serving; exit now, running nothing that could
+            # touch the disk or answer a client (etcd and PostgreSQL panic on a failed fsync too).
+            print(f"FATAL: {node.failed.result()}; exiting with code {EXIT_DISK_FAILURE} (free space or fix "
+                  "the disk, then restart: the node recovers its log and catches up from the leader)",
+                  file=sys.stderr, flush=True)
+            logging.shutdown()
+            os._exit(EXIT_DISK_FAILURE)
         await stop_fn()
 
     try:

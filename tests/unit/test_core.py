@@ -268,3 +268,93 @@ def test_message_codec_round_trip_and_rejects_garbage():
     for bad in (b"", b"\x91\x01", b"\xc1", Message(MsgType.APP, 1, 2, 3).encode()[:-1]):
         with pytest.raises(ValueError):
             Message.decode(bad)
+
+
+def _restart(net: Net, node_id: int, keep: int) -> RaftCore:
+    """Restart `node_id` from a durable log that kept only its first `keep` entries (a torn tail)."""
+    old = net.cores[node_id]
+    new = RaftCore(node_id, old.peers, old.cfg, term=old.term, vote=old.vote,
+                   log_terms=old.log_terms[:keep], log_data=old.log_data[:keep], rng=random.Random(99))
+    net.cores[node_id] = new
+    return new
+
+
+def test_a_follower_that_lost_its_log_tail_catches_up_with_the_same_leader():
+    net = Net()
+    leader = net.elect()
+    leader.propose([b"e%d" % i for i in range(50)])
+    net.tick(3)
+    f = next(c for c in net.cores.values() if c is not leader)
+    assert f.last_index() == leader.last_index() == 51
+    assert leader.progress[f.id].match == 51
+    f = _restart(net, f.id, keep=30)  # the newest segment lost its tail while the node was down
+    net.tick(5)
+    assert leader.role == Role.LEADER and net.leader() is leader  # the same leader throughout
+    assert f.last_index() == leader.last_index() and f.log_data == leader.log_data
+    assert leader.progress[f.id].match == leader.last_index()
+    # And the leader keeps replicating to it: new entries arrive too.
+    leader.propose([b"after"])
+    net.tick(2)
+    assert f.log_data[-1] == b"after"
+
+
+def test_a_rejection_from_a_follower_that_lost_its_tail_lowers_next_and_match():
+    """The append path alone (heartbeats dropped) must bring it back: the rejection's hint
+    carries the follower's last index and the leader probes below its recorded match."""
+    net = Net()
+    leader = net.elect()
+    leader.propose([b"e%d" % i for i in range(20)])
+    net.tick(3)
+    f = next(c for c in net.cores.values() if c is not leader)
+    f = _restart(net, f.id, keep=5)
+    leader.propose([b"new"])
+    seen_reject = False
+    for _ in range(50):
+        for c in net.cores.values():
+            while c.has_ready():
+                rd = c.ready()
+                idx, term = rd.persist_last
+                if idx:
+                    c.persisted(idx, term)
+                net.queue.extend(rd.send_now + rd.send_after_persist)
+        if not net.queue:
+            break
+        q, net.queue = net.queue, []
+        for m in q:
+            if m.type not in (MsgType.HEARTBEAT, MsgType.HEARTBEAT_RESP):
+                seen_reject |= m.reject and m.src == f.id
+                net.cores[m.dst].step(m)
+    assert seen_reject
+    assert f.log_data == leader.log_data and leader.progress[f.id].match == leader.last_index()
+
+
+def test_a_node_with_a_vote_floor_votes_as_if_it_still_held_its_lost_log():
+    c = RaftCore(3, [1, 2, 3], RaftConfig(), term=4, vote=0, vote_floor=(10, 2), rng=random.Random(1))
+    assert c.last_index() == 0  # it holds nothing...
+    c.step(Message(MsgType.VOTE, 1, 3, 5, index=9, log_term=2))
+    rd = c.ready()
+    assert [m.reject for m in rd.send_after_persist] == [True]  # ...but refuses a candidate behind 10/2
+    c.step(Message(MsgType.VOTE, 2, 3, 6, index=3, log_term=3))  # a newer term's log is more up to date
+    rd = c.ready()
+    assert [m.reject for m in rd.send_after_persist] == [False] and c.vote == 2
+
+
+def test_pre_votes_respect_the_vote_floor_too():
+    c = RaftCore(3, [1, 2, 3], RaftConfig(), term=4, vote_floor=(10, 2), rng=random.Random(1))
+    c.step(Message(MsgType.PRE_VOTE, 1, 3, 5, index=9, log_term=2))
+    rd = c.ready()
+    assert [(m.type, m.reject) for m in rd.send_now + rd.send_after_persist] == [(MsgType.PRE_VOTE_RESP, True)]
+
+
+def test_a_node_behind_its_vote_floor_does_not_campaign():
+    c = RaftCore(1, [1, 2, 3], RaftConfig(election_ticks=10), term=4, vote_floor=(10, 2), rng=random.Random(1))
+    for _ in range(100):
+        c.tick()
+    assert c.role == Role.FOLLOWER and c.term == 4
+    assert not [m for m in c.ready().send_now if m.type in (MsgType.PRE_VOTE, MsgType.VOTE)]
+    c.step(Message(MsgType.TIMEOUT_NOW, 2, 1, 4))  # not even when asked to take over
+    assert c.role == Role.FOLLOWER and c.term == 4
+    solo = RaftCore(1, [1], RaftConfig(), term=4, vote_floor=(10, 2), rng=random.Random(1))
+    for _ in range(100):
+        solo.tick()
+    assert solo.role == Role.FOLLOWER, "a one-member group must not elect a node that lost its data"

@@ -99,3 +99,81 @@ def test_corrupted_transfer_is_rejected_and_restarted():
     blob = make_blob(42, 3, b"z" * 1000)
     meta, sender = _transfer(blob, loss=0.0, seed=1, corrupt_once=True)
     assert meta.index == 42 and sender.restarts == 1
+
+
+# ---------------------------------------------------------------------------- header integrity
+@pytest.mark.parametrize("field_offset", [8, 16, 24, 32])  # index, term, size, data crc
+def test_a_flipped_header_byte_makes_the_snapshot_unusable(tmp_path, field_offset):
+    store = SnapshotStore(tmp_path)
+    _write(store, 10, b"old")
+    m = _write(store, 20, b"new")
+    data = bytearray(m.path.read_bytes())
+    data[field_offset + 7 if field_offset < 32 else field_offset] ^= 0x01  # low byte: e.g. index 20 -> 21
+    m.path.write_bytes(bytes(data))
+    with pytest.raises(SnapshotError, match="header checksum"):
+        store.read_meta(m.path)
+    assert store.latest().index == 10
+
+
+def test_a_snapshot_whose_name_disagrees_with_its_header_is_refused(tmp_path):
+    store = SnapshotStore(tmp_path)
+    m = _write(store, 20, b"state")
+    renamed = m.path.with_name(f"{99:020d}-{1:010d}.snap")
+    m.path.rename(renamed)
+    with pytest.raises(SnapshotError, match="file name"):
+        store.read_meta(renamed)
+    assert store.latest() is None
+
+
+def test_version_1_files_are_refused_with_a_clear_error():
+    import struct
+    import zlib
+
+    data = b"x" * 10
+    v1 = struct.pack(">4sIQQQI", b"ESNP", 1, 5, 2, len(data), zlib.crc32(data)) + data
+    with pytest.raises(SnapshotError, match="version 1 is not supported"):
+        verify_blob(v1 + bytes(4))
+
+
+# ---------------------------------------------------------------------------- temporary files
+def test_a_failed_snapshot_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    store = SnapshotStore(tmp_path)
+    tmp, finish = store.create(20, 1, lambda out: out.write(b"state"))
+
+    def enospc(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("os.fsync", enospc)
+    with pytest.raises(OSError):
+        finish()
+    assert not tmp.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_an_aborted_or_failed_transfer_leaves_no_temporary_file(tmp_path):
+    store = SnapshotStore(tmp_path)
+    blob = make_blob(42, 3, b"z" * 1000)
+    meta = verify_blob(blob)
+    sender = SnapshotSender(1, 2, 7, meta, lambda off, n: blob[off:off + n], chunk_size=100)
+    receiver = SnapshotReceiver(2, store.receive_sink)
+    for _ in range(3):  # a partial transfer, then the leader goes away
+        reply, _ = receiver.on_chunk(sender.next_message(), 7)
+        sender.on_response(reply)
+    assert list(tmp_path.glob("*.tmp"))
+    receiver.abort()
+    assert list(tmp_path.iterdir()) == []
+
+    class FullDisk:
+        def __init__(self, index, term):
+            self.sink = store.receive_sink(index, term)
+
+        def write(self, offset, data):
+            raise OSError(28, "No space left on device")
+
+        def abort(self):
+            self.sink.abort()
+
+    receiver = SnapshotReceiver(2, FullDisk)
+    sender = SnapshotSender(1, 2, 7, meta, lambda off, n: blob[off:off + n], chunk_size=100)
+    reply, done = receiver.on_chunk(sender.next_message(), 7)
+    assert reply.reject and done is None
+    assert list(tmp_path.iterdir()) == []

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 
 import pytest
 
+from electra.consensus.errors import DiskFailure
 from electra.consensus.storage import CorruptLogError, LogStorage
 
 
@@ -183,3 +186,90 @@ def test_a_missing_middle_segment_refuses_to_start(tmp_path):
     segs[1].unlink()
     with pytest.raises(CorruptLogError, match="misses entries"):
         reopen(tmp_path, segment_bytes=400)
+
+
+# ---------------------------------------------------------------------------- disk faults
+def test_a_short_write_is_completed_not_taken_as_done(tmp_path, monkeypatch):
+    """A full-ish disk returns short writes; every byte must still reach the file."""
+    s, _ = reopen(tmp_path)
+    real_write = os.write
+
+    def short_write(fd, data):
+        return real_write(fd, bytes(data)[:max(1, len(data) // 3)])
+
+    monkeypatch.setattr(os, "write", short_write)
+    s.append(1, [1, 1, 1], [b"a" * 100, b"b" * 100, b"c" * 100])
+    s.save_hard_state(1, 1)
+    s.sync()
+    monkeypatch.undo()
+    s.close()
+    _, rec = reopen(tmp_path)
+    assert rec.datas == [b"a" * 100, b"b" * 100, b"c" * 100] and (rec.term, rec.vote) == (1, 1)
+
+
+def test_enospc_fails_the_sync_for_good_and_the_partial_record_is_dropped(tmp_path, monkeypatch):
+    s, _ = reopen(tmp_path)
+    s.append(1, [1], [b"durable"])
+    s.sync()
+    real_write = os.write
+    calls = []
+
+    def full_disk(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data)[:7])  # the disk fills up mid-record
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full_disk)
+    s.append(2, [1], [b"x" * 200])
+    with pytest.raises(DiskFailure, match="No space left"):
+        s.sync()
+    assert s.failed is not None
+    n = len(calls)
+    with pytest.raises(DiskFailure, match="failed earlier"):
+        s.sync()  # never written or fsynced again, even once space is back
+    assert len(calls) == n
+    monkeypatch.undo()
+    s.close()  # closing a failed log does not try to write
+    _, rec = reopen(tmp_path)  # restart: the torn partial record is dropped, the acked entry kept
+    assert rec.datas == [b"durable"]
+
+
+def test_a_failed_fsync_is_never_retried(tmp_path, monkeypatch):
+    s, _ = reopen(tmp_path)
+    syncs = []
+
+    def bad_fsync(fd):
+        syncs.append(fd)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", bad_fsync)
+    s.append(1, [1], [b"a"])
+    with pytest.raises(DiskFailure, match="Input/output error"):
+        s.sync()
+    monkeypatch.undo()  # the disk "recovers": a retried fsync would now succeed without the data
+    with pytest.raises(DiskFailure):
+        s.sync()
+    s.append(2, [1], [b"b"])
+    with pytest.raises(DiskFailure):
+        s.sync()
+    assert len(syncs) == 1
+
+
+def test_vote_floor_travels_with_the_hard_state_across_segments(tmp_path):
+    s, _ = reopen(tmp_path, segment_bytes=400)
+    s.save_hard_state(4, 2)
+    s.save_vote_floor(500, 3)
+    s.reset(0, 0)
+    for i in range(1, 40):
+        s.append(i, [4], [b"w" * 30])
+        s.sync()
+    s.save_hard_state(5, 0)
+    s.compact(30, 4)
+    for i in range(40, 70):
+        s.append(i, [5], [b"w" * 30])
+        s.sync()
+    s.close()
+    assert not (tmp_path / f"{1:020d}.seg").exists()  # the segment that first recorded it is gone
+    _, rec = reopen(tmp_path, segment_bytes=400)
+    assert (rec.term, rec.vote, rec.vote_floor) == (5, 0, (500, 3))

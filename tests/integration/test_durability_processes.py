@@ -1,0 +1,201 @@
+"""Disk faults on three real node processes: a full disk, a torn log tail, a damaged snapshot.
+
+The full-disk test mounts small tmpfs file systems (we run as root, so does CI) under
+the followers' data directories: a real ENOSPC with real short writes, not a mock.
+If mounting is impossible the test fails loudly; it never skips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from test_real_processes import Cluster, _find_leader, _writer
+
+from electra.consensus.client import RaftClient
+from electra.consensus.kv import encode_get, encode_put
+
+pytestmark = pytest.mark.integration
+EXIT_DISK_FAILURE = 74
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str):
+    """A real, small file system at `path` for the duration of the block."""
+    path.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs at {path} (this test needs root): {proc.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+
+
+def fill(fs: Path) -> Path:
+    """Write a filler file until the file system is full; returns it (delete it to free the space)."""
+    filler = fs / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for _ in range(100_000):  # bounded: a 64 MiB tmpfs is full long before
+            os.write(fd, b"\0" * 65536)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+    finally:
+        os.close(fd)
+    return filler
+
+
+async def _wait_caught_up(client: RaftClient, node: int, leader: int, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            st = await client.status(node)
+        except (OSError, TimeoutError):
+            st = {"applied_index": 0, "last_index": 0}
+        lead_st = await client.status(leader)
+        if st["applied_index"] >= lead_st["commit_index"] and st["last_index"] == lead_st["last_index"]:
+            return st
+        assert time.monotonic() < deadline, f"node {node} did not catch up: {st} vs {lead_st}"
+        await asyncio.sleep(0.2)
+
+
+async def _check_all(client: RaftClient, acked: dict) -> None:
+    keys = sorted(acked)
+    for lo in range(0, len(keys), 500):
+        chunk = keys[lo:lo + 500]
+        values = await asyncio.gather(*(client.propose(encode_get(k), deadline_s=20) for k in chunk))
+        lost = [(k, acked[k], v) for k, v in zip(chunk, values, strict=True) if v != acked[k]]
+        assert not lost, f"{len(lost)} acknowledged writes lost or wrong, e.g. {lost[:5]}"
+
+
+def _run(cluster: Cluster, scenario, timeout: float = 150) -> None:
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), timeout))
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        cluster.stop_all()
+
+
+def test_followers_disks_fill_up_then_the_leader_dies_and_no_acknowledged_write_is_lost(tmp_path):
+    cluster = Cluster(tmp_path)
+    with contextlib.ExitStack() as mounts:
+        for i in cluster.ids:  # every data dir on its own small file system; fill the followers' later
+            mounts.enter_context(tmpfs(tmp_path / f"node{i}", "64m"))
+        for i in cluster.ids:
+            cluster.start(i)
+
+        async def scenario() -> None:
+            client = RaftClient(cluster.endpoints, timeout=3.0)
+            acked: dict[str, int] = {}
+            stop = asyncio.Event()
+            try:
+                leader = await _find_leader(client, cluster.ids)
+                followers = [i for i in cluster.ids if i != leader]
+                writers = [asyncio.create_task(_writer(RaftClient(cluster.endpoints, timeout=3.0), f"w{w}",
+                                                       acked, stop, 100_000)) for w in range(16)]
+                await asyncio.sleep(1.0)
+                assert len(acked) > 50, "the cluster did not accept writes"
+                fillers = [fill(tmp_path / f"node{i}") for i in followers]  # ENOSPC, short writes first
+                deadline = time.monotonic() + 30
+                while any(cluster.procs[i].poll() is None for i in followers):
+                    assert time.monotonic() < deadline, "followers kept running on a full disk"
+                    await asyncio.sleep(0.1)
+                for i in followers:  # fail-stop with the distinct exit code and a clear line
+                    assert cluster.procs[i].returncode == EXIT_DISK_FAILURE, cluster.procs[i].returncode
+                    assert "FATAL" in (tmp_path / f"node{i}.log").read_text()
+                await asyncio.sleep(1.0)  # writes still in flight time out: not acknowledged
+                stop.set()
+                await asyncio.wait_for(asyncio.gather(*writers), timeout=60)
+                cluster.kill(leader)  # the only node that may still hold what the followers lost
+                for f in fillers:
+                    f.unlink()  # space is back; the followers restart from their own disks
+                for i in followers:
+                    cluster.start(i)
+                survivor = await _find_leader(client, followers, timeout=30)
+                await _check_all(client, acked)
+                assert survivor in followers
+            finally:
+                stop.set()
+                await client.close()
+
+        _run(cluster, scenario)
+
+
+def test_a_follower_whose_newest_segment_lost_its_tail_catches_up_with_the_same_leader(tmp_path):
+    cluster = Cluster(tmp_path)
+    for i in cluster.ids:
+        cluster.start(i)
+
+    async def scenario() -> None:
+        client = RaftClient(cluster.endpoints, timeout=3.0)
+        try:
+            leader = await _find_leader(client, cluster.ids)
+            follower = next(i for i in cluster.ids if i != leader)
+            for lo in range(0, 600, 200):
+                await asyncio.gather(*(client.propose(encode_put(f"k{k}", k)) for k in range(lo, lo + 200)))
+            await _wait_caught_up(client, follower, leader)
+            term = (await client.status(leader))["term"]
+            cluster.kill(follower)
+            seg = sorted((tmp_path / f"node{follower}" / "raft-log").glob("*.seg"))[-1]
+            with open(seg, "r+b") as f:  # the tail that never reached the platter
+                f.truncate(seg.stat().st_size * 2 // 3 - 3)
+            cluster.start(follower)
+            st = await _wait_caught_up(client, follower, leader)
+            lead_st = await client.status(leader)
+            assert (lead_st["role"], lead_st["term"]) == ("leader", term), "the leader must not change"
+            assert st["last_index"] == lead_st["last_index"]
+            await client.propose(encode_put("after", 1))
+            await _wait_caught_up(client, follower, leader)
+            assert "torn tail" in (tmp_path / f"node{follower}.log").read_text()
+        finally:
+            await client.close()
+
+    _run(cluster, scenario)
+
+
+def test_a_follower_with_a_damaged_newest_snapshot_recovers_from_the_leader(tmp_path):
+    cluster = Cluster(tmp_path)
+    snap = ("--snapshot-entries", "400", "--compaction-slack", "50")
+    for i in cluster.ids:
+        cluster.start(i, *snap)
+
+    async def scenario() -> None:
+        client = RaftClient(cluster.endpoints, timeout=3.0)
+        try:
+            leader = await _find_leader(client, cluster.ids)
+            follower = next(i for i in cluster.ids if i != leader)
+            for lo in range(0, 2000, 250):
+                await asyncio.gather(*(client.propose(encode_put(f"k{k}", k)) for k in range(lo, lo + 250)))
+            for k in range(2000, 2100, 10):  # later appends make the compaction record durable too
+                await asyncio.gather(*(client.propose(encode_put(f"k{j}", j)) for j in range(k, k + 10)))
+            await _wait_caught_up(client, follower, leader)
+            cluster.kill(follower)
+            snaps = sorted((tmp_path / f"node{follower}" / "snapshots").glob("*.snap"))
+            assert len(snaps) >= 2, snaps
+            newest = snaps[-1]
+            data = bytearray(newest.read_bytes())
+            data[15] ^= 0x01  # one flipped bit in the header's index field
+            newest.write_bytes(bytes(data))
+            for lo in range(2000, 2600, 200):  # the group moves on meanwhile
+                await asyncio.gather(*(client.propose(encode_put(f"k{k}", k)) for k in range(lo, lo + 200)))
+            cluster.start(follower, *snap)
+            st = await _wait_caught_up(client, follower, leader)
+            assert cluster.procs[follower].poll() is None, "the follower must not refuse to start"
+            assert st["snapshots_installed"] >= 1, st
+            text = (tmp_path / f"node{follower}.log").read_text()
+            assert "recovering from the leader" in text and "votes as if its log ended" in text
+            assert await client.propose(encode_get("k2599")) == 2599
+        finally:
+            await client.close()
+
+    _run(cluster, scenario)

@@ -1,0 +1,153 @@
+"""Fail-stop in the RaftNode runtime: a failed fsync stops the node without acknowledging anything.
+
+Real RaftNodes over loopback TCP in one process; the fault is an `os.fdatasync` that fails
+for one node's log file descriptor (the kernel-level fault itself is exercised with a full
+tmpfs in test_durability_processes.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+
+import pytest
+from test_node_reads_snapshots import _configs, _leader, _wait
+
+from electra.consensus.errors import DiskFailure, NodeStopped, ProposalTimeout
+from electra.consensus.kv import KVStateMachine, encode_put
+from electra.consensus.messages import Message, MsgType
+from electra.consensus.node import RaftNode
+from electra.consensus.snapshots import make_blob
+
+pytestmark = pytest.mark.integration
+
+
+def _fail_fsync_of(monkeypatch, bad: list[RaftNode]) -> list[int]:
+    calls: list[int] = []
+    real = os.fdatasync
+
+    def fdatasync(fd):
+        if any(n.storage._fd == fd for n in bad):
+            calls.append(fd)
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    return calls
+
+
+def test_followers_whose_fsync_fails_stop_and_acknowledge_nothing(tmp_path, monkeypatch):
+    async def main():
+        nodes = {i: RaftNode(c, KVStateMachine()) for i, c in _configs(tmp_path).items()}
+        for n in nodes.values():
+            await n.start()
+        try:
+            leader = await _leader(nodes)
+            followers = [n for n in nodes.values() if n is not leader]
+            await leader.propose(encode_put("before", 1))
+            committed = leader.core.commit
+            acks_after: list = []
+            for f in followers:  # record every append ack a failed follower would still send
+                send_many = f.transport.send_many
+
+                def spy(msgs, f=f, send_many=send_many):
+                    if f.failure is not None:
+                        acks_after.extend(m for m in msgs if m.type == MsgType.APP_RESP)
+                    return send_many(msgs)
+
+                f.transport.send_many = spy
+            calls = _fail_fsync_of(monkeypatch, followers)
+            with pytest.raises(ProposalTimeout):
+                await leader.propose(encode_put("after", 2), timeout=1.5)
+            for f in followers:
+                await asyncio.wait_for(f.failed, 5)  # the host's signal to exit
+                assert isinstance(f.failure, DiskFailure) and "Input/output error" in str(f.failure)
+                assert not f._running
+                with pytest.raises(DiskFailure):
+                    f.propose_future(encode_put("x", 1))
+            assert leader.core.commit == committed, "an entry committed on acks that were never durable"
+            assert acks_after == []
+            n_calls = len(calls)
+            await asyncio.sleep(0.5)
+            assert len(calls) == n_calls, "a failed fsync was retried"
+        finally:
+            for n in nodes.values():
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_leader_whose_fsync_fails_fails_every_pending_request(tmp_path, monkeypatch):
+    async def main():
+        cfg = _configs(tmp_path)[1]
+        cfg.peers = {1: cfg.peers[1]}  # a one-node group: only its own disk can acknowledge
+        node = RaftNode(cfg, KVStateMachine())
+        await node.start()
+        try:
+            await _wait(lambda: node.is_leader, what="leadership")
+            await node.propose(encode_put("before", 1))
+            _fail_fsync_of(monkeypatch, [node])
+            pending = [node.propose_future(encode_put(f"k{i}", i)) for i in range(20)]
+            results = await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 10)
+            assert all(isinstance(r, DiskFailure) for r in results), results
+            assert node.failed.done() and node.failure is not None
+            assert node.sm.data.get("k0") is None  # nothing applied after the failure
+        finally:
+            await node.stop()
+        with pytest.raises((DiskFailure, NodeStopped)):
+            node.propose_future(encode_put("late", 1))
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_transfer_from_a_leader_that_went_away_leaves_no_temporary_file(tmp_path):
+    """Node 1 runs alone (its peers' ports are silent); peers 2 and 3 are played by hand."""
+
+    async def main():
+        cfg = _configs(tmp_path)[1]
+        node = RaftNode(cfg, KVStateMachine())
+        await node.start()
+        snap_dir = cfg.data_dir / "snapshots"
+        blob = make_blob(500, 5, b"s" * 4096)
+        try:
+            node._on_message(Message(MsgType.SNAP, 2, 1, 5, index=500, log_term=5, commit=len(blob),
+                                     offset=0, chunk=blob[:1000], done=False))
+            await asyncio.sleep(0.1)
+            assert node.leader_id == 2 and list(snap_dir.glob("*.tmp")), "the transfer should have started"
+            node._on_message(Message(MsgType.HEARTBEAT, 3, 1, 6, index=0, commit=0))  # a new leader
+            await _wait(lambda: not list(snap_dir.glob("*.tmp")), what="the partial transfer to be dropped")
+            assert node.leader_id == 3
+            node._on_message(Message(MsgType.SNAP, 3, 1, 6, index=500, log_term=5, commit=len(blob),
+                                     offset=0, chunk=blob[:1000], done=False))
+            await asyncio.sleep(0.1)
+            assert list(snap_dir.glob("*.tmp"))
+        finally:
+            await node.stop()
+        assert not list(snap_dir.glob("*.tmp")), "stopping must drop a partial transfer"
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_one_member_group_with_a_damaged_snapshot_refuses_to_start(tmp_path):
+    """With no leader to recover from, starting from older state would lose acknowledged writes."""
+
+    async def main():
+        cfg = _configs(tmp_path, snapshot_entries=50, compaction_slack=5)[1]
+        cfg.peers = {1: cfg.peers[1]}
+        node = RaftNode(cfg, KVStateMachine())
+        await node.start()
+        await _wait(lambda: node.is_leader, what="leadership")
+        for k in range(300):
+            await node.propose(encode_put(f"k{k}", k))
+        await _wait(lambda: node.metrics["snapshots_taken"] >= 3 and not node._snapshotting, what="snapshots")
+        await node.stop()
+        for path in (cfg.data_dir / "snapshots").glob("*.snap"):
+            data = bytearray(path.read_bytes())
+            data[15] ^= 0x01
+            path.write_bytes(bytes(data))
+        again = RaftNode(cfg, KVStateMachine())
+        with pytest.raises(RuntimeError, match="no leader to recover from"):
+            await again.start()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
