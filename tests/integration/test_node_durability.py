@@ -111,6 +111,9 @@ def test_a_transfer_from_a_leader_that_went_away_leaves_no_temporary_file(tmp_pa
         snap_dir = cfg.data_dir / "snapshots"
         blob = make_blob(500, 5, b"s" * 4096)
         try:
+            # Chunks are accepted only from the leader this node follows (docs/security.md): node 2
+            # makes itself known with a heartbeat first, as a real leader does.
+            node._on_message(Message(MsgType.HEARTBEAT, 2, 1, 5, index=0, commit=0))
             node._on_message(Message(MsgType.SNAP, 2, 1, 5, index=500, log_term=5, commit=len(blob),
                                      offset=0, chunk=blob[:1000], done=False))
             await asyncio.sleep(0.1)
