@@ -7,8 +7,15 @@ of the Kafka pipeline) with its epoch, max offset,
 confirm offset and priority, registers, asks for an election when there is no
 master, and polls replica info to learn role changes. A master grows its
 offset, and adds replicas that caught up to its sync-state set; replicas follow
-the master's offset. Brokers can be killed (they stop all traffic) and revived
-(they register again with their id).
+the master's offset.
+
+With ingest endpoints (the Kafka pipeline) each broker holds a session connection to
+one ingest worker and heartbeats over it (`broker_session.py`), so brokers fail the
+way processes do: `kill` is a crash (the connection is reset, no goodbye: the
+controller side learns at once), `hang` is a hung process (the connection stays, no
+more heartbeats or requests: only the heartbeat timeout tells), `revive` brings
+either back (it reconnects and registers again with its id), and stopping the fleet
+is a clean shutdown (every session says goodbye).
 """
 
 from __future__ import annotations
@@ -17,9 +24,11 @@ import asyncio
 import logging
 import random
 import time
+import zlib
 from dataclasses import dataclass, field
 
 from electra.api.client import ControllerClient
+from electra.broker_session import BrokerSession, SessionError
 from electra.state.codes import Code
 
 log = logging.getLogger("electra.broker_simulator")
@@ -33,6 +42,7 @@ class SimBroker:
     addr: str
     broker_id: int | None = None
     alive: bool = True
+    hung: bool = False  # a hung process: no traffic at all, but its connections stay open
     role: str = "unknown"  # "master" | "slave" | "unknown"
     master_id: int | None = None
     master_epoch: int = 0
@@ -42,6 +52,8 @@ class SimBroker:
     priority: int = 5
     errors: int = 0
     last_heartbeat_at: float = 0.0  # wall clock of the last heartbeat the controller side accepted
+    session: BrokerSession | None = None  # its session connection to an ingest worker (with the pipeline)
+    session_skip: int = 0                 # how many ingest endpoints past its home one it moved on to
 
 
 class BrokerFleet:
@@ -53,6 +65,7 @@ class BrokerFleet:
         if groups < 1 or replicas < 1:
             raise ValueError("--groups and --replicas must be at least 1")
         self.client = ControllerClient(endpoints, deadline_s=30, ingest_endpoints=ingest_endpoints)
+        self.ingest_endpoints = list(ingest_endpoints or [])
         self.heartbeat_s, self.poll_s, self.timeout_ms = heartbeat_s, poll_s, timeout_ms
         self.rng = random.Random(seed)
         self.brokers = [SimBroker(cluster, f"{cluster}-set-{g}", r, f"10.{g // 250}.{g % 250}.{r + 1}:10911")
@@ -61,7 +74,8 @@ class BrokerFleet:
         for b in self.brokers:
             self.by_set.setdefault(b.name, []).append(b)
         self._tasks: list[asyncio.Task] = []
-        self.stats = {"requests": 0, "errors": 0, "elections": 0, "role_changes": 0, "heartbeats": 0}
+        self.stats = {"requests": 0, "errors": 0, "elections": 0, "role_changes": 0, "heartbeats": 0,
+                      "sessions_opened": 0}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, progress: bool = False) -> None:
@@ -89,24 +103,41 @@ class BrokerFleet:
             self._tasks.append(asyncio.create_task(self._run(b)))
 
     async def stop(self) -> None:
+        """A clean shutdown of every broker: sessions say goodbye."""
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        sessions = [b.session for b in self.brokers if b.session is not None and not b.hung]
+        for b in self.brokers:
+            if b.hung and b.session is not None:
+                b.session.abort()
+            b.session = None
+        await asyncio.gather(*(s.goodbye() for s in sessions), return_exceptions=True)
         await self.client.close()
 
     def kill(self, name: str, broker_id: int) -> SimBroker:
+        """Crash: all traffic stops and the session connection is reset (no goodbye)."""
         b = self._find(name, broker_id)
         b.alive = False
+        if b.session is not None:
+            b.session.abort()
+            b.session = None
+        return b
+
+    def hang(self, name: str, broker_id: int) -> SimBroker:
+        """Hang: all traffic stops, but the connections stay open."""
+        b = self._find(name, broker_id)
+        b.hung = True
         return b
 
     def revive(self, name: str, broker_id: int) -> SimBroker:
         b = self._find(name, broker_id)
-        b.alive = True
+        b.alive, b.hung = True, False
         b.role = "unknown"
         return b
 
     def master_of(self, name: str) -> SimBroker | None:
-        return next((b for b in self.by_set[name] if b.role == "master" and b.alive), None)
+        return next((b for b in self.by_set[name] if b.role == "master" and b.alive and not b.hung), None)
 
     def _find(self, name: str, broker_id: int) -> SimBroker:
         for b in self.by_set.get(name, ()):
@@ -125,6 +156,9 @@ class BrokerFleet:
         return res
 
     async def _heartbeat(self, b: SimBroker) -> None:
+        if self.ingest_endpoints:
+            await self._session_heartbeat(b)
+            return
         res = await self._call(self.client.heartbeat(b.cluster, b.name, b.broker_id, b.addr, epoch=b.master_epoch,
                                                      maxOffset=b.max_offset, confirmOffset=b.max_offset,
                                                      heartbeatTimeoutMillis=self.timeout_ms,
@@ -132,6 +166,34 @@ class BrokerFleet:
         if res.get("code") == 0:
             b.last_heartbeat_at = time.time()
             self.stats["heartbeats"] += 1
+
+    async def _session_heartbeat(self, b: SimBroker) -> None:
+        """Heartbeat over the broker's session, (re)opening it first: to the ingest endpoint its set's
+        name hashes to, moving on to the next one after a failure (as ControllerClient does)."""
+        self.stats["requests"] += 1
+        try:
+            if b.session is None or not b.session.is_open:
+                n = len(self.ingest_endpoints)
+                ep = self.ingest_endpoints[(zlib.crc32(b.name.encode()) + b.session_skip) % n]
+                b.session = BrokerSession(ep, {"clusterName": b.cluster, "brokerName": b.name,
+                                               "brokerId": b.broker_id, "brokerAddr": b.addr,
+                                               "heartbeatTimeoutMillis": self.timeout_ms,
+                                               "electionPriority": b.priority})
+                status = await b.session.open(b.master_epoch, b.max_offset, b.max_offset)
+                self.stats["sessions_opened"] += status == 200
+            else:
+                status = await b.session.heartbeat(b.master_epoch, b.max_offset, b.max_offset)
+        except SessionError:
+            status = 0
+        if status == 200:
+            b.last_heartbeat_at = time.time()
+            self.stats["heartbeats"] += 1
+            return
+        self.stats["errors"] += 1
+        b.session_skip += 1
+        if b.session is not None:
+            b.session.abort()  # closed by a stopping worker, or 503: the next attempt reconnects elsewhere
+            b.session = None
 
     async def _join(self, b: SimBroker) -> None:
         while b.broker_id is None:
@@ -179,7 +241,7 @@ class BrokerFleet:
         await asyncio.sleep(self.rng.uniform(0, self.heartbeat_s))
         next_poll = time.monotonic() + self.rng.uniform(0, self.poll_s)
         while True:
-            if b.alive:
+            if b.alive and not b.hung:
                 if b.role == "master":
                     b.max_offset += self.rng.randrange(1000, 5000)
                 elif b.role == "slave":
@@ -220,7 +282,8 @@ async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, dur
     t0 = time.monotonic()
     await fleet.start(progress=True)
     print(f"{groups} broker sets x {replicas} replicas registered in {time.monotonic() - t0:.1f}s; "
-          "commands: kill SET ID | revive SET ID | kill-master SET | status | quit", flush=True)
+          "commands: kill SET ID | hang SET ID | revive SET ID | kill-master SET | hang-master SET | status | quit",
+          flush=True)
     end = time.monotonic() + duration_s if duration_s else None
     try:
         if commands is None:
@@ -236,11 +299,17 @@ async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, dur
                         break
                     if parts[0] == "kill":
                         print(f"killed {fleet.kill(parts[1], int(parts[2])).addr}", flush=True)
+                    elif parts[0] == "hang":
+                        print(f"hung {fleet.hang(parts[1], int(parts[2])).addr}", flush=True)
                     elif parts[0] == "revive":
                         print(f"revived {fleet.revive(parts[1], int(parts[2])).addr}", flush=True)
                     elif parts[0] == "kill-master":
                         m = fleet.master_of(parts[1])
                         print(f"killed master {m.broker_id} of {parts[1]}" if m and fleet.kill(parts[1], m.broker_id)
+                              else f"{parts[1]} has no live master", flush=True)
+                    elif parts[0] == "hang-master":
+                        m = fleet.master_of(parts[1])
+                        print(f"hung master {m.broker_id} of {parts[1]}" if m and fleet.hang(parts[1], m.broker_id)
                               else f"{parts[1]} has no live master", flush=True)
                     elif parts[0] == "status":
                         masters = sum(1 for n in fleet.by_set if fleet.master_of(n))

@@ -3,7 +3,7 @@
     python -m electra.streaming.job --bootstrap HOST:PORT --controllers h:p,h:p,h:p --checkpoint DIR \
         [--trigger-ms 1000] [--spark-master local[2]] [--topic-prefix ''] [--shuffle-partitions 4] \
         [--source auto|kafka|python] [--no-hwm-fix] [--starting-offsets earliest|latest] \
-        [--proposal-retries 3] [--http-deadline-s 10] [--log-level INFO]
+        [--proposal-retries 3] [--http-deadline-s 10] [--disconnect-grace-ms 0] [--log-level INFO]
 
 Query: Kafka source (`kafka_source`) → parse + validate (`parsing`, mapInPandas; bad records
 become dead letters) → `groupBy(bucket).transformWithStateInPandas(MasterWatchProcessor)`
@@ -51,6 +51,7 @@ class JobConfig:
     starting_offsets: str = "earliest"
     proposal_retries: int = 3
     retry_factor: int = 2
+    disconnect_grace_ms: int = 0         # a lost session counts after this long (docs/failover-signal.md)
     http_deadline_s: float = 10.0
     app_name: str = "electra-streaming"
     extra_conf: dict[str, str] = field(default_factory=dict)
@@ -221,8 +222,8 @@ def build_query(spark, cfg: JobConfig, sink: BatchSink):
 
     parsed = (raw.selectExpr("topic", "partition", "offset", "value", "unix_millis(timestamp) AS kafka_ts")
               .mapInPandas(parse, PARSED_SCHEMA))
-    out = parsed.groupBy("bucket").transformWithStateInPandas(
-        MasterWatchProcessor(cfg.proposal_retries, cfg.retry_factor), OUTPUT_SCHEMA, "Update", "ProcessingTime")
+    processor = MasterWatchProcessor(cfg.proposal_retries, cfg.retry_factor, cfg.disconnect_grace_ms)
+    out = parsed.groupBy("bucket").transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Update", "ProcessingTime")
     return (out.writeStream.queryName(cfg.app_name).outputMode("update")
             .option("checkpointLocation", cfg.checkpoint)
             .trigger(processingTime=f"{cfg.trigger_ms} milliseconds")
@@ -300,6 +301,9 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     ap.add_argument("--starting-offsets", choices=("earliest", "latest"), default="earliest")
     ap.add_argument("--proposal-retries", type=int, default=3)
     ap.add_argument("--http-deadline-s", type=float, default=10.0)
+    ap.add_argument("--disconnect-grace-ms", type=int, default=0,
+                    help="a master whose session connection was lost counts as inactive this long after the loss "
+                         "(0: at once, RocketMQ's rule; a goodbye always counts at once)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark config")
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
@@ -312,7 +316,8 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
                      topic_prefix=a.topic_prefix, shuffle_partitions=a.shuffle_partitions, buckets=a.buckets,
                      source=a.source,
                      hwm_fix=not a.no_hwm_fix, starting_offsets=a.starting_offsets,
-                     proposal_retries=a.proposal_retries, http_deadline_s=a.http_deadline_s, extra_conf=extra)
+                     proposal_retries=a.proposal_retries, http_deadline_s=a.http_deadline_s,
+                     disconnect_grace_ms=max(0, a.disconnect_grace_ms), extra_conf=extra)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,8 @@ Every input row becomes one parsed row `(bucket, group, kind, topic, partition, 
 
 * a valid heartbeat: group = brokerName, kind = "hb", payload = the canonical heartbeat
   (`records.validate_heartbeat`), `ts` defaulting to the Kafka record time;
+* a valid `disconnected` record (a broker's session connection ended, see
+  docs/failover-signal.md): group = brokerName, kind = "dc", payload = the record;
 * a valid event: group = brokerName, kind = "ev", payload = the event record;
 * anything else: group = "" (reserved: broker set names are never empty), kind = "dlq",
   payload = the dead letter `{error, topic, partition, offset, raw}`.
@@ -24,6 +26,7 @@ from electra.streaming import records
 from electra.streaming.detector import DEAD_LETTER, parse_event
 
 HEARTBEAT = "hb"
+DISCONNECTED = "dc"
 EVENT = "ev"
 DLQ_GROUP = ""
 
@@ -58,6 +61,9 @@ def parse_row(topic: str, partition: int, offset: int, value: str | None, kafka_
             d = json.loads(value)
         except ValueError as exc:
             raise ValueError(f"invalid JSON: {exc}") from None
+        if topic == heartbeats_topic and records.is_disconnected(d):
+            dc = records.validate_disconnected(d)
+            return dc["brokerName"], DISCONNECTED, _dump(dc)
         if topic == heartbeats_topic:
             hb = records.validate_heartbeat(d)
             if "ts" not in hb:
