@@ -168,6 +168,10 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
         for conn in sessions.stop():  # a stopping worker says nothing about the brokers it disconnects
             if conn.transport is not None:
                 conn.transport.close()
+        for _ in range(40):  # let connection_lost run for them before the loop ends (bounded: 2 s)
+            if not len(sessions):
+                break
+            await asyncio.sleep(0.05)
         await server.wait_closed()
 
     try:

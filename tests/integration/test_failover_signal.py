@@ -16,12 +16,14 @@ import asyncio
 import time
 
 import pytest
+from kafka import KafkaConsumer
 from test_pipeline_e2e import until
 
 from electra.api.client import ControllerClient
 from electra.bench.common import free_ports
 from electra.broker_simulator import BrokerFleet
 from electra.local_stack import LocalStack, StackConfig
+from electra.streaming import records
 
 pytestmark = pytest.mark.integration
 
@@ -47,6 +49,17 @@ def test_crash_is_detected_by_connection_loss_and_hang_by_timeout(tmp_path):
         raise
     finally:
         stack.stop_all()
+
+
+def disconnects(stack: LocalStack) -> list[dict]:
+    """Every `disconnected` record on the heartbeats topic so far."""
+    consumer = KafkaConsumer(stack.topics.heartbeats, bootstrap_servers=stack.bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    try:
+        values = [records.decode(m.value) for m in consumer]
+    finally:
+        consumer.close()
+    return [v for v in values if records.is_disconnected(v)]
 
 
 async def scenario(stack: LocalStack) -> None:
@@ -88,9 +101,13 @@ async def scenario(stack: LocalStack) -> None:
         await asyncio.sleep(TIMEOUT_MS / 1000 + 3)  # a full timeout plus batches: time for any false election
         assert fleet.stats["sessions_opened"] > opened  # the sessions really were cut and reopened
         assert set((await epochs()).values()) == {1}, "an ingest restart must not fail a master over"
+        # Stopping workers said nothing (a reconnecting broker's next heartbeat would also hide a record
+        # from the job, but only if it lands in the same micro-batch).
+        assert disconnects(stack) == []
 
         # 2. Crash: the session connection is reset. Replaced well before the heartbeat timeout.
         m = fleet.master_of(crash)
+        crashed_id = m.broker_id
         fleet.kill(crash, m.broker_id)
         t_kill = time.time()
         new = await until(lambda: replaced(crash, m.broker_id), f"a new master of {crash}", 60, every=0.1)
@@ -109,6 +126,10 @@ async def scenario(stack: LocalStack) -> None:
               f"{time.time() - t_hang:.2f}s after the hang")
         # The ingest stamp of the last heartbeat precedes the broker seeing its answer by a round trip.
         assert since_last >= TIMEOUT_MS / 1000 - 0.5, "a hung master must not be failed over before its timeout"
+
+        # The only session that ended without a goodbye is the crashed master's; the hung one is still open.
+        [dc] = disconnects(stack)
+        assert (dc["brokerName"], dc["brokerId"], dc["reason"]) == (crash, crashed_id, "connection_lost")
 
         # 4. Untouched sets kept their first master all along.
         final = await epochs()
