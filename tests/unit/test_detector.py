@@ -285,3 +285,13 @@ def test_parse_row_routes_disconnected_records_and_rejects_bad_ones():
     group, kind, payload = parse_row("electra.heartbeats", 0, 2, json.dumps(bad), T0, "electra.heartbeats",
                                      "electra.events")
     assert (group, kind) == (DLQ_GROUP, DEAD_LETTER) and "reason" in json.loads(payload)["error"]
+
+
+def test_broker_live_info_wire_form_has_every_field():
+    """to_wire is spelled out for speed; it must stay equal to the dataclass's fields."""
+    from dataclasses import asdict
+
+    from electra.state.liveness import BrokerLiveInfo
+
+    b = BrokerLiveInfo(1, "a:1", 2, 3, 4, 5, 6, 7)
+    assert b.to_wire() == asdict(b) and BrokerLiveInfo.from_wire(b.to_wire()) == b
