@@ -210,18 +210,19 @@ def build_query(spark, cfg: JobConfig, sink: BatchSink):
     from electra.streaming.processor import OUTPUT_SCHEMA, MasterWatchProcessor
 
     t = cfg.topics
+    hb_topic, ev_topic, buckets = t.heartbeats, t.events, cfg.buckets
     raw, used = load_kafka_stream(spark, cfg.bootstrap, [t.heartbeats, t.events], cfg.source, cfg.hwm_fix,
-                                  cfg.starting_offsets)
+                                  cfg.starting_offsets, parse=(hb_topic, ev_topic, buckets))
     log.info("Kafka source: %s (%s, %s) on %s", used, t.heartbeats, t.events, cfg.bootstrap)
-    hb_topic, ev_topic = t.heartbeats, t.events
-
-    buckets = cfg.buckets
 
     def parse(frames):
         return parse_frames(frames, hb_topic, ev_topic, buckets)
 
-    parsed = (raw.selectExpr("topic", "partition", "offset", "value", "unix_millis(timestamp) AS kafka_ts")
-              .mapInPandas(parse, PARSED_SCHEMA))
+    if used == "python+parse":  # the reader parsed already: no mapInPandas stage
+        parsed = raw
+    else:
+        parsed = (raw.selectExpr("topic", "partition", "offset", "value", "unix_millis(timestamp) AS kafka_ts")
+                  .mapInPandas(parse, PARSED_SCHEMA))
     processor = MasterWatchProcessor(cfg.proposal_retries, cfg.retry_factor, cfg.disconnect_grace_ms)
     out = parsed.groupBy("bucket").transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Update", "ProcessingTime")
     return (out.writeStream.queryName(cfg.app_name).outputMode("update")

@@ -77,6 +77,36 @@ def parse_row(topic: str, partition: int, offset: int, value: str | None, kafka_
         return DLQ_GROUP, DEAD_LETTER, _dump(dead_letter(str(exc), topic, partition, offset, value))
 
 
+def parse_records(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str, buckets: int = DEFAULT_BUCKETS,
+                  chunk: int = 8192) -> Iterator[Any]:
+    """Raw records `(topic, partition, offset, value, kafka_ts_ms)` → Arrow record batches of PARSED_SCHEMA.
+
+    The Python Kafka source parses in its reader with this (`kafka_source`, option `parse`): the
+    query then has no `mapInPandas` stage, and rows reach the JVM as Arrow columns instead of
+    pickled tuples. Each crossing between the JVM and a Python worker costs per row, and this
+    removes two of them.
+    """
+    import pyarrow as pa
+
+    cols: list[list] = [[] for _ in PARSED_COLUMNS]
+
+    def batch():
+        arrays = [pa.array(cols[0], pa.string()), pa.array(cols[1], pa.string()), pa.array(cols[2], pa.string()),
+                  pa.array(cols[3], pa.string()), pa.array(cols[4], pa.int32()), pa.array(cols[5], pa.int64()),
+                  pa.array(cols[6], pa.string())]
+        return pa.RecordBatch.from_arrays(arrays, names=PARSED_COLUMNS)
+
+    for topic, part, off, value, ts_ms in raw:
+        group, kind, payload = parse_row(topic, part, off, value, ts_ms, heartbeats_topic, events_topic)
+        for col, v in zip(cols, (bucket_of(group, buckets), group, kind, topic, part, off, payload)):
+            col.append(v)
+        if len(cols[0]) >= chunk:
+            yield batch()
+            cols = [[] for _ in PARSED_COLUMNS]
+    if cols[0]:
+        yield batch()
+
+
 def parse_frames(frames: Iterator[Any], heartbeats_topic: str, events_topic: str,
                  buckets: int = DEFAULT_BUCKETS) -> Iterator[Any]:
     """`mapInPandas` body: frames with topic, partition, offset, value, kafka_ts → PARSED_SCHEMA frames."""

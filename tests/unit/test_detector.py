@@ -295,3 +295,23 @@ def test_broker_live_info_wire_form_has_every_field():
 
     b = BrokerLiveInfo(1, "a:1", 2, 3, 4, 5, 6, 7)
     assert b.to_wire() == asdict(b) and BrokerLiveInfo.from_wire(b.to_wire()) == b
+
+
+def test_parse_records_in_the_source_equals_the_map_in_pandas_stage():
+    """The Python source parses in its reader (Arrow batches); the result must equal the mapInPandas stage's."""
+    import pandas as pd
+
+    from electra.streaming.parsing import PARSED_COLUMNS, parse_frames, parse_records
+
+    raw = [("electra.heartbeats", 1, 5, json.dumps(hb(1, T0)), T0 + 1),
+           ("electra.heartbeats", 1, 6, json.dumps({k: v for k, v in hb(2, T0).items() if k != "ts"}), T0 + 2),
+           ("electra.heartbeats", 2, 7, json.dumps(dc(1, T0 + 5)), T0 + 5),
+           ("electra.events", 0, 3, json.dumps(ev(9, 1, 1)), T0),
+           ("electra.heartbeats", 0, 8, "{not json", T0), ("electra.heartbeats", 0, 9, None, None)]
+    frame = pd.DataFrame(raw, columns=["topic", "partition", "offset", "value", "kafka_ts"])
+    expected = pd.concat(list(parse_frames(iter([frame]), "electra.heartbeats", "electra.events", 8)))
+    batches = list(parse_records(iter(raw), "electra.heartbeats", "electra.events", 8, chunk=4))
+    assert [b.num_rows for b in batches] == [4, 2]
+    got = pd.concat([b.to_pandas() for b in batches], ignore_index=True)
+    assert got[PARSED_COLUMNS].values.tolist() == expected.reset_index(drop=True)[PARSED_COLUMNS].values.tolist()
+    assert str(batches[0].schema.field("partition").type) == "int32"
