@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill", type=int, default=10)
     ap.add_argument("--trigger-ms", type=int, default=1000)
     ap.add_argument("--shuffle-partitions", type=int, default=4)
-    ap.add_argument("--buckets", type=int, default=64,
+    ap.add_argument("--buckets", type=int, default=8,
                     help="operator keys; a value >= --sets is one key per set (the layout before buckets)")
     ap.add_argument("--warmup-s", type=float, default=10.0)
     ap.add_argument("--out", default=None, help="directory for the job log and checkpoint (default: a temp dir)")

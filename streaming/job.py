@@ -28,12 +28,39 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from electra.streaming import records
 
 log = logging.getLogger("electra.streaming.job")
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+BUCKETS_FILE = "electra-buckets"   # in the checkpoint directory: the bucket count its state was made with
+LEGACY_BUCKETS = 64                # checkpoints written before that file existed used 64
+
+
+def pinned_buckets(checkpoint: str, requested: int) -> int:
+    """The bucket count to run with: the one the checkpoint's state was made with, else `requested`.
+
+    Sets are hashed into buckets, so another count would look for every set's state under
+    another key (masters, proposed epochs and disconnects would be forgotten). A new local
+    checkpoint records `requested`; a remote one (a Hadoop URI) runs with `requested` as given.
+    """
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        return requested
+    path = Path(checkpoint.removeprefix("file://"))
+    pin = path / BUCKETS_FILE
+    if pin.exists():
+        pinned = int(pin.read_text().strip())
+    elif (path / "offsets").exists():
+        pinned = LEGACY_BUCKETS
+    else:
+        pinned = requested
+    if pinned != requested:
+        log.warning("--buckets %d ignored: checkpoint %s holds state in %d buckets", requested, checkpoint, pinned)
+    path.mkdir(parents=True, exist_ok=True)
+    pin.write_text(f"{pinned}\n")
+    return pinned
 
 
 @dataclass
@@ -45,7 +72,7 @@ class JobConfig:
     spark_master: str | None = None     # None: spark-submit's master, or local[2] when run with plain python
     topic_prefix: str = ""
     shuffle_partitions: int = 4
-    buckets: int = 64                    # operator keys (sets are hashed into them); fixed per checkpoint
+    buckets: int = 8                     # operator keys (sets are hashed into them); pinned per checkpoint
     source: str = "auto"                 # auto | kafka | python
     hwm_fix: bool = True
     starting_offsets: str = "earliest"
@@ -210,7 +237,7 @@ def build_query(spark, cfg: JobConfig, sink: BatchSink):
     from electra.streaming.processor import OUTPUT_SCHEMA, MasterWatchProcessor
 
     t = cfg.topics
-    hb_topic, ev_topic, buckets = t.heartbeats, t.events, cfg.buckets
+    hb_topic, ev_topic, buckets = t.heartbeats, t.events, pinned_buckets(cfg.checkpoint, cfg.buckets)
     raw, used = load_kafka_stream(spark, cfg.bootstrap, [t.heartbeats, t.events], cfg.source, cfg.hwm_fix,
                                   cfg.starting_offsets, parse=(hb_topic, ev_topic, buckets))
     log.info("Kafka source: %s (%s, %s) on %s", used, t.heartbeats, t.events, cfg.bootstrap)
@@ -295,8 +322,9 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     ap.add_argument("--spark-master", default=None, help="default: spark-submit's master, else local[2]")
     ap.add_argument("--topic-prefix", default="")
     ap.add_argument("--shuffle-partitions", type=int, default=4)
-    ap.add_argument("--buckets", type=int, default=64,
-                    help="stateful operator keys; broker sets are hashed into them (fixed once a checkpoint exists)")
+    ap.add_argument("--buckets", type=int, default=8,
+                    help="stateful operator keys; broker sets are hashed into them (pinned once a checkpoint exists: "
+                         "every key costs state round trips to the JVM per batch, so few is fast)")
     ap.add_argument("--source", choices=("auto", "kafka", "python"), default="auto")
     ap.add_argument("--no-hwm-fix", action="store_true", help="real Kafka: trust ListOffsets (tansu needs the fix)")
     ap.add_argument("--starting-offsets", choices=("earliest", "latest"), default="earliest")
