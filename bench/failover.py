@@ -120,9 +120,12 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
         out["sustained"] = hb_rate >= 0.95 * 3 * groups and times_ok
         return out
     finally:
-        await fleet.stop()
-        await client.close()
-        stack.stop_all()
+        try:
+            async with asyncio.timeout(60):
+                await fleet.stop()
+                await client.close()
+        finally:
+            stack.stop_all()
 
 
 async def _failovers(fleet, client, mode: str, victims: list[str], args) -> list[float]:

@@ -58,8 +58,8 @@ class BrokerSession:
     async def open(self, epoch: int, max_offset: int, confirm_offset: int) -> int:
         """Connect and open the session with a heartbeat; returns the HTTP status (200: open)."""
         try:
-            self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(*self._addr),
-                                                                self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                self._reader, self._writer = await asyncio.open_connection(*self._addr)
         except (OSError, TimeoutError) as exc:
             raise SessionError(f"cannot connect to {self.endpoint}: {exc!r}") from None
         status = await self._request(self._open_head, self._body(epoch, max_offset, confirm_offset))
@@ -98,8 +98,9 @@ class BrokerSession:
 
     async def _read_response(self) -> int:
         reader = self._reader
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.timeout_s)
+        try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation (a fleet that never stops)
+            async with asyncio.timeout(self.timeout_s):
+                head = await reader.readuntil(b"\r\n\r\n")
             status = int(head[9:12])
             length = 0
             for line in head.split(b"\r\n")[1:]:
@@ -109,7 +110,8 @@ class BrokerSession:
                 elif name.strip().lower() == b"connection" and value.strip().lower() == b"close":
                     self.abort()
             if length:
-                await asyncio.wait_for(reader.readexactly(length), self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):
+                    await reader.readexactly(length)
             return status
         except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             self.abort()

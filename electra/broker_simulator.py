@@ -74,6 +74,7 @@ class BrokerFleet:
         for b in self.brokers:
             self.by_set.setdefault(b.name, []).append(b)
         self._tasks: list[asyncio.Task] = []
+        self._stopping = False
         self.stats = {"requests": 0, "errors": 0, "elections": 0, "role_changes": 0, "heartbeats": 0,
                       "sessions_opened": 0}
 
@@ -104,6 +105,7 @@ class BrokerFleet:
 
     async def stop(self) -> None:
         """A clean shutdown of every broker: sessions say goodbye."""
+        self._stopping = True  # ends every broker's loop even if a cancellation were lost
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -240,7 +242,7 @@ class BrokerFleet:
         """Heartbeat every second, poll replica info every poll period, keep the sync-state set."""
         await asyncio.sleep(self.rng.uniform(0, self.heartbeat_s))
         next_poll = time.monotonic() + self.rng.uniform(0, self.poll_s)
-        while True:
+        while not self._stopping:
             if b.alive and not b.hung:
                 if b.role == "master":
                     b.max_offset += self.rng.randrange(1000, 5000)
