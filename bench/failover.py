@@ -176,14 +176,18 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ingest-workers", type=int, default=1, help="ingest worker processes per node")
     p.add_argument("--measure", type=float, default=15.0, help="seconds of heartbeat counting")
     p.add_argument("--settle", type=float, default=180.0, help="max seconds to wait for full sync-state sets")
+    p.add_argument("--out", default=None, help="keep each size's logs under this directory (default: a temp dir)")
     args = p.parse_args(argv)
     sizes = [int(g) for g in args.groups.split(",") if g.strip()]
     print(f"bench failover: sizes {sizes}, {args.crash} crashed and {args.hang} hung masters per size, heartbeat "
           f"timeout {args.timeout_ms} ms, trigger {args.trigger_ms} ms", flush=True)
     results = []
     for g in sizes:
-        with tempfile.TemporaryDirectory(prefix=f"bench-failover-{g}-") as tmp:
-            r = asyncio.run(_run_size(g, args, Path(tmp)))
+        if args.out:
+            r = asyncio.run(_run_size(g, args, Path(args.out) / f"groups-{g}"))
+        else:
+            with tempfile.TemporaryDirectory(prefix=f"bench-failover-{g}-") as tmp:
+                r = asyncio.run(_run_size(g, args, Path(tmp)))
         results.append(r)
         print(f"  G={g}: {'sustained' if r['sustained'] else 'NOT sustained'}; median Spark batch "
               f"{r['batch_ms']:.0f} ms", flush=True)
