@@ -3,8 +3,8 @@ processes with their ingest processes, the Spark job in local mode, simulated br
 connections to the ingest workers (docs/failover-signal.md).
 
 One scenario (Spark's start-up dominates, so it is paid once), with a 10 s heartbeat timeout:
-1. every ingest process is restarted in turn (SIGTERM: its sessions close without a word): brokers
-   reconnect and no master is failed over, even after a full timeout;
+1. every ingest process is restarted in turn (SIGTERM: its sessions close without a word), then the
+   controller leader: brokers reconnect and no master is failed over, even after a full timeout;
 2. a crashed master (its session connection reset, no goodbye) is replaced well before its timeout;
 3. a hung master (connection open, no heartbeats) is replaced only after its timeout;
 4. a healthy master is never failed over during the whole run.
@@ -98,6 +98,9 @@ async def scenario(stack: LocalStack) -> None:
             assert stack.stop(f"ingest{i}") == 0, stack.log_tail(f"ingest{i}")
             stack.start_ingest(i)
             await asyncio.sleep(1.5)
+        lid = await until(client.find_leader, "a controller leader", 30)
+        stack.stop(f"node{lid}")
+        stack.start_node(lid)
         await asyncio.sleep(TIMEOUT_MS / 1000 + 3)  # a full timeout plus batches: time for any false election
         assert fleet.stats["sessions_opened"] > opened  # the sessions really were cut and reopened
         assert set((await epochs()).values()) == {1}, "an ingest restart must not fail a master over"
