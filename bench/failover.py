@@ -130,8 +130,26 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
 
 async def _failovers(fleet, client, mode: str, victims: list[str], args) -> list[float]:
     """Crash or hang the masters of `victims`; seconds from the kill (crash) or the master's last accepted
-    heartbeat (hang) until replica info shows another master at a higher epoch, sorted."""
+    heartbeat (hang) until replica info shows another master at a higher epoch, sorted.
+
+    Replica info is polled from the first kill on, all pending sets at once: polling only after the
+    last kill, or one set after another, would add that wait to the measured times.
+    """
     started: dict[str, tuple[int, int, float]] = {}
+    done: dict[str, float] = {}
+
+    async def check(name: str, old: int, epoch: int, t0: float) -> None:
+        h = (await client.replica_info(name)).get("header") or {}
+        if (h.get("masterEpoch") or 0) > epoch and h.get("masterBrokerId") not in (None, old):
+            done[name] = time.time() - t0
+
+    async def poll() -> None:
+        deadline = time.monotonic() + len(victims) * args.every + args.timeout_ms / 1000 * 3 + 60
+        while (len(started) < len(victims) or len(done) < len(started)) and time.monotonic() < deadline:
+            await asyncio.gather(*(check(n, *v) for n, v in list(started.items()) if n not in done))
+            await asyncio.sleep(0.05)
+
+    poller = asyncio.create_task(poll())
     for name in victims:
         m = fleet.master_of(name)
         if mode == "crash":
@@ -141,17 +159,7 @@ async def _failovers(fleet, client, mode: str, victims: list[str], args) -> list
             fleet.hang(name, m.broker_id)
             started[name] = (m.broker_id, m.master_epoch, m.last_heartbeat_at)
         await asyncio.sleep(args.every)
-    done: dict[str, float] = {}
-    deadline = time.monotonic() + args.timeout_ms / 1000 * 3 + 60
-    async def check(name: str, old: int, epoch: int, t0: float) -> None:
-        h = (await client.replica_info(name)).get("header") or {}
-        if (h.get("masterEpoch") or 0) > epoch and h.get("masterBrokerId") not in (None, old):
-            done[name] = time.time() - t0
-
-    while len(done) < len(started) and time.monotonic() < deadline:
-        # All pending sets at once: a sequential sweep would add its own length to the measured times.
-        await asyncio.gather(*(check(n, *v) for n, v in started.items() if n not in done))
-        await asyncio.sleep(0.05)
+    await poller
     return sorted(done.values())
 
 
