@@ -152,6 +152,9 @@ async def _failovers(fleet, client, mode: str, victims: list[str], args) -> list
     poller = asyncio.create_task(poll())
     for name in victims:
         m = fleet.master_of(name)
+        if m is None:  # its master changed meanwhile: not a victim
+            victims = [v for v in victims if v != name]
+            continue
         if mode == "crash":
             fleet.kill(name, m.broker_id)
             started[name] = (m.broker_id, m.master_epoch, time.time())
