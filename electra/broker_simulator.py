@@ -181,7 +181,11 @@ class BrokerFleet:
                                                "brokerId": b.broker_id, "brokerAddr": b.addr,
                                                "heartbeatTimeoutMillis": self.timeout_ms,
                                                "electionPriority": b.priority})
-                status = await b.session.open(b.master_epoch, b.max_offset, b.max_offset)
+                session = b.session
+                status = await session.open(b.master_epoch, b.max_offset, b.max_offset)
+                if not b.alive:  # killed while it connected: that connection dies with it
+                    session.abort()
+                    return
                 self.stats["sessions_opened"] += status == 200
             else:
                 status = await b.session.heartbeat(b.master_epoch, b.max_offset, b.max_offset)
