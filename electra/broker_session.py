@@ -12,8 +12,8 @@ same connection, and:
   can tell.
 
 Requests are plain HTTP/1.1 bytes, most of them encoded once per session (the head and
-the heartbeat's constant fields); one request is in flight at a time, so the load
-generator's per-heartbeat work is a few bytes of formatting and a small read.
+the heartbeat's constant fields); one request is in flight at a time. Per heartbeat the
+cost is then asyncio's streams and task switches, not encoding (docs/failover-signal.md).
 """
 
 from __future__ import annotations
