@@ -243,9 +243,13 @@ class BrokerFleet:
                     self._adopt(peer, res["header"], res.get("body"))
 
     async def _run(self, b: SimBroker) -> None:
-        """Heartbeat every second, poll replica info every poll period, keep the sync-state set."""
+        """Heartbeat every second and, on its own schedule (as RocketMQ brokers do), poll replica info
+        every poll period and keep the sync-state set: a slow controller must not delay heartbeats
+        (coupled, a 1,000-set fleet's polls starved its own heartbeats and faked dead masters)."""
+        await asyncio.gather(self._beat(b), self._sync(b))
+
+    async def _beat(self, b: SimBroker) -> None:
         await asyncio.sleep(self.rng.uniform(0, self.heartbeat_s))
-        next_poll = time.monotonic() + self.rng.uniform(0, self.poll_s)
         while not self._stopping:
             if b.alive and not b.hung:
                 if b.role == "master":
@@ -255,6 +259,13 @@ class BrokerFleet:
                     if m is not None:
                         b.max_offset = m.max_offset
                 await self._heartbeat(b)
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def _sync(self, b: SimBroker) -> None:
+        next_poll = time.monotonic() + self.rng.uniform(0, self.poll_s)
+        await asyncio.sleep(self.rng.uniform(0, self.heartbeat_s))
+        while not self._stopping:
+            if b.alive and not b.hung:
                 if time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + self.poll_s
                     res = await self._call(self.client.replica_info(b.name))
