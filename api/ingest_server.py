@@ -7,6 +7,10 @@ each request as soon as its body is complete (the work is synchronous: validatio
 non-blocking `producer.send`), so pipelined requests are answered in order, and keeps
 connections alive unless the client asks otherwise. Each worker process binds its own
 socket with SO_REUSEPORT; the kernel spreads connections over them.
+
+A broker may open a session on its connection (`POST /v1/session`, `POST /v1/session/goodbye`;
+`sessions.py`): when that connection ends without a goodbye, the worker publishes a
+`disconnected` record, the signal of fast crash failover.
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ from electra.streaming import records
 
 from .http_limits import BUSY_REPLY, DEFAULT_LIMITS, TIMEOUT_REPLY, HTTPLimits, RequestDeadline, head_too_large
 from .ingest import HeartbeatProducer, handle_heartbeat
+from .sessions import SessionRegistry
 
 log = logging.getLogger("electra.api.ingest")
 
 MAX_BODY = 64 << 10
 _REASONS = {200: b"OK", 401: b"Unauthorized", 403: b"Forbidden",
-            404: b"Not Found", 405: b"Method Not Allowed", 413: b"Payload Too Large",
+            404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict", 413: b"Payload Too Large",
             422: b"Unprocessable Entity", 400: b"Bad Request", 503: b"Service Unavailable"}
 
 
@@ -53,8 +58,10 @@ class IngestProtocol(asyncio.Protocol):
     """One client connection: parse requests, answer each when its body is complete."""
 
     def __init__(self, producer: HeartbeatProducer, limits: HTTPLimits = DEFAULT_LIMITS,
-                 open_connections: set | None = None, tokens: TokenStore | None = None) -> None:
+                 open_connections: set | None = None, tokens: TokenStore | None = None,
+                 sessions: SessionRegistry | None = None) -> None:
         self.producer = producer
+        self.sessions = sessions if sessions is not None else SessionRegistry(producer)
         self.tokens = tokens  # None: insecure mode, nobody is asked for a credential
         self.authorization: str | None = None
         # Containment (api/http_limits.py): connection cap, request deadline, idle timeout, head size.
@@ -84,6 +91,7 @@ class IngestProtocol(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.open.discard(self)
         self.deadline.cancel()
+        self.sessions.lost(self, int(time.time() * 1000))  # a broker session ended (api/sessions.py)
 
     def data_received(self, data: bytes) -> None:
         if self.in_head:
@@ -150,6 +158,16 @@ class IngestProtocol(asyncio.Protocol):
             else:
                 status, body = handle_heartbeat(self.producer, b"".join(self.body), int(time.time() * 1000))
                 self._reply(status, body, close=not keep, retry_after=status == 503)
+        elif path in (b"/v1/session", b"/v1/session/goodbye"):
+            if method != b"POST":
+                self._reply(405, b'{"detail":"use POST"}', close=not keep)
+            elif self.too_large:
+                self._reply(413, b'{"code":2005,"remark":"session request too large"}', close=True)
+            else:
+                now = int(time.time() * 1000)
+                status, body = (self.sessions.open(self, b"".join(self.body), now) if path == b"/v1/session"
+                                else self.sessions.goodbye(self, now))
+                self._reply(status, body, close=not keep, retry_after=status == 503)
         elif path == b"/healthz":
             ok = self.producer.healthy
             body = json.dumps({"ok": ok, "kafka": self.producer.bootstrap, "pid": os.getpid()}).encode()
@@ -157,6 +175,8 @@ class IngestProtocol(asyncio.Protocol):
         elif path == b"/metrics":
             lines = [f'electra_ingest_heartbeats{{result="{k}"}} {v}' for k, v in self.producer.stats.items()]
             lines.append(f"electra_ingest_kafka_healthy {int(self.producer.healthy)}")
+            lines += [f'electra_ingest_sessions_total{{event="{k}"}} {v}' for k, v in self.sessions.stats.items()]
+            lines.append(f"electra_ingest_sessions_open {len(self.sessions)}")
             self._reply(200, ("\n".join(lines) + "\n").encode(), content_type=b"text/plain; version=0.0.4",
                         close=not keep)
         else:
@@ -203,17 +223,26 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         tls.load_cert_chain(*tls_files)
     producer = HeartbeatProducer(bootstrap, topic).start()
+    sessions = SessionRegistry(producer)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         connections: set = set()
-        server = await loop.create_server(lambda: IngestProtocol(producer, DEFAULT_LIMITS, connections, tokens),
-                                          sock=_listen(host, port), ssl=tls)
+        server = await loop.create_server(
+            lambda: IngestProtocol(producer, DEFAULT_LIMITS, connections, tokens, sessions),
+            sock=_listen(host, port), ssl=tls)
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         server.close()
+        for conn in sessions.stop():  # a stopping worker says nothing about the brokers it disconnects
+            if conn.transport is not None:
+                conn.transport.close()
+        for _ in range(40):  # let connection_lost run for them before the loop ends (bounded: 2 s)
+            if not len(sessions):
+                break
+            await asyncio.sleep(0.05)
         await server.wait_closed()
 
     try:

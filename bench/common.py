@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
 import socket
 import subprocess
@@ -118,3 +119,35 @@ def start_controller_processes(data_dir: Path, extra_args: tuple[str, ...] = (),
                                *extra_args],
                               stdout=subprocess.DEVNULL) for i in ids]
     return procs, endpoints
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 0
+
+
+def process_tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system, the tree's own and its reaped children's) of `root` and its descendants.
+
+    From the kernel's accounting in /proc/<pid>/stat, so a JVM's threads and short-lived
+    Python workers are all counted; a difference of two readings is the tree's CPU in between.
+    """
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            f = _stat_fields(int(entry.name))
+            if f is not None:
+                children.setdefault(int(f[1]), []).append(int(entry.name))
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        f = _stat_fields(pid)
+        if f is None:
+            continue
+        total += sum(int(x) for x in f[11:15])  # utime, stime, cutime, cstime
+        todo += children.get(pid, [])
+    return total / tick

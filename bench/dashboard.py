@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import result_line, start_controller_processes, stop_processes
+from .common import bench_credentials, result_line, start_controller_processes, stop_processes
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -27,20 +27,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
-async def _viewer(endpoint: str, received: list[int], i: int, stop: asyncio.Event) -> None:
+def _session(creds):
+    """An HTTP session with the observer's token and the cluster CA (the nodes are secure)."""
     import aiohttp
 
-    async with aiohttp.ClientSession() as s, s.get(f"http://{endpoint}/v1/dashboard/stream") as r:
+    return aiohttp.ClientSession(headers=creds.headers(),
+                                 connector=aiohttp.TCPConnector(ssl=creds.ssl_context() or False))
+
+
+async def _viewer(endpoint: str, received: list[int], i: int, stop: asyncio.Event, creds) -> None:
+    async with _session(creds) as s, s.get(f"{creds.scheme}://{endpoint}/v1/dashboard/stream") as r:
         async for chunk in r.content.iter_any():
             received[i] += len(chunk)
             if stop.is_set():
                 return
 
 
-async def _measure(endpoint: str, pids: dict[str, int], viewers: int, window: float) -> dict:
+async def _measure(endpoint: str, pids: dict[str, int], viewers: int, window: float, creds) -> dict:
     received = [0] * viewers
     stop = asyncio.Event()
-    tasks = [asyncio.create_task(_viewer(endpoint, received, i, stop)) for i in range(viewers)]
+    tasks = [asyncio.create_task(_viewer(endpoint, received, i, stop, creds)) for i in range(viewers)]
     await asyncio.sleep(3.0 if viewers else 1.0)  # connect, first frames
     start_bytes = list(received)
     cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
@@ -57,11 +63,12 @@ async def _measure(endpoint: str, pids: dict[str, int], viewers: int, window: fl
             "bytes_per_s_per_viewer": sum(per_viewer_bytes) / viewers if viewers else 0.0}
 
 
-async def _run(args: argparse.Namespace, endpoints: list[str], procs) -> dict:
+async def _run(args: argparse.Namespace, endpoints: list[str], procs, creds) -> dict:
     from electra.api.client import ControllerClient
     from electra.broker_simulator import BrokerFleet
 
-    client = ControllerClient(endpoints)
+    observer = creds.credentials("observer")
+    client = ControllerClient(endpoints, credentials=observer)
     try:
         deadline = time.monotonic() + 30
         while (leader := await client.find_leader()) is None:
@@ -70,7 +77,8 @@ async def _run(args: argparse.Namespace, endpoints: list[str], procs) -> dict:
     finally:
         await client.close()
     follower = next(i for i in range(1, len(endpoints) + 1) if i != leader)
-    fleet = BrokerFleet(endpoints, args.sets, 3, cluster="bench", poll_s=3600)
+    fleet = BrokerFleet(endpoints, args.sets, 3, cluster="bench", poll_s=3600,
+                        credentials=creds.credentials("broker"))
     t0 = time.monotonic()
     await fleet.start(progress=True)
     await fleet.stop()  # the brokers stop: only the dashboard works now
@@ -81,15 +89,13 @@ async def _run(args: argparse.Namespace, endpoints: list[str], procs) -> dict:
     await asyncio.sleep(5.0)  # let the registration's applies, snapshots and fsyncs settle
     out = {}
     for n in (0, 1, args.viewers, "0 again"):  # idle twice: the spread shows the machine's noise
-        out[n] = await _measure(ep, pids, 0 if n == "0 again" else n, args.window)
+        out[n] = await _measure(ep, pids, 0 if n == "0 again" else n, args.window, observer)
         print(f"  {n!s:>7} viewers: follower {out[n]['cpu_ms_per_s']['follower']:.1f} ms CPU/s, leader "
               f"{out[n]['cpu_ms_per_s']['leader']:.1f} ms CPU/s, {out[n]['bytes_per_s_per_viewer']:.0f} B/s per viewer",
               flush=True)
     import json
 
-    import aiohttp
-
-    async with aiohttp.ClientSession() as s, s.get(f"http://{ep}/v1/dashboard/frame") as r:
+    async with _session(observer) as s, s.get(f"{observer.scheme}://{ep}/v1/dashboard/frame") as r:
         frame = await r.json()
     print("  frame bytes by part: " + ", ".join(f"{k} {len(json.dumps(v, separators=(',', ':')))}"
                                              for k, v in frame.items()), flush=True)
@@ -105,7 +111,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="electra-bench-dashboard-") as tmp:
         procs, endpoints = start_controller_processes(tmp, ("--tick-ms", "100"))
         try:
-            out = asyncio.run(_run(args, endpoints, procs))
+            out = asyncio.run(_run(args, endpoints, procs, bench_credentials(tmp)))
         finally:
             stop_processes(procs)
     n = args.viewers

@@ -1,18 +1,27 @@
-"""`electra bench failover`: master failover through the whole heartbeat pipeline.
+"""`electra bench failover`: master failover through the whole heartbeat pipeline, crash and hang.
 
 For each G in `--groups` (a comma list, smallest first), one fresh local stack
 (embedded Kafka, 3 controller processes, an ingest process per node, the Spark job
 in local mode) and G simulated broker sets x 3 replicas heartbeating every second
-over HTTP. Once every set has a master and a full sync-state set, heartbeats are
-counted for `--measure` seconds (heartbeats accepted per second, against the
-3G/s offered), then `--kill` masters are killed, one every `--kill-every`
-seconds. Failover time = the moment the controllers' replica info shows a new
-master minus the killed master's last accepted heartbeat; the floor is the
-heartbeat timeout (`--timeout-ms`). A size is sustained when at least 95% of the
-offered heartbeats were accepted and every killed master was replaced.
+over their session connections. Once every set has a master and a full sync-state
+set, heartbeats and the job's CPU are measured for `--measure` seconds, then:
+
+* crash: `--crash` masters are killed (their session connections reset, as when a
+  process dies), one every `--every` seconds; failover time = new master committed
+  (replica info) minus the kill. The connection-loss signal makes this about a batch.
+* hang: `--hang` masters hang (connection kept, no heartbeats), one every `--every`
+  seconds; failover time = new master committed minus the master's last accepted
+  heartbeat. Its floor is the heartbeat timeout (`--timeout-ms`).
+
+false_failovers counts the other sets whose master epoch moved during the run (as the
+brokers learned it). job_cpu_us_per_hb is the Spark job's CPU (driver, JVM and Python
+workers: its whole process tree, from /proc) per heartbeat accepted by ingest in the
+measuring window. A size is sustained when at least 95% of the offered heartbeats were
+accepted and every crashed and hung master was replaced.
 
 The last line describes the largest sustained size:
-`RESULT groups=<n> hb_per_s=<n> timeout_s=<x> failover_p50_s=<x> failover_p99_s=<x>`.
+`RESULT groups=<n> timeout_s=<x> crash_failover_p50_s=<x> crash_failover_p99_s=<x> hang_failover_p50_s=<x>
+hang_failover_p99_s=<x> false_failovers=<n> job_cpu_us_per_hb=<x> batch_ms_p50=<n>` (one line).
 Everything (load generator included) shares this machine's cores.
 """
 
@@ -25,7 +34,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .common import free_ports, percentile, result_line
+from .common import free_ports, percentile, process_tree_cpu_s, result_line
 
 
 def _ingest_accepted(endpoints: list[str], creds) -> int:
@@ -79,46 +88,85 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
                 print(f"  G={groups}: only {full}/{groups} sets reached a sync-state set of 3", flush=True)
                 break
             await asyncio.sleep(1.0)
-        a0, m0 = _ingest_accepted(ingest, observer), time.monotonic()
+        job_pid = stack.procs["streaming"].pid
+        a0, c0, m0 = _ingest_accepted(ingest, observer), process_tree_cpu_s(job_pid), time.monotonic()
         await asyncio.sleep(args.measure)
-        hb_rate = (_ingest_accepted(ingest, observer) - a0) / (time.monotonic() - m0)
+        accepted, job_cpu = _ingest_accepted(ingest, observer) - a0, process_tree_cpu_s(job_pid) - c0
+        hb_rate = accepted / (time.monotonic() - m0)
         out["hb_per_s"] = hb_rate
         out["offered_hb_per_s"] = 3 * groups
         print(f"  G={groups}: {hb_rate:,.0f} heartbeats/s accepted of {3 * groups:,} offered", flush=True)
-        victims = [n for n in names if fleet.master_of(n) is not None
-                   and len(fleet.master_of(n).sync_state_set) == 3][: args.kill]
-        killed: dict[str, tuple[int, int, float]] = {}
-        for name in victims:
-            m = fleet.master_of(name)
-            fleet.kill(name, m.broker_id)
-            killed[name] = (m.broker_id, m.master_epoch, m.last_heartbeat_at)
-            await asyncio.sleep(args.kill_every)
-        failovers: dict[str, float] = {}
-        deadline = time.monotonic() + args.timeout_ms / 1000 * 3 + 60
-        while len(failovers) < len(killed) and time.monotonic() < deadline:
-            for name, (old, epoch, last_hb) in killed.items():
-                if name in failovers:
-                    continue
-                r = await client.replica_info(name)
-                h = r.get("header") or {}
-                if (h.get("masterEpoch") or 0) > epoch and h.get("masterBrokerId") not in (None, old):
-                    failovers[name] = time.time() - last_hb
-            await asyncio.sleep(0.05)
-        times = sorted(failovers.values())
-        out["replaced"], out["killed"] = len(times), len(killed)
-        out["failover_p50_s"] = percentile(times, 0.5) if times else float("nan")
-        out["failover_p99_s"] = percentile(times, 0.99) if times else float("nan")
-        out["failover_max_s"] = times[-1] if times else float("nan")
-        print(f"  G={groups}: {len(times)}/{len(killed)} masters replaced; failover p50 {out['failover_p50_s']:.2f}s "
-              f"p99 {out['failover_p99_s']:.2f}s max {out['failover_max_s']:.2f}s "
-              f"(timeout {args.timeout_ms / 1000:.1f}s)", flush=True)
+        out["job_cpu_us_per_hb"] = round(job_cpu / max(1.0, accepted) * 1e6, 1)
+        print(f"  G={groups}: Spark job CPU {job_cpu:.1f}s for {accepted:,.0f} heartbeats: "
+              f"{out['job_cpu_us_per_hb']} us per heartbeat", flush=True)
+        epochs0 = {n: max(b.master_epoch for b in fleet.by_set[n]) for n in names}
+        eligible = [n for n in names if fleet.master_of(n) is not None
+                    and len(fleet.master_of(n).sync_state_set) == 3]
+        crash, hang = eligible[: args.crash], eligible[args.crash: args.crash + args.hang]
+        for mode, victims in (("crash", crash), ("hang", hang)):
+            times = await _failovers(fleet, client, mode, victims, args)
+            out[f"{mode}_n"], out[f"{mode}_replaced"] = len(victims), len(times)
+            out[f"{mode}_p50_s"] = percentile(times, 0.5)
+            out[f"{mode}_p99_s"] = percentile(times, 0.99)
+            print(f"  G={groups}: {mode}: {len(times)}/{len(victims)} masters replaced; failover p50 "
+                  f"{out[f'{mode}_p50_s']:.2f}s p99 {out[f'{mode}_p99_s']:.2f}s max "
+                  f"{times[-1] if times else float('nan'):.2f}s (timeout {args.timeout_ms / 1000:.1f}s)", flush=True)
+        await asyncio.sleep(fleet.poll_s + 2)  # brokers learn every epoch by polling replica info
+        touched = set(crash) | set(hang)
+        moved = [n for n in names if n not in touched
+                 and max(b.master_epoch for b in fleet.by_set[n]) != epochs0[n]]
+        out["false_failovers"] = len(moved)
+        if moved:
+            print(f"  G={groups}: FALSE failovers: {moved[:10]}", flush=True)
+        times_ok = out["crash_replaced"] == len(crash) > 0 and out["hang_replaced"] == len(hang)
         out["batch_ms"] = _batch_ms(stack.logs / "streaming.log")
-        out["sustained"] = hb_rate >= 0.95 * 3 * groups and len(times) == len(killed) > 0
+        out["sustained"] = hb_rate >= 0.95 * 3 * groups and times_ok
         return out
     finally:
-        await fleet.stop()
-        await client.close()
-        stack.stop_all()
+        try:
+            async with asyncio.timeout(60):
+                await fleet.stop()
+                await client.close()
+        finally:
+            stack.stop_all()
+
+
+async def _failovers(fleet, client, mode: str, victims: list[str], args) -> list[float]:
+    """Crash or hang the masters of `victims`; seconds from the kill (crash) or the master's last accepted
+    heartbeat (hang) until replica info shows another master at a higher epoch, sorted.
+
+    Replica info is polled from the first kill on, all pending sets at once: polling only after the
+    last kill, or one set after another, would add that wait to the measured times.
+    """
+    started: dict[str, tuple[int, int, float]] = {}
+    done: dict[str, float] = {}
+
+    async def check(name: str, old: int, epoch: int, t0: float) -> None:
+        h = (await client.replica_info(name)).get("header") or {}
+        if (h.get("masterEpoch") or 0) > epoch and h.get("masterBrokerId") not in (None, old):
+            done[name] = time.time() - t0
+
+    async def poll() -> None:
+        deadline = time.monotonic() + len(victims) * args.every + args.timeout_ms / 1000 * 3 + 60
+        while (len(started) < len(victims) or len(done) < len(started)) and time.monotonic() < deadline:
+            await asyncio.gather(*(check(n, *v) for n, v in list(started.items()) if n not in done))
+            await asyncio.sleep(0.05)
+
+    poller = asyncio.create_task(poll())
+    for name in victims:
+        m = fleet.master_of(name)
+        if m is None:  # its master changed meanwhile: not a victim
+            victims = [v for v in victims if v != name]
+            continue
+        if mode == "crash":
+            fleet.kill(name, m.broker_id)
+            started[name] = (m.broker_id, m.master_epoch, time.time())
+        else:
+            fleet.hang(name, m.broker_id)
+            started[name] = (m.broker_id, m.master_epoch, m.last_heartbeat_at)
+        await asyncio.sleep(args.every)
+    await poller
+    return sorted(done.values())
 
 
 def _batch_ms(log: Path) -> float:
@@ -135,35 +183,45 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="electra bench failover", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--groups", default="100,300,1000", help="broker set counts to try, smallest first")
-    p.add_argument("--kill", type=int, default=10, help="masters killed per size")
-    p.add_argument("--kill-every", type=float, default=1.0)
+    p.add_argument("--crash", type=int, default=20, help="masters crashed per size (session reset)")
+    p.add_argument("--hang", type=int, default=20, help="masters hung per size (no heartbeats, connection kept)")
+    p.add_argument("--every", type=float, default=0.5, help="seconds between two crashes or hangs")
     p.add_argument("--timeout-ms", type=int, default=3000, help="the brokers' heartbeatTimeoutMillis")
     p.add_argument("--trigger-ms", type=int, default=1000, help="the Spark job's trigger interval")
     p.add_argument("--ingest-workers", type=int, default=1, help="ingest worker processes per node")
     p.add_argument("--measure", type=float, default=15.0, help="seconds of heartbeat counting")
     p.add_argument("--settle", type=float, default=180.0, help="max seconds to wait for full sync-state sets")
+    p.add_argument("--out", default=None, help="keep each size's logs under this directory (default: a temp dir)")
     args = p.parse_args(argv)
     sizes = [int(g) for g in args.groups.split(",") if g.strip()]
-    print(f"bench failover: sizes {sizes}, {args.kill} masters killed per size, heartbeat timeout "
-          f"{args.timeout_ms} ms, trigger {args.trigger_ms} ms", flush=True)
+    print(f"bench failover: sizes {sizes}, {args.crash} crashed and {args.hang} hung masters per size, heartbeat "
+          f"timeout {args.timeout_ms} ms, trigger {args.trigger_ms} ms", flush=True)
     results = []
     for g in sizes:
-        with tempfile.TemporaryDirectory(prefix=f"bench-failover-{g}-") as tmp:
-            r = asyncio.run(_run_size(g, args, Path(tmp)))
+        if args.out:
+            r = asyncio.run(_run_size(g, args, Path(args.out) / f"groups-{g}"))
+        else:
+            with tempfile.TemporaryDirectory(prefix=f"bench-failover-{g}-") as tmp:
+                r = asyncio.run(_run_size(g, args, Path(tmp)))
         results.append(r)
         print(f"  G={g}: {'sustained' if r['sustained'] else 'NOT sustained'}; median Spark batch "
               f"{r['batch_ms']:.0f} ms", flush=True)
         if not r["sustained"]:
             break
-    print(f"{'groups':>7} {'offered/s':>10} {'accepted/s':>10} {'replaced':>9} {'p50_s':>6} {'p99_s':>6} "
-          f"{'batch_ms':>8}")
+    print(f"{'groups':>7} {'offered/s':>10} {'accepted/s':>10} {'crash':>9} {'p50_s':>6} {'p99_s':>6} {'hang':>9} "
+          f"{'p50_s':>6} {'p99_s':>6} {'false':>5} {'us/hb':>7} {'batch_ms':>8}")
     for r in results:
         print(f"{r['groups']:>7} {r['offered_hb_per_s']:>10,} {r['hb_per_s']:>10,.0f} "
-              f"{r['replaced']:>4}/{r['killed']:<4} {r['failover_p50_s']:>6.2f} {r['failover_p99_s']:>6.2f} "
-              f"{r['batch_ms']:>8.0f}")
+              f"{r['crash_replaced']:>4}/{r['crash_n']:<4} {r['crash_p50_s']:>6.2f} {r['crash_p99_s']:>6.2f} "
+              f"{r['hang_replaced']:>4}/{r['hang_n']:<4} {r['hang_p50_s']:>6.2f} {r['hang_p99_s']:>6.2f} "
+              f"{r['false_failovers']:>5} {r['job_cpu_us_per_hb']:>7.0f} {r['batch_ms']:>8.0f}")
     ok = [r for r in results if r["sustained"]]
     best = ok[-1] if ok else results[-1]
-    print(result_line(groups=best["groups"] if ok else 0, hb_per_s=round(best["hb_per_s"]),
-                      timeout_s=args.timeout_ms / 1000, failover_p50_s=round(best["failover_p50_s"], 2),
-                      failover_p99_s=round(best["failover_p99_s"], 2)))
+    print(result_line(groups=best["groups"] if ok else 0, timeout_s=args.timeout_ms / 1000,
+                      crash_failover_p50_s=round(best["crash_p50_s"], 2),
+                      crash_failover_p99_s=round(best["crash_p99_s"], 2),
+                      hang_failover_p50_s=round(best["hang_p50_s"], 2),
+                      hang_failover_p99_s=round(best["hang_p99_s"], 2),
+                      false_failovers=best["false_failovers"], job_cpu_us_per_hb=best["job_cpu_us_per_hb"],
+                      batch_ms_p50=round(best["batch_ms"]) if best["batch_ms"] == best["batch_ms"] else -1))
     return 0

@@ -7,8 +7,15 @@ of the Kafka pipeline) with its epoch, max offset,
 confirm offset and priority, registers, asks for an election when there is no
 master, and polls replica info to learn role changes. A master grows its
 offset, and adds replicas that caught up to its sync-state set; replicas follow
-the master's offset. Brokers can be killed (they stop all traffic) and revived
-(they register again with their id).
+the master's offset.
+
+With ingest endpoints (the Kafka pipeline) each broker holds a session connection to
+one ingest worker and heartbeats over it (`broker_session.py`), so brokers fail the
+way processes do: `kill` is a crash (the connection is reset, no goodbye: the
+controller side learns at once), `hang` is a hung process (the connection stays, no
+more heartbeats or requests: only the heartbeat timeout tells), `revive` brings
+either back (it reconnects and registers again with its id), and stopping the fleet
+is a clean shutdown (every session says goodbye).
 """
 
 from __future__ import annotations
@@ -17,10 +24,12 @@ import asyncio
 import logging
 import random
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from electra.api.client import ControllerClient
+from electra.broker_session import BrokerSession, SessionError
 from electra.security.credentials import ClientCredentials
 from electra.state.codes import Code
 
@@ -35,6 +44,7 @@ class SimBroker:
     addr: str
     broker_id: int | None = None
     alive: bool = True
+    hung: bool = False  # a hung process: no traffic at all, but its connections stay open
     role: str = "unknown"  # "master" | "slave" | "unknown"
     master_id: int | None = None
     master_epoch: int = 0
@@ -44,6 +54,8 @@ class SimBroker:
     priority: int = 5
     errors: int = 0
     last_heartbeat_at: float = 0.0  # wall clock of the last heartbeat the controller side accepted
+    session: BrokerSession | None = None  # its session connection to an ingest worker (with the pipeline)
+    session_skip: int = 0                 # how many ingest endpoints past its home one it moved on to
 
 
 @dataclass(frozen=True)
@@ -59,7 +71,7 @@ class Failover:
     def describe(self) -> str:
         new = self.new_master if self.new_master is not None else "none elected (no eligible replica)"
         return (f"failover {self.name}: master {self.old_master} -> {new} "
-                f"(epoch {self.master_epoch}) {self.seconds:.1f} s after the kill")
+                f"(epoch {self.master_epoch}) {self.seconds:.1f} s after the kill or hang")
 
 
 class BrokerFleet:
@@ -71,8 +83,10 @@ class BrokerFleet:
         if groups < 1 or replicas < 1:
             raise ValueError("--groups and --replicas must be at least 1")
         # `credentials`: a broker credential scoped to the simulated sets (default: ELECTRA_TOKEN_FILE, ...)
+        self.credentials = credentials if credentials is not None else ClientCredentials.from_env()
         self.client = ControllerClient(endpoints, deadline_s=30, ingest_endpoints=ingest_endpoints,
-                                       credentials=credentials)
+                                       credentials=self.credentials)
+        self.ingest_endpoints = list(ingest_endpoints or [])
         self.heartbeat_s, self.poll_s, self.timeout_ms = heartbeat_s, poll_s, timeout_ms
         self.rng = random.Random(seed)
         self.brokers = [SimBroker(cluster, f"{cluster}-set-{g}", r, f"10.{g // 250}.{g % 250}.{r + 1}:10911")
@@ -85,7 +99,9 @@ class BrokerFleet:
         # master any replica learns of completes the failover, reported to `on_failover`.
         self._killed_masters: dict[str, tuple[int, int, float]] = {}
         self.on_failover: Callable[[Failover], None] | None = None
-        self.stats = {"requests": 0, "errors": 0, "elections": 0, "role_changes": 0, "heartbeats": 0}
+        self._stopping = False
+        self.stats = {"requests": 0, "errors": 0, "elections": 0, "role_changes": 0, "heartbeats": 0,
+                      "sessions_opened": 0}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, progress: bool = False) -> None:
@@ -113,16 +129,36 @@ class BrokerFleet:
             self._tasks.append(asyncio.create_task(self._run(b)))
 
     async def stop(self) -> None:
+        """A clean shutdown of every broker: sessions say goodbye."""
+        self._stopping = True  # ends every broker's loop even if a cancellation were lost
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        sessions = [b.session for b in self.brokers if b.session is not None and not b.hung]
+        for b in self.brokers:
+            if b.hung and b.session is not None:
+                b.session.abort()
+            b.session = None
+        await asyncio.gather(*(s.goodbye() for s in sessions), return_exceptions=True)
         await self.client.close()
 
     def kill(self, name: str, broker_id: int) -> SimBroker:
+        """Crash: all traffic stops and the session connection is reset (no goodbye)."""
         b = self._find(name, broker_id)
         if b.alive and b.role == "master":
             self._killed_masters[name] = (broker_id, b.master_epoch, time.monotonic())
         b.alive = False
+        if b.session is not None:
+            b.session.abort()
+            b.session = None
+        return b
+
+    def hang(self, name: str, broker_id: int) -> SimBroker:
+        """Hang: all traffic stops, but the connections stay open."""
+        b = self._find(name, broker_id)
+        if b.alive and not b.hung and b.role == "master":
+            self._killed_masters[name] = (broker_id, b.master_epoch, time.monotonic())
+        b.hung = True
         return b
 
     def watch_failover(self, name: str, every_s: float = 0.25, limit_s: float = 120.0) -> None:
@@ -154,12 +190,12 @@ class BrokerFleet:
 
     def revive(self, name: str, broker_id: int) -> SimBroker:
         b = self._find(name, broker_id)
-        b.alive = True
+        b.alive, b.hung = True, False
         b.role = "unknown"
         return b
 
     def master_of(self, name: str) -> SimBroker | None:
-        return next((b for b in self.by_set[name] if b.role == "master" and b.alive), None)
+        return next((b for b in self.by_set[name] if b.role == "master" and b.alive and not b.hung), None)
 
     def _find(self, name: str, broker_id: int) -> SimBroker:
         for b in self.by_set.get(name, ()):
@@ -178,6 +214,9 @@ class BrokerFleet:
         return res
 
     async def _heartbeat(self, b: SimBroker) -> None:
+        if self.ingest_endpoints:
+            await self._session_heartbeat(b)
+            return
         res = await self._call(self.client.heartbeat(b.cluster, b.name, b.broker_id, b.addr, epoch=b.master_epoch,
                                                      maxOffset=b.max_offset, confirmOffset=b.max_offset,
                                                      heartbeatTimeoutMillis=self.timeout_ms,
@@ -185,6 +224,39 @@ class BrokerFleet:
         if res.get("code") == 0:
             b.last_heartbeat_at = time.time()
             self.stats["heartbeats"] += 1
+
+    async def _session_heartbeat(self, b: SimBroker) -> None:
+        """Heartbeat over the broker's session, (re)opening it first: to the ingest endpoint its set's
+        name hashes to, moving on to the next one after a failure (as ControllerClient does)."""
+        self.stats["requests"] += 1
+        try:
+            if b.session is None or not b.session.is_open:
+                n = len(self.ingest_endpoints)
+                ep = self.ingest_endpoints[(zlib.crc32(b.name.encode()) + b.session_skip) % n]
+                b.session = BrokerSession(ep, {"clusterName": b.cluster, "brokerName": b.name,
+                                               "brokerId": b.broker_id, "brokerAddr": b.addr,
+                                               "heartbeatTimeoutMillis": self.timeout_ms,
+                                               "electionPriority": b.priority},
+                                          credentials=self.credentials)
+                session = b.session
+                status = await session.open(b.master_epoch, b.max_offset, b.max_offset)
+                if not b.alive:  # killed while it connected: that connection dies with it
+                    session.abort()
+                    return
+                self.stats["sessions_opened"] += status == 200
+            else:
+                status = await b.session.heartbeat(b.master_epoch, b.max_offset, b.max_offset)
+        except SessionError:
+            status = 0
+        if status == 200:
+            b.last_heartbeat_at = time.time()
+            self.stats["heartbeats"] += 1
+            return
+        self.stats["errors"] += 1
+        b.session_skip += 1
+        if b.session is not None:
+            b.session.abort()  # closed by a stopping worker, or 503: the next attempt reconnects elsewhere
+            b.session = None
 
     async def _join(self, b: SimBroker) -> None:
         while b.broker_id is None:
@@ -234,11 +306,15 @@ class BrokerFleet:
                     self._adopt(peer, res["header"], res.get("body"))
 
     async def _run(self, b: SimBroker) -> None:
-        """Heartbeat every second, poll replica info every poll period, keep the sync-state set."""
+        """Heartbeat every second and, on its own schedule (as RocketMQ brokers do), poll replica info
+        every poll period and keep the sync-state set: a slow controller must not delay heartbeats
+        (coupled, a 1,000-set fleet's polls starved its own heartbeats and faked dead masters)."""
+        await asyncio.gather(self._beat(b), self._sync(b))
+
+    async def _beat(self, b: SimBroker) -> None:
         await asyncio.sleep(self.rng.uniform(0, self.heartbeat_s))
-        next_poll = time.monotonic() + self.rng.uniform(0, self.poll_s)
-        while True:
-            if b.alive:
+        while not self._stopping:
+            if b.alive and not b.hung:
                 if b.role == "master":
                     b.max_offset += self.rng.randrange(1000, 5000)
                 elif b.role == "slave":
@@ -246,6 +322,13 @@ class BrokerFleet:
                     if m is not None:
                         b.max_offset = m.max_offset
                 await self._heartbeat(b)
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def _sync(self, b: SimBroker) -> None:
+        next_poll = time.monotonic() + self.rng.uniform(0, self.poll_s)
+        await asyncio.sleep(self.rng.uniform(0, self.heartbeat_s))
+        while not self._stopping:
+            if b.alive and not b.hung:
                 if time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + self.poll_s
                     res = await self._call(self.client.replica_info(b.name))
@@ -280,7 +363,8 @@ async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, dur
     t0 = time.monotonic()
     await fleet.start(progress=True)
     print(f"{groups} broker sets x {replicas} replicas registered in {time.monotonic() - t0:.1f}s; "
-          "commands: kill SET ID | revive SET ID | kill-master SET | status | quit", flush=True)
+          "commands: kill SET ID | hang SET ID | revive SET ID | kill-master SET | hang-master SET | status | quit",
+          flush=True)
     end = time.monotonic() + duration_s if duration_s else None
     try:
         if commands is None:
@@ -297,11 +381,19 @@ async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, dur
                     if parts[0] == "kill":
                         print(f"killed {fleet.kill(parts[1], int(parts[2])).addr}", flush=True)
                         fleet.watch_failover(parts[1])
+                    elif parts[0] == "hang":
+                        print(f"hung {fleet.hang(parts[1], int(parts[2])).addr}", flush=True)
+                        fleet.watch_failover(parts[1])
                     elif parts[0] == "revive":
                         print(f"revived {fleet.revive(parts[1], int(parts[2])).addr}", flush=True)
                     elif parts[0] == "kill-master":
                         m = fleet.master_of(parts[1])
                         print(f"killed master {m.broker_id} of {parts[1]}" if m and fleet.kill(parts[1], m.broker_id)
+                              else f"{parts[1]} has no live master", flush=True)
+                        fleet.watch_failover(parts[1])
+                    elif parts[0] == "hang-master":
+                        m = fleet.master_of(parts[1])
+                        print(f"hung master {m.broker_id} of {parts[1]}" if m and fleet.hang(parts[1], m.broker_id)
                               else f"{parts[1]} has no live master", flush=True)
                         fleet.watch_failover(parts[1])
                     elif parts[0] == "status":

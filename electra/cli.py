@@ -328,7 +328,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                                     "--groups", str(args.demo_groups), *([] if interactive else ["--no-stdin"])],
                         log_to_file=False, stdin=sys.stdin if interactive else None, role="broker")
             print(f"demo: {args.demo_groups} simulated broker sets x 3 replicas; type `kill-master SET` "
-                  "(e.g. kill-master sim-set-0) to watch a failover, `status`, `quit`", flush=True)
+                  "(e.g. kill-master sim-set-0) to watch a failover, `hang-master SET`, `status`, `quit`", flush=True)
         if stack.tier_uri:
             print(f"Delta tier: {stack.tier_uri} (`electra history --tier-uri {stack.tier_uri} --at <ISO time>`)")
         print("the stack is up; Ctrl-C stops it. `electra status` shows the controllers.", flush=True)
@@ -618,7 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
     verbs.add_parser("metadata", help="every node's controller metadata")
     ad.set_defaults(fn=cmd_admin)
 
-    sb = sub.add_parser("simulate-brokers", help="RocketMQ-5-like brokers over HTTP (kill/revive from stdin)")
+    sb = sub.add_parser("simulate-brokers", help="RocketMQ-5-like brokers over HTTP (kill/hang/revive from stdin)")
     sb.add_argument("--endpoints", default=os.environ.get("ELECTRA_ENDPOINTS", DEFAULT_ENDPOINTS))
     sb.add_argument("--groups", type=int, default=10)
     sb.add_argument("--replicas", type=int, default=3)

@@ -99,8 +99,8 @@ def rule_for(method: str, path: str) -> Rule:
 
     if path in ("/healthz", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"):
         return Rule(PUBLIC)
-    if path == "/v1/heartbeat":
-        return Rule(frozenset({"broker"}))  # the set is in the body
+    if path in ("/v1/heartbeat", "/v1/session", "/v1/session/goodbye"):
+        return Rule(frozenset({"broker"}))  # the set is in the body (a goodbye ends this connection's session)
     m = _SET_ROUTE.match(path)
     if m:
         name, verb = unquote(m.group(1)), m.group(2)

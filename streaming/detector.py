@@ -18,6 +18,14 @@ not proposed again, except for a bounded number of retries (one every
 `retry_factor` x timeout) while no event moved the set on; the controller fences
 duplicates by epoch (code 2000).
 
+A third input makes crash failover fast (docs/failover-signal.md): a `disconnected`
+record, published when a broker's session connection ends. A disconnected broker
+is inactive from that instant (plus `grace_ms` when the connection was lost rather
+than closed after a goodbye) until a heartbeat ingested after the disconnect says it
+is back: a disconnected master's deadline moves to that instant, and a disconnected
+replica is neither counted as alive nor put in a proposal's snapshot, so the
+controller elects only among replicas that are alive and connected.
+
 Every set that received heartbeats also yields one liveness record per batch.
 The Spark adapter (`streaming.processor`) stores a watch as one JSON value and
 calls `process()` / `on_timer()`; everything here is unit-testable.
@@ -30,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from electra.state.liveness import DEFAULT_TIMEOUT_MS, BrokerLiveInfo
+from electra.streaming import records
 
 PROPOSAL = "proposal"
 LIVENESS = "liveness"
@@ -68,18 +77,23 @@ class SetWatch:
     retries: int = 0                  # retries sent for proposed_epoch
     timer_ms: int | None = None       # when the adapter must call on_timer() next (None: no timer)
     armed_ms: int | None = None       # the adapter's registered timer (may be earlier than timer_ms)
+    # broker id -> (instant its session ended, instant from which it counts as inactive)
+    gone: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ serialization
     def to_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k != "brokers"}
+        d = {k: v for k, v in self.__dict__.items() if k not in ("brokers", "gone")}
         d["brokers"] = [b.to_wire() for b in self.brokers.values()]
+        if self.gone:  # absent when empty: states written before the connection signal read back unchanged
+            d["gone"] = [[bid, at, inactive] for bid, (at, inactive) in self.gone.items()]
         return d
 
     @staticmethod
     def from_dict(d: dict) -> SetWatch:
         d = dict(d)
         brokers = {b["broker_id"]: BrokerLiveInfo.from_wire(b) for b in d.pop("brokers", [])}
-        return SetWatch(brokers=brokers, **d)
+        gone = {bid: (at, inactive) for bid, at, inactive in d.pop("gone", [])}
+        return SetWatch(brokers=brokers, gone=gone, **d)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"))
@@ -106,8 +120,33 @@ class SetWatch:
             ts = max(ts, prev.last_update_ms)  # heartbeats via two ingest nodes may arrive out of order
         self.brokers[bid] = BrokerLiveInfo(bid, hb["brokerAddr"], ts, hb["heartbeatTimeoutMillis"], epoch,
                                            max_offset, confirm, hb["electionPriority"])
+        gone = self.gone.get(bid)
+        if gone is not None and ts > gone[0]:
+            del self.gone[bid]  # a heartbeat ingested after the disconnect: the broker is back
         if self.cluster is None:
             self.cluster = hb["clusterName"]
+
+    def apply_disconnected(self, dc: dict, grace_ms: int = 0) -> None:
+        """A validated `disconnected` record: the broker counts as inactive from its instant.
+
+        `grace_ms` applies only to a lost connection (a network blip may heal before it ends);
+        a broker that said goodbye is gone at once. Ignored when a heartbeat ingested after
+        the disconnect is already known (the broker reconnected) or the broker is unknown.
+        """
+        bid, at = dc["brokerId"], dc["ts"]
+        b = self.brokers.get(bid)
+        if b is None or b.last_update_ms > at:
+            return
+        prev = self.gone.get(bid)
+        if prev is not None and prev[0] >= at:
+            return
+        grace = 0 if dc.get("reason") == records.SHUTDOWN else max(0, grace_ms)
+        self.gone[bid] = (at, at + grace)
+
+    def alive(self, b: BrokerLiveInfo, now_ms: int) -> bool:
+        """Heartbeat within its timeout and not disconnected as of `now_ms`."""
+        gone = self.gone.get(b.broker_id)
+        return b.alive_at(now_ms) and (gone is None or now_ms < gone[1])
 
     def apply_event(self, ev: dict, now_ms: int) -> bool:
         """One events-topic record; False if it was a duplicate (index <= last applied index)."""
@@ -144,19 +183,30 @@ class SetWatch:
             return None
         mh = self.brokers.get(self.master_id)
         base = max(mh.last_update_ms if mh else 0, self.master_since_ms)
-        return base + self.master_timeout_ms()
+        deadline = base + self.master_timeout_ms()
+        gone = self.gone.get(self.master_id)
+        if gone is not None:
+            deadline = min(deadline, gone[1] - 1)  # inactive from the disconnect (+ grace) on
+        return deadline
 
     def live_others(self, now_ms: int) -> list[BrokerLiveInfo]:
-        return [b for b in self.brokers.values() if b.broker_id != self.master_id and b.alive_at(now_ms)]
+        return [b for b in self.brokers.values() if b.broker_id != self.master_id and self.alive(b, now_ms)]
 
-    def snapshot(self) -> list[dict]:
-        """The heartbeat snapshot of the set (BrokerLiveInfo wire dicts, by broker id)."""
-        return [self.brokers[i].to_wire() for i in sorted(self.brokers)][:MAX_SNAPSHOT]
+    def snapshot(self, now_ms: int | None = None) -> list[dict]:
+        """The heartbeat snapshot of the set (BrokerLiveInfo wire dicts, by broker id).
+
+        With `now_ms`, brokers disconnected as of then are left out: the controller judges
+        liveness from the snapshot alone, and a crashed broker's last heartbeat is recent.
+        """
+        ids = sorted(i for i in self.brokers
+                     if now_ms is None or i not in self.gone or now_ms < self.gone[i][1])
+        return [self.brokers[i].to_wire() for i in ids][:MAX_SNAPSHOT]
 
     def _forget_silent(self, now_ms: int) -> None:
         for bid, b in list(self.brokers.items()):
             if bid != self.master_id and b.last_update_ms + max(FORGET_FACTOR * b.timeout_ms, FORGET_MIN_MS) < now_ms:
                 del self.brokers[bid]
+                self.gone.pop(bid, None)
 
     def evaluate(self, now_ms: int, max_retries: int = 3, retry_factor: int = 2) -> list[Output]:
         """Check the master at `now_ms`; returns 0 or 1 proposal and sets `timer_ms`."""
@@ -191,7 +241,7 @@ class SetWatch:
     def proposal(self, now_ms: int) -> dict:
         mh = self.brokers.get(self.master_id) if self.master_id is not None else None
         return {"brokerName": self.name, "clusterName": self.cluster, "expectedMasterEpoch": self.master_epoch,
-                "live": self.snapshot(), "proposedAtMs": now_ms, "masterBrokerId": self.master_id,
+                "live": self.snapshot(now_ms), "proposedAtMs": now_ms, "masterBrokerId": self.master_id,
                 "masterLastHeartbeatMs": mh.last_update_ms if mh else None, "retry": self.retries}
 
     def liveness(self, now_ms: int) -> dict:
@@ -219,8 +269,10 @@ def judge_at(now_ms: int, horizon_ms: int | None) -> int | None:
 
 
 def process(watch: SetWatch | None, name: str, heartbeats: list[dict], events: list[dict], now_ms: int,
-            max_retries: int = 3, retry_factor: int = 2, judge_ms=_NOW) -> tuple[SetWatch, list[Output]]:
-    """Apply one batch of a set's records (events first, in index order; then heartbeats in order).
+            max_retries: int = 3, retry_factor: int = 2, judge_ms=_NOW, disconnects: list[dict] = (),
+            grace_ms: int = 0) -> tuple[SetWatch, list[Output]]:
+    """Apply one batch of a set's records (events first, in index order; then heartbeats in order;
+    then `disconnected` records, whose effect does not depend on their order with heartbeats).
 
     Liveness is judged at `judge_ms` (see `judge_at`; default `now_ms`; None: not judged
     now, the timer looks again after RECHECK_MS). Returns the new watch and its outputs: a
@@ -231,6 +283,8 @@ def process(watch: SetWatch | None, name: str, heartbeats: list[dict], events: l
         w.apply_event(ev, now_ms if judge_ms is _NOW or judge_ms is None else judge_ms)
     for hb in heartbeats:
         w.apply_heartbeat(hb, now_ms)
+    for dc in disconnects:
+        w.apply_disconnected(dc, grace_ms)
     if judge_ms is None:
         out: list[Output] = []
         w.timer_ms = now_ms + RECHECK_MS if w.master_id is not None else None

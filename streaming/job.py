@@ -3,7 +3,7 @@
     python -m electra.streaming.job --bootstrap HOST:PORT --controllers h:p,h:p,h:p --checkpoint DIR \
         [--trigger-ms 1000] [--spark-master local[2]] [--topic-prefix ''] [--shuffle-partitions 4] \
         [--source auto|kafka|python] [--no-hwm-fix] [--starting-offsets earliest|latest] \
-        [--proposal-retries 3] [--http-deadline-s 10] [--log-level INFO]
+        [--proposal-retries 3] [--http-deadline-s 10] [--disconnect-grace-ms 0] [--log-level INFO]
 
 Query: Kafka source (`kafka_source`) → parse + validate (`parsing`, mapInPandas; bad records
 become dead letters) → `groupBy(bucket).transformWithStateInPandas(MasterWatchProcessor)`
@@ -28,12 +28,39 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from electra.streaming import records
 
 log = logging.getLogger("electra.streaming.job")
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+BUCKETS_FILE = "electra-buckets"   # in the checkpoint directory: the bucket count its state was made with
+LEGACY_BUCKETS = 64                # checkpoints written before that file existed used 64
+
+
+def pinned_buckets(checkpoint: str, requested: int) -> int:
+    """The bucket count to run with: the one the checkpoint's state was made with, else `requested`.
+
+    Sets are hashed into buckets, so another count would look for every set's state under
+    another key (masters, proposed epochs and disconnects would be forgotten). A new local
+    checkpoint records `requested`; a remote one (a Hadoop URI) runs with `requested` as given.
+    """
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        return requested
+    path = Path(checkpoint.removeprefix("file://"))
+    pin = path / BUCKETS_FILE
+    if pin.exists():
+        pinned = int(pin.read_text().strip())
+    elif (path / "offsets").exists():
+        pinned = LEGACY_BUCKETS
+    else:
+        pinned = requested
+    if pinned != requested:
+        log.warning("--buckets %d ignored: checkpoint %s holds state in %d buckets", requested, checkpoint, pinned)
+    path.mkdir(parents=True, exist_ok=True)
+    pin.write_text(f"{pinned}\n")
+    return pinned
 
 
 @dataclass
@@ -45,12 +72,13 @@ class JobConfig:
     spark_master: str | None = None     # None: spark-submit's master, or local[2] when run with plain python
     topic_prefix: str = ""
     shuffle_partitions: int = 4
-    buckets: int = 64                    # operator keys (sets are hashed into them); fixed per checkpoint
+    buckets: int = 8                     # operator keys (sets are hashed into them); pinned per checkpoint
     source: str = "auto"                 # auto | kafka | python
     hwm_fix: bool = True
     starting_offsets: str = "earliest"
     proposal_retries: int = 3
     retry_factor: int = 2
+    disconnect_grace_ms: int = 0         # a lost session counts after this long (docs/failover-signal.md)
     http_deadline_s: float = 10.0
     app_name: str = "electra-streaming"
     extra_conf: dict[str, str] = field(default_factory=dict)
@@ -214,20 +242,21 @@ def build_query(spark, cfg: JobConfig, sink: BatchSink):
     from electra.streaming.processor import OUTPUT_SCHEMA, MasterWatchProcessor
 
     t = cfg.topics
+    hb_topic, ev_topic, buckets = t.heartbeats, t.events, pinned_buckets(cfg.checkpoint, cfg.buckets)
     raw, used = load_kafka_stream(spark, cfg.bootstrap, [t.heartbeats, t.events], cfg.source, cfg.hwm_fix,
-                                  cfg.starting_offsets)
+                                  cfg.starting_offsets, parse=(hb_topic, ev_topic, buckets))
     log.info("Kafka source: %s (%s, %s) on %s", used, t.heartbeats, t.events, cfg.bootstrap)
-    hb_topic, ev_topic = t.heartbeats, t.events
-
-    buckets = cfg.buckets
 
     def parse(frames):
         return parse_frames(frames, hb_topic, ev_topic, buckets)
 
-    parsed = (raw.selectExpr("topic", "partition", "offset", "value", "unix_millis(timestamp) AS kafka_ts")
-              .mapInPandas(parse, PARSED_SCHEMA))
-    out = parsed.groupBy("bucket").transformWithStateInPandas(
-        MasterWatchProcessor(cfg.proposal_retries, cfg.retry_factor), OUTPUT_SCHEMA, "Update", "ProcessingTime")
+    if used == "python+parse":  # the reader parsed already: no mapInPandas stage
+        parsed = raw
+    else:
+        parsed = (raw.selectExpr("topic", "partition", "offset", "value", "unix_millis(timestamp) AS kafka_ts")
+                  .mapInPandas(parse, PARSED_SCHEMA))
+    processor = MasterWatchProcessor(cfg.proposal_retries, cfg.retry_factor, cfg.disconnect_grace_ms)
+    out = parsed.groupBy("bucket").transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Update", "ProcessingTime")
     return (out.writeStream.queryName(cfg.app_name).outputMode("update")
             .option("checkpointLocation", cfg.checkpoint)
             .trigger(processingTime=f"{cfg.trigger_ms} milliseconds")
@@ -298,13 +327,17 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     ap.add_argument("--spark-master", default=None, help="default: spark-submit's master, else local[2]")
     ap.add_argument("--topic-prefix", default="")
     ap.add_argument("--shuffle-partitions", type=int, default=4)
-    ap.add_argument("--buckets", type=int, default=64,
-                    help="stateful operator keys; broker sets are hashed into them (fixed once a checkpoint exists)")
+    ap.add_argument("--buckets", type=int, default=8,
+                    help="stateful operator keys; broker sets are hashed into them (pinned once a checkpoint exists: "
+                         "every key costs state round trips to the JVM per batch, so few is fast)")
     ap.add_argument("--source", choices=("auto", "kafka", "python"), default="auto")
     ap.add_argument("--no-hwm-fix", action="store_true", help="real Kafka: trust ListOffsets (tansu needs the fix)")
     ap.add_argument("--starting-offsets", choices=("earliest", "latest"), default="earliest")
     ap.add_argument("--proposal-retries", type=int, default=3)
     ap.add_argument("--http-deadline-s", type=float, default=10.0)
+    ap.add_argument("--disconnect-grace-ms", type=int, default=0,
+                    help="a master whose session connection was lost counts as inactive this long after the loss "
+                         "(0: at once, RocketMQ's rule; a goodbye always counts at once)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark config")
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
@@ -317,7 +350,8 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
                      topic_prefix=a.topic_prefix, shuffle_partitions=a.shuffle_partitions, buckets=a.buckets,
                      source=a.source,
                      hwm_fix=not a.no_hwm_fix, starting_offsets=a.starting_offsets,
-                     proposal_retries=a.proposal_retries, http_deadline_s=a.http_deadline_s, extra_conf=extra)
+                     proposal_retries=a.proposal_retries, http_deadline_s=a.http_deadline_s,
+                     disconnect_grace_ms=max(0, a.disconnect_grace_ms), extra_conf=extra)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,8 +12,12 @@ Options of `spark.readStream.format("electra_kafka")`:
                      (tansu under-reports the high watermark); `false` on real Kafka
 * `startingOffsets`  `earliest` (default) or `latest`, for a query without a checkpoint
 * `readTimeoutMs`    how long one partition read may wait for missing records (default 30000)
+* `parse`            `true`: the reader parses and validates the records itself (`parsing.parse_records`)
+                     and yields Arrow batches of `parsing.PARSED_SCHEMA`; needs `heartbeatsTopic`,
+                     `eventsTopic` and `buckets`
 
-Rows: `topic string, partition int, offset long, key string, value string, timestamp timestamp`.
+Rows: `topic string, partition int, offset long, key string, value string, timestamp timestamp`
+(with `parse`: the parsed rows).
 
 A Kafka log that went backwards (tansu is memory-only: after a restart every topic
 is empty again and offsets restart at 0) is detected as end < start; the source
@@ -84,13 +88,37 @@ def plan_partitions(start: dict, end: dict, bootstrap: str, read_timeout_ms: int
     return parts
 
 
-def read_partition(part: KafkaPartition):
-    """Yield the rows of one offset range (runs on an executor)."""
-    from kafka import KafkaConsumer, TopicPartition
+# One consumer per bootstrap per Python worker process, kept across micro-batches: PySpark reuses its
+# workers, and a new KafkaConsumer per partition per batch paid a connection, a metadata round trip
+# and kafka-python's API version probe every time (each task of every batch).
+_READERS: dict[str, Any] = {}
 
-    consumer = KafkaConsumer(bootstrap_servers=part.bootstrap.split(","), enable_auto_commit=False,
-                             auto_offset_reset="earliest", client_id="electra-spark-reader",
-                             fetch_max_wait_ms=100, request_timeout_ms=10_000, **kafka_client_kwargs())
+
+def _reader(bootstrap: str):
+    consumer = _READERS.get(bootstrap)
+    if consumer is None:
+        from kafka import KafkaConsumer
+
+        consumer = _READERS[bootstrap] = KafkaConsumer(
+            bootstrap_servers=bootstrap.split(","), enable_auto_commit=False, auto_offset_reset="earliest",
+            client_id="electra-spark-reader", fetch_max_wait_ms=100, request_timeout_ms=10_000,
+            **kafka_client_kwargs())
+    return consumer
+
+
+def _drop_reader(bootstrap: str) -> None:
+    consumer = _READERS.pop(bootstrap, None)
+    if consumer is not None:
+        with contextlib.suppress(Exception):
+            consumer.close()
+
+
+def read_partition(part: KafkaPartition, ts_ms: bool = False):
+    """Yield the rows of one offset range (runs on an executor); `ts_ms`: the timestamp as epoch ms."""
+    from kafka import TopicPartition
+
+    consumer = _reader(part.bootstrap)
+    ok = False
     try:
         tp = TopicPartition(part.topic, part.partition)
         consumer.assign([tp])
@@ -122,7 +150,10 @@ def read_partition(part: KafkaPartition):
                     continue
                 key = m.key.decode("utf-8", "replace") if m.key is not None else None
                 value = m.value.decode("utf-8", "replace") if m.value is not None else None
-                ts = datetime.fromtimestamp(m.timestamp / 1000, tz=UTC) if m.timestamp and m.timestamp > 0 else None
+                if not m.timestamp or m.timestamp <= 0:
+                    ts = None
+                else:
+                    ts = m.timestamp if ts_ms else datetime.fromtimestamp(m.timestamp / 1000, tz=UTC)
                 yield (part.topic, part.partition, m.offset, key, value, ts)
                 pos = m.offset + 1
             if not got:
@@ -130,20 +161,32 @@ def read_partition(part: KafkaPartition):
         if pos < part.end:
             log.warning("Kafka %s:%d: read stopped at offset %d of [%d, %d) after %d ms", part.topic,
                         part.partition, pos, part.start, part.end, part.read_timeout_ms)
+        ok = True
     finally:
-        consumer.close()
+        if ok:
+            consumer.assign([])  # idle until the next batch's task on this worker
+        else:  # an error, or the task was interrupted mid-read: start the next read from a fresh consumer
+            _drop_reader(part.bootstrap)
 
 
 class KafkaStreamReader(DataSourceStreamReader):
     def __init__(self, options: dict) -> None:
+        # Spark hands option names lower-cased (its option maps are case-insensitive).
+        options = {str(k).lower(): v for k, v in options.items()}
         self.bootstrap = options.get("bootstrap") or options.get("kafka.bootstrap.servers")
         topics = options.get("topics") or options.get("subscribe") or ""
         self.topics = [t.strip() for t in topics.split(",") if t.strip()]
         if not self.bootstrap or not self.topics:
             raise ValueError(f"{NAME}: options 'bootstrap' and 'topics' are required")
-        self.hwm_fix = _bool(options.get("hwmFix"), True)
-        self.starting = (options.get("startingOffsets") or "earliest").lower()
-        self.read_timeout_ms = int(options.get("readTimeoutMs") or 30_000)
+        self.hwm_fix = _bool(options.get("hwmfix"), True)
+        self.starting = (options.get("startingoffsets") or "earliest").lower()
+        self.read_timeout_ms = int(options.get("readtimeoutms") or 30_000)
+        self.parse = _bool(options.get("parse"), False)
+        if self.parse:
+            self.heartbeats_topic, self.events_topic = options.get("heartbeatstopic"), options.get("eventstopic")
+            self.buckets = int(options.get("buckets") or 0)
+            if not self.heartbeats_topic or not self.events_topic or self.buckets < 1:
+                raise ValueError(f"{NAME}: option 'parse' needs 'heartbeatsTopic', 'eventsTopic' and 'buckets'")
         self._consumer = None
 
     # ------------------------------------------------------------------ driver side
@@ -212,7 +255,12 @@ class KafkaStreamReader(DataSourceStreamReader):
         return plan_partitions(start or {}, end or {}, self.bootstrap, self.read_timeout_ms)
 
     def read(self, partition: KafkaPartition):
-        return read_partition(partition)
+        if not self.parse:
+            return read_partition(partition)
+        from electra.streaming.parsing import parse_records
+
+        raw = ((t, p, o, v, ts) for t, p, o, _key, v, ts in read_partition(partition, ts_ms=True))
+        return parse_records(raw, self.heartbeats_topic, self.events_topic, self.buckets)
 
     def commit(self, end: dict) -> None:
         pass
@@ -229,6 +277,10 @@ class KafkaDataSource(DataSource):
         return NAME
 
     def schema(self) -> str:
+        if _bool(self.options.get("parse"), False):
+            from electra.streaming.parsing import PARSED_SCHEMA
+
+            return PARSED_SCHEMA
         return SCHEMA
 
     def streamReader(self, schema) -> KafkaStreamReader:
@@ -248,8 +300,13 @@ def builtin_kafka_available(spark) -> bool:
 
 
 def load_kafka_stream(spark, bootstrap: str, topics: list[str], source: str = "auto", hwm_fix: bool = True,
-                      starting: str = "earliest"):
-    """A streaming DataFrame of the raw records; returns (df, source actually used)."""
+                      starting: str = "earliest", parse: tuple[str, str, int] | None = None):
+    """A streaming DataFrame of the raw records; returns (df, source actually used).
+
+    `parse` = (heartbeats topic, events topic, buckets): the Python source then yields parsed rows
+    (`parsing.PARSED_SCHEMA`) and the source used is reported as "python+parse"; Spark's own
+    connector always yields raw records.
+    """
     if source not in ("auto", "kafka", "python"):
         raise ValueError(f"source must be auto, kafka or python, not {source!r}")
     use = source
@@ -265,6 +322,10 @@ def load_kafka_stream(spark, bootstrap: str, topics: list[str], source: str = "a
                           "CAST(value AS STRING) AS value", "timestamp"))
         return df, use
     spark.dataSource.register(KafkaDataSource)
-    df = (spark.readStream.format(NAME).option("bootstrap", bootstrap).option("topics", ",".join(topics))
-          .option("hwmFix", str(hwm_fix).lower()).option("startingOffsets", starting).load())
-    return df, use
+    reader = (spark.readStream.format(NAME).option("bootstrap", bootstrap).option("topics", ",".join(topics))
+              .option("hwmFix", str(hwm_fix).lower()).option("startingOffsets", starting))
+    if parse is not None:
+        reader = (reader.option("parse", "true").option("heartbeatsTopic", parse[0]).option("eventsTopic", parse[1])
+                  .option("buckets", str(parse[2])))
+        use = "python+parse"
+    return reader.load(), use

@@ -4,6 +4,8 @@ Every input row becomes one parsed row `(bucket, group, kind, topic, partition, 
 
 * a valid heartbeat: group = brokerName, kind = "hb", payload = the canonical heartbeat
   (`records.validate_heartbeat`), `ts` defaulting to the Kafka record time;
+* a valid `disconnected` record (a broker's session connection ended, see
+  docs/failover-signal.md): group = brokerName, kind = "dc", payload = the record;
 * a valid event: group = brokerName, kind = "ev", payload = the event record;
 * anything else: group = "" (reserved: broker set names are never empty), kind = "dlq",
   payload = the dead letter `{error, topic, partition, offset, raw}`.
@@ -24,6 +26,7 @@ from electra.streaming import records
 from electra.streaming.detector import DEAD_LETTER, parse_event
 
 HEARTBEAT = "hb"
+DISCONNECTED = "dc"
 EVENT = "ev"
 DLQ_GROUP = ""
 
@@ -58,6 +61,9 @@ def parse_row(topic: str, partition: int, offset: int, value: str | None, kafka_
             d = json.loads(value)
         except ValueError as exc:
             raise ValueError(f"invalid JSON: {exc}") from None
+        if topic == heartbeats_topic and records.is_disconnected(d):
+            dc = records.validate_disconnected(d)
+            return dc["brokerName"], DISCONNECTED, _dump(dc)
         if topic == heartbeats_topic:
             hb = records.validate_heartbeat(d)
             if "ts" not in hb:
@@ -69,6 +75,36 @@ def parse_row(topic: str, partition: int, offset: int, value: str | None, kafka_
         raise ValueError(f"unexpected topic {topic!r}")
     except ValueError as exc:  # InvalidHeartbeat is a ValueError
         return DLQ_GROUP, DEAD_LETTER, _dump(dead_letter(str(exc), topic, partition, offset, value))
+
+
+def parse_records(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str, buckets: int = DEFAULT_BUCKETS,
+                  chunk: int = 8192) -> Iterator[Any]:
+    """Raw records `(topic, partition, offset, value, kafka_ts_ms)` → Arrow record batches of PARSED_SCHEMA.
+
+    The Python Kafka source parses in its reader with this (`kafka_source`, option `parse`): the
+    query then has no `mapInPandas` stage, and rows reach the JVM as Arrow columns instead of
+    pickled tuples. Each crossing between the JVM and a Python worker costs per row, and this
+    removes two of them.
+    """
+    import pyarrow as pa
+
+    cols: list[list] = [[] for _ in PARSED_COLUMNS]
+
+    def batch():
+        arrays = [pa.array(cols[0], pa.string()), pa.array(cols[1], pa.string()), pa.array(cols[2], pa.string()),
+                  pa.array(cols[3], pa.string()), pa.array(cols[4], pa.int32()), pa.array(cols[5], pa.int64()),
+                  pa.array(cols[6], pa.string())]
+        return pa.RecordBatch.from_arrays(arrays, names=PARSED_COLUMNS)
+
+    for topic, part, off, value, ts_ms in raw:
+        group, kind, payload = parse_row(topic, part, off, value, ts_ms, heartbeats_topic, events_topic)
+        for col, v in zip(cols, (bucket_of(group, buckets), group, kind, topic, part, off, payload)):
+            col.append(v)
+        if len(cols[0]) >= chunk:
+            yield batch()
+            cols = [[] for _ in PARSED_COLUMNS]
+    if cols[0]:
+        yield batch()
 
 
 def parse_frames(frames: Iterator[Any], heartbeats_topic: str, events_topic: str,

@@ -25,7 +25,7 @@ import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from electra.streaming import detector
-from electra.streaming.parsing import DLQ_GROUP, EVENT, HEARTBEAT
+from electra.streaming.parsing import DISCONNECTED, DLQ_GROUP, EVENT, HEARTBEAT
 
 log = logging.getLogger("electra.streaming.processor")
 
@@ -41,9 +41,10 @@ def _frame(rows: list[tuple[str, str, str]]) -> pd.DataFrame:
 class MasterWatchProcessor(StatefulProcessor):
     """`detector.SetWatch`es of one bucket of broker sets, one timer per bucket."""
 
-    def __init__(self, max_retries: int = 3, retry_factor: int = 2) -> None:
+    def __init__(self, max_retries: int = 3, retry_factor: int = 2, disconnect_grace_ms: int = 0) -> None:
         self.max_retries = max_retries
         self.retry_factor = retry_factor
+        self.disconnect_grace_ms = disconnect_grace_ms
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -88,7 +89,7 @@ class MasterWatchProcessor(StatefulProcessor):
 
     # ------------------------------------------------------------------ callbacks
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:
-        by_set: dict[str, tuple[list, list]] = {}  # name -> (events, [(order, heartbeat payload)])
+        by_set: dict[str, tuple[list, list, list]] = {}  # name -> (events, [(order, heartbeat)], disconnects)
         dead: list[str] = []
         for df in rows:
             for group, kind, part, off, payload in zip(df["group"].tolist(), df["kind"].tolist(),
@@ -97,27 +98,32 @@ class MasterWatchProcessor(StatefulProcessor):
                 if group == DLQ_GROUP:
                     dead.append(payload)
                     continue
-                evs, hbs = by_set.setdefault(group, ([], []))
+                evs, hbs, dcs = by_set.setdefault(group, ([], [], []))
                 if kind == EVENT:
                     evs.append(json.loads(payload))
                 elif kind == HEARTBEAT:
                     hbs.append(((part, off), payload))
+                elif kind == DISCONNECTED:
+                    dcs.append(json.loads(payload))
         if dead:  # dead letters pass through
             yield _frame([(detector.DEAD_LETTER, "", p) for p in dead])
         if not by_set:
             return
         now = timerValues.getCurrentProcessingTimeInMs()
         collapsed = {name: detector.collapse_heartbeats([json.loads(p) for _, p in sorted(hbs)])
-                     for name, (_, hbs) in by_set.items()}
-        newest = max((hb["ts"] for hbs in collapsed.values() for hb in hbs if hb.get("ts")), default=None)
+                     for name, (_, hbs, _) in by_set.items()}
+        # Disconnected records are stamped by the ingest clock too: they move the data horizon.
+        newest = max((r["ts"] for name, (_, _, dcs) in by_set.items() for r in collapsed[name] + dcs
+                      if r.get("ts")), default=None)
         if newest is not None:
             self._horizon = max(self._horizon or 0, newest)
         judge = detector.judge_at(now, self._horizon)
         watches, armed = self._load()
         outputs: list[detector.Output] = []
-        for name, (events, _) in by_set.items():
+        for name, (events, _, dcs) in by_set.items():
             watches[name], out = detector.process(watches.get(name), name, collapsed[name], events, now,
-                                                  self.max_retries, self.retry_factor, judge_ms=judge)
+                                                  self.max_retries, self.retry_factor, judge_ms=judge,
+                                                  disconnects=dcs, grace_ms=self.disconnect_grace_ms)
             outputs += out
         outputs += self._due(watches, set(by_set), now)
         self._store(watches, armed)

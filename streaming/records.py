@@ -5,7 +5,9 @@ drift apart. Values are JSON objects (UTF-8), keys are the broker set's name, so
 every record of one broker set lands in one partition of its topic.
 
 * heartbeats (`electra.heartbeats`, several partitions): one record per broker
-  heartbeat, as accepted by an ingest node, stamped with the ingest clock `ts`.
+  heartbeat, as accepted by an ingest node, stamped with the ingest clock `ts`;
+  and a `disconnected` record (`"type": "disconnected"`) when a broker's session
+  connection ends (docs/failover-signal.md).
 * events (`electra.events`, one partition, so one global order): one record per
   applied state-machine event, with its Raft index and term and the broker
   set's resulting state; `Resync` records carry a set's state when the publisher
@@ -97,6 +99,48 @@ def validate_heartbeat(d: Any) -> dict:
             out["ts"] = check_int("ts", d["ts"], 1, INT64_MAX)
     except ValueError as exc:
         raise InvalidHeartbeat(str(exc)) from None
+    return out
+
+
+DISCONNECTED = "disconnected"
+CONNECTION_LOST = "connection_lost"   # the session connection ended without a goodbye (a crash)
+SHUTDOWN = "shutdown"                 # the broker said goodbye before closing (a clean shutdown)
+DISCONNECT_REASONS = (CONNECTION_LOST, SHUTDOWN)
+
+
+def disconnected_record(hb: dict, reason: str, ts_ms: int) -> dict:
+    """The heartbeats-topic value saying a broker's session ended at `ts_ms` (ingest clock).
+
+    `hb` is the canonical heartbeat the session was opened with: the record names the same
+    broker (cluster, set, id, address) and is keyed by the same broker set, so it lands in the
+    partition of that broker's heartbeats, after them.
+    """
+    return {"type": DISCONNECTED, "clusterName": hb["clusterName"], "brokerName": hb["brokerName"],
+            "brokerId": hb["brokerId"], "brokerAddr": hb["brokerAddr"], "reason": reason, "ts": ts_ms}
+
+
+def is_disconnected(d: Any) -> bool:
+    return isinstance(d, dict) and d.get("type") == DISCONNECTED
+
+
+def validate_disconnected(d: dict) -> dict:
+    """The canonical `disconnected` record, or InvalidHeartbeat naming the field."""
+    out: dict[str, Any] = {"type": DISCONNECTED, "clusterName": _name(d, "clusterName"),
+                           "brokerName": _name(d, "brokerName")}
+    addr = d.get("brokerAddr")
+    if not isinstance(addr, str) or not (1 <= len(addr) <= MAX_ADDR):
+        raise InvalidHeartbeat(f"brokerAddr: a string of 1-{MAX_ADDR} characters is required")
+    out["brokerAddr"] = addr
+    bid = d.get("brokerId")
+    if type(bid) is not int or not (1 <= bid <= 2**62):
+        raise InvalidHeartbeat("brokerId: an integer of at least 1 is required")
+    out["brokerId"] = bid
+    if d.get("reason") not in DISCONNECT_REASONS:
+        raise InvalidHeartbeat(f"reason: one of {', '.join(DISCONNECT_REASONS)} is required")
+    out["reason"] = d["reason"]
+    if type(d.get("ts")) is not int or d["ts"] <= 0 or d["ts"] >= 2**63:
+        raise InvalidHeartbeat("ts: a positive integer (ms) is required")
+    out["ts"] = d["ts"]
     return out
 
 

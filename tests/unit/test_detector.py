@@ -214,3 +214,104 @@ def test_parse_row_routes_heartbeats_events_and_dead_letters():
         assert (group, kind) == (DLQ_GROUP, DEAD_LETTER)
         assert err in d["error"] and d["topic"] == "electra.heartbeats" and d["partition"] == 3
         assert d["offset"] == 9 and d["raw"] == raw
+
+
+def dc(bid: int, ts: int, reason: str = "connection_lost", name: str = "bs") -> dict:
+    return {"type": "disconnected", "clusterName": "c1", "brokerName": name, "brokerId": bid,
+            "brokerAddr": f"10.0.0.{bid}:10911", "reason": reason, "ts": ts}
+
+
+def test_disconnected_master_is_inactive_at_that_instant_and_left_out_of_the_snapshot():
+    """RocketMQ's channel-close rule: no heartbeat timeout to wait for."""
+    w = started()
+    at = T0 + 300  # well within the master's 2 s timeout
+    w, outs = detector.process(w, "bs", [hb(2, at), hb(3, at)], [], at + 50, judge_ms=at, disconnects=[dc(1, at)])
+    [p] = proposals(outs)
+    assert p["expectedMasterEpoch"] == 1 and p["proposedAtMs"] == at
+    assert {b["broker_id"] for b in p["live"]} == {2, 3}  # the controller must not see the master alive
+    # Restored from the state store, the disconnect is still known (no second proposal, same fence).
+    w2 = SetWatch.from_json(w.to_json())
+    assert w2.gone == {1: (at, at)} and not proposals(detector.on_timer(w2, at + 100))
+
+
+def test_disconnected_replica_is_not_a_candidate():
+    w = started()
+    w, outs = detector.process(w, "bs", [hb(3, T0 + 200)], [], T0 + 300,
+                               disconnects=[dc(2, T0 + 200), dc(3, T0 + 250)])
+    assert not proposals(outs)
+    assert w.live_others(T0 + 300) == []
+    # The master crashes too: nobody alive and connected, so no proposal.
+    w, outs = detector.process(w, "bs", [], [], T0 + 400, disconnects=[dc(1, T0 + 400)])
+    assert not proposals(outs)
+
+
+def test_a_heartbeat_after_the_disconnect_means_reconnected_and_an_older_one_does_not():
+    w = started()
+    w, _ = detector.process(w, "bs", [hb(2, T0 + 100)], [], T0 + 100, judge_ms=T0 + 100,
+                            disconnects=[dc(2, T0 + 200)])
+    assert 2 in w.gone
+    w, _ = detector.process(w, "bs", [hb(2, T0 + 150)], [], T0 + 250)  # in flight before the disconnect
+    assert 2 in w.gone
+    w, _ = detector.process(w, "bs", [hb(2, T0 + 900)], [], T0 + 900)
+    assert 2 not in w.gone and 2 in {b.broker_id for b in w.live_others(T0 + 900)}
+    # A disconnect older than a known heartbeat (records through two ingest workers) is ignored.
+    w, _ = detector.process(w, "bs", [], [], T0 + 950, disconnects=[dc(3, T0 - 10)])
+    assert 3 not in w.gone
+
+
+def test_grace_applies_to_a_lost_connection_but_not_to_a_goodbye():
+    w = started()
+    at = T0 + 300
+    w, outs = detector.process(w, "bs", [hb(2, at), hb(3, at)], [], at, judge_ms=at, disconnects=[dc(1, at)],
+                               grace_ms=500)
+    assert not proposals(outs) and w.timer_ms == at + 500  # looked at again when the grace ends
+    assert not proposals(detector.on_timer(w, at + 499))
+    [p] = proposals(detector.on_timer(w, at + 500))
+    assert p["expectedMasterEpoch"] == 1
+    # A clean shutdown is final: no grace.
+    w = started()
+    w, outs = detector.process(w, "bs", [hb(2, at), hb(3, at)], [], at, judge_ms=at,
+                               disconnects=[dc(1, at, reason="shutdown")], grace_ms=500)
+    assert proposals(outs)
+
+
+def test_parse_row_routes_disconnected_records_and_rejects_bad_ones():
+    from electra.streaming.parsing import DISCONNECTED
+
+    group, kind, payload = parse_row("electra.heartbeats", 0, 1, json.dumps(dc(1, T0)), T0, "electra.heartbeats",
+                                     "electra.events")
+    assert (group, kind) == ("bs", DISCONNECTED) and json.loads(payload) == dc(1, T0)
+    bad = {**dc(1, T0), "reason": "bored"}
+    group, kind, payload = parse_row("electra.heartbeats", 0, 2, json.dumps(bad), T0, "electra.heartbeats",
+                                     "electra.events")
+    assert (group, kind) == (DLQ_GROUP, DEAD_LETTER) and "reason" in json.loads(payload)["error"]
+
+
+def test_broker_live_info_wire_form_has_every_field():
+    """to_wire is spelled out for speed; it must stay equal to the dataclass's fields."""
+    from dataclasses import asdict
+
+    from electra.state.liveness import BrokerLiveInfo
+
+    b = BrokerLiveInfo(1, "a:1", 2, 3, 4, 5, 6, 7)
+    assert b.to_wire() == asdict(b) and BrokerLiveInfo.from_wire(b.to_wire()) == b
+
+
+def test_parse_records_in_the_source_equals_the_map_in_pandas_stage():
+    """The Python source parses in its reader (Arrow batches); the result must equal the mapInPandas stage's."""
+    import pandas as pd
+
+    from electra.streaming.parsing import PARSED_COLUMNS, parse_frames, parse_records
+
+    raw = [("electra.heartbeats", 1, 5, json.dumps(hb(1, T0)), T0 + 1),
+           ("electra.heartbeats", 1, 6, json.dumps({k: v for k, v in hb(2, T0).items() if k != "ts"}), T0 + 2),
+           ("electra.heartbeats", 2, 7, json.dumps(dc(1, T0 + 5)), T0 + 5),
+           ("electra.events", 0, 3, json.dumps(ev(9, 1, 1)), T0),
+           ("electra.heartbeats", 0, 8, "{not json", T0), ("electra.heartbeats", 0, 9, None, None)]
+    frame = pd.DataFrame(raw, columns=["topic", "partition", "offset", "value", "kafka_ts"])
+    expected = pd.concat(list(parse_frames(iter([frame]), "electra.heartbeats", "electra.events", 8)))
+    batches = list(parse_records(iter(raw), "electra.heartbeats", "electra.events", 8, chunk=4))
+    assert [b.num_rows for b in batches] == [4, 2]
+    got = pd.concat([b.to_pandas() for b in batches], ignore_index=True)
+    assert got[PARSED_COLUMNS].values.tolist() == expected.reset_index(drop=True)[PARSED_COLUMNS].values.tolist()
+    assert str(batches[0].schema.field("partition").type) == "int32"

@@ -170,3 +170,62 @@ def test_slow_requests_idle_connections_and_too_many_connections_are_cut_off_on_
             await server.wait_closed()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+def test_a_session_lost_without_goodbye_publishes_disconnected_and_a_goodbye_publishes_shutdown():
+    from electra.api.sessions import SessionRegistry
+
+    producer = FakeProducer()
+    sessions = SessionRegistry(producer)
+    crashed, t1 = IngestProtocol(producer, sessions=sessions), FakeTransport()
+    crashed.connection_made(t1)
+    crashed.data_received(post(json.dumps(HB).encode(), "/v1/session") + post(json.dumps(HB).encode()))
+    assert [s for s, _, _ in responses(t1.data)] == [200, 200] and len(sessions) == 1
+    assert [r.get("type") for r in producer.sent] == [None, None]  # opening a session is a heartbeat
+    crashed.connection_lost(ConnectionResetError())
+    dc = producer.sent[-1]
+    assert dc["type"] == "disconnected" and dc["reason"] == "connection_lost"
+    assert (dc["brokerName"], dc["brokerId"], dc["brokerAddr"]) == ("b", 1, "10.0.0.1:10911") and dc["ts"] > 0
+    # A clean shutdown: the goodbye says so, the close adds nothing.
+    clean, t2 = IngestProtocol(producer, sessions=sessions), FakeTransport()
+    clean.connection_made(t2)
+    clean.data_received(post(json.dumps(HB).encode(), "/v1/session") + post(b"", "/v1/session/goodbye"))
+    assert [s for s, _, _ in responses(t2.data)] == [200, 200]
+    assert producer.sent[-1]["reason"] == "shutdown"
+    n = len(producer.sent)
+    clean.connection_lost(None)
+    assert len(producer.sent) == n and len(sessions) == 0
+    # A plain keep-alive connection without a session publishes nothing when it ends.
+    plain, t3 = connect(producer)
+    plain.data_received(post(json.dumps(HB).encode()))
+    plain.connection_lost(None)
+    assert len(producer.sent) == n + 1
+
+
+def test_a_stopping_worker_publishes_nothing_for_the_sessions_it_closes():
+    from electra.api.sessions import SessionRegistry
+
+    producer = FakeProducer()
+    sessions = SessionRegistry(producer)
+    proto, t = IngestProtocol(producer, sessions=sessions), FakeTransport()
+    proto.connection_made(t)
+    proto.data_received(post(json.dumps(HB).encode(), "/v1/session"))
+    assert sessions.stop() == [proto]
+    proto.connection_lost(None)
+    assert [r.get("type") for r in producer.sent] == [None] and sessions.stats["closed_by_stop"] == 1
+
+
+def test_session_requests_are_checked():
+    producer = FakeProducer()
+    proto, t = connect(producer)
+    proto.data_received(post(b'{"brokerName":"b"}', "/v1/session") + post(b"", "/v1/session/goodbye")
+                        + post(json.dumps(HB).encode(), "/v1/session")
+                        + post(json.dumps({**HB, "brokerId": 2}).encode(), "/v1/session")
+                        + b"GET /v1/session HTTP/1.1\r\nHost: x\r\n\r\n")
+    got = responses(t.data)
+    assert [s for s, _, _ in got] == [422, 409, 200, 409, 405]
+    assert b"clusterName" in got[0][2] and b"already holds" in got[3][2]
+    producer.up = False
+    proto2, t2 = connect(producer)
+    proto2.data_received(post(json.dumps(HB).encode(), "/v1/session"))
+    [(status, headers, _)] = responses(t2.data)
+    assert status == 503 and headers["retry-after"] == "1"
+    proto2.connection_lost(None)  # never opened: nothing to say

@@ -166,3 +166,20 @@ def test_sets_share_a_bucket_one_state_value_and_the_earliest_timer():
     proposals = [json.loads(x) for k, x in zip(out["kind"], out["payload"]) if k == "proposal"]
     assert [q["brokerName"] for q in proposals] == ["a"] and proposals[0]["expectedMasterEpoch"] == 1
     assert sorted(json.loads(h.state.value[0])) == ["a", "b"]  # both sets in one state value
+
+
+def test_a_disconnected_master_is_proposed_in_the_batch_that_brings_the_record():
+    """The disconnect's ingest time moves the data horizon: no waiting for a later batch or the timeout."""
+    from electra.streaming.parsing import DISCONNECTED
+
+    h = FakeHandle()
+    p = MasterWatchProcessor()
+    p.init(h)
+    run(p, [ev(1, 1, 1), hb(1, T0, 1), hb(2, T0, 2), hb(3, T0, 3)], T0)
+    p.close()
+    p.init(h)
+    d = {"type": "disconnected", "clusterName": "c1", "brokerName": "bs", "brokerId": 1, "brokerAddr": "a1",
+         "reason": "connection_lost", "ts": T0 + 400}
+    out = run(p, [(BUCKET, "bs", DISCONNECTED, "electra.heartbeats", 0, 4, json.dumps(d))], T0 + 450)
+    [payload] = [json.loads(x) for k, x in zip(out["kind"], out["payload"]) if k == "proposal"]
+    assert payload["proposedAtMs"] == T0 + 400 and {b["broker_id"] for b in payload["live"]} == {2, 3}

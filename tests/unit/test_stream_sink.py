@@ -116,3 +116,16 @@ def test_batch_sink_routes_rows(cluster):
     assert sorted(p[1] for p in leader.posts) == ["bs", "bs2"]
     assert out.liveness[0][0] == "bs" and json.loads(out.dead[0])["error"] == "invalid JSON"
     assert sink.dead_letters_total == 1 and sink.take(7) == st and sink.take(7) is None
+
+
+def test_bucket_count_is_pinned_by_the_checkpoint(tmp_path):
+    """Sets are hashed into buckets: a restart with another --buckets must keep the checkpoint's count."""
+    from electra.streaming.job import BUCKETS_FILE, LEGACY_BUCKETS, pinned_buckets
+
+    new = tmp_path / "new"
+    assert pinned_buckets(str(new), 8) == 8 and (new / BUCKETS_FILE).read_text().strip() == "8"
+    assert pinned_buckets(str(new), 64) == 8
+    old = tmp_path / "old"  # made before the pin file existed
+    (old / "offsets").mkdir(parents=True)
+    assert pinned_buckets(str(old), 8) == LEGACY_BUCKETS and pinned_buckets(f"file://{old}", 8) == LEGACY_BUCKETS
+    assert pinned_buckets("s3a://bucket/ckpt", 16) == 16

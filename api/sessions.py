@@ -1,0 +1,108 @@
+"""Broker sessions on an ingest worker: the connection-loss signal of fast crash failover.
+
+RocketMQ's controller starts an election as soon as a crashed master's channel closes
+(reference §3.3 b); only a hung master waits for the heartbeat timeout. Here a broker
+opens a *session* on its kept-alive connection to an ingest worker (`POST /v1/session`
+with a heartbeat as body, then its heartbeats on the same connection). The worker
+remembers which broker the connection speaks for, and when it ends:
+
+* after `POST /v1/session/goodbye` (a clean shutdown): a `disconnected` record with
+  reason `shutdown` was already published by the goodbye; the close adds nothing;
+* without a goodbye (the broker crashed, its host closed the socket): a `disconnected`
+  record with reason `connection_lost`, stamped with this worker's clock;
+* because this worker is itself stopping: nothing. The broker is not known to be gone;
+  it reconnects elsewhere and its heartbeats keep it alive (no false failover).
+
+Records go to the heartbeats topic keyed by broker set, like the broker's heartbeats,
+so the streaming job sees them in order after that broker's heartbeats through this
+worker. If Kafka is unavailable the record is lost and failover falls back to the
+heartbeat timeout. docs/failover-signal.md has the design and its trade-offs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from electra.streaming import records
+
+from .ingest import HeartbeatProducer, KafkaUnavailable
+
+log = logging.getLogger("electra.api.sessions")
+
+
+def _answer(status: int, payload: dict) -> tuple[int, bytes]:
+    return status, json.dumps(payload).encode()
+
+
+class SessionRegistry:
+    """The sessions one ingest worker holds: connection → the heartbeat its session was opened with."""
+
+    def __init__(self, producer: HeartbeatProducer) -> None:
+        self.producer = producer
+        self.stopping = False
+        self._by_conn: dict[object, dict] = {}
+        self.stats = {"opened": 0, "goodbyes": 0, "lost": 0, "not_published": 0, "closed_by_stop": 0}
+
+    def __len__(self) -> int:
+        return len(self._by_conn)
+
+    def broker_of(self, conn: object) -> dict | None:
+        return self._by_conn.get(conn)
+
+    def open(self, conn: object, raw: bytes, now_ms: int) -> tuple[int, bytes]:
+        """`POST /v1/session`: the body is a heartbeat; it is produced as one and names the session's broker."""
+        try:
+            try:
+                body = json.loads(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise records.InvalidHeartbeat(f"body: invalid JSON ({exc})") from None
+            hb = records.validate_heartbeat(body)
+        except records.InvalidHeartbeat as exc:
+            return _answer(422, {"code": 2005, "remark": "invalid session", "detail": str(exc)})
+        held = self._by_conn.get(conn)
+        if held is not None and (held["brokerName"], held["brokerId"]) != (hb["brokerName"], hb["brokerId"]):
+            return _answer(409, {"code": 2005, "remark": "this connection already holds the session of "
+                                 f"{held['brokerName']}/{held['brokerId']}"})
+        hb["ts"] = now_ms
+        try:
+            self.producer.submit(hb)
+        except KafkaUnavailable as exc:
+            return _answer(503, {"code": 1, "remark": f"session not opened: Kafka unavailable ({exc})"})
+        if held is None:
+            self.stats["opened"] += 1
+        self._by_conn[conn] = hb
+        return _answer(200, {"code": 0, "remark": "session open"})
+
+    def goodbye(self, conn: object, now_ms: int) -> tuple[int, bytes]:
+        """`POST /v1/session/goodbye`: the broker shuts down cleanly; say so at once."""
+        hb = self._by_conn.pop(conn, None)
+        if hb is None:
+            return _answer(409, {"code": 2005, "remark": "no session on this connection"})
+        self.stats["goodbyes"] += 1
+        self._publish(hb, records.SHUTDOWN, now_ms)
+        return _answer(200, {"code": 0, "remark": "goodbye"})
+
+    def lost(self, conn: object, now_ms: int) -> None:
+        """The connection ended: a `connection_lost` record unless this worker is stopping or there was a goodbye."""
+        hb = self._by_conn.pop(conn, None)
+        if hb is None:
+            return
+        if self.stopping:
+            self.stats["closed_by_stop"] += 1
+            return
+        self.stats["lost"] += 1
+        self._publish(hb, records.CONNECTION_LOST, now_ms)
+
+    def stop(self) -> list[object]:
+        """This worker is stopping: from now on closed sessions publish nothing. Returns the open connections."""
+        self.stopping = True
+        return list(self._by_conn)
+
+    def _publish(self, hb: dict, reason: str, now_ms: int) -> None:
+        try:
+            self.producer.submit(records.disconnected_record(hb, reason, now_ms))
+        except KafkaUnavailable as exc:
+            self.stats["not_published"] += 1
+            log.warning("session of %s/%s ended (%s) but Kafka is unavailable (%s): failover falls back to the "
+                        "heartbeat timeout", hb["brokerName"], hb["brokerId"], reason, exc)

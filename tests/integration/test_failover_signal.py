@@ -1,0 +1,144 @@
+"""Fast crash failover through the connection-loss signal, end to end and all real: tansu, 3 `electra node`
+processes with their ingest processes, the Spark job in local mode, simulated brokers holding session
+connections to the ingest workers (docs/failover-signal.md).
+
+One scenario (Spark's start-up dominates, so it is paid once), with a 10 s heartbeat timeout:
+1. every ingest process is restarted in turn (SIGTERM: its sessions close without a word), then the
+   controller leader: brokers reconnect and no master is failed over, even after a full timeout;
+2. a crashed master (its session connection reset, no goodbye) is replaced well before its timeout;
+3. a hung master (connection open, no heartbeats) is replaced only after its timeout;
+4. a healthy master is never failed over during the whole run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from kafka import KafkaConsumer
+from test_pipeline_e2e import until
+
+from electra.api.client import ControllerClient
+from electra.bench.common import free_ports
+from electra.broker_simulator import BrokerFleet
+from electra.local_stack import LocalStack, StackConfig
+from electra.streaming import records
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_MS = 10_000  # RocketMQ's default heartbeat timeout
+SETS = 4
+
+
+def test_crash_is_detected_by_connection_loss_and_hang_by_timeout(tmp_path):
+    ports = free_ports(9)
+    stack = LocalStack(StackConfig(data_dir=tmp_path, raft_port=ports[0], http_port=ports[3], ingest_port=ports[6],
+                                   trigger_ms=500, tick_ms=50, log_level="INFO", tier_uri=None))
+    stack.raft_peers = ",".join(f"{i}=127.0.0.1:{ports[i - 1]}" for i in (1, 2, 3))
+    stack.endpoints = {i: f"127.0.0.1:{ports[2 + i]}" for i in (1, 2, 3)}
+    stack.ingest_endpoints = {i: f"127.0.0.1:{ports[5 + i]}" for i in (1, 2, 3)}
+    try:
+        stack.start_kafka()
+        stack.start_controllers()
+        stack.start_job()
+        asyncio.run(scenario(stack))
+    except BaseException:
+        for name in ("streaming", "node1", "ingest1", "ingest2"):
+            print(f"----- {name} -----\n{stack.log_tail(name, 40)}")
+        raise
+    finally:
+        stack.stop_all()
+
+
+def disconnects(stack: LocalStack) -> list[dict]:
+    """Every `disconnected` record on the heartbeats topic so far."""
+    consumer = KafkaConsumer(stack.topics.heartbeats, bootstrap_servers=stack.bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    try:
+        values = [records.decode(m.value) for m in consumer]
+    finally:
+        consumer.close()
+    return [v for v in values if records.is_disconnected(v)]
+
+
+async def scenario(stack: LocalStack) -> None:
+    endpoints = list(stack.endpoints.values())
+    client = ControllerClient(endpoints, deadline_s=30, credentials=stack.creds.credentials("observer"))
+    fleet = BrokerFleet(endpoints, SETS, 3, heartbeat_s=0.5, poll_s=1.0, timeout_ms=TIMEOUT_MS,
+                        ingest_endpoints=list(stack.ingest_endpoints.values()),
+                        credentials=stack.creds.credentials("broker"))
+    names = sorted(fleet.by_set)
+    crash, hang, restarted, healthy = names
+
+    async def info(name: str) -> dict:
+        r = await client.replica_info(name)
+        return r["header"] | r["body"]
+
+    async def epochs() -> dict[str, int]:
+        return {n: (await info(n))["masterEpoch"] for n in names}
+
+    async def replaced(name: str, old_master: int) -> dict | None:
+        i = await info(name)
+        return i if i["masterEpoch"] > 1 and i["masterBrokerId"] not in (None, old_master) else None
+
+    try:
+        await fleet.start()
+        stack.wait_log("streaming", "batch=", timeout=180)
+
+        async def grown():
+            sizes = [len((await info(n))["syncStateSet"]) for n in names]
+            return all(size == 3 for size in sizes)
+
+        await until(grown, "sync-state sets of 3 (liveness from the streaming job)", 120)
+        assert set((await epochs()).values()) == {1}
+        opened = fleet.stats["sessions_opened"]
+
+        # 1. Ingest restarts cut every session; the stopping workers say nothing, brokers reconnect.
+        for i in stack.ingest_endpoints:
+            assert stack.stop(f"ingest{i}") == 0, stack.log_tail(f"ingest{i}")
+            stack.start_ingest(i)
+            await asyncio.sleep(1.5)
+        lid = await until(client.find_leader, "a controller leader", 30)
+        stack.stop(f"node{lid}")
+        stack.start_node(lid)
+        await asyncio.sleep(TIMEOUT_MS / 1000 + 3)  # a full timeout plus batches: time for any false election
+        assert fleet.stats["sessions_opened"] > opened  # the sessions really were cut and reopened
+        assert set((await epochs()).values()) == {1}, "an ingest restart must not fail a master over"
+        # Stopping workers said nothing (a reconnecting broker's next heartbeat would also hide a record
+        # from the job, but only if it lands in the same micro-batch).
+        assert disconnects(stack) == []
+
+        # 2. Crash: the session connection is reset. Replaced well before the heartbeat timeout.
+        m = fleet.master_of(crash)
+        crashed_id = m.broker_id
+        fleet.kill(crash, m.broker_id)
+        t_kill = time.time()
+        new = await until(lambda: replaced(crash, m.broker_id), f"a new master of {crash}", 60, every=0.1)
+        crash_s = time.time() - t_kill
+        print(f"crash failover of {crash}: {crash_s:.2f}s after the kill (heartbeat timeout {TIMEOUT_MS / 1000}s)")
+        assert crash_s < TIMEOUT_MS / 1000 / 2, "a crash must be detected by the connection loss, not the timeout"
+        assert new["masterBrokerId"] in {b.broker_id for b in fleet.by_set[crash] if b.alive}
+
+        # 3. Hang: the connection stays open, heartbeats stop. Replaced only after the timeout.
+        m = fleet.master_of(hang)
+        fleet.hang(hang, m.broker_id)
+        t_hang = time.time()
+        await until(lambda: replaced(hang, m.broker_id), f"a new master of {hang}", 90, every=0.1)
+        since_last = time.time() - m.last_heartbeat_at
+        print(f"hang failover of {hang}: {since_last:.2f}s after its last heartbeat, "
+              f"{time.time() - t_hang:.2f}s after the hang")
+        # The ingest stamp of the last heartbeat precedes the broker seeing its answer by a round trip.
+        assert since_last >= TIMEOUT_MS / 1000 - 0.5, "a hung master must not be failed over before its timeout"
+
+        # The only session that ended without a goodbye is the crashed master's; the hung one is still open.
+        [dc] = disconnects(stack)
+        assert (dc["brokerName"], dc["brokerId"], dc["reason"]) == (crash, crashed_id, "connection_lost")
+
+        # 4. Untouched sets kept their first master all along.
+        final = await epochs()
+        assert final[restarted] == 1 and final[healthy] == 1
+        assert final[crash] == 2 and final[hang] == 2
+    finally:
+        await fleet.stop()
+        await client.close()
