@@ -59,12 +59,13 @@ def raw_error(status: int, code: int, remark: str, *, retry_after: bool = False)
 class RequestDeadline:
     """One timer per connection: closes the transport (after an optional response) when it fires."""
 
-    __slots__ = ("handle", "transport", "reply")
+    __slots__ = ("handle", "transport", "reply", "on_fire")
 
     def __init__(self) -> None:
         self.handle: asyncio.TimerHandle | None = None
         self.transport: asyncio.BaseTransport | None = None
         self.reply = b""
+        self.on_fire: Callable[[], None] | None = None  # told before the timer closes the connection
 
     def arm(self, transport: asyncio.BaseTransport, seconds: float, reply: bytes = b"") -> None:
         self.cancel()
@@ -84,6 +85,8 @@ class RequestDeadline:
         self.handle = None
         t = self.transport
         if t is not None and not t.is_closing():
+            if self.on_fire is not None:
+                self.on_fire()
             if self.reply:
                 t.write(self.reply)
             t.close()

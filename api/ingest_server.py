@@ -71,6 +71,8 @@ class IngestProtocol(asyncio.Protocol):
         self.head_bytes = 0
         self.in_head = True
         self.content_length = 0
+        self.closed_here = False  # this worker closed the connection (limits, errors): a session says nothing
+        self.deadline.on_fire = self._closing_here
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.url = b""
@@ -88,10 +90,16 @@ class IngestProtocol(asyncio.Protocol):
         self.open.add(self)
         self.deadline.arm(transport, self.limits.request_timeout_s, TIMEOUT_REPLY)
 
+    def _closing_here(self) -> None:
+        self.closed_here = True
+
     def connection_lost(self, exc) -> None:
         self.open.discard(self)
         self.deadline.cancel()
-        self.sessions.lost(self, int(time.time() * 1000))  # a broker session ended (api/sessions.py)
+        if self.closed_here:
+            self.sessions.closed_by_worker(self)
+        else:
+            self.sessions.lost(self, int(time.time() * 1000))  # a broker session ended (api/sessions.py)
 
     def data_received(self, data: bytes) -> None:
         if self.in_head:
@@ -140,7 +148,7 @@ class IngestProtocol(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             return
         keep = self.parser.should_keep_alive()
-        self.deadline.arm(self.transport, self.limits.idle_timeout_s)  # idle until the next request
+        self.deadline.arm(self.transport, self.sessions.idle_limit_s(self, self.limits.idle_timeout_s))
         path = self.url.split(b"?", 1)[0]
         method = self.parser.get_method()
         if self.tokens is not None and not self.too_large:
@@ -167,6 +175,8 @@ class IngestProtocol(asyncio.Protocol):
                 now = int(time.time() * 1000)
                 status, body = (self.sessions.open(self, b"".join(self.body), now) if path == b"/v1/session"
                                 else self.sessions.goodbye(self, now))
+                # idle until the next request: a session's connection may idle up to its heartbeat timeout
+                self.deadline.arm(self.transport, self.sessions.idle_limit_s(self, self.limits.idle_timeout_s))
                 self._reply(status, body, close=not keep, retry_after=status == 503)
         elif path == b"/healthz":
             ok = self.producer.healthy
@@ -190,10 +200,12 @@ class IngestProtocol(asyncio.Protocol):
                                        retry_after=retry_after))
         if close:
             self.deadline.cancel()
+            self.closed_here = True
             self.transport.close()
 
     def _reply_raw(self, response: bytes) -> None:
         self.deadline.cancel()
+        self.closed_here = True
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(response)
             self.transport.close()

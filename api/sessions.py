@@ -42,13 +42,28 @@ class SessionRegistry:
         self.producer = producer
         self.stopping = False
         self._by_conn: dict[object, dict] = {}
-        self.stats = {"opened": 0, "goodbyes": 0, "lost": 0, "not_published": 0, "closed_by_stop": 0}
+        self.stats = {"opened": 0, "goodbyes": 0, "lost": 0, "not_published": 0, "closed_by_stop": 0,
+                      "closed_by_worker": 0}
 
     def __len__(self) -> int:
         return len(self._by_conn)
 
     def broker_of(self, conn: object) -> dict | None:
         return self._by_conn.get(conn)
+
+    def idle_limit_s(self, conn: object, default_s: float) -> float:
+        """How long the worker lets a connection sit idle: a session's broker heartbeats at its own pace,
+        so its connection may idle up to its heartbeat timeout (by then the timeout has judged it)."""
+        hb = self._by_conn.get(conn)
+        return default_s if hb is None else max(default_s, hb.get("heartbeatTimeoutMillis", 10_000) / 1000 + 1)
+
+    def closed_by_worker(self, conn: object) -> None:
+        """The worker itself closed the connection (idle past the limit, an oversized request): no signal.
+
+        Only a connection the broker's side ended says anything about the broker; one this worker
+        cut says nothing (as with a stopping worker), and the heartbeat timeout stays the judge."""
+        if self._by_conn.pop(conn, None) is not None:
+            self.stats["closed_by_worker"] += 1
 
     def open(self, conn: object, raw: bytes, now_ms: int) -> tuple[int, bytes]:
         """`POST /v1/session`: the body is a heartbeat; it is produced as one and names the session's broker."""

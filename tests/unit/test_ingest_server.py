@@ -229,3 +229,19 @@ def test_session_requests_are_checked():
     [(status, headers, _)] = responses(t2.data)
     assert status == 503 and headers["retry-after"] == "1"
     proto2.connection_lost(None)  # never opened: nothing to say
+
+
+def test_a_session_connection_the_worker_closes_itself_says_nothing_and_may_idle_up_to_its_timeout():
+    from electra.api.sessions import SessionRegistry
+
+    producer = FakeProducer()
+    sessions = SessionRegistry(producer)
+    proto, t = IngestProtocol(producer, sessions=sessions), FakeTransport()
+    proto.connection_made(t)
+    assert sessions.idle_limit_s(proto, 5.0) == 5.0  # no session yet: the plain keep-alive limit
+    proto.data_received(post(json.dumps({**HB, "heartbeatTimeoutMillis": 30_000}).encode(), "/v1/session"))
+    assert sessions.idle_limit_s(proto, 5.0) == 31.0  # a session may idle until its heartbeat timeout judged it
+    proto.deadline.on_fire()  # the idle timer (or an oversized request) closes it from this side
+    proto.connection_lost(None)
+    assert [r.get("type") for r in producer.sent] == [None]  # the session's heartbeat, no `disconnected`
+    assert sessions.stats["closed_by_worker"] == 1 and len(sessions) == 0
