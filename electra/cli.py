@@ -243,7 +243,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         from electra.security.pki import node_cert_paths
 
         tls_files = tuple(str(p) for p in node_cert_paths(args.certs_dir, args.node_id))
-        tokens_file = str(Path(args.certs_dir) / TOKENS_FILE)
+        tokens_file = args.tokens_file or str(Path(args.certs_dir) / TOKENS_FILE)
         missing = [f for f in (*tls_files, tokens_file) if not Path(f).is_file()]
         if missing:
             print(f"error: missing {', '.join(missing)}", file=sys.stderr)
@@ -565,8 +565,12 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--kafka-bootstrap", required=True, help="Kafka bootstrap servers, HOST:PORT[,HOST:PORT]")
     ing.add_argument("--workers", type=int, default=2, help="worker processes sharing the port (default 2)")
     ing.add_argument("--topic", default="electra.heartbeats")
-    ing.add_argument("--certs-dir", help="serve HTTPS with node-<node-id>.crt and check tokens.json from here")
-    ing.add_argument("--node-id", type=int, help="whose certificate the ingest serves (the node it runs next to)")
+    ing.add_argument("--certs-dir", default=os.environ.get("ELECTRA_CERTS_DIR"),
+                     help="serve HTTPS with node-<node-id>.crt and check tokens.json from here (ELECTRA_CERTS_DIR)")
+    ing.add_argument("--node-id", type=int, default=os.environ.get("ELECTRA_NODE_ID"),
+                     help="whose certificate the ingest serves, the node it runs next to (ELECTRA_NODE_ID)")
+    ing.add_argument("--tokens-file", default=os.environ.get("ELECTRA_TOKENS_FILE"),
+                     help="hashed client tokens (default <certs-dir>/tokens.json; ELECTRA_TOKENS_FILE)")
     ing.add_argument("--insecure", action="store_true", help="plaintext, no authentication (tests only)")
     ing.set_defaults(fn=cmd_ingest)
 
