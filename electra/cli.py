@@ -257,6 +257,18 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- electra up
+def dashboard_hint(endpoint: str, creds) -> str:
+    """The dashboard URL of a secure local stack, signed in by the observer token in its fragment (which the
+    browser never sends: the page exchanges it for a read-only cookie), and how to trust the local CA."""
+    from urllib.parse import quote
+
+    token = creds.token_file("observer").read_text().strip()
+    return (f"dashboard (signed in as observer): https://{endpoint}/dashboard#token={quote(token, safe='')}\n"
+            f"  the browser must trust the local CA {creds.ca_file}: import it as an authority (Chromium: "
+            f"Settings > Privacy and security > Security > Manage certificates > Authorities > Import; Firefox: "
+            f"Settings > Certificates > View Certificates > Authorities > Import), or accept the warning once")
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     """The whole local stack: Kafka-compatible broker, controller nodes, ingest workers, the Spark job
     and, with --demo, simulated brokers. Ctrl-C (or SIGTERM) stops everything."""
@@ -298,6 +310,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                   f"CA, certificates and role tokens in {stack.creds.certs_dir}. For `electra status/admin`:\n"
                   f"  export ELECTRA_CA_FILE={stack.creds.ca_file} "
                   f"ELECTRA_TOKEN_FILE={stack.creds.token_file('admin')}")
+            print(dashboard_hint(next(iter(stack.endpoints.values())), stack.creds), flush=True)
         else:
             print(INSECURE_BANNER, flush=True)
         leader = asyncio.run(_wait_for_http_leader(list(stack.endpoints.values()), timeout=30,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from urllib.parse import parse_qs
 
+from . import dashboard_login
 from .audit import AuditLog
 from .auth import ANONYMOUS, AuthError, Principal, TokenStore, authorize, rule_for
 
@@ -36,6 +37,8 @@ class AuthMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         method, path = scope["method"], scope["path"]
+        if method == "POST" and path in (dashboard_login.LOGIN_PATH, dashboard_login.LOGOUT_PATH):
+            return await dashboard_login.handle(self.tokens, scope, receive, send)
         rule = rule_for(method, path)
         if rule.public:
             return await self.app(scope, receive, send)
@@ -46,6 +49,11 @@ class AuthMiddleware:
         principal: Principal | None = None
         try:
             auth = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
+            if auth is None and rule.cookie_ok and method == "GET":  # a browser on the dashboard's reads
+                token = dashboard_login.cookie_token(scope["headers"])
+                if token is not None:
+                    auth = f"Bearer {token}"
+                    scope.setdefault("state", {})["signed_in_by_cookie"] = True
             principal = self.tokens.authenticate(auth)
             cluster = None
             if principal.role == "broker":
