@@ -213,7 +213,8 @@ function startFeed() {
   source.onopen = () => { $("conn").textContent = "live"; $("conn").className = "badge on"; };
   source.onerror = () => {
     $("conn").textContent = "reconnecting"; $("conn").className = "badge off";
-    if (source.readyState === EventSource.CLOSED) start();  // refused (signed out, token revoked): ask again
+    // refused for good (signed out, token revoked, too many viewers): ask who we are again, without hammering
+    if (source.readyState === EventSource.CLOSED) setTimeout(start, 2000);
   };
 }
 start();
