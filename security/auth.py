@@ -182,12 +182,21 @@ class TokenStore:
         if not first:
             log.warning("tokens file %s changed: %d credentials loaded", self.path, len(table))
 
-    def authenticate(self, authorization: str | None) -> Principal:
-        """The principal of an `Authorization` header value; AuthError(401) if missing or unknown."""
+    def _reload_if_due(self) -> None:
         now = time.monotonic()
         if now - self._checked >= self.check_interval_s:
             self._checked = now
             self._load()
+
+    def principal_for_digest(self, digest: str) -> Principal | None:
+        """The current holder of a token known by its SHA-256 (a dashboard session): None once revoked."""
+        self._reload_if_due()
+        with self._lock:
+            return self._by_hash.get(digest)
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        """The principal of an `Authorization` header value; AuthError(401) if missing or unknown."""
+        self._reload_if_due()
         if not authorization:
             raise AuthError(401, "authentication required: send 'Authorization: Bearer <token>'")
         scheme, _, token = authorization.partition(" ")
