@@ -41,6 +41,7 @@ import aiohttp
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
+from electra.security.auth import ANONYMOUS
 from electra.security.credentials import ClientCredentials
 from electra.state.journal import set_state
 
@@ -392,6 +393,13 @@ def dashboard_router(feed: DashboardFeed) -> APIRouter:
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @router.get("/v1/dashboard/session", tags=["dashboard"])
+    async def session(request: Request):
+        """Who the page is signed in as (401 from the middleware when nobody): the page asks before streaming."""
+        state = request.scope.get("state", {})
+        principal = state.get("principal", ANONYMOUS)
+        return {"name": principal.name, "role": principal.role, "cookie": bool(state.get("signed_in_by_cookie"))}
 
     @router.get("/v1/dashboard/frame", tags=["dashboard"])
     async def frame():

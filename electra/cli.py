@@ -256,7 +256,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         from electra.security.pki import node_cert_paths
 
         tls_files = tuple(str(p) for p in node_cert_paths(args.certs_dir, args.node_id))
-        tokens_file = str(Path(args.certs_dir) / TOKENS_FILE)
+        tokens_file = args.tokens_file or str(Path(args.certs_dir) / TOKENS_FILE)
         missing = [f for f in (*tls_files, tokens_file) if not Path(f).is_file()]
         if missing:
             print(f"error: missing {', '.join(missing)}", file=sys.stderr)
@@ -270,6 +270,18 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- electra up
+def dashboard_hint(endpoint: str, creds) -> str:
+    """The dashboard URL of a secure local stack, signed in by the observer token in its fragment (which the
+    browser never sends: the page exchanges it for a read-only cookie), and how to trust the local CA."""
+    from urllib.parse import quote
+
+    token = creds.token_file("observer").read_text().strip()
+    return (f"dashboard (signed in as observer): https://{endpoint}/dashboard#token={quote(token, safe='')}\n"
+            f"  the browser must trust the local CA {creds.ca_file}: import it as an authority (Chromium: "
+            f"Settings > Privacy and security > Security > Manage certificates > Authorities > Import; Firefox: "
+            f"Settings > Certificates > View Certificates > Authorities > Import), or accept the warning once")
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     """The whole local stack: Kafka-compatible broker, controller nodes, ingest workers, the Spark job
     and, with --demo, simulated brokers. Ctrl-C (or SIGTERM) stops everything."""
@@ -311,6 +323,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                   f"CA, certificates and role tokens in {stack.creds.certs_dir}. For `electra status/admin`:\n"
                   f"  export ELECTRA_CA_FILE={stack.creds.ca_file} "
                   f"ELECTRA_TOKEN_FILE={stack.creds.token_file('admin')}")
+            print(dashboard_hint(next(iter(stack.endpoints.values())), stack.creds), flush=True)
         else:
             print(INSECURE_BANNER, flush=True)
         leader = asyncio.run(_wait_for_http_leader(list(stack.endpoints.values()), timeout=30,
@@ -578,8 +591,12 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--kafka-bootstrap", required=True, help="Kafka bootstrap servers, HOST:PORT[,HOST:PORT]")
     ing.add_argument("--workers", type=int, default=2, help="worker processes sharing the port (default 2)")
     ing.add_argument("--topic", default="electra.heartbeats")
-    ing.add_argument("--certs-dir", help="serve HTTPS with node-<node-id>.crt and check tokens.json from here")
-    ing.add_argument("--node-id", type=int, help="whose certificate the ingest serves (the node it runs next to)")
+    ing.add_argument("--certs-dir", default=os.environ.get("ELECTRA_CERTS_DIR"),
+                     help="serve HTTPS with node-<node-id>.crt and check tokens.json from here (ELECTRA_CERTS_DIR)")
+    ing.add_argument("--node-id", type=int, default=os.environ.get("ELECTRA_NODE_ID"),
+                     help="whose certificate the ingest serves, the node it runs next to (ELECTRA_NODE_ID)")
+    ing.add_argument("--tokens-file", default=os.environ.get("ELECTRA_TOKENS_FILE"),
+                     help="hashed client tokens (default <certs-dir>/tokens.json; ELECTRA_TOKENS_FILE)")
     ing.add_argument("--insecure", action="store_true", help="plaintext, no authentication (tests only)")
     ing.set_defaults(fn=cmd_ingest)
 

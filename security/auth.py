@@ -14,6 +14,9 @@ Roles:
   admin     admin routes (elect, clean, ...) and every read
   observer  metrics, dashboard and reads (metadata, sync-state data, replica info, history)
 
+Browsers: the dashboard's data routes (GET /v1/dashboard/*) also take the token from the sign-in
+cookie that POST /v1/dashboard/login sets (electra.security.dashboard_login); no other route does.
+
 Answers: 401 when the credential is missing or unknown, 403 when the role or scope does not
 allow the call; both in the API's error body shape with code 16 (RocketMQ NO_PERMISSION).
 """
@@ -80,6 +83,7 @@ class Rule:
     broker_set: str | None = None
     action: str = ""
     audited: bool = False  # admin actions go to the audit log
+    cookie_ok: bool = False  # the dashboard's sign-in cookie may stand for the bearer token (GET reads only)
 
     @property
     def public(self) -> bool:
@@ -99,6 +103,12 @@ def rule_for(method: str, path: str) -> Rule:
 
     if path in ("/healthz", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"):
         return Rule(PUBLIC)
+    if method == "GET" and (path == "/dashboard" or path.startswith("/dashboard/static/")):
+        return Rule(PUBLIC)  # the page shell and its scripts: no data in them
+    if method == "POST" and path in ("/v1/dashboard/login", "/v1/dashboard/logout"):
+        return Rule(PUBLIC)  # they check the token themselves (electra.security.dashboard_login)
+    if method == "GET" and path.startswith("/v1/dashboard/"):
+        return Rule(READERS, cookie_ok=True)
     if path in ("/v1/heartbeat", "/v1/session", "/v1/session/goodbye"):
         return Rule(frozenset({"broker"}))  # the set is in the body (a goodbye ends this connection's session)
     m = _SET_ROUTE.match(path)
@@ -111,7 +121,7 @@ def rule_for(method: str, path: str) -> Rule:
     if m:
         return Rule(frozenset({"pipeline"}), action=f"internal {m.group(2)} {unquote(m.group(1))}")
     if path in ("/v1/admin/metadata", "/v1/admin/sync-state-data", "/v1/admin/history") or (
-            method == "GET" and (path == "/metrics" or path.startswith(("/dashboard", "/v1/dashboard/")))):
+            method == "GET" and path == "/metrics"):
         return Rule(READERS)
     m = _ADMIN_SET.match(path)
     if m:
@@ -172,12 +182,21 @@ class TokenStore:
         if not first:
             log.warning("tokens file %s changed: %d credentials loaded", self.path, len(table))
 
-    def authenticate(self, authorization: str | None) -> Principal:
-        """The principal of an `Authorization` header value; AuthError(401) if missing or unknown."""
+    def _reload_if_due(self) -> None:
         now = time.monotonic()
         if now - self._checked >= self.check_interval_s:
             self._checked = now
             self._load()
+
+    def principal_for_digest(self, digest: str) -> Principal | None:
+        """The current holder of a token known by its SHA-256 (a dashboard session): None once revoked."""
+        self._reload_if_due()
+        with self._lock:
+            return self._by_hash.get(digest)
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        """The principal of an `Authorization` header value; AuthError(401) if missing or unknown."""
+        self._reload_if_due()
         if not authorization:
             raise AuthError(401, "authentication required: send 'Authorization: Bearer <token>'")
         scheme, _, token = authorization.partition(" ")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from urllib.parse import parse_qs
 
+from . import dashboard_login
 from .audit import AuditLog
 from .auth import ANONYMOUS, AuthError, Principal, TokenStore, authorize, rule_for
 
@@ -31,11 +32,14 @@ class AuthMiddleware:
         self.app = app
         self.tokens = tokens
         self.audit = audit
+        self.sessions = dashboard_login.Sessions()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         method, path = scope["method"], scope["path"]
+        if method == "POST" and path in (dashboard_login.LOGIN_PATH, dashboard_login.LOGOUT_PATH):
+            return await dashboard_login.handle(self.tokens, self.sessions, scope, receive, send)
         rule = rule_for(method, path)
         if rule.public:
             return await self.app(scope, receive, send)
@@ -46,7 +50,14 @@ class AuthMiddleware:
         principal: Principal | None = None
         try:
             auth = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
-            principal = self.tokens.authenticate(auth)
+            sid = None
+            if auth is None and rule.cookie_ok and method == "GET":  # a browser on the dashboard's reads
+                sid = dashboard_login.session_id(scope)
+            if sid is not None:
+                principal = self.sessions.principal(self.tokens, sid)
+                scope.setdefault("state", {})["signed_in_by_cookie"] = True
+            else:
+                principal = self.tokens.authenticate(auth)
             cluster = None
             if principal.role == "broker":
                 query = parse_qs(scope.get("query_string", b"").decode("latin-1"))

@@ -151,12 +151,70 @@ function route() {
   $("setpage").scrollIntoView();
 }
 $("closeset").onclick = (e) => { e.preventDefault(); location.hash = ""; };
-window.addEventListener("hashchange", route);
-route();
+
+// ---------------------------------------------------------------- sign-in (docs/dashboard.md)
+// A browser cannot send a bearer token on an EventSource: the token (from the URL fragment
+// #token=..., which never reaches a server, or from the form) is exchanged once for an HttpOnly
+// cookie that the node accepts on the dashboard's read-only data routes only.
+async function login(token) {
+  const r = await fetch("/v1/dashboard/login", {method: "POST", headers: {"Content-Type": "application/json"},
+                                                body: JSON.stringify({token})});
+  if (r.ok) return null;
+  try { return (await r.json()).remark; } catch { return `sign-in failed (HTTP ${r.status})`; }
+}
+function showLogin(message) {
+  if (source) { source.close(); source = null; }
+  $("overview").hidden = true;
+  $("login").hidden = false;
+  $("logout").hidden = true;
+  $("who").textContent = "";
+  $("conn").textContent = "signed out"; $("conn").className = "badge off";
+  $("login-error").textContent = message || "";
+  $("token").focus();
+}
+async function start() {
+  const m = location.hash.match(/^#token=(.+)$/);
+  if (m) {
+    history.replaceState(null, "", location.pathname + location.search);  // out of the address bar and history
+    const err = await login(decodeURIComponent(m[1]));
+    if (err) { showLogin(err); return; }
+  }
+  const r = await fetch("/v1/dashboard/session");
+  if (!r.ok) { showLogin(r.status === 401 ? "" : `HTTP ${r.status}`); return; }
+  const who = await r.json();
+  $("who").textContent = `${who.name} (${who.role})`;
+  $("logout").hidden = !who.cookie;
+  $("login").hidden = true;
+  $("overview").hidden = false;
+  route();
+  startFeed();
+}
+$("login-form").onsubmit = async (e) => {
+  e.preventDefault();
+  const token = $("token").value.trim();
+  $("token").value = "";
+  const err = await login(token);
+  if (err) showLogin(err); else start();
+};
+$("logout").onclick = async (e) => {
+  e.preventDefault();
+  await fetch("/v1/dashboard/logout", {method: "POST"});
+  showLogin("signed out");
+};
+window.addEventListener("hashchange", () => { if (location.hash.startsWith("#token=")) start(); else route(); });
 
 // ---------------------------------------------------------------- the live feed
-const source = new EventSource("/v1/dashboard/stream");
-source.addEventListener("history", (e) => { JSON.parse(e.data).forEach(addSample); redraw(); });
-source.addEventListener("frame", (e) => render(JSON.parse(e.data)));
-source.onopen = () => { $("conn").textContent = "live"; $("conn").className = "badge on"; };
-source.onerror = () => { $("conn").textContent = "reconnecting"; $("conn").className = "badge off"; };
+let source = null;
+function startFeed() {
+  if (source) source.close();
+  source = new EventSource("/v1/dashboard/stream");
+  source.addEventListener("history", (e) => { JSON.parse(e.data).forEach(addSample); redraw(); });
+  source.addEventListener("frame", (e) => render(JSON.parse(e.data)));
+  source.onopen = () => { $("conn").textContent = "live"; $("conn").className = "badge on"; };
+  source.onerror = () => {
+    $("conn").textContent = "reconnecting"; $("conn").className = "badge off";
+    // refused for good (signed out, token revoked, too many viewers): ask who we are again, without hammering
+    if (source.readyState === EventSource.CLOSED) setTimeout(start, 2000);
+  };
+}
+start();

@@ -97,15 +97,34 @@ def test_a_killed_master_appears_on_a_followers_dashboard(tmp_path):
             browser = pw.chromium.launch(executable_path=chromium_path(), headless=True,
                                          args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
             try:
-                # An operator's browser: trusts the cluster CA (here: ignores the self-signed chain)
-                # and sends an observer token with every request, the SSE stream included.
-                context = browser.new_context(viewport={"width": 1400, "height": 1100}, ignore_https_errors=True,
-                                              extra_http_headers=creds.credentials("observer").headers())
+                # An operator's browser: trusts the cluster CA (here: ignores the local chain) and has no
+                # way to put a bearer token on requests; it signs in the way a person does.
+                context = browser.new_context(viewport={"width": 1400, "height": 1100}, ignore_https_errors=True)
                 page = context.new_page()
                 errors: list[str] = []
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
-                page.goto(f"https://{follower}/dashboard")
+                observer = creds.token_file("observer").read_text().strip()
+                page.goto(f"https://{follower}/dashboard")  # no token: the form
+                expect(page.locator("#login")).to_be_visible(timeout=15_000)
+                expect(page.locator("#overview")).to_be_hidden()
+                page.fill("#token", "not-a-token")
+                page.click("#login-form button")
+                expect(page.locator("#login-error")).to_contain_text("invalid", timeout=10_000)
+                page.fill("#token", observer)
+                page.click("#login-form button")
                 expect(page.locator("#conn")).to_have_text("live", timeout=15_000)
+                expect(page.locator("#who")).to_contain_text("observer")
+                cookie = next(c for c in context.cookies() if c["name"].startswith("__Host-electra"))
+                assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict"
+                assert page.evaluate("document.cookie") == ""  # no script reads it
+                page.click("#logout")
+                expect(page.locator("#login")).to_be_visible(timeout=10_000)
+                assert not [c for c in context.cookies() if c["name"].startswith("__Host-electra")]
+                # What `electra up` prints: the token in the fragment, exchanged for the cookie, then
+                # gone from the address bar.
+                page.goto(f"https://{follower}/dashboard#token={observer}")
+                expect(page.locator("#conn")).to_have_text("live", timeout=15_000)
+                assert "token" not in page.url
                 expect(page.locator("#live_master")).to_have_text("4", timeout=30_000)
                 expect(page.locator("#group tbody tr")).to_have_count(3, timeout=10_000)
                 page.screenshot(path=str(shots / "1-before.png"), full_page=True)

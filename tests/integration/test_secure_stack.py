@@ -15,6 +15,7 @@ import pytest
 from electra.api.client import ControllerClient
 from electra.bench.common import free_ports
 from electra.broker_simulator import BrokerFleet
+from electra.cli import dashboard_hint
 from electra.local_stack import LocalStack, StackConfig
 from electra.streaming.sink import ControllerClient as SinkClient
 
@@ -79,9 +80,45 @@ def test_secure_local_stack_serves_every_role(tmp_path):
         st = subprocess.run([sys.executable, "-m", "electra.cli", "status"], capture_output=True, text=True,
                             timeout=60, env=no_token)
         assert st.returncode == 1 and "refused" in st.stdout and "401" in st.stdout, (st.stdout, st.stderr)
+        _dashboard_sign_in_as_electra_up_prints_it(stack)
     except BaseException:
         for name in ("node1", "node2", "ingest1"):
             print(f"----- {name} -----\n{stack.log_tail(name, 30)}")
         raise
     finally:
         stack.stop_all()
+
+
+def _dashboard_sign_in_as_electra_up_prints_it(stack: LocalStack) -> None:
+    """The URL `electra up` prints, used over real HTTPS as the page does: the fragment's token buys a cookie
+    that reads the dashboard's data and nothing else."""
+    import http.client
+    import json
+    from urllib.parse import unquote, urlsplit
+
+    creds = stack.creds
+    hint = dashboard_hint(stack.endpoints[1], creds)
+    url = urlsplit(next(w for w in hint.split() if w.startswith("https://")))
+    token = unquote(url.fragment.removeprefix("token="))
+    host, port = url.netloc.rsplit(":", 1)
+
+    def call(method: str, path: str, headers: dict, body: bytes | None = None) -> http.client.HTTPResponse:
+        conn = http.client.HTTPSConnection(host, int(port), context=creds.credentials("observer").ssl_context(),
+                                           timeout=10)
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        resp.read()
+        conn.close()
+        return resp
+
+    assert call("GET", url.path, {}).status == 200  # the page shell is public
+    assert call("GET", "/v1/dashboard/session", {}).status == 401
+    bad = call("POST", "/v1/dashboard/login", {"Content-Type": "application/json"}, b'{"token": "nope"}')
+    assert bad.status == 401 and bad.getheader("set-cookie") is None
+    json_body = {"Content-Type": "application/json"}
+    ok = call("POST", "/v1/dashboard/login", json_body, json.dumps({"token": token}).encode())
+    assert ok.status == 204, ok.status
+    cookie = {"Cookie": ok.getheader("set-cookie").split(";")[0]}
+    assert call("GET", "/v1/dashboard/session", cookie).status == 200
+    assert call("GET", "/v1/admin/metadata", cookie).status == 401  # the cookie is no credential off the dashboard
+    assert call("POST", "/v1/admin/broker-sets/sim-set-0/clean", cookie).status == 401

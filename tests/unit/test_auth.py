@@ -27,7 +27,7 @@ BROKER_A = Principal("a", "broker", ("set-a", "grp-*"), ("c",))
     ("POST", "/v1/admin/broker-sets/set-a/clean", {"admin"}, {"broker", "pipeline", "observer"}),
     ("GET", "/v1/admin/metadata", {"observer", "admin", "pipeline"}, {"broker"}),
     ("GET", "/metrics", {"observer", "admin", "pipeline"}, {"broker"}),
-    ("GET", "/dashboard", {"observer", "admin", "pipeline"}, {"broker"}),
+    ("GET", "/v1/dashboard/stream", {"observer", "admin", "pipeline"}, {"broker"}),
     ("POST", "/v1/something-new", {"admin"}, {"broker", "pipeline", "observer"}),  # deny by default
 ])
 def test_route_table(method, path, allowed, denied):

@@ -20,7 +20,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from electra.cli import build_parser, parse_addr, parse_http_peers, parse_peers, resolve_node_settings
+from electra.cli import _NODE_TYPES, build_parser, parse_addr, parse_http_peers, parse_peers, resolve_node_settings
+from electra.security.auth import TokenStore, rule_for
+from electra.security.credentials import ClientCredentials
+from electra.security.node_security import TOKENS_FILE, resolve_node_security
+from electra.security.pki import cert_node_identity, node_cert_paths, read_cluster_id
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -94,28 +98,104 @@ def test_controller_identities_follow_the_statefulset():
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert [t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]] == ["data"]
     assert env["ELECTRA_DATA_DIR"]["value"] == mounts["data"]
-    assert mounts["pki"] == env["ELECTRA_PKI_DIR"]["value"] == "/etc/electra/pki"
+    assert mounts["certs"] == env["ELECTRA_CERTS_DIR"]["value"] == "/etc/electra/certs"
     assert c["args"] == ["controller"]
     pdb = find("PodDisruptionBudget", "electra")
     assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["selector"] == sts["spec"]["selector"]
 
 
-def test_node_accepts_the_statefulset_environment(monkeypatch):
-    """The node's own settings resolution, fed the manifest's env (plain values) and the entrypoint's node id."""
+def test_node_accepts_the_statefulset_environment(monkeypatch, certs_secret, tmp_path):
+    """The node's own settings resolution and security check, fed the manifest's env (plain values), the
+    entrypoint's node id and the electra-certs Secret (as `electra cert` writes it) mounted where the pod
+    mounts it: the node starts secure (a wrong variable name would end in "refusing to serve without TLS")."""
     sts = find("StatefulSet", "electra")
-    for name, e in env_of(sts["spec"]["template"]["spec"]["containers"][0]).items():
+    pod = sts["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    mounted = mount_secrets(pod, container, certs_secret, tmp_path / "root")
+    for name, e in env_of(container).items():
         if "value" in e:
             monkeypatch.setenv(name, e["value"])
-    monkeypatch.setenv("ELECTRA_NODE_ID", "2")
     monkeypatch.setenv("ELECTRA_KAFKA_BOOTSTRAP", find("ConfigMap", "electra-config")["data"]["KAFKA_BOOTSTRAP"])
-    args = resolve_node_settings(build_parser().parse_args(["node"]))
-    assert args.id == 2 and args.id in args.peers and args.data_dir == "/var/lib/electra/data"
-    assert args.inactive_master_scan_ms == 0  # with Kafka, the streaming job detects dead masters
+    for node_id in range(1, sts["spec"]["replicas"] + 1):
+        monkeypatch.setenv("ELECTRA_NODE_ID", str(node_id))
+        args = resolve_node_settings(build_parser().parse_args(["node"]))
+        assert args.id == node_id and args.id in args.peers and args.data_dir == "/var/lib/electra/data"
+        assert args.inactive_master_scan_ms == 0  # with Kafka, the streaming job detects dead masters
+        security = resolve_node_security(args.id, mounted(args.certs_dir), insecure=args.insecure,
+                                         cluster_id=args.cluster_id, tokens_file=args.tokens_file)
+        assert not security.insecure and security.tokens is not None
+
+
+def test_ingest_deployment_serves_https_with_mounted_files(monkeypatch, certs_secret, tmp_path):
+    """`electra ingest` parsed with the Deployment's args and env finds its certificate, key and tokens in the
+    mounted Secret (the same files cmd_ingest checks before serving)."""
+    dep = find("Deployment", "electra-ingest")
+    pod = dep["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    mounted = mount_secrets(pod, container, certs_secret, tmp_path / "root")
+    for name, e in env_of(container).items():
+        if "value" in e:
+            monkeypatch.setenv(name, e["value"])
+    config = find("ConfigMap", "electra-config")["data"]
+    argv = [_expand(a, {"KAFKA_BOOTSTRAP": config["KAFKA_BOOTSTRAP"], "TOPIC_PREFIX": config["TOPIC_PREFIX"]})
+            for a in container["args"]]
+    assert argv[:2] == ["electra", "ingest"]
+    args = build_parser().parse_args(argv[1:])  # the env fallbacks are read when the parser is built
+    assert not args.insecure and args.certs_dir and args.node_id is not None
+    certs = Path(mounted(args.certs_dir))
+    for f in (*node_cert_paths(certs, args.node_id), Path(args.tokens_file or certs / TOKENS_FILE)):
+        assert f.is_file(), f"the ingest needs {f.name}, which its mount of electra-certs lacks"
+    cluster_id, _ = cert_node_identity(node_cert_paths(certs, args.node_id)[0])
+    assert cluster_id == read_cluster_id(certs_secret)
+
+
+def test_streaming_driver_has_its_client_credentials(monkeypatch, certs_secret, tmp_path):
+    """The driver's ELECTRA_TOKEN_FILE / ELECTRA_CA_FILE name files of its Secret mount: the client speaks HTTPS
+    with the pipeline token."""
+    dep = find("Deployment", "electra-streaming")
+    pod = dep["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    mounted = mount_secrets(pod, container, certs_secret, tmp_path / "root")
+    env = {name: mounted(e["value"]) for name, e in env_of(container).items()
+           if name in ("ELECTRA_TOKEN_FILE", "ELECTRA_CA_FILE")}
+    creds = ClientCredentials.from_env(env)
+    assert creds.scheme == "https" and Path(creds.ca_file).is_file()
+    principal = TokenStore(certs_secret / TOKENS_FILE).authenticate(creds.headers()["Authorization"])
+    assert principal.role == "pipeline"
+    names = {item["key"] for v in pod["volumes"] if "secret" in v for item in v["secret"].get("items", [])}
+    assert not any(n.endswith(".key") or n == TOKENS_FILE for n in names), "the driver needs no node keys"
+
+
+def test_env_variables_set_in_deploy_are_read_by_the_code():
+    """Every ELECTRA_* name in deploy/ (manifests, units, env examples, job definitions, docs) is one the code
+    reads: a node option (ELECTRA_<OPTION>) or a name the sources spell out (credentials, Kafka security, ...)."""
+    read = {"ELECTRA_NODE_ID"} | {f"ELECTRA_{key.upper()}" for key in _NODE_TYPES}
+    for src in ROOT.glob("*/**/*.py"):
+        if src.parts[len(ROOT.parts)] in ("tests", ".venv", "bench", "notebooks") or "site-packages" in src.parts:
+            continue
+        read |= set(re.findall(r"[\"'](ELECTRA_[A-Z0-9_]*[A-Z0-9])[\"'=]", src.read_text()))
+    assert {"ELECTRA_CERTS_DIR", "ELECTRA_TOKEN_FILE", "ELECTRA_CA_FILE", "ELECTRA_KAFKA_CA_FILE"} <= read
+    for path in sorted(p for p in DEPLOY.rglob("*") if p.is_file()):
+        used = set(re.findall(r"\b(ELECTRA_[A-Z0-9_]*[A-Z0-9])\b", path.read_text()))
+        assert used <= read, f"{path.relative_to(ROOT)} sets {sorted(used - read)}, which nothing reads"
+
+
+def test_http_probes_and_scrapes_speak_https():
+    """The node and the ingest serve HTTPS only: an HTTP probe would fail every check, an HTTP scrape too."""
+    for w in (d for d in manifests() if d["kind"] in ("StatefulSet", "Deployment")):
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                if "httpGet" in c.get(probe, {}):
+                    assert c[probe]["httpGet"].get("scheme") == "HTTPS", f"{w['metadata']['name']} {probe}"
+                    assert rule_for("GET", c[probe]["httpGet"]["path"]).public, "probes send no token"
+        notes = w["spec"]["template"]["metadata"].get("annotations", {})
+        if notes.get("prometheus.io/scrape") == "true":
+            assert notes.get("prometheus.io/scheme") == "https", w["metadata"]["name"]
 
 
 def test_references_between_manifests_resolve():
     """Every ConfigMap/Secret key, Service selector and ServiceAccount a pod refers to exists (Secrets marked
-    optional may be absent: electra-pki is created by whoever issues the certificates)."""
+    optional may be absent, and electra-certs is created by whoever issues the certificates)."""
     docs = manifests()
     by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     workloads = [d for d in docs if d["kind"] in ("StatefulSet", "Deployment")]
@@ -134,7 +214,8 @@ def test_references_between_manifests_resolve():
                         assert ref[key]["key"] in data, f"{kind} {ref[key]['name']} has no {ref[key]['key']}"
         for v in pod.get("volumes", []):
             if "secret" in v and ("Secret", v["secret"]["secretName"]) not in by_kind:
-                assert v["secret"].get("optional"), v
+                # electra-certs is made by whoever issues certificates (deploy/README.md), the rest is optional
+                assert v["secret"]["secretName"] == "electra-certs" or v["secret"].get("optional"), v
             if "persistentVolumeClaim" in v:
                 assert ("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"]) in by_kind
         if "serviceAccountName" in pod:
@@ -194,6 +275,43 @@ def test_streaming_deployment_submits_to_kubernetes(tmp_path):
     assert job[job.index("--controllers") + 1] == config["CONTROLLERS"]
     assert job[job.index("--checkpoint") + 1] == mount
     assert "--no-hwm-fix" in job
+
+
+# --------------------------------------------------------------------------- the electra-certs Secret
+@pytest.fixture(scope="module")
+def certs_secret(tmp_path_factory) -> Path:
+    """The files of the electra-certs Secret, written by `electra cert` as deploy/README.md says."""
+    d = tmp_path_factory.mktemp("certs")
+    parser = build_parser()
+
+    def cert(*argv: str) -> None:
+        args = parser.parse_args(["cert", *argv, "--certs-dir", str(d)])
+        assert args.fn(args) == 0, argv
+
+    cert("create-ca")
+    for node_id in (1, 2, 3, 100):
+        cert("create-node", "--id", str(node_id), "--host", f"host-{node_id}")
+    for role in ("observer", "pipeline"):
+        cert("create-token", "--role", role, "--name", role, "--out", str(d / f"{role}.token"))
+    (d / "ca.key").unlink()  # never shipped to the pods
+    return d
+
+
+def mount_secrets(pod: dict, container: dict, secret_dir: Path, root: Path):
+    """Copy what the container would see of the Secret volumes under `root`; returns a path mapper."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for m in container.get("volumeMounts", []):
+        v = volumes.get(m["name"], {})  # volumeClaimTemplates are not in `volumes`
+        if "secret" not in v:
+            continue
+        assert v["secret"]["secretName"] == "electra-certs" and not v["secret"].get("optional"), v
+        dest = root / m["mountPath"].lstrip("/")
+        dest.mkdir(parents=True)
+        items = v["secret"].get("items") or [{"key": f.name, "path": f.name} for f in secret_dir.iterdir()]
+        for item in items:
+            assert (secret_dir / item["key"]).is_file(), f"electra cert writes no {item['key']}"
+            shutil.copy(secret_dir / item["key"], dest / item["path"])
+    return lambda path: str(root / path.lstrip("/"))
 
 
 # --------------------------------------------------------------------------- entrypoint
@@ -340,6 +458,83 @@ def test_systemd_node_unit_matches_the_node_settings():
     parse_peers(example["ELECTRA_PEERS"])
     parse_http_peers(example["ELECTRA_HTTP_PEERS"])
     parse_addr(example["ELECTRA_HTTP_ADDR"])
+
+
+def unit_settings(name: str, instance: str) -> tuple[dict[str, str], dict[str, str]]:
+    """A unit's Environment= variables and LoadCredential= names -> source paths, with %i filled in."""
+    env: dict[str, str] = {}
+    creds: dict[str, str] = {}
+    for line in (DEPLOY / "systemd" / name).read_text().replace("%i", instance).splitlines():
+        if line.startswith("Environment="):
+            env |= dict(kv.split("=", 1) for kv in line.removeprefix("Environment=").split())
+        elif line.startswith("LoadCredential="):
+            cred, _, source = line.removeprefix("LoadCredential=").partition(":")
+            creds[cred] = source
+    return env, creds
+
+
+def load_credentials(creds: dict[str, str], secret_dir: Path, dest: Path) -> None:
+    """What systemd does at start: copy each credential into $CREDENTIALS_DIRECTORY (%d)."""
+    dest.mkdir()
+    for cred, source in creds.items():
+        assert source.startswith("/etc/electra/certs/"), source
+        shutil.copy(secret_dir / Path(source).name, dest / cred)
+
+
+def test_systemd_node_unit_starts_secure(monkeypatch, certs_secret, tmp_path):
+    """electra-node@2: the credentials it loads are the files the node looks for in ELECTRA_CERTS_DIR."""
+    env, creds = unit_settings("electra-node@.service", "2")
+    load_credentials(creds, certs_secret, tmp_path / "credentials")
+    for line in (DEPLOY / "systemd" / "node.env.example").read_text().splitlines():
+        if line and not line.startswith("#"):
+            monkeypatch.setenv(*line.split("=", 1))
+    for k, v in env.items():
+        v = v.replace("%d", str(tmp_path / "credentials")).replace("/etc/electra/certs/", f"{certs_secret}/")
+        monkeypatch.setenv(k, v)
+    args = resolve_node_settings(build_parser().parse_args(["node"]))
+    assert args.id == 2
+    security = resolve_node_security(args.id, args.certs_dir, insecure=args.insecure, cluster_id=args.cluster_id,
+                                     tokens_file=args.tokens_file)
+    assert not security.insecure and Path(args.tokens_file).parent == certs_secret  # read in place: live rotation
+
+
+def test_systemd_ingest_and_streaming_units_have_their_files(monkeypatch, certs_secret, tmp_path):
+    env, creds = unit_settings("electra-ingest@.service", "100")
+    load_credentials(creds, certs_secret, tmp_path / "ingest")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v.replace("%d", str(tmp_path / "ingest")))
+    args = build_parser().parse_args(["ingest", "--kafka-bootstrap", "k:9092"])
+    assert not args.insecure and args.node_id == 100
+    for f in node_cert_paths(args.certs_dir, args.node_id):
+        assert f.is_file(), f
+    assert Path(args.tokens_file) == Path("/etc/electra/certs") / TOKENS_FILE
+    env, creds = unit_settings("electra-streaming.service", "")
+    load_credentials(creds, certs_secret, tmp_path / "streaming")
+    creds_env = {k: v.replace("%d", str(tmp_path / "streaming")) for k, v in env.items()}
+    client = ClientCredentials.from_env(creds_env)
+    assert client.scheme == "https" and client.token == (certs_secret / "pipeline.token").read_text().strip()
+
+
+# --------------------------------------------------------------------------- Prometheus
+def test_prometheus_scrape_config_uses_https_and_an_observer_token(tmp_path, certs_secret):
+    """promtool accepts the configuration (with its files present), every job scrapes over HTTPS with the CA and
+    a token file, and the job names are the ones the alert rules use."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: `make setup` installs the Debian package prometheus"
+    config = yaml.safe_load((DEPLOY / "monitoring" / "prometheus-scrape.yml").read_text())
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    alerts = (DEPLOY / "monitoring" / "alerts.yml").read_text()
+    assert set(re.findall(r'job="([\w-]+)"', alerts)) <= set(jobs)
+    for job in jobs.values():
+        assert job["scheme"] == "https" and job["authorization"]["type"] == "Bearer"
+        assert Path(job["tls_config"]["ca_file"]).name == "ca.crt"
+        job["tls_config"]["ca_file"] = str(certs_secret / "ca.crt")
+        job["authorization"]["credentials_file"] = str(certs_secret / "observer.token")
+    shutil.copy(DEPLOY / "monitoring" / "alerts.yml", tmp_path / "alerts.yml")
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    out = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 # --------------------------------------------------------------------------- Databricks
