@@ -154,14 +154,19 @@ def _body(status: int, payload: dict) -> tuple[int, bytes]:
     return status, json.dumps(payload).encode()
 
 
+def parse_heartbeat(raw: bytes) -> dict:
+    """A request body as a validated heartbeat (records.validate_heartbeat); InvalidHeartbeat names the problem."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise records.InvalidHeartbeat(f"body: invalid JSON ({exc})") from None
+    return records.validate_heartbeat(body)
+
+
 def handle_heartbeat(producer: HeartbeatProducer, raw: bytes, now_ms: int) -> tuple[int, bytes]:
     """The whole request logic, free of HTTP plumbing (also used by the controller node's own endpoint)."""
     try:
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise records.InvalidHeartbeat(f"body: invalid JSON ({exc})") from None
-        hb = records.validate_heartbeat(body)
+        hb = parse_heartbeat(raw)
     except records.InvalidHeartbeat as exc:
         producer.stats["invalid"] += 1
         return _body(422, {"code": 2005, "remark": "invalid heartbeat", "detail": str(exc)})

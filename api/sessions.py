@@ -26,7 +26,7 @@ import logging
 
 from electra.streaming import records
 
-from .ingest import HeartbeatProducer, KafkaUnavailable
+from .ingest import HeartbeatProducer, KafkaUnavailable, parse_heartbeat
 
 log = logging.getLogger("electra.api.sessions")
 
@@ -68,11 +68,7 @@ class SessionRegistry:
     def open(self, conn: object, raw: bytes, now_ms: int) -> tuple[int, bytes]:
         """`POST /v1/session`: the body is a heartbeat; it is produced as one and names the session's broker."""
         try:
-            try:
-                body = json.loads(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise records.InvalidHeartbeat(f"body: invalid JSON ({exc})") from None
-            hb = records.validate_heartbeat(body)
+            hb = parse_heartbeat(raw)
         except records.InvalidHeartbeat as exc:
             return _answer(422, {"code": 2005, "remark": "invalid session", "detail": str(exc)})
         held = self._by_conn.get(conn)
