@@ -308,6 +308,9 @@ def test_whole_cluster_bootstraps_from_tier_after_losing_its_disks(tmp_path):
             await c.drive(50)
             ld = await c.uploaded()
             state, applied = _wire(ld.service.sm.sets), ld.node.applied
+            deadline = time.monotonic() + 15  # the snapshot upload runs beside the events upload
+            while TierStore(uri).progress("snapshots").upto == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
             assert TierStore(uri).progress("snapshots").upto > 0
             before = _table_rows(uri)
             await c.stop_all()
