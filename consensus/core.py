@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from itertools import accumulate
 
+from . import mutations
 from .errors import NotLeader, ProposalDropped
 from .messages import MAX_TERM, MAX_TERM_JUMP, Message, MsgType
 
@@ -512,6 +513,8 @@ class RaftCore:
             can_vote = m.term > self.term
         else:
             can_vote = self.vote == m.src or (self.vote == NONE and self.lead == NONE)
+            if mutations.enabled("double_vote"):  # the deliberate bug: forget whom we voted for
+                can_vote = self.lead == NONE
         resp_type = MsgType.PRE_VOTE_RESP if pre else MsgType.VOTE_RESP
         if can_vote and up_to_date:
             self._msgs.append(Message(resp_type, self.id, m.src, m.term))

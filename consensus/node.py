@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from . import mutations
 from .cluster_stamp import check_cluster_stamp
 from .core import RaftConfig, RaftCore, Ready, Role
 from .errors import (
@@ -119,6 +120,8 @@ class NodeConfig:
         """
         if not self.lease_reads or not self.raft.check_quorum:
             return 0.0
+        if mutations.enabled("lease_without_margin"):  # the deliberate bug: no drift, no tick of slack
+            return 2 * self.raft.election_ticks * self.tick_s
         return (self.raft.election_ticks - 1) * self.tick_s * (1 - self.max_clock_drift)
 
 class RaftNode:
@@ -177,6 +180,8 @@ class RaftNode:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.failed = self._loop.create_future()
+        if (warning := mutations.banner()) is not None:
+            log.critical("node %d: %s", self.cfg.node_id, warning)
         t0 = time.monotonic()
         rec = self.storage.open()
         meta = self.snapshots.latest()
@@ -648,6 +653,11 @@ class RaftNode:
                     storage.append(rd.entries_first, rd.ent_terms, rd.ent_data)
                     n_entries += len(rd.ent_terms)
                     wrote = True
+            early = mutations.enabled("ack_before_fsync")
+            if early:  # the deliberate bug: acknowledge what is still only in memory
+                for rd in batch:
+                    if rd.send_after_persist:
+                        self.transport.send_many(rd.send_after_persist)
             if wrote:
                 try:
                     await loop.run_in_executor(self._disk, storage.sync)
@@ -661,7 +671,7 @@ class RaftNode:
                 return
             core = self.core
             for rd in batch:
-                if rd.send_after_persist:
+                if rd.send_after_persist and not early:
                     self.transport.send_many(rd.send_after_persist)
                 idx, term = rd.persist_last
                 if idx:

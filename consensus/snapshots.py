@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from . import mutations
 from .messages import Message, MsgType
 
 MAGIC = b"ESNP"
@@ -241,7 +242,7 @@ class FileSink:
         if self.store.fsync:
             os.fsync(self.f.fileno())
         self.f.close()
-        meta = self.store.read_meta(self.tmp)
+        meta = self.store.read_meta(self.tmp, verify=not mutations.enabled("snapshot_apply_unverified"))
         return self.store._install(self.tmp, meta)
 
     def abort(self) -> None:
@@ -263,6 +264,9 @@ class BytesSink:
         self.buf[offset:end] = data
 
     def finish(self) -> SnapshotMeta:
+        if mutations.enabled("snapshot_apply_unverified"):  # the deliberate bug: trust the header
+            index, term, size, crc = parse_header(bytes(self.buf))
+            return SnapshotMeta(index, term, size, crc)
         return verify_blob(bytes(self.buf))
 
     def abort(self) -> None:

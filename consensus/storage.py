@@ -38,6 +38,7 @@ from pathlib import Path
 
 import msgpack
 
+from . import mutations
 from .errors import DiskFailure
 
 ENTRIES, HARD_STATE, COMPACTED, RESET = 1, 2, 3, 4
@@ -168,6 +169,8 @@ class LogStorage:
                     problem = "checksum mismatch"
             if problem is not None:
                 all_zero = data.count(0, pos) == n - pos
+                if mutations.enabled("skip_torn_tail_truncation"):
+                    break  # the deliberate bug: keep the torn bytes; later appends land after them
                 if newest and (all_zero or not _valid_record_after(data, pos)):
                     log.warning("log %s: torn tail at offset %d (%s); dropping %d bytes", seg, pos, problem, n - pos)
                     with open(seg, "r+b") as f:
