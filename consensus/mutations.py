@@ -57,7 +57,8 @@ def banner() -> str | None:
     """A line to log at start when any mutation is on; None in every real deployment."""
     if not _active:
         return None
-    return f"TEST BUILD: deliberate bugs switched on via {ENV}: {', '.join(sorted(_active))}. NEVER run this in production."
+    names = ", ".join(sorted(_active))
+    return f"TEST BUILD: deliberate bugs switched on via {ENV}: {names}. NEVER run this in production."
 
 
 @contextmanager
