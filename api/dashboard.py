@@ -43,7 +43,6 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
 from electra.security.auth import ANONYMOUS
 from electra.security.credentials import ClientCredentials
-from electra.state.journal import set_state
 
 from .topic_stats import TopicStats
 
@@ -338,7 +337,7 @@ class DashboardFeed:
         now_ms = int(self.clock() * 1000)
         live = {str(i): {"last_heartbeat_ms": info.last_update_ms, "alive": info.alive_at(now_ms)}
                 for i, info in self.svc.liveness.group_by_name(name).items()}
-        return {"set": name, "state": set_state(bs), "liveness": live,
+        return {"set": name, "state": bs.view().to_public(), "liveness": live,
                 "failovers": [f for f in self.failovers if f["set"] == name]}
 
 

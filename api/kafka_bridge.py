@@ -29,7 +29,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from electra.consensus.core import Role
 from electra.security.kafka_settings import kafka_client_kwargs
-from electra.state.journal import JournalEntry, JournalGap, set_state
+from electra.state.journal import JournalEntry, JournalGap
 from electra.state.liveness import BrokerLiveInfo
 from electra.streaming import records
 from electra.streaming.kafka_io import end_offsets, ensure_topics, last_record, topic_partitions
@@ -127,7 +127,7 @@ class EventsPublisher:
         index = self.svc.node.applied
         term = self.svc.node.core.term_at(index) or self.svc.node.core.term
         now = self.svc.now_ms()
-        return [JournalEntry(index, term, now, {"type": "Resync", "brokerName": name}, bs.cluster, set_state(bs))
+        return [JournalEntry(index, term, now, {"type": "Resync", "brokerName": name}, bs.cluster, bs.view())
                 for name, bs in sorted(sm.sets.items())] or [
                 JournalEntry(index, term, now, {"type": "Resync", "brokerName": None}, None, None)]
 
@@ -135,7 +135,7 @@ class EventsPublisher:
         p = self._producer
         futures = []
         for e in entries:
-            value = records.event_record(e.index, e.term, e.ts, e.event, e.state, e.cluster)
+            value = records.event_record(e.index, e.term, e.ts, e.event, e.public_state(), e.cluster)
             key = (e.event.get("brokerName") or "").encode()
             futures.append(p.send(self.topic, key=key, value=records.encode(value), partition=0))
         p.flush(timeout=10)

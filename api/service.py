@@ -25,9 +25,11 @@ from electra.consensus.errors import NotLeader
 from electra.consensus.node import RaftNode
 from electra.state import commands as C
 from electra.state.codes import Code
-from electra.state.journal import EventJournal, JournalEntry, set_state
+from electra.state.journal import EventJournal, entry_for
 from electra.state.liveness import BrokerLiveInfo, LivenessTable
 from electra.state.machine import ControllerStateMachine
+from electra.state.results import Event, Result
+from electra.state.views import NO_SET_ROLE_FIELDS
 
 log = logging.getLogger("electra.api.service")
 
@@ -85,9 +87,9 @@ class ControllerService:
                                    priority=priority)
         return {"code": 0, "remark": "Heart beat success"}
 
-    async def _read(self, fn: Callable[[ControllerStateMachine], dict]) -> dict:
+    async def _read(self, fn: Callable[[ControllerStateMachine], Result]) -> dict:
         mode = "linearizable" if self.node.role == Role.LEADER else "follower"
-        return await self.node.read(lambda sm: fn(sm), mode=mode)
+        return await self.node.read(lambda sm: fn(sm).to_response(), mode=mode)
 
     async def get_next_broker_id(self, cluster: str, name: str) -> dict:
         return await self._read(lambda sm: sm.get_next_broker_id(cluster, name))
@@ -96,13 +98,13 @@ class ControllerService:
         return await self._read(lambda sm: sm.get_replica_info(name))
 
     def get_sync_state_data(self, names: list[str]) -> dict:
-        return self.sm.get_sync_state_data(names, self.liveness.group_by_name, self.now_ms())
+        return self.sm.get_sync_state_data(names, self.liveness.group_by_name, self.now_ms()).to_response()
 
     async def _write(self, cmd: bytes) -> dict:
         if self.node.role != Role.LEADER:
             raise NotLeader(self.node.leader_id, self.leader_address())
         res = await self.node.propose(cmd)
-        return {k: v for k, v in res.items() if k != "events"}
+        return res.to_response()
 
     async def apply_broker_id(self, cluster: str, name: str, broker_id: int, check_code: str) -> dict:
         return await self._write(C.apply_broker_id(cluster, name, broker_id, check_code, self.now_ms()))
@@ -175,20 +177,15 @@ class ControllerService:
     def unsubscribe(self, name: str, q: asyncio.Queue) -> None:
         self._watchers.get(name, set()).discard(q)
 
-    def _on_event(self, index: int, ev: dict) -> None:
-        bs = self.sm.sets.get(ev.get("brokerName", ""))
+    def _on_event(self, index: int, ev: Event) -> None:
         term = self.node.core.term_at(index) if self.node.core else None
-        self.journal.append(JournalEntry(index, term or 0, self.sm.apply_time_ms, ev,
-                                         bs.cluster if bs else ev.get("clusterName"), set_state(bs)))
+        entry = entry_for(self.sm, index, term or 0, ev)
+        self.journal.append(entry)
         if ev.get("type") not in ("ElectMaster", "AlterSyncStateSet"):
             return
+        role = entry.state.role_fields() if entry.state is not None else NO_SET_ROLE_FIELDS
         for q in list(self._watchers.get(ev["brokerName"], ())):
-            bs = self.sm.sets.get(ev["brokerName"])
-            payload = {"index": index, **ev, "masterBrokerId": bs.master_id if bs else None,
-                       "masterAddress": bs.address(bs.master_id) if bs else None,
-                       "masterEpoch": bs.master_epoch if bs else None,
-                       "syncStateSet": sorted(bs.sync_state_set) if bs else [],
-                       "syncStateSetEpoch": bs.sync_state_set_epoch if bs else None}
+            payload = {"index": index, **ev, **role}
             try:
                 q.put_nowait(payload)
             except asyncio.QueueFull:

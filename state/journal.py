@@ -17,15 +17,30 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from .machine import ControllerStateMachine
+from .results import Event
+from .views import BrokerSetView, public
+
 
 @dataclass(frozen=True)
 class JournalEntry:
     index: int  # Raft index of the command that produced the event
     term: int  # Raft term of that entry
     ts: int  # the proposer's clock (ms) carried by the command; 0 if the command had none
-    event: dict  # the state machine's event (RocketMQ event type and fields)
+    event: Event  # the state machine's event (RocketMQ event type and fields)
     cluster: str | None  # the broker set's cluster, when known
-    state: dict | None  # the broker set right after the event; None when the set was removed
+    state: BrokerSetView | None  # the broker set right after the event; None when the set was removed
+
+    def public_state(self) -> dict[str, Any] | None:
+        """`state` in its wire form (Kafka events records, the Delta events table)."""
+        return public(self.state)
+
+
+def entry_for(sm: ControllerStateMachine, index: int, term: int, event: Event) -> JournalEntry:
+    """The entry of an event `sm` has just applied: stamped with the command's clock, the set as it is now."""
+    state = sm.view(event.get("brokerName") or "")
+    cluster = state.cluster_name if state is not None else event.get("clusterName")
+    return JournalEntry(index, term, sm.apply_time_ms, event, cluster, state)
 
 
 class JournalGap(LookupError):
@@ -90,12 +105,3 @@ class EventJournal:
     def _notify(self) -> None:
         if self._changed is not None:
             self._changed.set()
-
-
-def set_state(bs: Any) -> dict | None:
-    """The public state of one broker set (None if it does not exist), as publishers export it."""
-    if bs is None:
-        return None
-    return {"clusterName": bs.cluster, "masterBrokerId": bs.master_id, "masterEpoch": bs.master_epoch,
-            "syncStateSet": sorted(bs.sync_state_set), "syncStateSetEpoch": bs.sync_state_set_epoch,
-            "brokers": {str(i): a for i, (a, _) in sorted(bs.brokers.items())}}

@@ -6,16 +6,23 @@ Java type can never come from a real broker, and once stored it would poison a
 broker set: msgpack cannot encode integers of 2**64 and beyond, so every later
 write of that set would fail. The HTTP models (api/app.py), the Kafka record rule
 (streaming/records.py) and the state machine's command decoding (state/commands.py)
-all check against these bounds; the last one is the backstop.
+all check against these bounds; the last one is the backstop, through the field types below.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_BROKER_ID = 2**62  # below INT64_MAX so "next broker id" (max + 1) always stays a Java long
+
+# The same ranges as field types: msgspec checks them while it decodes a command or a record.
+Int32Field = Annotated[int, msgspec.Meta(ge=INT32_MIN, le=INT32_MAX)]
+Int64Field = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+BrokerIdField = Annotated[int, msgspec.Meta(ge=1, le=MAX_BROKER_ID)]
 
 
 def is_int32(v: Any) -> bool:

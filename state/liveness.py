@@ -9,52 +9,43 @@ decides from the command alone, so every replica reaches the same result.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from typing import Any
 
-from .limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID, check_int
+import msgspec
+
+from .limits import BrokerIdField, Int32Field, Int64Field
 
 DEFAULT_TIMEOUT_MS = 10_000
 LOWEST_PRIORITY = 2**31 - 1  # RocketMQ's Integer.MAX_VALUE: lower numbers are preferred
 
 
-@dataclass(frozen=True)
-class BrokerLiveInfo:
-    broker_id: int
+class BrokerLiveInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One broker's latest heartbeat; the wire form (commands, liveness topic) is a map of these fields."""
+
+    broker_id: BrokerIdField
     broker_addr: str
-    last_update_ms: int
-    timeout_ms: int = DEFAULT_TIMEOUT_MS
-    epoch: int = -1
-    max_offset: int = -1
-    confirm_offset: int = -1
-    priority: int = LOWEST_PRIORITY
+    last_update_ms: Int64Field
+    timeout_ms: Int64Field = DEFAULT_TIMEOUT_MS
+    epoch: Int32Field = -1
+    max_offset: Int64Field = -1
+    confirm_offset: Int64Field = -1
+    priority: Int32Field = LOWEST_PRIORITY
 
     def alive_at(self, now_ms: int) -> bool:
         return self.last_update_ms + self.timeout_ms >= now_ms
 
-    def to_wire(self) -> dict:
-        # Spelled out: dataclasses.asdict deep-copies every field, and the streaming job calls this for
-        # every broker of every set in every batch (it was ~40% of the stateful operator's CPU).
-        return {"broker_id": self.broker_id, "broker_addr": self.broker_addr, "last_update_ms": self.last_update_ms,
-                "timeout_ms": self.timeout_ms, "epoch": self.epoch, "max_offset": self.max_offset,
-                "confirm_offset": self.confirm_offset, "priority": self.priority}
+    def to_wire(self) -> dict[str, Any]:
+        # The streaming job calls this for every broker of every set in every batch: msgspec's
+        # asdict is a shallow C copy (dataclasses.asdict deep-copied, ~40% of the operator's CPU).
+        return msgspec.structs.asdict(self)
 
     @staticmethod
-    def from_wire(d: dict) -> BrokerLiveInfo:
-        """Decode and bound-check a record (liveness topic, commands); ValueError names the bad field."""
-        if not isinstance(d, dict) or set(d) - _WIRE_FIELDS:
-            raise ValueError(f"a broker liveness record has exactly the fields {sorted(_WIRE_FIELDS)}")
-        info = BrokerLiveInfo(**d)
-        if not isinstance(info.broker_addr, str):
-            raise ValueError("broker_addr: a string is required")
-        check_int("broker_id", info.broker_id, 1, MAX_BROKER_ID)
-        for name in ("last_update_ms", "timeout_ms", "max_offset", "confirm_offset"):
-            check_int(name, getattr(info, name), INT64_MIN, INT64_MAX)
-        for name in ("epoch", "priority"):
-            check_int(name, getattr(info, name), INT32_MIN, INT32_MAX)
-        return info
-
-
-_WIRE_FIELDS = frozenset(f.name for f in fields(BrokerLiveInfo))
+    def from_wire(d: Any) -> BrokerLiveInfo:
+        """Decode and bound-check a record (liveness topic); ValueError names the bad field, never the value."""
+        try:
+            return msgspec.convert(d, BrokerLiveInfo)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"a broker liveness record: {exc}") from None
 
 
 class LivenessTable:

@@ -18,16 +18,32 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeAlias
 
-import msgpack
+import msgspec
 
 from . import commands as C
 from .codes import Code
 from .elect_policy import elect
 from .liveness import BrokerLiveInfo
+from .results import (
+    AlterSyncStateSetResult,
+    ApplyBrokerIdResult,
+    CleanBrokerDataResult,
+    ElectMasterResult,
+    Event,
+    NextBrokerIdResult,
+    RegisterBrokerResult,
+    ReplicaInfoResult,
+    ReplicasInfo,
+    SyncStateDataResult,
+    WriteResult,
+)
+from .views import BrokerSetView
 
 SNAPSHOT_VERSION = 1
+
+LiveOf: TypeAlias = Callable[[str], dict[int, BrokerLiveInfo]]  # a node's heartbeat records of one set
 
 
 @dataclass
@@ -47,20 +63,46 @@ class BrokerSet:
         entry = self.brokers.get(broker_id) if broker_id is not None else None
         return entry[0] if entry else None
 
-    def to_wire(self) -> list:
-        return [self.cluster, self.name, self.next_broker_id,
-                [[i, a, c] for i, (a, c) in sorted(self.brokers.items())],
-                self.master_id, self.master_epoch, sorted(self.sync_state_set), self.sync_state_set_epoch]
+    def view(self) -> BrokerSetView:
+        """The set's public view (state/views.py) as it is now."""
+        return BrokerSetView(self.cluster, self.name, self.master_id, self.address(self.master_id),
+                             self.master_epoch, tuple(sorted(self.sync_state_set)), self.sync_state_set_epoch,
+                             {i: a for i, (a, _) in sorted(self.brokers.items())})
+
+    def to_wire(self) -> _SetRecord:
+        return _SetRecord(self.cluster, self.name, self.next_broker_id,
+                          [(i, a, c) for i, (a, c) in sorted(self.brokers.items())],
+                          self.master_id, self.master_epoch, sorted(self.sync_state_set), self.sync_state_set_epoch)
 
     @staticmethod
-    def from_wire(w: list) -> BrokerSet:
-        cluster, name, nxt, brokers, master, mepoch, sset, sepoch = w
-        return BrokerSet(cluster, name, nxt, {i: (a, c) for i, a, c in brokers}, master, mepoch, set(sset), sepoch)
+    def from_wire(w: _SetRecord) -> BrokerSet:
+        return BrokerSet(w.cluster, w.name, w.next_broker_id, {i: (a, c) for i, a, c in w.brokers}, w.master_id,
+                         w.master_epoch, set(w.sync_state_set), w.sync_state_set_epoch)
 
 
-def result(code: Code, remark: str = "", header: dict | None = None, body: Any = None,
-           events: list | None = None) -> dict:
-    return {"code": int(code), "remark": remark, "header": header or {}, "body": body, "events": events or []}
+class _SetRecord(msgspec.Struct, array_like=True, frozen=True):
+    """A broker set in a snapshot (format v1): a msgpack array of these fields, in this order."""
+
+    cluster: str
+    name: str
+    next_broker_id: int
+    brokers: list[tuple[int, str, str]]  # (id, address, register check code), by id
+    master_id: int | None
+    master_epoch: int
+    sync_state_set: list[int]  # sorted
+    sync_state_set_epoch: int
+
+
+class _Snapshot(msgspec.Struct, frozen=True):
+    """The snapshot (format v1): a msgpack map of these fields, sets by name."""
+
+    version: int
+    applied: int
+    sets: list[_SetRecord]
+
+
+_snapshot_encoder = msgspec.msgpack.Encoder()
+_snapshot_decoder = msgspec.msgpack.Decoder(_Snapshot)
 
 
 class ControllerStateMachine:
@@ -68,10 +110,10 @@ class ControllerStateMachine:
         self.sets: dict[str, BrokerSet] = {}
         self.applied = 0
         self.apply_time_ms = 0  # the clock carried by the command being applied (0 if it has none)
-        self._listeners: list[Callable[[int, dict], None]] = []
+        self._listeners: list[Callable[[int, Event], None]] = []
         self._restore_listeners: list[Callable[[int], None]] = []
 
-    def on_event(self, fn: Callable[[int, dict], None]) -> None:
+    def on_event(self, fn: Callable[[int, Event], None]) -> None:
         """Call `fn(index, event)` for every event an applied command produces."""
         self._listeners.append(fn)
 
@@ -79,183 +121,183 @@ class ControllerStateMachine:
         """Call `fn(applied_index)` whenever a snapshot replaces the whole state."""
         self._restore_listeners.append(fn)
 
+    def view(self, name: str) -> BrokerSetView | None:
+        """The public view of one broker set, None if there is no such set."""
+        bs = self.sets.get(name)
+        return None if bs is None else bs.view()
+
     # ------------------------------------------------------------------ apply
-    def apply(self, index: int, data: bytes) -> dict:
+    def apply(self, index: int, data: bytes) -> WriteResult:
         self.applied = index
         try:
             cmd = C.decode(data)
-            self.apply_time_ms = int(cmd.get("now_ms") or 0)
-            handler = getattr(self, "_" + cmd["op"])
-            res = handler(cmd)
-        except (ValueError, KeyError, TypeError) as exc:
+        except ValueError as exc:
             # A malformed command is rejected the same way on every replica.
-            res = result(Code.CONTROLLER_INVALID_REQUEST, f"invalid command: {exc}")
-        for ev in res["events"]:
+            res = WriteResult(code=Code.CONTROLLER_INVALID_REQUEST, remark=f"invalid command: {exc}")
+        else:
+            self.apply_time_ms = cmd.now_ms
+            res = _HANDLERS[type(cmd)](self, cmd)
+        for ev in res.events:
             for fn in self._listeners:
                 fn(index, ev)
         return res
 
-    def _apply_broker_id(self, cmd: dict) -> dict:
-        cluster, name, bid, code = cmd["cluster"], cmd["name"], int(cmd["broker_id"]), cmd["check_code"]
+    def _apply_broker_id(self, cmd: C.ApplyBrokerId) -> ApplyBrokerIdResult:
+        cluster, name, bid, code = cmd.cluster, cmd.name, cmd.broker_id, cmd.check_code
+
+        def refused(remark: str) -> ApplyBrokerIdResult:
+            return ApplyBrokerIdResult(code=Code.CONTROLLER_BROKER_ID_INVALID, remark=remark, cluster_name=cluster,
+                                       broker_name=name)
+
         addr = code.split(";")[0]
-        header = {"clusterName": cluster, "brokerName": name}
         bs = self.sets.get(name)
         if bs is None:
             if bid != 1:
-                return result(Code.CONTROLLER_BROKER_ID_INVALID,
-                              f"Broker-set: {name} hasn't been registered in controller, but broker try to apply "
-                              f"brokerId: {bid}")
+                return refused(f"Broker-set: {name} hasn't been registered in controller, but broker try to apply "
+                               f"brokerId: {bid}")
             bs = self.sets[name] = BrokerSet(cluster, name)
         elif bid in bs.brokers and bs.brokers[bid][1] != code:
-            return result(Code.CONTROLLER_BROKER_ID_INVALID, f"Fail to apply brokerId: {bid} in broker-set: {name}")
-        events = []
+            return refused(f"Fail to apply brokerId: {bid} in broker-set: {name}")
+        events: list[Event] = []
         if bid not in bs.brokers:  # a retry by the same broker changes nothing
             bs.brokers[bid] = (addr, code)
             bs.next_broker_id += 1
             events.append({"type": "ApplyBrokerId", "clusterName": cluster, "brokerName": name,
                            "brokerAddress": addr, "registerCheckCode": code, "newBrokerId": bid})
-        return result(Code.SUCCESS, header=header, events=events)
+        return ApplyBrokerIdResult(code=Code.SUCCESS, cluster_name=cluster, broker_name=name, events=tuple(events))
 
-    def _register_broker(self, cmd: dict) -> dict:
-        name, bid, addr = cmd["name"], int(cmd["broker_id"]), cmd["addr"]
+    def _register_broker(self, cmd: C.RegisterBroker) -> RegisterBrokerResult:
+        name, bid, addr = cmd.name, cmd.broker_id, cmd.addr
         bs = self.sets.get(name)
         if bs is None:
-            return result(Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
-                          f"Broker-set: {name} hasn't been registered in controller")
+            return RegisterBrokerResult(code=Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
+                                        remark=f"Broker-set: {name} hasn't been registered in controller")
         if bid not in bs.brokers:
-            return result(Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
-                          f"BrokerId: {bid} hasn't been registered in broker-set: {name}")
-        live, now = C.live_of(cmd), cmd["now_ms"]
-        header: dict[str, Any] = {"clusterName": bs.cluster, "brokerName": name, "masterBrokerId": None,
-                                  "masterAddress": None, "masterEpoch": None, "syncStateSetEpoch": None}
-        if bs.master_id is not None and _alive(live, bs.master_id, now):
-            header.update(masterBrokerId=bs.master_id, masterAddress=bs.address(bs.master_id),
-                          masterEpoch=bs.master_epoch, syncStateSetEpoch=bs.sync_state_set_epoch)
-        events = []
+            return RegisterBrokerResult(code=Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
+                                        remark=f"BrokerId: {bid} hasn't been registered in broker-set: {name}")
+        live = C.live_by_id(cmd.live)
+        events: list[Event] = []
         if addr != bs.address(bid):
             bs.brokers[bid] = (addr, bs.brokers[bid][1])
             events.append({"type": "UpdateBrokerAddress", "clusterName": bs.cluster, "brokerName": name,
                            "brokerAddress": addr, "brokerId": bid})
-        body = {"syncStateSet": sorted(bs.sync_state_set), "syncStateSetEpoch": bs.sync_state_set_epoch}
-        return result(Code.SUCCESS, header=header, body=body, events=events)
+        master_alive = bs.master_id is not None and _alive(live, bs.master_id, cmd.now_ms)
+        return RegisterBrokerResult(code=Code.SUCCESS, state=bs.view(), master_alive=master_alive,
+                                    events=tuple(events))
 
-    def _elect_master(self, cmd: dict) -> dict:
-        name, bid = cmd["name"], int(cmd["broker_id"])
+    def _elect_master(self, cmd: C.ElectMaster) -> ElectMasterResult:
+        name, bid = cmd.name, cmd.broker_id
         bs = self.sets.get(name)
         if bs is None:
-            return result(Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED, "Broker hasn't been registered")
-        live, now = C.live_of(cmd), cmd["now_ms"]
-        expected = cmd.get("expected_master_epoch")
+            return ElectMasterResult(code=Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
+                                     remark="Broker hasn't been registered")
+        live, now = C.live_by_id(cmd.live), cmd.now_ms
+        expected = cmd.expected_master_epoch
         if expected is not None and expected != bs.master_epoch:
             # A proposal from the streaming job is about the master it saw; once the epoch moved on
             # (another election won, or the same proposal delivered twice) it is stale.
-            return result(Code.CONTROLLER_FENCED_MASTER_EPOCH,
-                          f"Rejecting election because the current master epoch is {bs.master_epoch}, not {expected}",
-                          header={"masterBrokerId": bs.master_id, "masterAddress": bs.address(bs.master_id),
-                                  "masterEpoch": bs.master_epoch, "syncStateSetEpoch": bs.sync_state_set_epoch})
+            return ElectMasterResult(
+                code=Code.CONTROLLER_FENCED_MASTER_EPOCH, state=bs.view(),
+                remark=f"Rejecting election because the current master epoch is {bs.master_epoch}, not {expected}")
         old = bs.master_id
         new: int | None = None
         if bs.master_epoch == 0 and bid != C.CONTROLLER_TRIGGER:
             # RocketMQ: the first broker to ask becomes master. We also require it to be a member.
             if bid not in bs.brokers:
-                return result(Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
-                              f"BrokerId: {bid} hasn't been registered in broker-set: {name}")
+                return ElectMasterResult(code=Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
+                                         remark=f"BrokerId: {bid} hasn't been registered in broker-set: {name}")
             new = bid
         if new is None:
-            prefer = bid if cmd.get("designate") else None
-            everyone = bs.brokers.keys() if cmd.get("unclean") else None
+            prefer = bid if cmd.designate else None
+            everyone = bs.brokers.keys() if cmd.unclean else None
             new = elect(bs.sync_state_set, everyone, old, prefer, live, now)
         if new is not None and new == old:
-            header = {"masterBrokerId": old, "masterAddress": bs.address(old), "masterEpoch": bs.master_epoch,
-                      "syncStateSetEpoch": bs.sync_state_set_epoch}
-            return result(Code.CONTROLLER_MASTER_STILL_EXIST,
-                          "The old master is still alive, no need to elect new master", header=header,
-                          body={"brokerMemberGroup": None, "syncStateSet": sorted(bs.sync_state_set)})
+            return ElectMasterResult(code=Code.CONTROLLER_MASTER_STILL_EXIST, state=bs.view(),
+                                     remark="The old master is still alive, no need to elect new master")
         if new is not None:
             bs.master_id = new
             bs.master_epoch += 1
             bs.sync_state_set = {new}
             bs.sync_state_set_epoch += 1
-            header = {"masterBrokerId": new, "masterAddress": bs.address(new), "masterEpoch": bs.master_epoch,
-                      "syncStateSetEpoch": bs.sync_state_set_epoch}
-            body = {"brokerMemberGroup": {"cluster": bs.cluster, "brokerName": name,
-                                          "brokerAddrs": {i: a for i, (a, _) in sorted(bs.brokers.items())}},
-                    "syncStateSet": [new]}
             ev = {"type": "ElectMaster", "brokerName": name, "newMasterElected": True, "newMasterBrokerId": new,
                   "masterEpoch": bs.master_epoch, "syncStateSetEpoch": bs.sync_state_set_epoch}
-            return result(Code.SUCCESS, header=header, body=body, events=[ev])
+            return ElectMasterResult(code=Code.SUCCESS, state=bs.view(), events=(ev,))
         if bid == C.CONTROLLER_TRIGGER:
             # RocketMQ records the failed controller-triggered election: no master, epoch moves on.
             bs.master_id = None
             bs.master_epoch += 1
             ev = {"type": "ElectMaster", "brokerName": name, "newMasterElected": False, "newMasterBrokerId": None,
                   "masterEpoch": bs.master_epoch, "syncStateSetEpoch": bs.sync_state_set_epoch}
-            return result(Code.CONTROLLER_MASTER_NOT_AVAILABLE,
-                          "Old master has down and failed to elect a new broker master", events=[ev])
-        return result(Code.CONTROLLER_ELECT_MASTER_FAILED, "Failed to elect a new master")
+            return ElectMasterResult(code=Code.CONTROLLER_MASTER_NOT_AVAILABLE,
+                                     remark="Old master has down and failed to elect a new broker master",
+                                     events=(ev,))
+        return ElectMasterResult(code=Code.CONTROLLER_ELECT_MASTER_FAILED, remark="Failed to elect a new master")
 
-    def _alter_sync_state_set(self, cmd: dict) -> dict:
-        name = cmd["name"]
-        new_set = set(cmd["new_set"])
+    def _alter_sync_state_set(self, cmd: C.AlterSyncStateSet) -> AlterSyncStateSetResult:
+        name = cmd.name
+        new_set = set(cmd.new_set)
+
+        def refused(code: Code, remark: str) -> AlterSyncStateSetResult:
+            return AlterSyncStateSetResult(code=code, remark=remark)
+
         bs = self.sets.get(name)
         if bs is None:
-            return result(Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED, "Broker metadata is not existed")
+            return refused(Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED, "Broker metadata is not existed")
         if new_set == bs.sync_state_set:
-            return result(Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED,
-                          "The newSyncStateSet is equal with oldSyncStateSet, no needed to update syncStateSet")
-        if bs.master_id is None or bs.master_id != cmd["master_id"]:
-            return result(Code.CONTROLLER_INVALID_MASTER,
-                          f"Rejecting alter syncStateSet request because the current leader is:{bs.master_id}, "
-                          f"not {cmd['master_id']}")
-        if cmd["master_epoch"] != bs.master_epoch:
-            return result(Code.CONTROLLER_FENCED_MASTER_EPOCH,
-                          f"Rejecting alter syncStateSet request because the current master epoch is "
-                          f"{bs.master_epoch}, not {cmd['master_epoch']}")
-        if cmd["sync_state_set_epoch"] != bs.sync_state_set_epoch:
-            return result(Code.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH,
-                          f"Rejecting alter syncStateSet request because the current syncStateSet epoch is "
-                          f"{bs.sync_state_set_epoch}, not {cmd['sync_state_set_epoch']}")
-        live, now = C.live_of(cmd), cmd["now_ms"]
+            return refused(Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED,
+                           "The newSyncStateSet is equal with oldSyncStateSet, no needed to update syncStateSet")
+        if bs.master_id is None or bs.master_id != cmd.master_id:
+            return refused(Code.CONTROLLER_INVALID_MASTER,
+                           f"Rejecting alter syncStateSet request because the current leader is:{bs.master_id}, "
+                           f"not {cmd.master_id}")
+        if cmd.master_epoch != bs.master_epoch:
+            return refused(Code.CONTROLLER_FENCED_MASTER_EPOCH,
+                           f"Rejecting alter syncStateSet request because the current master epoch is "
+                           f"{bs.master_epoch}, not {cmd.master_epoch}")
+        if cmd.sync_state_set_epoch != bs.sync_state_set_epoch:
+            return refused(Code.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH,
+                           f"Rejecting alter syncStateSet request because the current syncStateSet epoch is "
+                           f"{bs.sync_state_set_epoch}, not {cmd.sync_state_set_epoch}")
+        live, now = C.live_by_id(cmd.live), cmd.now_ms
         for r in sorted(new_set):
             if r not in bs.brokers:
-                return result(Code.CONTROLLER_INVALID_REPLICAS,
-                              f"Rejecting alter syncStateSet request because the replicas {r} don't exist")
+                return refused(Code.CONTROLLER_INVALID_REPLICAS,
+                               f"Rejecting alter syncStateSet request because the replicas {r} don't exist")
             if not _alive(live, r, now):
-                return result(Code.CONTROLLER_BROKER_NOT_ALIVE,
-                              f"Rejecting alter syncStateSet request because the replicas {r} don't alive")
+                return refused(Code.CONTROLLER_BROKER_NOT_ALIVE,
+                               f"Rejecting alter syncStateSet request because the replicas {r} don't alive")
         if bs.master_id not in new_set:
-            return result(Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED,
-                          f"Rejecting alter syncStateSet request because the newSyncStateSet don't contains "
-                          f"origin leader {bs.master_id}")
+            return refused(Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED,
+                           f"Rejecting alter syncStateSet request because the newSyncStateSet don't contains "
+                           f"origin leader {bs.master_id}")
         bs.sync_state_set = new_set
         bs.sync_state_set_epoch += 1
         ev = {"type": "AlterSyncStateSet", "brokerName": name, "newSyncStateSet": sorted(new_set),
               "syncStateSetEpoch": bs.sync_state_set_epoch}
-        return result(Code.SUCCESS, header={"newSyncStateSetEpoch": bs.sync_state_set_epoch},
-                      body={"syncStateSet": sorted(new_set), "syncStateSetEpoch": bs.sync_state_set_epoch},
-                      events=[ev])
+        return AlterSyncStateSetResult(code=Code.SUCCESS, state=bs.view(), events=(ev,))
 
-    def _clean_broker_data(self, cmd: dict) -> dict:
-        name = cmd["name"]
-        ids = cmd.get("ids")
+    def _clean_broker_data(self, cmd: C.CleanBrokerData) -> CleanBrokerDataResult:
+        name = cmd.name
+        ids = cmd.ids
         bs = self.sets.get(name)
-        live, now = C.live_of(cmd), cmd["now_ms"]
-        if not cmd.get("clean_living"):
+        live, now = C.live_by_id(cmd.live), cmd.now_ms
+
+        def refused(remark: str) -> CleanBrokerDataResult:
+            return CleanBrokerDataResult(code=Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA, remark=remark)
+
+        if not cmd.clean_living:
             if not ids and bs is not None and bs.master_id is not None:
-                return result(Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA,
-                              f"Broker {name} is still alive, clean up failure")
+                return refused(f"Broker {name} is still alive, clean up failure")
             if ids:
                 for i in ids:
                     if _alive(live, i, now):
-                        return result(Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA,
-                                      f"Broker [{name},  {i}] is still alive, clean up failure")
+                        return refused(f"Broker [{name},  {i}] is still alive, clean up failure")
         if bs is None:
-            return result(Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA,
-                          f"Broker {name} is not existed,clean broker data failure.")
-        ev = {"type": "CleanBrokerData", "brokerName": name, "brokerIdSetToClean": sorted(ids) if ids else None}
+            return refused(f"Broker {name} is not existed,clean broker data failure.")
+        ev: Event = {"type": "CleanBrokerData", "brokerName": name, "brokerIdSetToClean": sorted(ids) if ids else None}
         if not ids:
             del self.sets[name]
-            return result(Code.SUCCESS, events=[ev])
+            return CleanBrokerDataResult(code=Code.SUCCESS, events=(ev,))
         for i in ids:
             bs.brokers.pop(i, None)
             bs.sync_state_set.discard(i)
@@ -266,42 +308,32 @@ class ControllerStateMachine:
             ev["masterEpoch"] = bs.master_epoch
         if not bs.brokers:
             del self.sets[name]  # never half a set: RocketMQ could drop one of its two tables only
-        return result(Code.SUCCESS, events=[ev])
+        return CleanBrokerDataResult(code=Code.SUCCESS, events=(ev,))
 
     # ------------------------------------------------------------------ reads
-    def get_next_broker_id(self, cluster: str, name: str) -> dict:
+    def get_next_broker_id(self, cluster: str, name: str) -> NextBrokerIdResult:
         bs = self.sets.get(name)
-        return result(Code.SUCCESS, header={"clusterName": cluster, "brokerName": name,
-                                            "nextBrokerId": bs.next_broker_id if bs else 1})
+        return NextBrokerIdResult(code=Code.SUCCESS, cluster_name=cluster, broker_name=name,
+                                  next_broker_id=bs.next_broker_id if bs else 1)
 
-    def get_replica_info(self, name: str) -> dict:
-        bs = self.sets.get(name)
-        if bs is None:
-            return result(Code.CONTROLLER_BROKER_METADATA_NOT_EXIST, "Broker metadata is not existed")
-        return result(Code.SUCCESS, header={"masterBrokerId": bs.master_id, "masterAddress": bs.address(bs.master_id),
-                                            "masterEpoch": bs.master_epoch},
-                      body={"syncStateSet": sorted(bs.sync_state_set), "syncStateSetEpoch": bs.sync_state_set_epoch})
+    def get_replica_info(self, name: str) -> ReplicaInfoResult:
+        state = self.view(name)
+        if state is None:
+            return ReplicaInfoResult(code=Code.CONTROLLER_BROKER_METADATA_NOT_EXIST,
+                                     remark="Broker metadata is not existed")
+        return ReplicaInfoResult(code=Code.SUCCESS, state=state)
 
-    def get_sync_state_data(self, names: Iterable[str], live_of: Callable[[str], dict[int, BrokerLiveInfo]],
-                            now_ms: int) -> dict:
-        table = {}
+    def get_sync_state_data(self, names: Iterable[str], live_of: LiveOf, now_ms: int) -> SyncStateDataResult:
+        table: dict[str, ReplicasInfo] = {}
         for name in names:
             bs = self.sets.get(name)
             if bs is None:
                 continue  # RocketMQ skips unknown names silently
             live = live_of(name)
+            table[name] = ReplicasInfo(bs.view(), frozenset(i for i in bs.brokers if _alive(live, i, now_ms)))
+        return SyncStateDataResult(code=Code.SUCCESS, sets=table)
 
-            def ident(i: int, bs: BrokerSet = bs, live: dict = live) -> dict:
-                return {"brokerName": bs.name, "brokerId": i, "brokerAddress": bs.address(i),
-                        "alive": _alive(live, i, now_ms)}
-
-            table[name] = {"masterBrokerId": bs.master_id, "masterAddress": bs.address(bs.master_id),
-                           "masterEpoch": bs.master_epoch, "syncStateSetEpoch": bs.sync_state_set_epoch,
-                           "inSyncReplicas": [ident(i) for i in sorted(bs.sync_state_set) if i in bs.brokers],
-                           "notInSyncReplicas": [ident(i) for i in sorted(bs.brokers) if i not in bs.sync_state_set]}
-        return result(Code.SUCCESS, body={"replicasInfoTable": table})
-
-    def sets_needing_election(self, live_of: Callable[[str], dict[int, BrokerLiveInfo]], now_ms: int) -> list[str]:
+    def sets_needing_election(self, live_of: LiveOf, now_ms: int) -> list[str]:
         """RocketMQ's scanNeedReelectBrokerSets: a master that is not alive while some replica is."""
         out = []
         for name, bs in sorted(self.sets.items()):
@@ -315,17 +347,31 @@ class ControllerStateMachine:
     # ------------------------------------------------------------------ snapshots
     def snapshot(self, out: BinaryIO) -> None:
         """A versioned, deterministic encoding: the same state always gives the same bytes."""
-        out.write(msgpack.packb({"version": SNAPSHOT_VERSION, "applied": self.applied,
-                                 "sets": [bs.to_wire() for _, bs in sorted(self.sets.items())]}, use_bin_type=True))
+        out.write(_snapshot_encoder.encode(_Snapshot(SNAPSHOT_VERSION, self.applied,
+                                                     [bs.to_wire() for _, bs in sorted(self.sets.items())])))
 
     def restore(self, inp: BinaryIO) -> None:
-        state = msgpack.unpackb(inp.read(), raw=False, strict_map_key=False)
-        if state.get("version") != SNAPSHOT_VERSION:
-            raise ValueError(f"unsupported controller snapshot version {state.get('version')!r}")
-        self.applied = state["applied"]
-        self.sets = {w[1]: BrokerSet.from_wire(w) for w in state["sets"]}
+        try:
+            state = _snapshot_decoder.decode(inp.read())
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"not a controller snapshot (format v{SNAPSHOT_VERSION}): {exc}") from None
+        if state.version != SNAPSHOT_VERSION:
+            raise ValueError(f"unsupported controller snapshot version {state.version!r}")
+        self.applied = state.applied
+        self.sets = {w.name: BrokerSet.from_wire(w) for w in state.sets}
         for fn in self._restore_listeners:
             fn(self.applied)
+
+
+# One handler per command type: apply dispatches on the decoded command's type.
+_HANDLERS: dict[type[C.Command], Callable[[ControllerStateMachine, Any], WriteResult]] = {
+    C.ApplyBrokerId: ControllerStateMachine._apply_broker_id,
+    C.RegisterBroker: ControllerStateMachine._register_broker,
+    C.ElectMaster: ControllerStateMachine._elect_master,
+    C.AlterSyncStateSet: ControllerStateMachine._alter_sync_state_set,
+    C.CleanBrokerData: ControllerStateMachine._clean_broker_data,
+}
+assert set(_HANDLERS) == set(C.COMMAND_TYPES), "every command type needs its handler"
 
 
 def _alive(live: dict[int, BrokerLiveInfo], broker_id: int, now_ms: int) -> bool:

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from electra.state.machine import BrokerSet
 
-from .schema import GAP, fold_event, public_state, sets_from_snapshot_rows
+from .schema import GAP, fold_event, sets_from_snapshot_rows
 from .store import TierStore
 
 
@@ -121,7 +121,7 @@ class TierReader:
         st = self._fold(snaps, events, cut)
         return {"at_ms": at_ms, "at": iso(at_ms), "index": cut, "snapshot_index": st.snapshot_index,
                 "complete": st.complete, "gaps": st.gaps,
-                "brokerSets": [public_state(bs) for _, bs in sorted(st.sets.items())]}
+                "brokerSets": [bs.view().to_public() for _, bs in sorted(st.sets.items())]}
 
     def events_between(self, from_ms: int, to_ms: int, limit: int = 100_000) -> dict:
         """Events with from_ms <= time <= to_ms, in Raft index order, and any gap markers among them."""

@@ -55,7 +55,7 @@ def event_rows(entries: Iterable[JournalEntry], uploader_term: int) -> list[dict
         last = e.index
         rows.append({"index": e.index, "seq": seq, "term": e.term, "ts_ms": e.ts, "type": e.event.get("type"),
                      "cluster": e.cluster, "broker_set": e.event.get("brokerName"), "payload": _dumps(e.event),
-                     "state": None if e.state is None else _dumps(e.state), "uploader_term": uploader_term})
+                     "state": None if e.state is None else _dumps(e.state.to_public()), "uploader_term": uploader_term})
     return rows
 
 
@@ -118,10 +118,3 @@ def fold_event(sets: dict[str, BrokerSet], etype: str, payload: dict, state: dic
     brokers = {int(i): (a, codes.get(int(i), "")) for i, a in state["brokers"].items()}
     sets[name] = BrokerSet(state["clusterName"], name, nxt, brokers, state["masterBrokerId"], state["masterEpoch"],
                            set(state["syncStateSet"]), state["syncStateSetEpoch"])
-
-
-def public_state(bs: BrokerSet) -> dict:
-    return {"clusterName": bs.cluster, "brokerName": bs.name, "masterBrokerId": bs.master_id,
-            "masterAddress": bs.address(bs.master_id), "masterEpoch": bs.master_epoch,
-            "syncStateSet": sorted(bs.sync_state_set), "syncStateSetEpoch": bs.sync_state_set_epoch,
-            "brokers": {str(i): a for i, (a, _) in sorted(bs.brokers.items())}}

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily
 
 from electra.consensus.core import Role
-from electra.state.journal import EventJournal, JournalEntry, JournalGap, set_state
+from electra.state.journal import EventJournal, JournalEntry, JournalGap, entry_for
 from electra.state.machine import ControllerStateMachine
 
 from .reader import TierReader
@@ -258,9 +258,7 @@ class TierUploader:
         terms = {}
 
         def on_event(index: int, ev: dict) -> None:
-            bs = sm.sets.get(ev.get("brokerName", ""))
-            out.append(JournalEntry(index, terms[index], sm.apply_time_ms, ev,
-                                    bs.cluster if bs else ev.get("clusterName"), set_state(bs)))
+            out.append(entry_for(sm, index, terms[index], ev))
 
         sm.on_event(on_event)
         for index, term, data in log_slice:

@@ -12,6 +12,7 @@ from electra.state.codes import Code
 from electra.state.elect_policy import elect
 from electra.state.liveness import BrokerLiveInfo, LivenessTable
 from electra.state.machine import ControllerStateMachine
+from electra.state.results import WriteResult
 
 NOW = 1_000_000
 
@@ -34,58 +35,58 @@ class Controller:
         self.events: list[dict] = []
         self.sm.on_event(lambda i, e: self.events.append(e))
 
-    def __call__(self, cmd: bytes) -> dict:
+    def __call__(self, cmd: bytes) -> WriteResult:
         self.index += 1
         return self.sm.apply(self.index, cmd)
 
     def register(self, name: str, n: int, cluster: str = "c") -> None:
         for bid in range(1, n + 1):
-            assert self.sm.get_next_broker_id(cluster, name)["header"]["nextBrokerId"] == bid
+            assert self.sm.get_next_broker_id(cluster, name).header()["nextBrokerId"] == bid
             r = self(C.apply_broker_id(cluster, name, bid, f"10.0.0.{bid}:10911;{bid}"))
-            assert r["code"] == Code.SUCCESS, r
+            assert r.code == Code.SUCCESS, r
             r = self(C.register_broker(cluster, name, bid, f"10.0.0.{bid}:10911", NOW, live(*range(1, n + 1))))
-            assert r["code"] == Code.SUCCESS, r
+            assert r.code == Code.SUCCESS, r
 
 
 def test_broker_id_allocation_and_idempotent_apply():
     c = Controller()
-    assert c.sm.get_next_broker_id("c", "b")["header"]["nextBrokerId"] == 1
-    assert c(C.apply_broker_id("c", "b", 2, "a:1;t"))["code"] == Code.CONTROLLER_BROKER_ID_INVALID  # new set: id 1 only
-    assert c(C.apply_broker_id("c", "b", 1, "a:1;t"))["code"] == Code.SUCCESS
-    assert c(C.apply_broker_id("c", "b", 1, "a:1;t"))["code"] == Code.SUCCESS  # retry by the same broker
-    assert c(C.apply_broker_id("c", "b", 1, "z:9;other"))["code"] == Code.CONTROLLER_BROKER_ID_INVALID
-    assert c.sm.get_next_broker_id("c", "b")["header"]["nextBrokerId"] == 2
-    assert c(C.apply_broker_id("c", "b", 7, "d:4;x"))["code"] == Code.SUCCESS  # any unused id is accepted
-    assert c.sm.get_next_broker_id("c", "b")["header"]["nextBrokerId"] == 3  # counts adds, not max id + 1
+    assert c.sm.get_next_broker_id("c", "b").header()["nextBrokerId"] == 1
+    assert c(C.apply_broker_id("c", "b", 2, "a:1;t")).code == Code.CONTROLLER_BROKER_ID_INVALID  # new set: id 1 only
+    assert c(C.apply_broker_id("c", "b", 1, "a:1;t")).code == Code.SUCCESS
+    assert c(C.apply_broker_id("c", "b", 1, "a:1;t")).code == Code.SUCCESS  # retry by the same broker
+    assert c(C.apply_broker_id("c", "b", 1, "z:9;other")).code == Code.CONTROLLER_BROKER_ID_INVALID
+    assert c.sm.get_next_broker_id("c", "b").header()["nextBrokerId"] == 2
+    assert c(C.apply_broker_id("c", "b", 7, "d:4;x")).code == Code.SUCCESS  # any unused id is accepted
+    assert c.sm.get_next_broker_id("c", "b").header()["nextBrokerId"] == 3  # counts adds, not max id + 1
     assert [e["type"] for e in c.events] == ["ApplyBrokerId", "ApplyBrokerId"]
 
 
 def test_register_broker_codes_master_info_and_address_update():
     c = Controller()
-    assert c(C.register_broker("c", "b", 1, "a", NOW, {}))["code"] == Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED
+    assert c(C.register_broker("c", "b", 1, "a", NOW, {})).code == Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED
     c(C.apply_broker_id("c", "b", 1, "a:1;t"))
-    assert c(C.register_broker("c", "b", 2, "a", NOW, {}))["code"] == Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED
+    assert c(C.register_broker("c", "b", 2, "a", NOW, {})).code == Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED
     r = c(C.register_broker("c", "b", 1, "a:1", NOW, live(1)))
-    assert r["code"] == Code.SUCCESS and r["header"]["masterBrokerId"] is None and not r["events"]
+    assert r.code == Code.SUCCESS and r.header()["masterBrokerId"] is None and not r.events
     c(C.elect_master("c", "b", 1, NOW, live(1)))
     r = c(C.register_broker("c", "b", 1, "new:2", NOW, live(1)))
-    assert r["header"]["masterBrokerId"] == 1 and r["header"]["masterEpoch"] == 1
-    assert r["events"][0]["type"] == "UpdateBrokerAddress"
-    assert c.sm.get_replica_info("b")["header"]["masterAddress"] == "new:2"
+    assert r.header()["masterBrokerId"] == 1 and r.header()["masterEpoch"] == 1
+    assert r.events[0]["type"] == "UpdateBrokerAddress"
+    assert c.sm.get_replica_info("b").header()["masterAddress"] == "new:2"
     r = c(C.register_broker("c", "b", 1, "new:2", NOW, live(1, dead=(1,))))
-    assert r["header"]["masterBrokerId"] is None  # a dead master is not reported
+    assert r.header()["masterBrokerId"] is None  # a dead master is not reported
 
 
 def test_first_election_is_the_first_asker_then_policy_decides():
     c = Controller()
     c.register("b", 3)
     r = c(C.elect_master("c", "b", 2, NOW, live(1, 2, 3)))
-    assert r["code"] == Code.SUCCESS and r["header"]["masterBrokerId"] == 2
-    assert r["header"]["masterEpoch"] == 1 and r["header"]["syncStateSetEpoch"] == 1
-    assert r["body"]["syncStateSet"] == [2] and r["body"]["brokerMemberGroup"]["brokerAddrs"][1]
+    assert r.code == Code.SUCCESS and r.header()["masterBrokerId"] == 2
+    assert r.header()["masterEpoch"] == 1 and r.header()["syncStateSetEpoch"] == 1
+    assert r.body()["syncStateSet"] == [2] and r.body()["brokerMemberGroup"]["brokerAddrs"][1]
     r = c(C.elect_master("c", "b", 3, NOW, live(1, 2, 3)))
-    assert r["code"] == Code.CONTROLLER_MASTER_STILL_EXIST and r["header"]["masterBrokerId"] == 2
-    assert not r["events"]
+    assert r.code == Code.CONTROLLER_MASTER_STILL_EXIST and r.header()["masterBrokerId"] == 2
+    assert not r.events
 
 
 def test_election_prefers_sync_set_then_epoch_offset_priority():
@@ -95,7 +96,7 @@ def test_election_prefers_sync_set_then_epoch_offset_priority():
     c(C.alter_sync_state_set("b", 1, 1, [1, 2, 3], 1, NOW, live(1, 2, 3)))
     # Master 1 dies; 3 has the highest epoch.
     r = c(C.elect_master("c", "b", C.CONTROLLER_TRIGGER, NOW, live(1, 2, 3, dead=(1,), epoch={2: 4, 3: 5})))
-    assert r["code"] == Code.SUCCESS and r["header"]["masterBrokerId"] == 3 and r["header"]["masterEpoch"] == 2
+    assert r.code == Code.SUCCESS and r.header()["masterBrokerId"] == 3 and r.header()["masterEpoch"] == 2
     assert c.sm.sets["b"].sync_state_set == {3}
 
 
@@ -115,12 +116,12 @@ def test_failed_elections_controller_trigger_writes_broker_trigger_does_not():
     c(C.elect_master("c", "b", 1, NOW, live(1, 2)))
     nobody = live(1, 2, dead=(1, 2))
     r = c(C.elect_master("c", "b", 2, NOW, nobody))
-    assert r["code"] == Code.CONTROLLER_ELECT_MASTER_FAILED and not r["events"]
+    assert r.code == Code.CONTROLLER_ELECT_MASTER_FAILED and not r.events
     assert c.sm.sets["b"].master_epoch == 1
     r = c(C.elect_master("c", "b", C.CONTROLLER_TRIGGER, NOW, nobody))
-    assert r["code"] == Code.CONTROLLER_MASTER_NOT_AVAILABLE
+    assert r.code == Code.CONTROLLER_MASTER_NOT_AVAILABLE
     assert c.sm.sets["b"].master_id is None and c.sm.sets["b"].master_epoch == 2
-    assert c(C.elect_master("c", "nope", 1, NOW, {}))["code"] == Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED
+    assert c(C.elect_master("c", "nope", 1, NOW, {})).code == Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED
 
 
 def test_admin_designated_and_unclean_election():
@@ -128,9 +129,9 @@ def test_admin_designated_and_unclean_election():
     c.register("b", 3)
     c(C.elect_master("c", "b", 1, NOW, live(1, 2, 3)))
     r = c(C.elect_master("c", "b", 2, NOW, live(1, 2, 3), designate=True))
-    assert r["code"] == Code.CONTROLLER_ELECT_MASTER_FAILED  # 2 is not in the sync set {1}
+    assert r.code == Code.CONTROLLER_ELECT_MASTER_FAILED  # 2 is not in the sync set {1}
     r = c(C.elect_master("c", "b", 2, NOW, live(1, 2, 3), designate=True, unclean=True))
-    assert r["code"] == Code.SUCCESS and r["header"]["masterBrokerId"] == 2
+    assert r.code == Code.SUCCESS and r.header()["masterBrokerId"] == 2
 
 
 def test_alter_sync_state_set_checks_in_rocketmq_order():
@@ -138,7 +139,7 @@ def test_alter_sync_state_set_checks_in_rocketmq_order():
     c.register("b", 3)
     every = live(1, 2, 3)
     r = c(C.alter_sync_state_set("x", 1, 0, [1], 0, NOW, every))
-    assert r["code"] == Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED
+    assert r.code == Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED
     c(C.elect_master("c", "b", 1, NOW, every))  # master 1, epochs 1/1, set {1}
     cases = [
         (C.alter_sync_state_set("b", 2, 1, [1], 1, NOW, every), Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED),  # equal
@@ -150,31 +151,31 @@ def test_alter_sync_state_set_checks_in_rocketmq_order():
         (C.alter_sync_state_set("b", 1, 1, [2, 3], 1, NOW, every), Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED),
     ]
     for cmd, code in cases:
-        assert c(cmd)["code"] == code
+        assert c(cmd).code == code
     r = c(C.alter_sync_state_set("b", 1, 1, [1, 2], 1, NOW, every))
-    assert r["code"] == Code.SUCCESS and r["header"]["newSyncStateSetEpoch"] == 2
+    assert r.code == Code.SUCCESS and r.header()["newSyncStateSetEpoch"] == 2
     # The same request again loses the compare-and-set: exactly one winner.
-    assert c(C.alter_sync_state_set("b", 1, 1, [1, 2, 3], 1, NOW, every))["code"] == \
+    assert c(C.alter_sync_state_set("b", 1, 1, [1, 2, 3], 1, NOW, every)).code == \
         Code.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH
 
 
 def test_clean_broker_data_paths():
     c = Controller()
     r = c(C.clean_broker_data("c", "b", None, True, NOW, {}))
-    assert r["code"] == Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA
+    assert r.code == Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA
     c.register("b", 3)
     c(C.elect_master("c", "b", 1, NOW, live(1, 2, 3)))
     r = c(C.clean_broker_data("c", "b", None, False, NOW, live(1, 2, 3)))
-    assert r["code"] == Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA  # a master exists
+    assert r.code == Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA  # a master exists
     r = c(C.clean_broker_data("c", "b", [2], False, NOW, live(1, 2, 3)))
-    assert r["code"] == Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA  # 2 is alive
-    assert c(C.clean_broker_data("c", "b", [2], False, NOW, live(1, 3)))["code"] == Code.SUCCESS
+    assert r.code == Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA  # 2 is alive
+    assert c(C.clean_broker_data("c", "b", [2], False, NOW, live(1, 3))).code == Code.SUCCESS
     assert 2 not in c.sm.sets["b"].brokers
     r = c(C.clean_broker_data("c", "b", [1], True, NOW, live(1, 3)))  # removing the master fences it
-    assert r["code"] == Code.SUCCESS and c.sm.sets["b"].master_id is None and c.sm.sets["b"].master_epoch == 2
-    assert c(C.clean_broker_data("c", "b", None, True, NOW, {}))["code"] == Code.SUCCESS
+    assert r.code == Code.SUCCESS and c.sm.sets["b"].master_id is None and c.sm.sets["b"].master_epoch == 2
+    assert c(C.clean_broker_data("c", "b", None, True, NOW, {})).code == Code.SUCCESS
     assert "b" not in c.sm.sets
-    assert c.sm.get_replica_info("b")["code"] == Code.CONTROLLER_BROKER_METADATA_NOT_EXIST
+    assert c.sm.get_replica_info("b").code == Code.CONTROLLER_BROKER_METADATA_NOT_EXIST
 
 
 def test_reads_sync_state_data_and_reelection_scan():
@@ -182,18 +183,18 @@ def test_reads_sync_state_data_and_reelection_scan():
     c.register("b", 3)
     c(C.elect_master("c", "b", 1, NOW, live(1, 2, 3)))
     r = c.sm.get_sync_state_data(["b", "missing"], lambda n: live(1, 2, 3, dead=(3,)), NOW)
-    info = r["body"]["replicasInfoTable"]["b"]
+    info = r.body()["replicasInfoTable"]["b"]
     assert [x["brokerId"] for x in info["inSyncReplicas"]] == [1]
     assert [(x["brokerId"], x["alive"]) for x in info["notInSyncReplicas"]] == [(2, True), (3, False)]
-    assert "missing" not in r["body"]["replicasInfoTable"]
+    assert "missing" not in r.body()["replicasInfoTable"]
     assert c.sm.sets_needing_election(lambda n: live(1, 2, 3, dead=(1,)), NOW) == ["b"]
     assert c.sm.sets_needing_election(lambda n: live(1, 2, 3), NOW) == []
 
 
 def test_malformed_commands_are_rejected_identically():
     c = Controller()
-    assert c(b"\xc1")["code"] == Code.CONTROLLER_INVALID_REQUEST
-    assert c(b"\x81\xa2op\xa4nope")["code"] == Code.CONTROLLER_INVALID_REQUEST
+    assert c(b"\xc1").code == Code.CONTROLLER_INVALID_REQUEST
+    assert c(b"\x81\xa2op\xa4nope").code == Code.CONTROLLER_INVALID_REQUEST
 
 
 def test_liveness_table_follows_rocketmq_update_rule():

@@ -9,6 +9,7 @@ from electra.api.dashboard import DashboardFeed
 from electra.state import commands as C
 from electra.state.liveness import LivenessTable
 from electra.state.machine import ControllerStateMachine
+from electra.state.results import WriteResult
 
 T0 = 1_700_000_000_000  # ms
 
@@ -48,7 +49,7 @@ class FakeService:
     def metadata(self) -> dict:
         return self.node.status()
 
-    def apply(self, cmd: bytes) -> dict:
+    def apply(self, cmd: bytes) -> WriteResult:
         self.index += 1
         return self.sm.apply(self.index, cmd)
 
@@ -61,7 +62,7 @@ def _set_with_master(svc: FakeService, name: str) -> None:
         svc.apply(C.apply_broker_id("c", name, b, f"10.0.0.{b}:1;1", T0))
         svc.beat(name, b, T0)
         svc.apply(C.register_broker("c", name, b, f"10.0.0.{b}:1", T0, svc.liveness.group("c", name)))
-    assert svc.apply(C.elect_master("c", name, 1, T0, svc.liveness.group("c", name)))["code"] == 0
+    assert svc.apply(C.elect_master("c", name, 1, T0, svc.liveness.group("c", name))).code == 0
     svc.apply(C.alter_sync_state_set(name, 1, 1, [1, 2], 1, T0, svc.liveness.group("c", name)))
 
 
@@ -74,7 +75,7 @@ def test_a_failover_is_recorded_with_lost_detected_and_committed_instants():
     svc.beat("s1", 2, T0 + 3000)  # the master (1) fell silent at T0; replica 2 still heartbeats
     clock[0] = (T0 + 3500) / 1000
     res = svc.apply(C.elect_master("c", "s1", C.CONTROLLER_TRIGGER, T0 + 3000, svc.liveness.group("c", "s1")))
-    assert res["header"]["masterBrokerId"] == 2
+    assert res.header()["masterBrokerId"] == 2
     (f,) = feed.failovers
     assert (f["set"], f["old"], f["new"], f["epoch"], f["elected"]) == ("s1", 1, 2, 2, True)
     assert (f["lost_ms"], f["detected_ms"], f["committed_ms"]) == (T0, T0 + 3000, T0 + 3500)

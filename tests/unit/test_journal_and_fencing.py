@@ -9,7 +9,7 @@ from test_controller_state import NOW, Controller, live
 
 from electra.state import commands as C
 from electra.state.codes import Code
-from electra.state.journal import EventJournal, JournalEntry, JournalGap, set_state
+from electra.state.journal import EventJournal, JournalGap, entry_for
 from electra.state.liveness import BrokerLiveInfo, LivenessTable
 from electra.state.machine import ControllerStateMachine
 
@@ -17,19 +17,19 @@ from electra.state.machine import ControllerStateMachine
 def test_proposal_fenced_by_the_master_epoch_it_saw():
     c = Controller()
     c.register("b", 3)
-    assert c(C.elect_master("c", "b", 1, NOW, live(1, 2, 3)))["code"] == Code.SUCCESS
-    assert c(C.alter_sync_state_set("b", 1, 1, [1, 2, 3], 1, NOW, live(1, 2, 3)))["code"] == Code.SUCCESS
+    assert c(C.elect_master("c", "b", 1, NOW, live(1, 2, 3))).code == Code.SUCCESS
+    assert c(C.alter_sync_state_set("b", 1, 1, [1, 2, 3], 1, NOW, live(1, 2, 3))).code == Code.SUCCESS
     dead1 = live(1, 2, 3, dead=(1,))
     stale = C.elect_master("c", "b", C.CONTROLLER_TRIGGER, NOW, dead1, expected_master_epoch=0)
     r = c(stale)
-    assert r["code"] == Code.CONTROLLER_FENCED_MASTER_EPOCH and r["header"]["masterEpoch"] == 1
+    assert r.code == Code.CONTROLLER_FENCED_MASTER_EPOCH and r.header()["masterEpoch"] == 1
     proposal = C.elect_master("c", "b", C.CONTROLLER_TRIGGER, NOW, dead1, expected_master_epoch=1)
     r = c(proposal)
-    assert r["code"] == Code.SUCCESS and r["header"]["masterEpoch"] == 2 and r["header"]["masterBrokerId"] != 1
+    assert r.code == Code.SUCCESS and r.header()["masterEpoch"] == 2 and r.header()["masterBrokerId"] != 1
     # The same proposal delivered again (Spark retry, job restart) changes nothing.
     before = c.sm.get_replica_info("b")
     r = c(proposal)
-    assert r["code"] == Code.CONTROLLER_FENCED_MASTER_EPOCH
+    assert r.code == Code.CONTROLLER_FENCED_MASTER_EPOCH
     assert c.sm.get_replica_info("b") == before
 
 
@@ -39,13 +39,12 @@ def test_unfenced_election_still_works_as_before():
     c(C.elect_master("c", "b", 1, NOW, live(1, 2)))
     c(C.alter_sync_state_set("b", 1, 1, [1, 2], 1, NOW, live(1, 2)))
     r = c(C.elect_master("c", "b", C.CONTROLLER_TRIGGER, NOW, live(1, 2, dead=(1,))))
-    assert r["code"] == Code.SUCCESS and r["header"]["masterBrokerId"] == 2
+    assert r.code == Code.SUCCESS and r.header()["masterBrokerId"] == 2
 
 
 def _journal_for(c: Controller) -> EventJournal:
     j = EventJournal(floor=c.sm.applied)
-    c.sm.on_event(lambda i, ev: j.append(JournalEntry(i, 1, c.sm.apply_time_ms, ev, None,
-                                                      set_state(c.sm.sets.get(ev["brokerName"])))))
+    c.sm.on_event(lambda i, ev: j.append(entry_for(c.sm, i, 1, ev)))
     c.sm.on_restore(j.reset)
     return j
 
@@ -59,8 +58,13 @@ def test_journal_holds_events_with_index_time_and_resulting_state():
     assert [e.event["type"] for e in entries] == ["ApplyBrokerId", "ApplyBrokerId", "ElectMaster"]
     assert [e.index for e in entries] == sorted(e.index for e in entries)
     last = entries[-1]
-    assert last.ts == NOW + 5 and last.state["masterBrokerId"] == 1 and last.state["masterEpoch"] == 1
-    assert last.state["brokers"] == {"1": "10.0.0.1:10911", "2": "10.0.0.2:10911"}
+    assert last.ts == NOW + 5 and last.state.master_broker_id == 1 and last.state.master_epoch == 1
+    assert last.state.brokers == {1: "10.0.0.1:10911", 2: "10.0.0.2:10911"} and last.cluster == "c"
+    # The wire form (Kafka events records, Delta events table): RocketMQ's names, ids as JSON keys.
+    assert last.public_state() == {"clusterName": "c", "brokerName": "b", "masterBrokerId": 1,
+                                   "masterAddress": "10.0.0.1:10911", "masterEpoch": 1, "syncStateSet": [1],
+                                   "syncStateSetEpoch": 1, "brokers": {"1": "10.0.0.1:10911",
+                                                                       "2": "10.0.0.2:10911"}}
     assert j.since(last.index) == [] and j.since(entries[0].index) == entries[1:]
     assert j.since(0, limit=1) == entries[:1]
 

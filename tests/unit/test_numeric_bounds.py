@@ -43,9 +43,9 @@ def test_liveness_records_outside_their_types_are_refused(over):
 def _machine_with_master():
     sm = ControllerStateMachine()
     live = [BrokerLiveInfo(1, "a:1", 10, 10_000, 1, 1, 1)]
-    assert sm.apply(1, C.apply_broker_id("c", "b", 1, "a:1;1"))["code"] == Code.SUCCESS
-    assert sm.apply(2, C.register_broker("c", "b", 1, "a:1", 10, live))["code"] == Code.SUCCESS
-    assert sm.apply(3, C.elect_master("c", "b", 1, 10, live))["code"] == Code.SUCCESS
+    assert sm.apply(1, C.apply_broker_id("c", "b", 1, "a:1;1")).code == Code.SUCCESS
+    assert sm.apply(2, C.register_broker("c", "b", 1, "a:1", 10, live)).code == Code.SUCCESS
+    assert sm.apply(3, C.elect_master("c", "b", 1, 10, live)).code == Code.SUCCESS
     return sm
 
 
@@ -58,6 +58,6 @@ def test_the_state_machine_refuses_out_of_range_commands_and_the_set_stays_writa
     cmd = msgpack.unpackb(C.alter_sync_state_set("b", 1, 1, [1], 1, 10, []))
     cmd.update(patch)
     res = sm.apply(4, msgpack.packb(cmd))
-    assert res["code"] == Code.CONTROLLER_INVALID_REQUEST
+    assert res.code == Code.CONTROLLER_INVALID_REQUEST
     assert sm.get_replica_info("b") == before
-    assert sm.apply(5, C.apply_broker_id("c", "b", 2, "a:2;2"))["code"] == Code.SUCCESS
+    assert sm.apply(5, C.apply_broker_id("c", "b", 2, "a:2;2")).code == Code.SUCCESS

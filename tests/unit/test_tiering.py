@@ -14,12 +14,12 @@ import pytest
 
 from electra.consensus.snapshots import SnapshotStore
 from electra.state import commands as C
-from electra.state.journal import JournalEntry, set_state
+from electra.state.journal import JournalEntry, entry_for
 from electra.state.liveness import BrokerLiveInfo
 from electra.state.machine import ControllerStateMachine
 from electra.tiering.bootstrap import bootstrap_from_tier
 from electra.tiering.reader import TierReader, iso, parse_time
-from electra.tiering.schema import event_rows, events_table, public_state, snapshot_rows, snapshots_table
+from electra.tiering.schema import event_rows, events_table, snapshot_rows, snapshots_table
 from electra.tiering.store import Conflict, Fenced, Moved, TierStore
 
 T0 = 1_790_000_000_000  # epoch ms of the first command
@@ -62,9 +62,7 @@ def _replay(cmds: list[bytes]):
     entries: list[JournalEntry] = []
 
     def on_event(index, ev):
-        bs = sm.sets.get(ev.get("brokerName", ""))
-        entries.append(JournalEntry(index, 1 + index // 100, sm.apply_time_ms, ev,
-                                    bs.cluster if bs else ev.get("clusterName"), set_state(bs)))
+        entries.append(entry_for(sm, index, 1 + index // 100, ev))
 
     sm.on_event(on_event)
     states, ts = {0: {}}, {0: 0}
@@ -187,7 +185,7 @@ def test_time_travel_and_fold_match_replayed_state(tmp_path):
         at = ts[i]
         cut = max(j for j in ts if ts[j] <= at)
         got = reader.state_at(at)
-        want = {n: public_state(_bs(w)) for n, w in states[cut].items()}
+        want = {n: _bs(w).view().to_public() for n, w in states[cut].items()}
         assert got["index"] <= cut and got["complete"]
         assert {s["brokerName"]: s for s in got["brokerSets"]} == want
     assert reader.state_at(parse_time(iso(ts[150]))) == reader.state_at(ts[150])
