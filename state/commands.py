@@ -103,7 +103,7 @@ COMMAND_TYPES: tuple[type[Command], ...] = (ApplyBrokerId, RegisterBroker, Elect
                                             CleanBrokerData)
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Command)
+_decoder: msgspec.msgpack.Decoder[Command] = msgspec.msgpack.Decoder(Command)
 
 Live: TypeAlias = Mapping[int, BrokerLiveInfo] | Iterable[BrokerLiveInfo]
 

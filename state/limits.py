@@ -25,29 +25,8 @@ Int64Field = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 BrokerIdField = Annotated[int, msgspec.Meta(ge=1, le=MAX_BROKER_ID)]
 
 
-def is_int32(v: Any) -> bool:
-    return type(v) is int and INT32_MIN <= v <= INT32_MAX
-
-
-def is_int64(v: Any) -> bool:
-    return type(v) is int and INT64_MIN <= v <= INT64_MAX
-
-
 def check_int(name: str, v: Any, lo: int, hi: int) -> int:
     """`v` if it is an integer (not a bool) in [lo, hi], else ValueError naming the field, never the value."""
     if type(v) is not int or not lo <= v <= hi:
         raise ValueError(f"{name}: an integer between {lo} and {hi} is required")
     return v
-
-
-def ints_within_int64(obj: Any, depth: int = 0) -> bool:
-    """Whether every integer inside a decoded command (dicts and lists, nested) is a Java long."""
-    if type(obj) is int:
-        return INT64_MIN <= obj <= INT64_MAX
-    if depth > 8:
-        return False
-    if isinstance(obj, dict):
-        return all(ints_within_int64(k, depth + 1) and ints_within_int64(v, depth + 1) for k, v in obj.items())
-    if isinstance(obj, list | tuple):
-        return all(ints_within_int64(v, depth + 1) for v in obj)
-    return True

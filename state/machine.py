@@ -2,13 +2,17 @@
 
 Per broker set it holds RocketMQ's `BrokerReplicaInfo` (broker ids, addresses,
 register check codes, next id) and `SyncStateInfo` (master, master epoch,
-sync-state set and its epoch). `apply()` runs one command (see `commands.py`):
-it validates in RocketMQ's order, with RocketMQ's response codes, against the
-state at that log position, changes the state, and returns the response plus the
-events it produced (RocketMQ's event types), which watchers and the events
-topic consume. Reads (`get_next_broker_id`, `get_replica_info`,
+sync-state set and its epoch). `apply()` decodes one typed command
+(`commands.py`) and runs the handler of its type (`_HANDLERS`): it validates in
+RocketMQ's order, with RocketMQ's response codes, against the state at that log
+position, changes the state, and returns the request's typed result
+(`results.py`) with the events it produced (RocketMQ's event types), which
+watchers and the events topic consume. Apply depends on the command and the
+state alone (the clock and liveness travel in the command), so every replica
+reaches the same state. Reads (`get_next_broker_id`, `get_replica_info`,
 `get_sync_state_data`) are plain functions over the state; the caller decides
-their consistency (ReadIndex, follower or stale read).
+their consistency (ReadIndex, follower or stale read). Outside readers see a set
+through its public view (`view()`, `views.py`).
 
 Where this deliberately differs from RocketMQ, docs/rocketmq-differences.md says
 so and why.
