@@ -17,10 +17,10 @@ from electra.bench.common import free_ports
 from electra.consensus.core import RaftConfig
 from electra.consensus.errors import RaftError
 from electra.consensus.node import NodeConfig
-from electra.state.journal import JournalEntry, set_state
+from electra.state.journal import JournalEntry, entry_for
 from electra.state.machine import ControllerStateMachine
 from electra.tiering.reader import TierReader
-from electra.tiering.schema import GAP, event_rows, public_state
+from electra.tiering.schema import GAP, event_rows
 from electra.tiering.store import Fenced, TierStore
 from electra.tiering.uploader import TierConfig
 
@@ -113,9 +113,7 @@ def _log_events(core, first: int = 1, sets: dict | None = None) -> tuple[list[Jo
     out, ts = [], {}
 
     def on_event(index, ev):
-        bs = sm.sets.get(ev.get("brokerName", ""))
-        out.append(JournalEntry(index, core.term_at(index), sm.apply_time_ms, ev,
-                                bs.cluster if bs else ev.get("clusterName"), set_state(bs)))
+        out.append(entry_for(sm, index, core.term_at(index), ev))
 
     sm.on_event(on_event)
     for i in range(first, core.last_index() + 1):
@@ -234,7 +232,7 @@ def test_leader_killed_mid_upload_then_fenced_zombie_then_bootstrap_and_time_tra
                                        params={"at": ts[cut], "from": ts[idx[0]], "to": ts[cut]})
                     assert r.status_code == 200, r.text
                     body = r.json()
-                    assert body["state"]["brokerSets"] == [public_state(bs) for _, bs in sorted(sm.sets.items())]
+                    assert body["state"]["brokerSets"] == [bs.view().to_public() for _, bs in sorted(sm.sets.items())]
                     assert [e["index"] for e in body["events"]["events"]] == \
                         [e.index for e in expected if ts[idx[0]] <= e.ts <= ts[cut]]
                 bad = await http.get(f"http://{c.http[fresh.node.cfg.node_id]}/v1/admin/history", params={"at": "x"})

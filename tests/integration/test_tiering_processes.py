@@ -15,7 +15,7 @@ import pytest
 from electra.api.client import ControllerClient
 from electra.bench.common import free_ports, stop_processes
 from electra.consensus.storage import LogStorage
-from electra.state.journal import JournalEntry, set_state
+from electra.state.journal import JournalEntry, entry_for
 from electra.state.machine import ControllerStateMachine
 from electra.tiering.schema import GAP, event_rows
 from electra.tiering.store import TierStore
@@ -107,9 +107,7 @@ def test_sigkilled_leader_process_leaves_no_gap_or_duplicate(tmp_path):
     expected: list[JournalEntry] = []
 
     def on_event(index, ev):
-        bs = sm.sets.get(ev.get("brokerName", ""))
-        expected.append(JournalEntry(index, rec.terms[index - 1], sm.apply_time_ms, ev,
-                                     bs.cluster if bs else ev.get("clusterName"), set_state(bs)))
+        expected.append(entry_for(sm, index, rec.terms[index - 1], ev))
 
     sm.on_event(on_event)
     for i, data in enumerate(rec.datas, start=1):
