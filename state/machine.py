@@ -31,9 +31,13 @@ from .codes import Code
 from .elect_policy import elect
 from .liveness import BrokerLiveInfo
 from .results import (
+    AlterSyncStateSetEvent,
     AlterSyncStateSetResult,
+    ApplyBrokerIdEvent,
     ApplyBrokerIdResult,
+    CleanBrokerDataEvent,
     CleanBrokerDataResult,
+    ElectMasterEvent,
     ElectMasterResult,
     Event,
     NextBrokerIdResult,
@@ -41,6 +45,7 @@ from .results import (
     ReplicaInfoResult,
     ReplicasInfo,
     SyncStateDataResult,
+    UpdateBrokerAddressEvent,
     WriteResult,
 )
 from .views import BrokerSetView
@@ -142,8 +147,9 @@ class ControllerStateMachine:
             self.apply_time_ms = cmd.now_ms
             res = _HANDLERS[type(cmd)](self, cmd)
         for ev in res.events:
+            public = ev.to_public()
             for fn in self._listeners:
-                fn(index, ev)
+                fn(index, public)
         return res
 
     def _apply_broker_id(self, cmd: C.ApplyBrokerId) -> ApplyBrokerIdResult:
@@ -162,13 +168,12 @@ class ControllerStateMachine:
             bs = self.sets[name] = BrokerSet(cluster, name)
         elif bid in bs.brokers and bs.brokers[bid][1] != code:
             return refused(f"Fail to apply brokerId: {bid} in broker-set: {name}")
-        events: list[Event] = []
-        if bid not in bs.brokers:  # a retry by the same broker changes nothing
-            bs.brokers[bid] = (addr, code)
-            bs.next_broker_id += 1
-            events.append({"type": "ApplyBrokerId", "clusterName": cluster, "brokerName": name,
-                           "brokerAddress": addr, "registerCheckCode": code, "newBrokerId": bid})
-        return ApplyBrokerIdResult(code=Code.SUCCESS, cluster_name=cluster, broker_name=name, events=tuple(events))
+        if bid in bs.brokers:  # a retry by the same broker changes nothing
+            return ApplyBrokerIdResult(code=Code.SUCCESS, cluster_name=cluster, broker_name=name)
+        bs.brokers[bid] = (addr, code)
+        bs.next_broker_id += 1
+        return ApplyBrokerIdResult(code=Code.SUCCESS, cluster_name=cluster, broker_name=name,
+                                   events=(ApplyBrokerIdEvent(cluster, name, addr, code, bid),))
 
     def _register_broker(self, cmd: C.RegisterBroker) -> RegisterBrokerResult:
         name, bid, addr = cmd.name, cmd.broker_id, cmd.addr
@@ -180,14 +185,12 @@ class ControllerStateMachine:
             return RegisterBrokerResult(code=Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
                                         remark=f"BrokerId: {bid} hasn't been registered in broker-set: {name}")
         live = C.live_by_id(cmd.live)
-        events: list[Event] = []
+        events: tuple[UpdateBrokerAddressEvent, ...] = ()
         if addr != bs.address(bid):
             bs.brokers[bid] = (addr, bs.brokers[bid][1])
-            events.append({"type": "UpdateBrokerAddress", "clusterName": bs.cluster, "brokerName": name,
-                           "brokerAddress": addr, "brokerId": bid})
+            events = (UpdateBrokerAddressEvent(bs.cluster, name, addr, bid),)
         master_alive = bs.master_id is not None and _alive(live, bs.master_id, cmd.now_ms)
-        return RegisterBrokerResult(code=Code.SUCCESS, state=bs.view(), master_alive=master_alive,
-                                    events=tuple(events))
+        return RegisterBrokerResult(code=Code.SUCCESS, state=bs.view(), master_alive=master_alive, events=events)
 
     def _elect_master(self, cmd: C.ElectMaster) -> ElectMasterResult:
         name, bid = cmd.name, cmd.broker_id
@@ -223,18 +226,16 @@ class ControllerStateMachine:
             bs.master_epoch += 1
             bs.sync_state_set = {new}
             bs.sync_state_set_epoch += 1
-            ev = {"type": "ElectMaster", "brokerName": name, "newMasterElected": True, "newMasterBrokerId": new,
-                  "masterEpoch": bs.master_epoch, "syncStateSetEpoch": bs.sync_state_set_epoch}
+            ev = ElectMasterEvent(name, True, new, bs.master_epoch, bs.sync_state_set_epoch)
             return ElectMasterResult(code=Code.SUCCESS, state=bs.view(), events=(ev,))
         if bid == C.CONTROLLER_TRIGGER:
             # RocketMQ records the failed controller-triggered election: no master, epoch moves on.
             bs.master_id = None
             bs.master_epoch += 1
-            ev = {"type": "ElectMaster", "brokerName": name, "newMasterElected": False, "newMasterBrokerId": None,
-                  "masterEpoch": bs.master_epoch, "syncStateSetEpoch": bs.sync_state_set_epoch}
             return ElectMasterResult(code=Code.CONTROLLER_MASTER_NOT_AVAILABLE,
                                      remark="Old master has down and failed to elect a new broker master",
-                                     events=(ev,))
+                                     events=(ElectMasterEvent(name, False, None, bs.master_epoch,
+                                                              bs.sync_state_set_epoch),))
         return ElectMasterResult(code=Code.CONTROLLER_ELECT_MASTER_FAILED, remark="Failed to elect a new master")
 
     def _alter_sync_state_set(self, cmd: C.AlterSyncStateSet) -> AlterSyncStateSetResult:
@@ -276,8 +277,7 @@ class ControllerStateMachine:
                            f"origin leader {bs.master_id}")
         bs.sync_state_set = new_set
         bs.sync_state_set_epoch += 1
-        ev = {"type": "AlterSyncStateSet", "brokerName": name, "newSyncStateSet": sorted(new_set),
-              "syncStateSetEpoch": bs.sync_state_set_epoch}
+        ev = AlterSyncStateSetEvent(name, sorted(new_set), bs.sync_state_set_epoch)
         return AlterSyncStateSetResult(code=Code.SUCCESS, state=bs.view(), events=(ev,))
 
     def _clean_broker_data(self, cmd: C.CleanBrokerData) -> CleanBrokerDataResult:
@@ -298,21 +298,21 @@ class ControllerStateMachine:
                         return refused(f"Broker [{name},  {i}] is still alive, clean up failure")
         if bs is None:
             return refused(f"Broker {name} is not existed,clean broker data failure.")
-        ev: Event = {"type": "CleanBrokerData", "brokerName": name, "brokerIdSetToClean": sorted(ids) if ids else None}
         if not ids:
             del self.sets[name]
-            return CleanBrokerDataResult(code=Code.SUCCESS, events=(ev,))
+            return CleanBrokerDataResult(code=Code.SUCCESS, events=(CleanBrokerDataEvent(name, None),))
         for i in ids:
             bs.brokers.pop(i, None)
             bs.sync_state_set.discard(i)
+        fenced_epoch = None
         if bs.master_id in ids:
             # Differs from RocketMQ, which keeps a removed master's id: fence it with a new epoch.
             bs.master_id = None
             bs.master_epoch += 1
-            ev["masterEpoch"] = bs.master_epoch
+            fenced_epoch = bs.master_epoch
         if not bs.brokers:
             del self.sets[name]  # never half a set: RocketMQ could drop one of its two tables only
-        return CleanBrokerDataResult(code=Code.SUCCESS, events=(ev,))
+        return CleanBrokerDataResult(code=Code.SUCCESS, events=(CleanBrokerDataEvent(name, sorted(ids), fenced_epoch),))
 
     # ------------------------------------------------------------------ reads
     def get_next_broker_id(self, cluster: str, name: str) -> NextBrokerIdResult:

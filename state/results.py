@@ -6,7 +6,8 @@ the response RocketMQ's controller sends for that request and code: `code`,
 `remark`, `header` (RocketMQ's response header fields) and `body`; which header
 fields and body a response has depends on the request and the code, and this
 module is the one place that says so. Writes also carry the events they produced
-(RocketMQ's event types), which the state machine hands to its listeners.
+(RocketMQ's event types, typed here too), which the state machine hands to its
+listeners in their wire form (`to_public()`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,59 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+import msgspec
+
 from .codes import Code
 from .views import BrokerSetView
 
-Event: TypeAlias = dict[str, Any]  # one RocketMQ event (`type`, `brokerName`, event fields), as published
+Event: TypeAlias = dict[str, Any]  # an event's wire form: `type`, `brokerName`, then its fields (camelCase)
+
+
+class _Event(msgspec.Struct, frozen=True, omit_defaults=True, rename="camel", tag_field="type"):
+    """RocketMQ's event types; `to_public()` is the wire form listeners, the journal and the tables get."""
+
+    def to_public(self) -> Event:
+        out: Event = msgspec.to_builtins(self)
+        return out
+
+
+class ApplyBrokerIdEvent(_Event, frozen=True, tag="ApplyBrokerId"):
+    cluster_name: str
+    broker_name: str
+    broker_address: str
+    register_check_code: str
+    new_broker_id: int
+
+
+class UpdateBrokerAddressEvent(_Event, frozen=True, tag="UpdateBrokerAddress"):
+    cluster_name: str
+    broker_name: str
+    broker_address: str
+    broker_id: int
+
+
+class ElectMasterEvent(_Event, frozen=True, tag="ElectMaster"):
+    broker_name: str
+    new_master_elected: bool
+    new_master_broker_id: int | None  # None: no candidate, the set is left without master
+    master_epoch: int
+    sync_state_set_epoch: int
+
+
+class AlterSyncStateSetEvent(_Event, frozen=True, tag="AlterSyncStateSet"):
+    broker_name: str
+    new_sync_state_set: list[int]
+    sync_state_set_epoch: int
+
+
+class CleanBrokerDataEvent(_Event, frozen=True, tag="CleanBrokerData"):
+    broker_name: str
+    broker_id_set_to_clean: list[int] | None  # None: the whole set
+    master_epoch: int | None = None  # set when the master was cleaned (its epoch moved on)
+
+
+ControllerEvent: TypeAlias = (ApplyBrokerIdEvent | UpdateBrokerAddressEvent | ElectMasterEvent | AlterSyncStateSetEvent
+                              | CleanBrokerDataEvent)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +93,7 @@ class Result:
 class WriteResult(Result):
     """The result of an applied command; a command that does not decode gets this base type (2005)."""
 
-    events: tuple[Event, ...] = ()
+    events: tuple[ControllerEvent, ...] = ()
 
 
 def _master_header(view: BrokerSetView) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from electra.state.codes import Code
 from electra.state.elect_policy import elect
 from electra.state.liveness import BrokerLiveInfo, LivenessTable
 from electra.state.machine import ControllerStateMachine
-from electra.state.results import WriteResult
+from electra.state.results import UpdateBrokerAddressEvent, WriteResult
 
 NOW = 1_000_000
 
@@ -71,7 +71,7 @@ def test_register_broker_codes_master_info_and_address_update():
     c(C.elect_master("c", "b", 1, NOW, live(1)))
     r = c(C.register_broker("c", "b", 1, "new:2", NOW, live(1)))
     assert r.header()["masterBrokerId"] == 1 and r.header()["masterEpoch"] == 1
-    assert r.events[0]["type"] == "UpdateBrokerAddress"
+    assert r.events == (UpdateBrokerAddressEvent("c", "b", "new:2", 1),)
     assert c.sm.get_replica_info("b").header()["masterAddress"] == "new:2"
     r = c(C.register_broker("c", "b", 1, "new:2", NOW, live(1, dead=(1,))))
     assert r.header()["masterBrokerId"] is None  # a dead master is not reported
