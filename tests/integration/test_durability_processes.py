@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_real_processes import Cluster, _find_leader, _writer
+from process_cluster import Cluster, check_all_acked, find_leader, wait_caught_up, writer
 
 from electra.consensus.client import RaftClient
 from electra.consensus.kv import encode_get, encode_put
@@ -53,39 +53,6 @@ def fill(fs: Path) -> Path:
     return filler
 
 
-async def _wait_caught_up(client: RaftClient, node: int, leader: int, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            st = await client.status(node)
-        except (OSError, TimeoutError):
-            st = {"applied_index": 0, "last_index": 0}
-        lead_st = await client.status(leader)
-        if st["applied_index"] >= lead_st["commit_index"] and st["last_index"] == lead_st["last_index"]:
-            return st
-        assert time.monotonic() < deadline, f"node {node} did not catch up: {st} vs {lead_st}"
-        await asyncio.sleep(0.2)
-
-
-async def _check_all(client: RaftClient, acked: dict) -> None:
-    keys = sorted(acked)
-    for lo in range(0, len(keys), 500):
-        chunk = keys[lo:lo + 500]
-        values = await asyncio.gather(*(client.propose(encode_get(k), deadline_s=20) for k in chunk))
-        lost = [(k, acked[k], v) for k, v in zip(chunk, values, strict=True) if v != acked[k]]
-        assert not lost, f"{len(lost)} acknowledged writes lost or wrong, e.g. {lost[:5]}"
-
-
-def _run(cluster: Cluster, scenario, timeout: float = 150) -> None:
-    try:
-        asyncio.run(asyncio.wait_for(scenario(), timeout))
-    except BaseException:
-        print(cluster.logs())
-        raise
-    finally:
-        cluster.stop_all()
-
-
 def test_followers_disks_fill_up_then_the_leader_dies_and_no_acknowledged_write_is_lost(tmp_path):
     cluster = Cluster(tmp_path)
     with contextlib.ExitStack() as mounts:
@@ -99,9 +66,9 @@ def test_followers_disks_fill_up_then_the_leader_dies_and_no_acknowledged_write_
             acked: dict[str, int] = {}
             stop = asyncio.Event()
             try:
-                leader = await _find_leader(client, cluster.ids)
+                leader = await find_leader(client, cluster.ids)
                 followers = [i for i in cluster.ids if i != leader]
-                writers = [asyncio.create_task(_writer(RaftClient(cluster.endpoints, timeout=3.0), f"w{w}",
+                writers = [asyncio.create_task(writer(RaftClient(cluster.endpoints, timeout=3.0), f"w{w}",
                                                        acked, stop, 100_000)) for w in range(16)]
                 await asyncio.sleep(1.0)
                 assert len(acked) > 50, "the cluster did not accept writes"
@@ -121,64 +88,62 @@ def test_followers_disks_fill_up_then_the_leader_dies_and_no_acknowledged_write_
                     f.unlink()  # space is back; the followers restart from their own disks
                 for i in followers:
                     cluster.start(i)
-                survivor = await _find_leader(client, followers, timeout=30)
-                await _check_all(client, acked)
+                survivor = await find_leader(client, followers, timeout=30)
+                await check_all_acked(client, acked)
                 assert survivor in followers
             finally:
                 stop.set()
                 await client.close()
 
-        _run(cluster, scenario)
+        cluster.run(scenario)
 
 
 def test_a_follower_whose_newest_segment_lost_its_tail_catches_up_with_the_same_leader(tmp_path):
     cluster = Cluster(tmp_path)
-    for i in cluster.ids:
-        cluster.start(i)
+    cluster.start_all()
 
     async def scenario() -> None:
         client = RaftClient(cluster.endpoints, timeout=3.0)
         try:
-            leader = await _find_leader(client, cluster.ids)
+            leader = await find_leader(client, cluster.ids)
             follower = next(i for i in cluster.ids if i != leader)
             for lo in range(0, 600, 200):
                 await asyncio.gather(*(client.propose(encode_put(f"k{k}", k)) for k in range(lo, lo + 200)))
-            await _wait_caught_up(client, follower, leader)
+            await wait_caught_up(client, follower, leader)
             term = (await client.status(leader))["term"]
             cluster.kill(follower)
             seg = sorted((tmp_path / f"node{follower}" / "raft-log").glob("*.seg"))[-1]
             with open(seg, "r+b") as f:  # the tail that never reached the platter
                 f.truncate(seg.stat().st_size * 2 // 3 - 3)
             cluster.start(follower)
-            st = await _wait_caught_up(client, follower, leader)
+            st = await wait_caught_up(client, follower, leader)
             lead_st = await client.status(leader)
             assert (lead_st["role"], lead_st["term"]) == ("leader", term), "the leader must not change"
             assert st["last_index"] == lead_st["last_index"]
             await client.propose(encode_put("after", 1))
-            await _wait_caught_up(client, follower, leader)
+            await wait_caught_up(client, follower, leader)
             assert "torn tail" in (tmp_path / f"node{follower}.log").read_text()
         finally:
             await client.close()
 
-    _run(cluster, scenario)
+    cluster.run(scenario)
 
 
 def test_a_follower_with_a_damaged_newest_snapshot_recovers_from_the_leader(tmp_path):
     cluster = Cluster(tmp_path)
     snap = ("--snapshot-entries", "400", "--compaction-slack", "50")
-    for i in cluster.ids:
-        cluster.start(i, *snap)
+    cluster.start_all(*snap)
 
     async def scenario() -> None:
         client = RaftClient(cluster.endpoints, timeout=3.0)
         try:
-            leader = await _find_leader(client, cluster.ids)
+            leader = await find_leader(client, cluster.ids)
             follower = next(i for i in cluster.ids if i != leader)
             for lo in range(0, 2000, 250):
                 await asyncio.gather(*(client.propose(encode_put(f"k{k}", k)) for k in range(lo, lo + 250)))
             for k in range(2000, 2100, 10):  # later appends make the compaction record durable too
                 await asyncio.gather(*(client.propose(encode_put(f"k{j}", j)) for j in range(k, k + 10)))
-            await _wait_caught_up(client, follower, leader)
+            await wait_caught_up(client, follower, leader)
             cluster.kill(follower)
             snaps = sorted((tmp_path / f"node{follower}" / "snapshots").glob("*.snap"))
             assert len(snaps) >= 2, snaps
@@ -189,7 +154,7 @@ def test_a_follower_with_a_damaged_newest_snapshot_recovers_from_the_leader(tmp_
             for lo in range(2000, 2600, 200):  # the group moves on meanwhile
                 await asyncio.gather(*(client.propose(encode_put(f"k{k}", k)) for k in range(lo, lo + 200)))
             cluster.start(follower, *snap)
-            st = await _wait_caught_up(client, follower, leader)
+            st = await wait_caught_up(client, follower, leader)
             assert cluster.procs[follower].poll() is None, "the follower must not refuse to start"
             assert st["snapshots_installed"] >= 1, st
             text = (tmp_path / f"node{follower}.log").read_text()
@@ -198,4 +163,4 @@ def test_a_follower_with_a_damaged_newest_snapshot_recovers_from_the_leader(tmp_
         finally:
             await client.close()
 
-    _run(cluster, scenario)
+    cluster.run(scenario)
