@@ -1,15 +1,97 @@
-"""Test helpers for the streaming job: a recording stand-in for a controller's HTTP API (aiohttp, own thread)."""
+"""Test helpers for the streaming job: a recording stand-in for a controller's HTTP API (aiohttp, own thread),
+brokers heartbeating straight into the heartbeats topic, a topic reader and a bounded wait."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Callable
 
 from aiohttp import web
+from kafka import KafkaConsumer, KafkaProducer
 
+from electra.streaming import kafka_io, records
 from electra.streaming.embedded_kafka import free_port
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def wait_for(pred, timeout_s: float, step: float = 0.2):
+    """Poll `pred()` until it is truthy or `timeout_s` passes; return its last value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(step)
+    return pred()
+
+
+class HeartbeatWorld:
+    """Brokers 1-3 of each set heartbeating every 0.3 s into the heartbeats topic (own thread), and the
+    controller's events topic as the job reads it. Add (set, broker) to `stopped` to silence a broker."""
+
+    def __init__(self, bootstrap: str, sets: list[str], timeout_ms: int) -> None:
+        self.sets, self.timeout_ms = sets, timeout_ms
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+        self.lock = threading.Lock()
+        self.index = 0
+        self.stopped: set[tuple[str, int]] = set()
+        self.last_hb: dict[tuple[str, int], int] = {}
+        self.quit = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def event(self, name: str, master: int, epoch: int) -> None:
+        """Publish an ElectMaster event making `master` the master of `name` at `epoch`."""
+        with self.lock:
+            self.index += 1
+            state = {"clusterName": "c1", "masterBrokerId": master, "masterEpoch": epoch, "syncStateSet": [master],
+                     "syncStateSetEpoch": epoch, "brokers": {str(b): f"10.0.0.{b}:10911" for b in (1, 2, 3)}}
+            ev = records.event_record(self.index, 1, now_ms(), {"type": "ElectMaster", "brokerName": name},
+                                      state, "c1")
+            self.producer.send(records.EVENTS, key=name.encode(), value=records.encode(ev))
+            self.producer.flush()
+
+    def _beat(self) -> None:
+        while not self.quit.is_set():
+            ts = now_ms()
+            for name in self.sets:
+                for b in (1, 2, 3):
+                    if (name, b) in self.stopped:
+                        continue
+                    hb = {"clusterName": "c1", "brokerName": name, "brokerAddr": f"10.0.0.{b}:10911",
+                          "brokerId": b, "epoch": 1, "maxOffset": 1000, "confirmOffset": 1000,
+                          "heartbeatTimeoutMillis": self.timeout_ms, "electionPriority": b, "ts": ts}
+                    self.producer.send(records.HEARTBEATS, key=name.encode(), value=records.encode(hb))
+                    self.last_hb[(name, b)] = ts
+            self.producer.flush()
+            self.quit.wait(0.3)
+
+    def close(self) -> None:
+        self.quit.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
+        self.producer.close(timeout=5)
+
+
+class TopicReader:
+    """Every JSON record of one topic from the beginning, polled on demand."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+        self.tps = kafka_io.topic_partitions(self.c, topic)
+        self.c.assign(self.tps)
+        self.c.seek_to_beginning(*self.tps)
+        self.values: list[dict] = []
+
+    def poll(self) -> list[dict]:
+        for msgs in self.c.poll(timeout_ms=200).values():
+            self.values += [json.loads(m.value) for m in msgs]
+        return self.values
 
 
 class FakeController:

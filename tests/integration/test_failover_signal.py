@@ -17,12 +17,11 @@ import time
 
 import pytest
 from kafka import KafkaConsumer
-from test_pipeline_e2e import until
+from stack_helpers import loopback_stack, run_pipeline, until
 
 from electra.api.client import ControllerClient
-from electra.bench.common import free_ports
 from electra.broker_simulator import BrokerFleet
-from electra.local_stack import LocalStack, StackConfig
+from electra.local_stack import LocalStack
 from electra.streaming import records
 
 pytestmark = pytest.mark.integration
@@ -32,23 +31,7 @@ SETS = 4
 
 
 def test_crash_is_detected_by_connection_loss_and_hang_by_timeout(tmp_path):
-    ports = free_ports(9)
-    stack = LocalStack(StackConfig(data_dir=tmp_path, raft_port=ports[0], http_port=ports[3], ingest_port=ports[6],
-                                   trigger_ms=500, tick_ms=50, log_level="INFO", tier_uri=None))
-    stack.raft_peers = ",".join(f"{i}=127.0.0.1:{ports[i - 1]}" for i in (1, 2, 3))
-    stack.endpoints = {i: f"127.0.0.1:{ports[2 + i]}" for i in (1, 2, 3)}
-    stack.ingest_endpoints = {i: f"127.0.0.1:{ports[5 + i]}" for i in (1, 2, 3)}
-    try:
-        stack.start_kafka()
-        stack.start_controllers()
-        stack.start_job()
-        asyncio.run(scenario(stack))
-    except BaseException:
-        for name in ("streaming", "node1", "ingest1", "ingest2"):
-            print(f"----- {name} -----\n{stack.log_tail(name, 40)}")
-        raise
-    finally:
-        stack.stop_all()
+    run_pipeline(loopback_stack(tmp_path, tier_uri=None), scenario, show=("streaming", "node1", "ingest1", "ingest2"))
 
 
 def disconnects(stack: LocalStack) -> list[dict]:

@@ -20,11 +20,11 @@ import time
 import aiohttp
 import pytest
 from kafka import KafkaProducer
+from stack_helpers import loopback_stack, run_pipeline, until
 
 from electra.api.client import ControllerClient
-from electra.bench.common import free_ports
 from electra.broker_simulator import BrokerFleet
-from electra.local_stack import LocalStack, StackConfig
+from electra.local_stack import LocalStack
 from electra.security.credentials import ClientCredentials
 from electra.state.codes import Code
 from electra.streaming import records
@@ -33,16 +33,6 @@ pytestmark = pytest.mark.integration
 
 TIMEOUT_MS = 3000  # the brokers' heartbeatTimeoutMillis
 SETS = 4
-
-
-async def until(pred, what: str, timeout: float, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await pred()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        await asyncio.sleep(every)
 
 
 class Watch:
@@ -68,24 +58,7 @@ class Watch:
 
 
 def test_pipeline_end_to_end(tmp_path):
-    ports = free_ports(9)
-    stack = LocalStack(StackConfig(data_dir=tmp_path, raft_port=ports[0], http_port=ports[3], ingest_port=ports[6],
-                                   trigger_ms=500, tick_ms=50, log_level="INFO"))
-    # Consecutive free ports are not guaranteed: assign each process its own.
-    stack.raft_peers = ",".join(f"{i}=127.0.0.1:{ports[i - 1]}" for i in (1, 2, 3))
-    stack.endpoints = {i: f"127.0.0.1:{ports[2 + i]}" for i in (1, 2, 3)}
-    stack.ingest_endpoints = {i: f"127.0.0.1:{ports[5 + i]}" for i in (1, 2, 3)}
-    try:
-        stack.start_kafka()
-        stack.start_controllers()
-        stack.start_job()
-        asyncio.run(scenario(stack))
-    except BaseException:
-        for name in ("streaming", "node1", "node2", "node3"):
-            print(f"----- {name} -----\n{stack.log_tail(name, 40)}")
-        raise
-    finally:
-        stack.stop_all()
+    run_pipeline(loopback_stack(tmp_path), scenario)
 
 
 async def scenario(stack: LocalStack) -> None:

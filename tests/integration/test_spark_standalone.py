@@ -16,15 +16,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
 from pyspark.find_spark_home import _find_spark_home
-from stream_helpers import FakeController
+from stream_helpers import FakeController, HeartbeatWorld, TopicReader, now_ms, wait_for
 
 from electra.bench.common import free_ports
 from electra.streaming import kafka_io, records
@@ -37,74 +35,6 @@ SETS = ["sa-0", "sa-1", "sa-2"]
 VICTIM = "sa-0"
 TIMEOUT_MS = 2000
 STARTUP_S = 240  # driver + executor JVMs + Python workers + first batch, on a shared 2-core machine
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def wait_for(pred, timeout_s: float, step: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    return pred()
-
-
-class Brokers:
-    """Three brokers per set heartbeating every 0.3 s into the heartbeats topic, and the controller's events."""
-
-    def __init__(self, bootstrap: str) -> None:
-        self.producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-        self.lock = threading.Lock()
-        self.index = 0
-        self.stopped: set[tuple[str, int]] = set()
-        self.quit = threading.Event()
-        self.thread = threading.Thread(target=self._beat, daemon=True)
-
-    def event(self, name: str, master: int, epoch: int) -> None:
-        with self.lock:
-            self.index += 1
-            state = {"clusterName": "c1", "masterBrokerId": master, "masterEpoch": epoch, "syncStateSet": [master],
-                     "syncStateSetEpoch": epoch, "brokers": {str(b): f"10.0.0.{b}:10911" for b in (1, 2, 3)}}
-            ev = records.event_record(self.index, 1, now_ms(), {"type": "ElectMaster", "brokerName": name},
-                                      state, "c1")
-            self.producer.send(records.EVENTS, key=name.encode(), value=records.encode(ev))
-            self.producer.flush()
-
-    def _beat(self) -> None:
-        while not self.quit.is_set():
-            ts = now_ms()
-            for name in SETS:
-                for b in (1, 2, 3):
-                    if (name, b) not in self.stopped:
-                        hb = {"clusterName": "c1", "brokerName": name, "brokerAddr": f"10.0.0.{b}:10911",
-                              "brokerId": b, "epoch": 1, "maxOffset": 1000, "confirmOffset": 1000,
-                              "heartbeatTimeoutMillis": TIMEOUT_MS, "electionPriority": b, "ts": ts}
-                        self.producer.send(records.HEARTBEATS, key=name.encode(), value=records.encode(hb))
-            self.producer.flush()
-            self.quit.wait(0.3)
-
-    def close(self) -> None:
-        self.quit.set()
-        self.thread.join(timeout=5)
-        self.producer.close(timeout=5)
-
-
-class Liveness:
-    def __init__(self, bootstrap: str) -> None:
-        self.c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
-        tps = kafka_io.topic_partitions(self.c, records.LIVENESS)
-        self.c.assign(tps)
-        self.c.seek_to_beginning(*tps)
-        self.values: list[dict] = []
-
-    def poll(self) -> list[dict]:
-        for msgs in self.c.poll(timeout_ms=200).values():
-            self.values += [json.loads(m.value) for m in msgs]
-        return self.values
 
 
 class StandaloneCluster:
@@ -193,7 +123,7 @@ def test_streaming_job_on_a_standalone_cluster(tmp_path):
     log_path = tmp_path / "job.log"
     try:
         kafka_io.ensure_topics(kafka.bootstrap, records.Topics().partitions())
-        brokers = Brokers(kafka.bootstrap)
+        brokers = HeartbeatWorld(kafka.bootstrap, SETS, TIMEOUT_MS)
 
         def on_proposal(name: str, body: dict) -> None:  # the controller elects broker 2 and publishes it
             brokers.event(name, 2, body["expectedMasterEpoch"] + 1)
@@ -210,7 +140,7 @@ def test_streaming_job_on_a_standalone_cluster(tmp_path):
                 p.read_text()[-1500:] for p in cluster.executor_logs())
 
         job = submit(cluster, kafka.bootstrap, controller.address, checkpoint, log_path)
-        liveness = Liveness(kafka.bootstrap)
+        liveness = TopicReader(kafka.bootstrap, records.LIVENESS)
         ready = wait_for(lambda: {v["brokerName"] for v in liveness.poll()} >= set(SETS) or job.poll() is not None,
                          STARTUP_S)
         assert ready and job.poll() is None, job_log()

@@ -10,18 +10,15 @@ records appear, and a restart from the checkpoint does not propose again.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
-from stream_helpers import FakeController
+from stream_helpers import FakeController, HeartbeatWorld, TopicReader, now_ms, wait_for
 
 from electra.streaming import kafka_io, records
 from electra.streaming.embedded_kafka import EmbeddedKafka
@@ -32,61 +29,6 @@ SETS = ["bs-0", "bs-1", "bs-2"]
 VICTIM = "bs-0"
 TIMEOUT_MS = 2000
 STARTUP_S = 180  # Spark start + first batch: ~30 s on an idle 2-core box, far more when it is shared
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-class World:
-    def __init__(self, bootstrap: str) -> None:
-        self.bootstrap = bootstrap
-        self.producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-        self.lock = threading.Lock()
-        self.index = 0
-        self.stopped: set[tuple[str, int]] = set()
-        self.last_hb: dict[tuple[str, int], int] = {}
-        self.quit = threading.Event()
-        self.thread = threading.Thread(target=self._beat, daemon=True)
-
-    def event(self, name: str, master: int, epoch: int) -> None:
-        with self.lock:
-            self.index += 1
-            state = {"clusterName": "c1", "masterBrokerId": master, "masterEpoch": epoch, "syncStateSet": [master],
-                     "syncStateSetEpoch": epoch, "brokers": {str(b): f"10.0.0.{b}:10911" for b in (1, 2, 3)}}
-            ev = records.event_record(self.index, 1, now_ms(), {"type": "ElectMaster", "brokerName": name},
-                                      state, "c1")
-            self.producer.send(records.EVENTS, key=name.encode(), value=records.encode(ev))
-            self.producer.flush()
-
-    def _beat(self) -> None:
-        while not self.quit.is_set():
-            ts = now_ms()
-            for name in SETS:
-                for b in (1, 2, 3):
-                    if (name, b) in self.stopped:
-                        continue
-                    hb = {"clusterName": "c1", "brokerName": name, "brokerAddr": f"10.0.0.{b}:10911", "brokerId": b,
-                          "epoch": 1, "maxOffset": 1000, "confirmOffset": 1000, "heartbeatTimeoutMillis": TIMEOUT_MS,
-                          "electionPriority": b, "ts": ts}
-                    self.producer.send(records.HEARTBEATS, key=name.encode(), value=records.encode(hb))
-                    self.last_hb[(name, b)] = ts
-            self.producer.flush()
-            self.quit.wait(0.3)
-
-
-class TopicReader:
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
-        self.tps = kafka_io.topic_partitions(self.c, topic)
-        self.c.assign(self.tps)
-        self.c.seek_to_beginning(*self.tps)
-        self.values: list[dict] = []
-
-    def poll(self) -> list[dict]:
-        for msgs in self.c.poll(timeout_ms=200).values():
-            self.values += [json.loads(m.value) for m in msgs]
-        return self.values
 
 
 def start_job(bootstrap: str, controller: str, checkpoint: str, log_path) -> subprocess.Popen:
@@ -107,16 +49,6 @@ def stop_job(proc: subprocess.Popen) -> int:
         raise
 
 
-def wait_for(pred, timeout_s: float, step: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    return pred()
-
-
 def test_streaming_job_end_to_end(tmp_path):
     t_start = time.monotonic()
     kafka = EmbeddedKafka(log_file=tmp_path / "tansu.log").start()
@@ -125,7 +57,7 @@ def test_streaming_job_end_to_end(tmp_path):
     job = None
     try:
         kafka_io.ensure_topics(kafka.bootstrap, records.Topics().partitions())
-        world = World(kafka.bootstrap)
+        world = HeartbeatWorld(kafka.bootstrap, SETS, TIMEOUT_MS)
 
         def on_proposal(name: str, body: dict) -> None:  # the controller elects broker 2 and publishes it
             world.event(name, 2, body["expectedMasterEpoch"] + 1)
@@ -176,7 +108,9 @@ def test_streaming_job_end_to_end(tmp_path):
 
         # One report per batch on the job-stats topic (the controllers' dashboards read it).
         stats = TopicReader(kafka.bootstrap, records.JOB_STATS)
-        assert wait_for(lambda: any(s["deadLettersTotal"] >= 2 for s in stats.poll()), 20), stats.values[-3:]
+        # A batch's report follows the batch: wait for the one that has counted both (batches are slow when shared).
+        assert wait_for(lambda: any(s["deadLettersTotal"] >= 2 and s["proposalsTotal"] >= 1 for s in stats.poll()),
+                        30), stats.values[-3:]
         last = stats.values[-1]
         assert last["batchId"] >= 1 and last["batchMs"] > 0 and last["rows"] >= 0 and last["proposalsTotal"] == 1
         assert any(k.startswith(records.HEARTBEATS + ":") for k in last["consumed"]), last
@@ -206,7 +140,7 @@ def test_streaming_job_end_to_end(tmp_path):
             job.kill()
             job.wait(timeout=10)
         if world is not None:
-            world.quit.set()
+            world.close()
         if controller is not None:
             controller.stop()
         kafka.stop()
