@@ -68,6 +68,12 @@ def test_unknown_node_and_garbage_are_rejected_and_the_node_keeps_working():
             w.write(struct.pack(">I", len(hello)) + hello)
             assert await asyncio.wait_for(r.read(), 5) == b""  # closed on us
             assert ts[3].stats["rejected_handshakes"] == 1
+            # msgpack's true is no node id, although true == 1 in a dict lookup
+            r, w = await asyncio.open_connection(host, port)
+            hello = msgpack.packb({"proto": PROTO, "cluster": "electra", "from": True, "to": 3})
+            w.write(struct.pack(">I", len(hello)) + hello)
+            assert await asyncio.wait_for(r.read(), 5) == b""
+            assert ts[3].stats["rejected_handshakes"] == 2
             # a valid handshake as node 1 followed by garbage: that connection closes ...
             r, w = await asyncio.open_connection(host, port)
             hello = msgpack.packb({"proto": PROTO, "cluster": "electra", "from": 1, "to": 3})
