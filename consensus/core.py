@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import Enum, IntEnum
 
 from . import mutations
 from .errors import NotLeader, ProposalDropped
@@ -66,6 +66,14 @@ class Role(IntEnum):
     PRE_CANDIDATE = 1
     CANDIDATE = 2
     LEADER = 3
+
+
+class _Poll(Enum):
+    """Where an election stands after counting an answer."""
+
+    PENDING = 0
+    WON = 1
+    LOST = 2
 
 
 @dataclass
@@ -486,13 +494,23 @@ class RaftCore:
 
     def _step_pre_candidate(self, m: Message) -> None:
         if isinstance(m, PreVoteResp):
-            self._handle_vote_resp(m)
+            if not m.reject and m.term != self.term + 1:
+                return  # a grant for some other pre-vote
+            outcome = self._poll(m)
+            if outcome is _Poll.WON:
+                self._campaign(pre=False)
+            elif outcome is _Poll.LOST:
+                self._become_follower(self.term, NONE)
         else:
             self._step_replica(m)
 
     def _step_candidate(self, m: Message) -> None:
         if isinstance(m, VoteResp):
-            self._handle_vote_resp(m)
+            outcome = self._poll(m)
+            if outcome is _Poll.WON:
+                self._become_leader()
+            elif outcome is _Poll.LOST:
+                self._become_follower(self.term, NONE)
         else:
             self._step_replica(m)
 
@@ -546,18 +564,15 @@ class RaftCore:
         else:
             self._msgs.append(answer(self.id, m.src, self.term, reject=True))
 
-    def _handle_vote_resp(self, m: VoteResponse) -> None:
-        if isinstance(m, PreVoteResp) and not m.reject and m.term != self.term + 1:
-            return
+    def _poll(self, m: VoteResponse) -> _Poll:
+        """Count a (pre-)vote answer (the first one from each voter counts)."""
         self.votes.setdefault(m.src, not m.reject)
         granted = self._tally()
         if granted >= self.quorum:
-            if self.role == Role.PRE_CANDIDATE:
-                self._campaign(pre=False)
-            else:
-                self._become_leader()
-        elif len(self.votes) - granted >= self.quorum:
-            self._become_follower(self.term, NONE)
+            return _Poll.WON
+        if len(self.votes) - granted >= self.quorum:
+            return _Poll.LOST
+        return _Poll.PENDING
 
     # ------------------------------------------------------------------ follower side
     def _handle_append(self, m: Append) -> None:
