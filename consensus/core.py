@@ -56,7 +56,7 @@ from .messages import (
 from .progress import Progress, ProgressState, quorum_value
 from .read_only import ReadOnly
 
-__all__ = ["NONE", "Progress", "ProgressState", "RaftConfig", "RaftCore", "Ready", "Role"]
+__all__ = ["NONE", "RaftConfig", "RaftCore", "Ready", "Role"]
 
 NONE = 0  # node ids start at 1; 0 means "nobody"
 
