@@ -366,3 +366,34 @@ def test_a_node_behind_its_vote_floor_does_not_campaign():
     for _ in range(100):
         solo.tick()
     assert solo.role == Role.FOLLOWER, "a one-member group must not elect a node that lost its data"
+
+
+class ManualClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_lease_runs_on_the_injected_clock_from_the_rounds_send_time():
+    net = Net(lease_s=1.0)
+    clock = ManualClock()
+    for c in net.cores.values():
+        c.clock = clock
+    leader = net.elect()
+    net.tick(2)  # heartbeat rounds sent at 100.0 and answered by a quorum
+    assert leader.lease_read_index() == leader.commit
+    follower = next(c for c in net.cores.values() if c is not leader)
+    assert follower.last_leader_contact == 100.0
+    clock.now = 100.9
+    assert leader.lease_read_index() == leader.commit  # 0.9 s after the round left: still held
+    clock.now = 101.0
+    assert leader.lease_read_index() is None  # lease_s after the send time: gone, until a new round
+    net.tick()  # a round sent at 101.0
+    assert leader.lease_read_index() == leader.commit
+    clock.now = 101.5
+    leader.transfer_leadership(follower.id)
+    assert leader.lease_read_index() is None  # a transfer ends the lease at once
