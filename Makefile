@@ -2,7 +2,12 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
-STAMP   = $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+# The folders installed as electra.* (pyproject [tool.setuptools] package-dir).
+PKG_DIRS = electra consensus state api streaming bench tiering security
+# Reinstall when pyproject.toml changes or a file is added, renamed or removed in a package folder:
+# the strict editable install links each file, so a new module is importable only after it.
+STAMP   = $(VENV)/.installed-$(shell { cat pyproject.toml; find $(PKG_DIRS) -type f -not -path '*/__pycache__/*' \
+	| LC_ALL=C sort; } | cksum | cut -d' ' -f1)
 
 .PHONY: setup run test test-slow lint sim bench-raft clean
 
@@ -26,7 +31,10 @@ $(STAMP): pyproject.toml
 		{ echo "error: the dashboard test needs Chromium (apt-get install chromium)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev,bench,notebooks]"
+	@# A strict editable install: build/__editable__.* is a tree of links to the sources, named as
+	@# installed (electra/consensus/core.py -> consensus/core.py), which mypy and IDEs can follow;
+	@# setuptools' default editable mode maps the folders with an import hook that they cannot see.
+	$(PY) -m pip install -q -e ".[dev,bench,notebooks]" --config-settings editable_mode=strict
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -35,6 +43,7 @@ run: setup
 
 lint: setup
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 test: lint
 	$(PY) -m pytest -q

@@ -18,15 +18,16 @@ import msgpack
 from . import errors
 from .framing import pack_frame, read_frame
 
-_ERRORS = {c.__name__: c for c in (errors.NotLeader, errors.ProposalDropped, errors.LeadershipLost,
-                                    errors.ProposalTimeout, errors.NodeStopped)}
+_ERRORS: dict[str, type[errors.RaftError]] = {
+    c.__name__: c for c in (errors.NotLeader, errors.ProposalDropped, errors.LeadershipLost, errors.ProposalTimeout,
+                            errors.NodeStopped)}
 
 
 class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
-        self.waiting: dict[int, asyncio.Future] = {}
+        self.waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.task = asyncio.create_task(self._read_loop())
 
     async def _read_loop(self) -> None:
@@ -112,7 +113,8 @@ class RaftClient:
                 elif err == "ProposalDropped":
                     self.leader = None
                 else:
-                    raise _ERRORS.get(err, errors.RaftError)(reply.get("message", err))
+                    error_type = _ERRORS.get(err, errors.RaftError) if isinstance(err, str) else errors.RaftError
+                    raise error_type(reply.get("message", err))
             if loop.time() >= end:
                 raise errors.NotLeader(0)
             await asyncio.sleep(0.02 if self.leader else 0.1)
@@ -123,7 +125,8 @@ class RaftClient:
 
     async def status(self, node_id: int) -> dict[str, Any]:
         reply = await self.request(node_id, {"op": "status"})
-        return reply["result"]
+        status: dict[str, Any] = reply["result"]
+        return status
 
     async def close(self) -> None:
         for c in self._conns.values():

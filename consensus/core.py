@@ -1,4 +1,4 @@
-"""The Raft protocol as a pure state machine: no sockets, no disk, no clocks.
+"""The Raft protocol as a pure state machine: no sockets, no disk, no clock of its own.
 
 Inputs are `tick()`, `step(message)`, `propose(commands)`, `transfer_leadership()`
 and `persisted(index, term)`; outputs are collected by `ready()` as one `Ready`:
@@ -6,6 +6,17 @@ state to persist, messages to send (split into those that may leave at once and
 those that must wait until the Ready's writes are durable) and committed entries
 to apply. The asyncio runtime (`node.py`) and the simulator (`simulation.py`) both
 drive this class, so everything proven in simulation is the code that runs.
+
+Time comes from the `clock` given at construction (seconds, monotonic), as randomness
+comes from the given `rng`: the runtime passes its real clock, the simulator each
+node's simulated one. Elections and heartbeats count ticks; only leases and the
+follower-read freshness check read the clock.
+
+The parts live in their own modules, as in etcd's raft library: the log and its
+cursors (`log.py`), each follower's progress and inflight window (`progress.py`),
+the read-only machinery (`read_only.py`), the message kinds (`messages.py`). What a
+node does with a message or a tick depends on its role; the handlers are chosen once,
+when the role changes (`_set_role`).
 
 Protocol features: randomized election timeouts, PreVote, CheckQuorum with
 vote refusal while a leader is known (lease), a no-op entry on election, fast
@@ -15,16 +26,37 @@ leader writing its own log in parallel with replication, leadership transfer.
 
 from __future__ import annotations
 
-import bisect
 import random
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import IntEnum
-from itertools import accumulate
+from enum import Enum, IntEnum
 
 from . import mutations
 from .errors import NotLeader, ProposalDropped
-from .messages import MAX_TERM, MAX_TERM_JUMP, Message, MsgType
+from .log import RaftLog
+from .messages import (
+    MAX_TERM,
+    MAX_TERM_JUMP,
+    Append,
+    AppendResp,
+    Heartbeat,
+    HeartbeatResp,
+    Message,
+    MsgType,
+    PreVote,
+    PreVoteResp,
+    ReadIndex,
+    ReadIndexResp,
+    TimeoutNow,
+    Vote,
+    VoteRequest,
+    VoteResp,
+    VoteResponse,
+)
+from .progress import Progress, ProgressState, quorum_value
+from .read_only import ReadOnly
+
+__all__ = ["NONE", "RaftConfig", "RaftCore", "Ready", "Role"]
 
 NONE = 0  # node ids start at 1; 0 means "nobody"
 
@@ -34,6 +66,14 @@ class Role(IntEnum):
     PRE_CANDIDATE = 1
     CANDIDATE = 2
     LEADER = 3
+
+
+class _Poll(Enum):
+    """Where an election stands after counting an answer."""
+
+    PENDING = 0
+    WON = 1
+    LOST = 2
 
 
 @dataclass
@@ -48,7 +88,7 @@ class RaftConfig:
     pre_vote: bool = True
     check_quorum: bool = True
     # Lease reads: how long after a heartbeat round's *send* time a quorum ack keeps this
-    # leader sure that no other leader exists (seconds, on the driver's monotonic clock).
+    # leader sure that no other leader exists (seconds, on the core's clock).
     # 0 disables them. Safe only below the followers' vote-refusal window (see docs).
     lease_s: float = 0.0
 
@@ -90,42 +130,6 @@ class Ready:
         return self.hard_state is not None or bool(self.ent_terms) or self.reset_to is not None
 
 
-class ProgressState(IntEnum):
-    PROBE = 0  # one AppendEntries at a time until the match point is found
-    REPLICATE = 1  # optimistic pipelining within the inflight window
-    SNAPSHOT = 2  # the entries it needs are compacted: an InstallSnapshot transfer is under way
-
-
-class Progress:
-    """The leader's view of one follower."""
-
-    __slots__ = ("match", "next", "state", "inflight", "probe_sent", "recent_active", "match_at_hb",
-                 "sent_commit", "acked_round", "pending_snapshot")
-
-    def __init__(self, next_index: int) -> None:
-        self.match = 0
-        self.next = next_index
-        self.state = ProgressState.PROBE
-        self.inflight: deque[int] = deque()  # last index carried by each unacknowledged append
-        self.probe_sent = False
-        self.recent_active = False
-        self.match_at_hb = -1
-        self.sent_commit = 0  # highest commit index this follower has been told
-        self.acked_round = 0  # newest heartbeat round (read/lease confirmation) it answered
-        self.pending_snapshot = 0  # snapshot index being installed on it
-
-    def become_probe(self) -> None:
-        self.state = ProgressState.PROBE
-        self.next = self.match + 1
-        self.inflight.clear()
-        self.probe_sent = False
-
-    def become_replicate(self) -> None:
-        self.state = ProgressState.REPLICATE
-        self.next = self.match + 1
-        self.inflight.clear()
-
-
 # Messages that carry the term of an exchange the receiver started or shares with its leader
 # (as granted vote answers do): a term above the receiver's in them is never legitimate.
 _ECHOED_TERM_TYPES = frozenset({MsgType.HEARTBEAT_RESP, MsgType.READ_INDEX_RESP, MsgType.READ_INDEX})
@@ -143,6 +147,7 @@ class RaftCore:
         peers: list[int],
         config: RaftConfig | None = None,
         *,
+        clock: Callable[[], float],
         term: int = 0,
         vote: int = NONE,
         log_offset: int = 0,
@@ -157,12 +162,12 @@ class RaftCore:
     ) -> None:
         """Start from durable state (all of it is treated as persisted).
 
-        `snapshot` is (index, term) of the newest local state-machine snapshot, which the
-        driver has already restored: it is committed and applied. `vote_floor` is the
-        (index, term) of the newest entry of a log this node lost (a damaged snapshot):
-        it votes as if its log still ended there, so it never helps elect a candidate
-        that misses entries it had acknowledged, and it does not campaign until its own
-        log has caught up to that point.
+        `clock` returns the driver's monotonic time in seconds. `snapshot` is (index, term)
+        of the newest local state-machine snapshot, which the driver has already restored:
+        it is committed and applied. `vote_floor` is the (index, term) of the newest entry of
+        a log this node lost (a damaged snapshot): it votes as if its log still ended there,
+        so it never helps elect a candidate that misses entries it had acknowledged, and it
+        does not campaign until its own log has caught up to that point.
         """
         if node_id not in peers:
             raise ValueError(f"node {node_id} is not in its own peer list {peers}")
@@ -171,31 +176,17 @@ class RaftCore:
         self.id = node_id
         self.peers = sorted(peers)
         self.cfg = config or RaftConfig()
+        self.clock = clock
         self.rng = rng or random.Random()
         self.quorum = len(self.peers) // 2 + 1
 
         self.term = term
         self.vote = vote
-        self.vote_floor = tuple(vote_floor)
-        self.role = Role.FOLLOWER
+        self.vote_floor = (vote_floor[0], vote_floor[1])
         self.lead = NONE
-
-        # The log: entry i (offset < i <= last) is log_terms[i - offset - 1].
-        self.offset = log_offset
-        self.offset_term = offset_term
-        self.log_terms: list[int] = list(log_terms or [])
-        self.log_data: list[bytes] = list(log_data or [])
-        if len(self.log_terms) != len(self.log_data):
-            raise ValueError("log terms and data differ in length")
-
-        last = self.last_index()
-        self.snap_index, self.snap_term = snapshot or (log_offset, offset_term)
-        if self.snap_index < log_offset:
-            raise ValueError(f"log compacted to {log_offset} but the newest snapshot is {self.snap_index}")
-        self.commit = min(max(commit, self.snap_index), max(last, self.snap_index))
-        self.applied_handed = max(applied, self.snap_index)  # entries handed out for applying
-        self.stable = last  # entries known durable
-        self.handed = last  # entries handed out for persisting
+        self.log = RaftLog(log_offset, offset_term, list(log_terms or []), list(log_data or []),
+                           commit=commit, applied=applied, snapshot=snapshot)
+        self.reads = ReadOnly(self.log.commit)
 
         self.elapsed = 0
         self.timeout = self._random_timeout()
@@ -205,61 +196,94 @@ class RaftCore:
         self.transferee = NONE
         self.transfer_elapsed = 0
 
-        # Reads. `now` is the driver's monotonic clock (seconds), set before each input.
-        self.now = 0.0
-        self.read_round = 0  # every heartbeat broadcast is a numbered round
-        self.confirmed_round = 0
-        self.round_sent_at: dict[int, float] = {}
-        self.lease_until = 0.0
-        self._reads_unstarted: list[tuple[int, int]] = []  # (ctx, requester)
-        self._reads_pending: deque[tuple[int, int, int, int]] = deque()  # (round, index, ctx, requester)
-        self._read_states: list[tuple[int, int]] = []
-        self._reads_dropped: list[int] = []
-        # A follower batches its reads: one READ_INDEX per Ready, answered for all of them.
-        self._follower_reads: list[int] = []
-        self._follower_batches: dict[int, list[int]] = {}
-        self._batch_ids = 0
-        # A follower's view of its leader, for bounded-staleness follower reads.
-        self.leader_commit = self.commit
-        self.last_leader_contact = float("-inf")  # a restarted follower has heard from nobody
         self._snap_requests: list[int] = []
-        self._reset_to: tuple[int, int] | None = None
-
         self.refused_terms = 0  # messages dropped for a term jump beyond MAX_TERM_JUMP
         self._msgs: list[Message] = []
         self._hard_dirty = False
         self._role_changed = False
         self._bcast_pending = False
+        self._set_role(Role.FOLLOWER)
 
-    # ------------------------------------------------------------------ log helpers
+    # ------------------------------------------------------------------ the log, as drivers see it
     def last_index(self) -> int:
-        return self.offset + len(self.log_terms)
+        return self.log.last_index()
 
     def last_term(self) -> int:
-        return self.log_terms[-1] if self.log_terms else self.offset_term
+        return self.log.last_term()
 
     def term_at(self, index: int) -> int | None:
         """Term of the entry at `index`, or None if it is compacted away or absent."""
-        if index == self.offset:
-            return self.offset_term
-        if index < self.offset or index > self.offset + len(self.log_terms):
-            return None
-        return self.log_terms[index - self.offset - 1]
+        return self.log.term_at(index)
 
-    def _truncate_and_append(self, first: int, terms: list[int], datas: list[bytes]) -> None:
-        """Replace everything from `first` on with the given entries."""
-        cut = first - self.offset - 1
-        if cut < len(self.log_terms):
-            del self.log_terms[cut:]
-            del self.log_data[cut:]
-            if first <= self.commit:  # would violate Raft safety: committed entries never change
-                raise AssertionError(f"node {self.id} truncating committed entry {first} <= {self.commit}")
-            self.stable = min(self.stable, first - 1)
-            self.handed = min(self.handed, first - 1)
-        self.log_terms.extend(terms)
-        self.log_data.extend(datas)
+    @property
+    def offset(self) -> int:
+        """The last compacted index (entries up to it live only in a snapshot)."""
+        return self.log.offset
 
-    # ------------------------------------------------------------------ state transitions
+    @property
+    def log_terms(self) -> list[int]:
+        return self.log.terms
+
+    @property
+    def log_data(self) -> list[bytes]:
+        return self.log.data
+
+    @property
+    def commit(self) -> int:
+        return self.log.commit
+
+    @commit.setter
+    def commit(self, index: int) -> None:
+        self.log.commit = index
+
+    @property
+    def stable(self) -> int:
+        return self.log.stable
+
+    @stable.setter
+    def stable(self, index: int) -> None:
+        self.log.stable = index
+
+    @property
+    def handed(self) -> int:
+        return self.log.handed
+
+    @handed.setter
+    def handed(self, index: int) -> None:
+        self.log.handed = index
+
+    @property
+    def snap_index(self) -> int:
+        return self.log.snap_index
+
+    @property
+    def read_round(self) -> int:
+        return self.reads.round
+
+    @property
+    def leader_commit(self) -> int:
+        """A follower's latest word of its leader's commit index (bounded-staleness reads)."""
+        return self.reads.leader_commit
+
+    @property
+    def last_leader_contact(self) -> float:
+        """When (on the clock) this node last heard from a leader it follows."""
+        return self.reads.last_leader_contact
+
+    # ------------------------------------------------------------------ roles
+    def _set_role(self, role: Role) -> None:
+        """Choose the handlers of `role`: every role-dependent reaction goes through these."""
+        self.role = role
+        if role == Role.LEADER:
+            self._step_role, self._tick_role, self._prepare_ready = (
+                self._step_leader, self._tick_leader, self._prepare_leader)
+        elif role == Role.FOLLOWER:
+            self._step_role, self._tick_role, self._prepare_ready = (
+                self._step_follower, self._tick_election, self._prepare_follower)
+        else:
+            self._step_role = self._step_pre_candidate if role == Role.PRE_CANDIDATE else self._step_candidate
+            self._tick_role, self._prepare_ready = self._tick_election, self._prepare_candidate
+
     def _random_timeout(self) -> int:
         e = self.cfg.election_ticks
         return e + self.rng.randrange(e)
@@ -274,47 +298,34 @@ class RaftCore:
         if self.role != Role.FOLLOWER or self.lead != lead:
             self._role_changed = True
         self._set_term(term)
-        self.role = Role.FOLLOWER
+        self._set_role(Role.FOLLOWER)
         self.lead = lead
         self.elapsed = 0
         self.timeout = self._random_timeout()
         self.transferee = NONE
         self.progress = {}
-        self._drop_reads()
+        self.reads.drop_all(self.id)  # a leader that steps down can confirm no read
 
-    def _drop_reads(self) -> None:
-        """A leader that steps down can confirm no read: fail its own, forget forwarded ones."""
-        self._reads_dropped.extend(ctx for ctx, src in self._reads_unstarted if src == self.id)
-        self._reads_dropped.extend(ctx for _, _, ctx, src in self._reads_pending if src == self.id)
-        self._reads_dropped.extend(self._follower_reads)
-        for ctxs in self._follower_batches.values():
-            self._reads_dropped.extend(ctxs)
-        self._follower_reads.clear()
-        self._follower_batches.clear()
-        self._reads_unstarted.clear()
-        self._reads_pending.clear()
-        self.round_sent_at.clear()
-        self.lease_until = 0.0
     def _become_leader(self) -> None:
-        self.role = Role.LEADER
+        self._set_role(Role.LEADER)
         self.lead = self.id
         self._role_changed = True
         self.heartbeat_elapsed = 0
         self.elapsed = 0
         self.transferee = NONE
-        self._drop_reads()
-        self.confirmed_round = self.read_round
-        nxt = self.last_index() + 1
-        self.progress = {p: Progress(nxt) for p in self.peers}
+        self.reads.drop_all(self.id)
+        self.reads.confirmed_round = self.reads.round
+        nxt = self.log.last_index() + 1
+        self.progress = {p: Progress(nxt, self.cfg.max_inflight) for p in self.peers}
         me = self.progress[self.id]
-        me.match, me.next, me.state = self.stable, nxt, ProgressState.REPLICATE
+        me.match, me.next, me.state = self.log.stable, nxt, ProgressState.REPLICATE
         # A no-op of the new term lets earlier-term entries commit (Raft §5.4.2).
         self._append_as_leader([b""])
         self._maybe_commit()
 
     def _behind_vote_floor(self) -> bool:
         floor_index, floor_term = self.vote_floor
-        return (self.last_term(), self.last_index()) < (floor_term, floor_index)
+        return (self.log.last_term(), self.log.last_index()) < (floor_term, floor_index)
 
     def _campaign(self, pre: bool, force: bool = False) -> None:
         if self.term >= MAX_TERM:
@@ -325,17 +336,18 @@ class RaftCore:
             self.elapsed = 0
             self.timeout = self._random_timeout()
             return
+        request: type[VoteRequest]
         if pre:
-            self.role = Role.PRE_CANDIDATE
+            self._set_role(Role.PRE_CANDIDATE)
             vote_term = self.term + 1
-            mtype = MsgType.PRE_VOTE
+            request = PreVote
         else:
-            self.role = Role.CANDIDATE
+            self._set_role(Role.CANDIDATE)
             self._set_term(self.term + 1)
             self.vote = self.id
             self._hard_dirty = True
             vote_term = self.term
-            mtype = MsgType.VOTE
+            request = Vote
         self._role_changed = True
         self.lead = NONE
         self.elapsed = 0
@@ -347,10 +359,10 @@ class RaftCore:
             else:
                 self._become_leader()
             return
-        li, lt = self.last_index(), self.last_term()
+        li, lt = self.log.last_index(), self.log.last_term()
         for p in self.peers:
             if p != self.id:
-                self._msgs.append(Message(mtype, self.id, p, vote_term, index=li, log_term=lt, force=force))
+                self._msgs.append(request(self.id, p, vote_term, last_index=li, last_term=lt, force=force))
 
     def _tally(self) -> int:
         return sum(1 for v in self.votes.values() if v)
@@ -359,22 +371,25 @@ class RaftCore:
     def tick(self) -> None:
         """Advance logical time by one tick."""
         self.elapsed += 1
-        if self.role == Role.LEADER:
-            self.heartbeat_elapsed += 1
-            if self.heartbeat_elapsed >= self.cfg.heartbeat_ticks:
-                self.heartbeat_elapsed = 0
-                self._bcast_heartbeat()
-            if self.transferee != NONE:
-                self.transfer_elapsed += 1
-                if self.transfer_elapsed >= self.cfg.election_ticks:
-                    self.transferee = NONE  # give up; resume accepting proposals
-            if self.elapsed >= self.cfg.election_ticks:
-                self.elapsed = 0
-                if self.cfg.check_quorum and not self._quorum_active():
-                    self._become_follower(self.term, NONE)
-            return
+        self._tick_role()
+
+    def _tick_election(self) -> None:
         if self.elapsed >= self.timeout:
             self._campaign(pre=self.cfg.pre_vote)
+
+    def _tick_leader(self) -> None:
+        self.heartbeat_elapsed += 1
+        if self.heartbeat_elapsed >= self.cfg.heartbeat_ticks:
+            self.heartbeat_elapsed = 0
+            self._bcast_heartbeat()
+        if self.transferee != NONE:
+            self.transfer_elapsed += 1
+            if self.transfer_elapsed >= self.cfg.election_ticks:
+                self.transferee = NONE  # give up; resume accepting proposals
+        if self.elapsed >= self.cfg.election_ticks:
+            self.elapsed = 0
+            if self.cfg.check_quorum and not self._quorum_active():
+                self._become_follower(self.term, NONE)
 
     def _quorum_active(self) -> bool:
         active = 0
@@ -390,13 +405,12 @@ class RaftCore:
             raise NotLeader(self.lead)
         if self.transferee != NONE:
             raise ProposalDropped(f"leadership transfer to node {self.transferee} in progress")
-        first = self.last_index() + 1
+        first = self.log.last_index() + 1
         self._append_as_leader(commands)
         return first
 
     def _append_as_leader(self, commands: list[bytes]) -> None:
-        self.log_terms.extend([self.term] * len(commands))
-        self.log_data.extend(commands)
+        self.log.append([self.term] * len(commands), commands)
         self._bcast_pending = True
         if len(self.peers) == 1:
             self._maybe_commit()
@@ -411,20 +425,18 @@ class RaftCore:
             return
         self.transferee = target
         self.transfer_elapsed = 0
-        self.lease_until = 0.0  # the target may take over before any lease would end
+        self.reads.revoke_lease()  # the target may take over before any lease would end
         pr = self.progress[target]
-        if pr.match == self.last_index():
-            self._msgs.append(Message(MsgType.TIMEOUT_NOW, self.id, target, self.term))
+        if pr.match == self.log.last_index():
+            self._msgs.append(TimeoutNow(self.id, target, self.term))
         else:
             self._send_append(target, pr)
 
     def persisted(self, index: int, term: int) -> None:
         """The runtime made entries up to (index, term) durable."""
-        if index > self.stable and self.term_at(index) == term:
-            self.stable = index
-            if self.role == Role.LEADER:
-                self.progress[self.id].match = index
-                self._maybe_commit()
+        if self.log.persisted(index, term) and self.role == Role.LEADER:
+            self.progress[self.id].match = index
+            self._maybe_commit()
 
     def step(self, m: Message) -> None:
         """Process one message from a peer."""
@@ -434,60 +446,86 @@ class RaftCore:
             if m.term - self.term > MAX_TERM_JUMP:
                 self.refused_terms += 1  # docs/security.md: a jump no real election history produces
                 return
-            if m.type in _ECHOED_TERM_TYPES or (not m.reject and (
-                    m.type == MsgType.VOTE_RESP or (m.type == MsgType.PRE_VOTE_RESP and m.term != self.term + 1))):
+            if m.type in _ECHOED_TERM_TYPES or (isinstance(m, VoteResponse) and not m.reject and (
+                    isinstance(m, VoteResp) or m.term != self.term + 1)):
                 return  # these echo a term we sent; a higher one is forged or corrupt
-            if m.type in (MsgType.PRE_VOTE, MsgType.VOTE):
+            if isinstance(m, VoteRequest):
                 in_lease = (self.cfg.check_quorum and self.lead != NONE
                             and self.elapsed < self.cfg.election_ticks)
                 if in_lease and not self._is_transfer_vote(m):
                     return  # we heard from a live leader recently: do not help unseat it
-            if m.type == MsgType.PRE_VOTE or (m.type == MsgType.PRE_VOTE_RESP and not m.reject):
+            if isinstance(m, PreVote) or (isinstance(m, PreVoteResp) and not m.reject):
                 pass  # pre-votes never change terms
-            elif m.type in (MsgType.APP, MsgType.HEARTBEAT):
+            elif isinstance(m, Append | Heartbeat):
                 self._become_follower(m.term, m.src)
             else:
                 self._become_follower(m.term, NONE)
         elif m.term < self.term:
-            if m.type in (MsgType.APP, MsgType.HEARTBEAT) and (self.cfg.check_quorum or self.cfg.pre_vote):
+            if isinstance(m, Append | Heartbeat) and (self.cfg.check_quorum or self.cfg.pre_vote):
                 # Tell a stale leader about the newer term so it steps down.
-                self._msgs.append(Message(MsgType.APP_RESP, self.id, m.src, self.term))
-            elif m.type == MsgType.PRE_VOTE:
-                self._msgs.append(Message(MsgType.PRE_VOTE_RESP, self.id, m.src, self.term, reject=True))
+                self._msgs.append(AppendResp(self.id, m.src, self.term))
+            elif isinstance(m, PreVote):
+                self._msgs.append(PreVoteResp(self.id, m.src, self.term, reject=True))
             return
+        if isinstance(m, VoteRequest):
+            self._handle_vote_request(m)  # the same in every role
+        else:
+            self._step_role(m)
 
-        t = m.type
-        if t in (MsgType.PRE_VOTE, MsgType.VOTE):
-            self._handle_vote_request(m)
-        elif self.role == Role.LEADER:
-            if t == MsgType.APP_RESP:
-                if m.index > self.last_index() and not m.reject:
-                    return  # acknowledges entries we never had: forged or corrupt
-                self._handle_append_resp(m)
-            elif t == MsgType.HEARTBEAT_RESP:
-                self._handle_heartbeat_resp(m)
-            elif t == MsgType.READ_INDEX:
-                idx = self.lease_read_index()
-                if idx is not None:  # one round trip instead of two while the lease holds
-                    self._msgs.append(Message(MsgType.READ_INDEX_RESP, self.id, m.src, self.term,
-                                              index=idx, context=m.context))
-                else:
-                    self._reads_unstarted.append((m.context, m.src))
-        elif t in (MsgType.PRE_VOTE_RESP, MsgType.VOTE_RESP):
-            self._handle_vote_resp(m)
-        elif t == MsgType.APP:
+    def _step_leader(self, m: Message) -> None:
+        if isinstance(m, AppendResp):
+            if m.index > self.log.last_index() and not m.reject:
+                return  # acknowledges entries we never had: forged or corrupt
+            self._handle_append_resp(m)
+        elif isinstance(m, HeartbeatResp):
+            self._handle_heartbeat_resp(m)
+        elif isinstance(m, ReadIndex):
+            idx = self.lease_read_index()
+            if idx is not None:  # one round trip instead of two while the lease holds
+                self._msgs.append(ReadIndexResp(self.id, m.src, self.term, index=idx, batch=m.batch))
+            else:
+                self.reads.queue(m.batch, m.src)
+
+    def _step_follower(self, m: Message) -> None:
+        if isinstance(m, TimeoutNow):
+            self._campaign(pre=False, force=True)
+        else:
+            self._step_replica(m)
+
+    def _step_pre_candidate(self, m: Message) -> None:
+        if isinstance(m, PreVoteResp):
+            if not m.reject and m.term != self.term + 1:
+                return  # a grant for some other pre-vote
+            outcome = self._poll(m)
+            if outcome is _Poll.WON:
+                self._campaign(pre=False)
+            elif outcome is _Poll.LOST:
+                self._become_follower(self.term, NONE)
+        else:
+            self._step_replica(m)
+
+    def _step_candidate(self, m: Message) -> None:
+        if isinstance(m, VoteResp):
+            outcome = self._poll(m)
+            if outcome is _Poll.WON:
+                self._become_leader()
+            elif outcome is _Poll.LOST:
+                self._become_follower(self.term, NONE)
+        else:
+            self._step_replica(m)
+
+    def _step_replica(self, m: Message) -> None:
+        """What every role but the leader does with a leader's messages."""
+        if isinstance(m, Append):
             self._become_follower_of(m)
             self._handle_append(m)
-        elif t == MsgType.HEARTBEAT:
+        elif isinstance(m, Heartbeat):
             self._become_follower_of(m)
             self._handle_heartbeat(m)
-        elif t == MsgType.TIMEOUT_NOW and self.role == Role.FOLLOWER:
-            self._campaign(pre=False, force=True)
-        elif t == MsgType.READ_INDEX_RESP:
-            for ctx in self._follower_batches.pop(m.context, ()):
-                self._read_states.append((ctx, m.index))
+        elif isinstance(m, ReadIndexResp):
+            self.reads.answer_batch(m.batch, m.index)
 
-    def _is_transfer_vote(self, m: Message) -> bool:
+    def _is_transfer_vote(self, m: VoteRequest) -> bool:
         """Whether a `force` vote request is what a leadership transfer produces.
 
         The transferee campaigns from the leader's term on TimeoutNow, so its vote asks for
@@ -498,110 +536,84 @@ class RaftCore:
             return False
         return self.role != Role.LEADER or m.src == self.transferee
 
-    def _become_follower_of(self, m: Message) -> None:
+    def _become_follower_of(self, m: Append | Heartbeat) -> None:
         if self.role != Role.FOLLOWER or self.lead != m.src:
             self._become_follower(m.term, m.src)
         self.elapsed = 0
-        self.last_leader_contact = self.now
+        self.reads.last_leader_contact = self.clock()
 
     # ------------------------------------------------------------------ elections
-    def _handle_vote_request(self, m: Message) -> None:
-        pre = m.type == MsgType.PRE_VOTE
+    def _handle_vote_request(self, m: VoteRequest) -> None:
+        pre = isinstance(m, PreVote)
         floor_index, floor_term = self.vote_floor
-        up_to_date = (m.log_term, m.index) >= max((self.last_term(), self.last_index()), (floor_term, floor_index))
+        mine = max((self.log.last_term(), self.log.last_index()), (floor_term, floor_index))
+        up_to_date = (m.last_term, m.last_index) >= mine
         if pre:
             can_vote = m.term > self.term
         else:
             can_vote = self.vote == m.src or (self.vote == NONE and self.lead == NONE)
             if mutations.enabled("double_vote"):  # the deliberate bug: forget whom we voted for
                 can_vote = self.lead == NONE
-        resp_type = MsgType.PRE_VOTE_RESP if pre else MsgType.VOTE_RESP
+        answer = PreVoteResp if pre else VoteResp
         if can_vote and up_to_date:
-            self._msgs.append(Message(resp_type, self.id, m.src, m.term))
+            self._msgs.append(answer(self.id, m.src, m.term))
             if not pre:
                 self.vote = m.src
                 self._hard_dirty = True
                 self.elapsed = 0
         else:
-            self._msgs.append(Message(resp_type, self.id, m.src, self.term, reject=True))
+            self._msgs.append(answer(self.id, m.src, self.term, reject=True))
 
-    def _handle_vote_resp(self, m: Message) -> None:
-        if m.type == MsgType.PRE_VOTE_RESP:
-            if self.role != Role.PRE_CANDIDATE or (not m.reject and m.term != self.term + 1):
-                return
-        elif self.role != Role.CANDIDATE:
-            return
+    def _poll(self, m: VoteResponse) -> _Poll:
+        """Count a (pre-)vote answer (the first one from each voter counts)."""
         self.votes.setdefault(m.src, not m.reject)
         granted = self._tally()
         if granted >= self.quorum:
-            if self.role == Role.PRE_CANDIDATE:
-                self._campaign(pre=False)
-            else:
-                self._become_leader()
-        elif len(self.votes) - granted >= self.quorum:
-            self._become_follower(self.term, NONE)
+            return _Poll.WON
+        if len(self.votes) - granted >= self.quorum:
+            return _Poll.LOST
+        return _Poll.PENDING
 
     # ------------------------------------------------------------------ follower side
-    def _handle_append(self, m: Message) -> None:
-        prev = m.index
-        if prev < self.commit:
+    def _handle_append(self, m: Append) -> None:
+        log = self.log
+        prev = m.prev_index
+        if prev < log.commit:
             # Already committed here; answer with what we know so the leader moves on (never
             # more than this log holds: the leader counts the answer as a replica).
-            self._msgs.append(Message(MsgType.APP_RESP, self.id, m.src, self.term,
-                                      index=min(self.commit, self.last_index())))
+            self._msgs.append(AppendResp(self.id, m.src, self.term, index=min(log.commit, log.last_index())))
             return
-        if self.term_at(prev) != m.log_term:
+        if log.term_at(prev) != m.prev_term:
             self._reject_append(m)
             return
-        n = len(m.ent_terms)
-        last_new = prev + n
-        if n:
-            if prev == self.last_index():
-                self.log_terms.extend(m.ent_terms)
-                self.log_data.extend(m.ent_data)
-            else:
-                # Skip entries we already hold; truncate at the first conflict.
-                k = 0
-                last = self.last_index()
-                while k < n and prev + 1 + k <= last and self.term_at(prev + 1 + k) == m.ent_terms[k]:
-                    k += 1
-                if k < n:
-                    self._truncate_and_append(prev + 1 + k, m.ent_terms[k:], m.ent_data[k:])
-        if m.commit > self.commit:
-            self.commit = min(m.commit, last_new)
-        if m.commit > self.leader_commit:
-            self.leader_commit = m.commit
-        self._msgs.append(Message(MsgType.APP_RESP, self.id, m.src, self.term, index=last_new))
+        last_new = log.merge(prev, m.ent_terms, m.ent_data)
+        if m.commit > log.commit:
+            log.commit = min(m.commit, last_new)
+        if m.commit > self.reads.leader_commit:
+            self.reads.leader_commit = m.commit
+        self._msgs.append(AppendResp(self.id, m.src, self.term, index=last_new))
 
-    def _reject_append(self, m: Message) -> None:
+    def _reject_append(self, m: Append) -> None:
         """Refuse an append that does not match; the hint says where to retry.
 
         `hint_term == 0` means "my log ends at `hint_index - 1`" (Raft terms start at 1):
         the leader may then lower even its recorded match for us, since we prove we lost
         entries (a torn log tail after a crash).
         """
-        prev = m.index
-        last = self.last_index()
-        if prev > last:
-            hint_index, hint_term = last + 1, 0
-        else:
-            hint_term = self.term_at(prev) or 0
-            # Terms in a log never decrease, so the first entry of a term is a bisection away.
-            pos = bisect.bisect_left(self.log_terms, hint_term, 0, prev - self.offset)
-            hint_index = max(self.offset + pos + 1, self.commit + 1)
-        self._msgs.append(Message(MsgType.APP_RESP, self.id, m.src, self.term, index=prev, reject=True,
-                                  hint_index=hint_index, hint_term=hint_term))
+        hint_index, hint_term = self.log.conflict_hint(m.prev_index)
+        self._msgs.append(AppendResp(self.id, m.src, self.term, index=m.prev_index, reject=True,
+                                     hint_index=hint_index, hint_term=hint_term))
 
-    def _handle_heartbeat(self, m: Message) -> None:
-        if m.commit > self.commit:
-            self.commit = min(m.commit, self.last_index())
-        if m.index > self.leader_commit:  # heartbeats carry the leader's own commit index in `index`
-            self.leader_commit = m.index
-        self._msgs.append(Message(MsgType.HEARTBEAT_RESP, self.id, m.src, self.term,
-                                  index=self.last_index(), context=m.context))
+    def _handle_heartbeat(self, m: Heartbeat) -> None:
+        log = self.log
+        if m.commit > log.commit:
+            log.commit = min(m.commit, log.last_index())
+        if m.leader_commit > self.reads.leader_commit:
+            self.reads.leader_commit = m.leader_commit
+        self._msgs.append(HeartbeatResp(self.id, m.src, self.term, last_index=log.last_index(), round=m.round))
 
     # ------------------------------------------------------------------ leader side
-    def _handle_append_resp(self, m: Message) -> None:
+    def _handle_append_resp(self, m: AppendResp) -> None:
         pr = self.progress[m.src]
         pr.recent_active = True
         if m.reject:
@@ -618,31 +630,21 @@ class RaftCore:
                 return  # rejection of an append we no longer wait for
             nxt = m.hint_index
             if m.hint_term:
-                hi = max(0, min(m.index, self.last_index()) - self.offset)
-                pos = bisect.bisect_right(self.log_terms, m.hint_term, 0, hi)
-                if pos > 0 and self.log_terms[pos - 1] == m.hint_term:
-                    nxt = self.offset + pos + 1
+                after = self.log.after_term(m.hint_term, m.index)
+                if after is not None:
+                    nxt = after
             pr.become_probe()
             pr.next = max(min(nxt, m.index), pr.match + 1)
             self._send_append(m.src, pr)
             return
-        if m.index > pr.match:
-            pr.match = m.index
-            if pr.next <= m.index:
-                pr.next = m.index + 1
-            if pr.state == ProgressState.PROBE or (pr.state == ProgressState.SNAPSHOT
-                                                   and m.index >= pr.pending_snapshot):
-                pr.become_replicate()
-            infl = pr.inflight
-            while infl and infl[0] <= m.index:
-                infl.popleft()
+        if pr.acked(m.index):
             if self._maybe_commit():
                 self._bcast_pending = True  # followers learn the new commit index promptly
-            if m.src == self.transferee and pr.match == self.last_index():
-                self._msgs.append(Message(MsgType.TIMEOUT_NOW, self.id, m.src, self.term))
+            if m.src == self.transferee and pr.match == self.log.last_index():
+                self._msgs.append(TimeoutNow(self.id, m.src, self.term))
         elif pr.state == ProgressState.PROBE:
             pr.probe_sent = False
-        if pr.next <= self.last_index():
+        if pr.next <= self.log.last_index():
             self._send_append(m.src, pr)
 
     def _correct_match(self, to: int, pr: Progress, follower_last: int) -> None:
@@ -653,22 +655,22 @@ class RaftCore:
         pr.become_probe()
         self._send_append(to, pr)
 
-    def _handle_heartbeat_resp(self, m: Message) -> None:
+    def _handle_heartbeat_resp(self, m: HeartbeatResp) -> None:
         pr = self.progress[m.src]
         pr.recent_active = True
         pr.probe_sent = False
-        if m.context > pr.acked_round:
-            pr.acked_round = m.context
+        if m.round > pr.acked_round:
+            pr.acked_round = m.round
             self._confirm_rounds()
         if pr.state == ProgressState.SNAPSHOT:
             return
-        if m.index < pr.match:
+        if m.last_index < pr.match:
             # Its log (answered after its writes were durable) ends below what it acknowledged:
             # it lost its tail in a crash. Correct the match and probe from its real end.
-            self._correct_match(m.src, pr, m.index)
+            self._correct_match(m.src, pr, m.last_index)
             pr.match_at_hb = pr.match
             return
-        if pr.match < self.last_index():
+        if pr.match < self.log.last_index():
             if pr.state == ProgressState.REPLICATE and pr.match == pr.match_at_hb:
                 # No progress over a whole heartbeat round: appends or acks were lost.
                 pr.become_probe()
@@ -676,57 +678,38 @@ class RaftCore:
         pr.match_at_hb = pr.match
 
     def _maybe_commit(self) -> bool:
-        matches = sorted((pr.match for pr in self.progress.values()), reverse=True)
-        q = matches[self.quorum - 1]
+        q = quorum_value((pr.match for pr in self.progress.values()), self.quorum)
         # Only entries of the current term commit by counting replicas (Raft §5.4.2).
-        if q > self.commit and self.term_at(q) == self.term:
-            self.commit = q
+        if q > self.log.commit and self.log.term_at(q) == self.term:
+            self.log.commit = q
             return True
         return False
 
     def _send_append(self, to: int, pr: Progress) -> None:
-        if pr.state == ProgressState.SNAPSHOT:
+        if pr.paused():
             return
-        if pr.state == ProgressState.PROBE:
-            if pr.probe_sent:
-                return
-        elif len(pr.inflight) >= self.cfg.max_inflight:
-            return
+        log = self.log
         prev = pr.next - 1
-        prev_term = self.term_at(prev)
+        prev_term = log.term_at(prev)
         if prev_term is None:  # compacted away: only a snapshot can bring this follower up
-            pr.state = ProgressState.SNAPSHOT
-            pr.pending_snapshot = self.snap_index
-            pr.inflight.clear()
+            pr.become_snapshot(log.snap_index)
             self._snap_requests.append(to)
             return
-        lo = prev - self.offset
-        hi = min(self.last_index() - self.offset, lo + self.cfg.max_entries_per_msg)
-        terms = self.log_terms[lo:hi]
-        datas = self.log_data[lo:hi]
-        if len(datas) > 1 and sum(map(len, datas)) > self.cfg.max_bytes_per_msg:
-            # Cut the batch at the byte budget (at least one entry) so every message fits a frame.
-            n = max(1, bisect.bisect_right(list(accumulate(map(len, datas))), self.cfg.max_bytes_per_msg))
-            terms, datas = terms[:n], datas[:n]
-        pr.sent_commit = self.commit
-        self._msgs.append(Message(MsgType.APP, self.id, to, self.term, index=prev, log_term=prev_term,
-                                  ent_terms=terms, ent_data=datas, commit=self.commit))
-        if pr.state == ProgressState.REPLICATE:
-            if terms:
-                pr.next = prev + len(terms) + 1
-                pr.inflight.append(pr.next - 1)
-        else:
-            pr.probe_sent = True
+        terms, data = log.entries_after(prev, self.cfg.max_entries_per_msg, self.cfg.max_bytes_per_msg)
+        pr.sent_commit = log.commit
+        self._msgs.append(Append(self.id, to, self.term, prev_index=prev, prev_term=prev_term,
+                                 ent_terms=terms, ent_data=data, commit=log.commit))
+        pr.sent(prev, len(terms))
 
     def _bcast_append(self) -> None:
-        last = self.last_index()
+        last = self.log.last_index()
         for pid, pr in self.progress.items():
             if pid == self.id:
                 continue
             # Keep sending while the window allows: one Ready may carry several batches.
             while True:
                 before = (pr.next, len(pr.inflight), pr.probe_sent)
-                if pr.next > last and pr.sent_commit >= self.commit:
+                if pr.next > last and pr.sent_commit >= self.log.commit:
                     break  # nothing new, and the follower already knows the commit index
                 self._send_append(pid, pr)
                 if (pr.next, len(pr.inflight), pr.probe_sent) == before or pr.next > last:
@@ -734,40 +717,26 @@ class RaftCore:
 
     def _bcast_heartbeat(self) -> None:
         """Every broadcast is a numbered round: its quorum ack confirms reads and extends the lease."""
-        self.read_round += 1
-        self.round_sent_at[self.read_round] = self.now
+        rnd = self.reads.start_round(self.clock())
+        commit = self.log.commit
         for pid, pr in self.progress.items():
             if pid != self.id:
-                self._msgs.append(Message(MsgType.HEARTBEAT, self.id, pid, self.term, index=self.commit,
-                                          commit=min(pr.match, self.commit), context=self.read_round))
+                self._msgs.append(Heartbeat(self.id, pid, self.term, commit=min(pr.match, commit),
+                                            leader_commit=commit, round=rnd))
         if len(self.peers) == 1:
             self._confirm_rounds()
 
     def _confirm_rounds(self) -> None:
-        acked = sorted((self.read_round if pid == self.id else pr.acked_round)
-                       for pid, pr in self.progress.items())
-        r = acked[len(acked) - self.quorum]  # the newest round a quorum has answered
-        if r <= self.confirmed_round:
-            return
-        self.confirmed_round = r
-        sent = self.round_sent_at.get(r)
-        if sent is not None and self.cfg.lease_s > 0 and self.transferee == NONE:
-            self.lease_until = max(self.lease_until, sent + self.cfg.lease_s)
-        for k in [k for k in self.round_sent_at if k <= r]:
-            del self.round_sent_at[k]
-        pending = self._reads_pending
-        while pending and pending[0][0] <= r:
-            _, index, ctx, src = pending.popleft()
-            if src == self.id:
-                self._read_states.append((ctx, index))
-            else:
-                self._msgs.append(Message(MsgType.READ_INDEX_RESP, self.id, src, self.term,
-                                          index=index, context=ctx))
+        rnd = quorum_value((self.reads.round if pid == self.id else pr.acked_round
+                            for pid, pr in self.progress.items()), self.quorum)
+        lease_s = self.cfg.lease_s if self.transferee == NONE else 0.0
+        for src, ctx, index in self.reads.confirm(rnd, self.id, lease_s):
+            self._msgs.append(ReadIndexResp(self.id, src, self.term, index=index, batch=ctx))
 
     # ------------------------------------------------------------------ reads
     def committed_in_term(self) -> bool:
         """A new leader knows the full commit index only once an entry of its term commits."""
-        return self.term_at(self.commit) == self.term
+        return self.log.term_at(self.log.commit) == self.term
 
     def read_index(self, ctx: int) -> None:
         """Start a ReadIndex read; its (ctx, index) comes back in `Ready.read_states`.
@@ -776,35 +745,27 @@ class RaftCore:
         all reads queued before the next heartbeat round share that round.
         """
         if self.role == Role.LEADER:
-            self._reads_unstarted.append((ctx, self.id))
+            self.reads.queue(ctx, self.id)
         elif self.lead != NONE:
-            self._follower_reads.append(ctx)
+            self.reads.queue_follower(ctx)
         else:
             raise NotLeader(NONE)
 
     def lease_read_index(self) -> int | None:
         """The commit index if this leader's lease holds right now, else None (use ReadIndex)."""
         if (self.role == Role.LEADER and self.cfg.lease_s > 0 and self.transferee == NONE
-                and self.now < self.lease_until and self.committed_in_term()):
-            return self.commit
+                and self.reads.lease_holds(self.clock()) and self.committed_in_term()):
+            return self.log.commit
         return None
 
     # ------------------------------------------------------------------ snapshots
     def snapshot_taken(self, index: int, term: int) -> None:
         """The driver made a durable snapshot of the state machine at (index, term)."""
-        if index > self.snap_index:
-            self.snap_index, self.snap_term = index, term
+        self.log.snapshot_taken(index, term)
 
     def compact_log(self, upto: int) -> None:
         """Forget entries up to `upto`; they must be covered by a durable snapshot."""
-        upto = min(upto, self.snap_index, self.applied_handed, self.stable)
-        if upto <= self.offset:
-            return
-        term = self.term_at(upto)
-        cut = upto - self.offset
-        del self.log_terms[:cut]
-        del self.log_data[:cut]
-        self.offset, self.offset_term = upto, term
+        self.log.compact(upto)
 
     def snapshot_done(self, peer: int, ok: bool) -> None:
         """The driver finished (or gave up) sending a snapshot to `peer`."""
@@ -819,69 +780,59 @@ class RaftCore:
 
     def install_snapshot(self, index: int, term: int) -> bool:
         """A follower's driver restored the state machine from a snapshot at (index, term)."""
-        if index <= self.commit:
+        if index <= self.log.commit:
             return False
-        if self.term_at(index) != term:
-            # Our log does not contain the snapshot's last entry: nothing in it can be kept.
-            self.log_terms.clear()
-            self.log_data.clear()
-            self.offset, self.offset_term = index, term
-            self.stable = self.handed = index
-            self._reset_to = (index, term)
-        self.commit = index
-        self.leader_commit = max(self.leader_commit, index)
-        self.applied_handed = max(self.applied_handed, index)
-        self.snapshot_taken(index, term)
+        self.log.restore(index, term)
+        self.reads.leader_commit = max(self.reads.leader_commit, index)
         if self.lead != NONE:
-            self._msgs.append(Message(MsgType.APP_RESP, self.id, self.lead, self.term, index=index))
+            self._msgs.append(AppendResp(self.id, self.lead, self.term, index=index))
         return True
 
     # ------------------------------------------------------------------ output
     def has_ready(self) -> bool:
+        log, reads = self.log, self.reads
         return bool(self._msgs or self._hard_dirty or self._bcast_pending
-                    or self.handed < self.last_index()
-                    or self.applied_handed < self.commit
-                    or self._read_states or self._reads_dropped or self._snap_requests
-                    or self._reset_to is not None or self._follower_reads
-                    or (self._reads_unstarted and self.role == Role.LEADER and self.committed_in_term()))
+                    or log.handed < log.last_index()
+                    or log.applied_handed < log.commit
+                    or reads.has_output() or self._snap_requests
+                    or log.pending_reset is not None or reads.has_follower_reads()
+                    # only a leader has unstarted reads (stepping down drops them)
+                    or (reads.has_unstarted() and self.committed_in_term()))
+
+    def _prepare_leader(self) -> None:
+        if self._bcast_pending:
+            self._bcast_append()
+        if self.reads.has_unstarted() and self.committed_in_term():
+            # One heartbeat round confirms every read queued since the last one.
+            self._bcast_heartbeat()
+            self.reads.start_reads(self.log.commit)
+            if len(self.peers) == 1:
+                self._confirm_rounds()
+
+    def _prepare_follower(self) -> None:
+        if self.reads.has_follower_reads():
+            if self.lead != NONE:
+                batch = self.reads.take_follower_batch()
+                self._msgs.append(ReadIndex(self.id, self.lead, self.term, batch=batch))
+            else:
+                self.reads.drop_follower_reads()
+
+    def _prepare_candidate(self) -> None:
+        self.reads.drop_follower_reads()  # reads queued as a follower have no leader to ask now
 
     def ready(self) -> Ready:
         """Collect the outputs accumulated since the last call."""
-        if self._bcast_pending and self.role == Role.LEADER:
-            self._bcast_append()
+        self._prepare_ready()
         self._bcast_pending = False
-        if self._reads_unstarted and self.role == Role.LEADER and self.committed_in_term():
-            # One heartbeat round confirms every read queued since the last one.
-            self._bcast_heartbeat()
-            rnd = self.read_round
-            self._reads_pending.extend((rnd, self.commit, ctx, src) for ctx, src in self._reads_unstarted)
-            self._reads_unstarted.clear()
-            if len(self.peers) == 1:
-                self._confirm_rounds()
-        if self._follower_reads:
-            if self.lead != NONE and self.role == Role.FOLLOWER:
-                self._batch_ids += 1
-                self._follower_batches[self._batch_ids] = self._follower_reads
-                if len(self._follower_batches) > 1024:  # answers lost with their messages: give up
-                    self._reads_dropped.extend(self._follower_batches.pop(next(iter(self._follower_batches))))
-                self._msgs.append(Message(MsgType.READ_INDEX, self.id, self.lead, self.term,
-                                          context=self._batch_ids))
-            else:
-                self._reads_dropped.extend(self._follower_reads)
-            self._follower_reads = []
+        log = self.log
         rd = Ready()
-        if self._reset_to is not None:
-            rd.reset_to, self._reset_to = self._reset_to, None
+        if log.pending_reset is not None:
+            rd.reset_to, log.pending_reset = log.pending_reset, None
         if self._hard_dirty:
             rd.hard_state = (self.term, self.vote)
             self._hard_dirty = False
-        last = self.last_index()
-        if self.handed < last:
-            lo = self.handed - self.offset
-            rd.entries_first = self.handed + 1
-            rd.ent_terms = self.log_terms[lo:]
-            rd.ent_data = self.log_data[lo:]
-            self.handed = last
+        if log.has_unhanded():
+            rd.entries_first, rd.ent_terms, rd.ent_data = log.take_unhanded()
         msgs, self._msgs = self._msgs, []
         if rd.hard_state is not None:
             rd.send_after_persist = msgs
@@ -890,18 +841,12 @@ class RaftCore:
                 (rd.send_now if m.type in _SEND_NOW_TYPES else rd.send_after_persist).append(m)
         # Committed entries are durable on a quorum, so they may be applied before this node's
         # own write of them completes (the leader then answers one fsync sooner).
-        upto = self.commit
-        if self.applied_handed < upto:
-            lo = self.applied_handed - self.offset
-            rd.apply_first = self.applied_handed + 1
-            rd.apply_terms = self.log_terms[lo:upto - self.offset]
-            rd.apply_data = self.log_data[lo:upto - self.offset]
-            self.applied_handed = upto
+        if log.applied_handed < log.commit:
+            rd.apply_first, rd.apply_terms, rd.apply_data = log.take_committed()
         rd.role_changed, self._role_changed = self._role_changed, False
-        if self._read_states:
-            rd.read_states, self._read_states = self._read_states, []
-        if self._reads_dropped:
-            rd.reads_dropped, self._reads_dropped = self._reads_dropped, []
+        if self.reads.has_output():
+            rd.read_states = self.reads.take_confirmed()
+            rd.reads_dropped = self.reads.take_dropped()
         if self._snap_requests:
             rd.snapshot_requests, self._snap_requests = self._snap_requests, []
         return rd

@@ -13,15 +13,20 @@ import msgpack
 
 
 def encode_put(key: str, value: Any) -> bytes:
-    return msgpack.packb(["put", key, value])
+    return _pack(["put", key, value])
 
 
 def encode_get(key: str) -> bytes:
-    return msgpack.packb(["get", key])
+    return _pack(["get", key])
 
 
 def encode_cas(key: str, expected: Any, new: Any) -> bytes:
-    return msgpack.packb(["cas", key, expected, new])
+    return _pack(["cas", key, expected, new])
+
+
+def _pack(command: list[Any]) -> bytes:
+    packed: bytes = msgpack.packb(command)  # msgpack has no type information
+    return packed
 
 
 class KVStateMachine:

@@ -97,7 +97,7 @@ class _Node:
         self.idx = idx
         self.is_call = is_call
         self.match: _Node | None = None  # call -> its return node (None for unknown ops)
-        self.prev: _Node | None = None
+        self.prev: _Node = self  # every node but the list's head is linked to a predecessor
         self.next: _Node | None = None
 
 
@@ -152,6 +152,7 @@ def _check_key(ops: list[Op], initial: Any, deadline: float) -> tuple[bool, str,
         if steps % 4096 == 0 and time.monotonic() > deadline:
             return False, "search timed out", True
         if entry.is_call:
+            assert entry.op is not None  # only the list's head has no op
             ok, new_state = _step(state, entry.op)
             if ok:
                 new_lin = linearized | (1 << entry.idx)

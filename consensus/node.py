@@ -56,7 +56,7 @@ from .errors import (
     ReadTimeout,
 )
 from .framing import MAX_COMMAND, brief
-from .messages import Message, MsgType
+from .messages import Heartbeat, Message, SnapChunk, SnapResp
 from .snapshots import SnapshotMeta, SnapshotReceiver, SnapshotSender, SnapshotStore
 from .storage import LogStorage
 from .transport import PeerTransport
@@ -202,9 +202,8 @@ class RaftNode:
             self.cfg.node_id, sorted(self.cfg.peers), replace(self.cfg.raft, lease_s=self.cfg.lease_s()),
             term=rec.term, vote=rec.vote, log_offset=rec.snapshot_index, offset_term=rec.snapshot_term,
             log_terms=rec.terms, log_data=rec.datas, snapshot=snap if meta else None,
-            vote_floor=rec.vote_floor,
+            vote_floor=rec.vote_floor, clock=time.monotonic,
         )
-        self.core.now = time.monotonic()
         self.applied = snap[0]
         self.restart_seconds = time.monotonic() - t0
         log.info("node %d starting: term=%d vote=%d snapshot=%d log=[%d..%d] fsync=%s (loaded in %.2fs)",
@@ -383,7 +382,7 @@ class RaftNode:
             m["reads_stale"] += 1
             return fn(self.sm)
         core = self.core
-        core.now = now = time.monotonic()
+        now = time.monotonic()
         deadline = now + (timeout if timeout is not None else self.cfg.read_timeout_s)
         fut = self._loop.create_future()
         if core.role == Role.LEADER:
@@ -407,7 +406,7 @@ class RaftNode:
         silence = self.cfg.follower_max_silence_s
         if silence is None:
             silence = self.cfg.raft.election_ticks * self.cfg.tick_s
-        if core.lead == 0 or core.now - core.last_leader_contact > silence:
+        if core.lead == 0 or core.clock() - core.last_leader_contact > silence:
             self.metrics["reads_refused"] += 1
             raise FollowerBehind(f"node {self.cfg.node_id} has not heard from a leader for over {silence:.2f}s",
                                  core.lead)
@@ -445,10 +444,9 @@ class RaftNode:
     def _on_message(self, msg: Message) -> None:
         if not self._running:
             return
-        self.core.now = time.monotonic()
-        if msg.type == MsgType.SNAP:
+        if isinstance(msg, SnapChunk):
             self._on_snapshot_chunk(msg)
-        elif msg.type == MsgType.SNAP_RESP:
+        elif isinstance(msg, SnapResp):
             q = self._senders.get(msg.src)
             if q is not None:
                 q.put_nowait(msg)
@@ -461,7 +459,7 @@ class RaftNode:
         if not self._running:
             return
         try:
-            now = self.core.now = time.monotonic()
+            now = time.monotonic()
             if self._tick_due:
                 self.tick_lateness.append(max(0.0, now - self._tick_due))
             self.core.tick()
@@ -769,16 +767,16 @@ class RaftNode:
                 self.core.snapshot_done(peer, ok)
                 self._kick()
 
-    def _on_snapshot_chunk(self, m: Message) -> None:
+    def _on_snapshot_chunk(self, m: SnapChunk) -> None:
         core = self.core
         if m.term != core.term or core.lead != m.src or core.role != Role.FOLLOWER:
             # Only the leader this node follows, in its term, may install a snapshot here; the
             # leader's heartbeats establish it first, and the sender resends the chunk.
             self.metrics["snapshot_chunks_refused"] += 1
             return
-        self._last_chunk_at = core.now
+        self._last_chunk_at = core.clock()
         # A chunk is contact from the current leader, like a heartbeat.
-        core.step(Message(MsgType.HEARTBEAT, m.src, self.cfg.node_id, m.term))
+        core.step(Heartbeat(m.src, self.cfg.node_id, m.term))
         self._receiving_from = m.src
         reply, meta = self._receiver.on_chunk(m, core.term)
         if meta is not None and meta.index > core.commit:

@@ -10,6 +10,7 @@ certificate names. The format lives here, next to the transport that checks it; 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 _NODE_URI = re.compile(r"^electra://([A-Za-z0-9._-]{1,128})/node/([1-9][0-9]{0,8})$")
 
@@ -21,7 +22,7 @@ def node_uri(cluster_id: str, node_id: int) -> str:
     return uri
 
 
-def identity_from_peercert(cert: dict | None) -> tuple[str, int]:
+def identity_from_peercert(cert: dict[str, Any] | None) -> tuple[str, int]:
     """(cluster id, node id) from `SSLObject.getpeercert()`; ValueError if the certificate names no node."""
     if not cert:
         raise ValueError("the peer presented no certificate")

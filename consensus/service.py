@@ -23,6 +23,14 @@ from .node import RaftNode
 log = logging.getLogger("electra.consensus.service")
 
 
+def _outcome(req_id: Any, done: asyncio.Future[Any], *, with_result: bool) -> dict[str, Any]:
+    """The reply for a finished request: its error, or ok (with its result)."""
+    exc = done.exception()
+    if exc is not None:
+        return error_reply(req_id, exc)
+    return {"id": req_id, "ok": True, "result": done.result()} if with_result else {"id": req_id, "ok": True}
+
+
 def error_reply(req_id: Any, exc: BaseException) -> dict[str, Any]:
     reply: dict[str, Any] = {"id": req_id, "ok": False, "error": type(exc).__name__, "message": str(exc)}
     if isinstance(exc, NotLeader):
@@ -102,18 +110,15 @@ class ClientService:
         op = req["op"]
         try:
             if op == "propose":
-                cmd = req.get("cmd")
+                cmd: Any = req.get("cmd")  # propose_future refuses anything but non-empty bytes
                 timeout = req.get("timeout")
                 fut = self.node.propose_future(cmd, timeout)
-                fut.add_done_callback(lambda f: conn.reply(
-                    error_reply(req_id, f.exception()) if f.exception()
-                    else {"id": req_id, "ok": True, "result": f.result()}))
+                fut.add_done_callback(lambda f: conn.reply(_outcome(req_id, f, with_result=True)))
             elif op == "status":
                 conn.reply({"id": req_id, "ok": True, "result": self.node.status()})
             elif op == "transfer":
                 task = asyncio.ensure_future(self.node.transfer_leadership(int(req["target"])))
-                task.add_done_callback(lambda f: conn.reply(
-                    error_reply(req_id, f.exception()) if f.exception() else {"id": req_id, "ok": True}))
+                task.add_done_callback(lambda f: conn.reply(_outcome(req_id, f, with_result=False)))
             else:
                 conn.reply({"id": req_id, "ok": False, "error": "BadRequest", "message": f"unknown op {op!r}"})
         except (RaftError, ValueError, KeyError, TypeError) as exc:

@@ -34,7 +34,7 @@ from .core import RaftConfig, RaftCore, Ready, Role
 from .errors import NotLeader, ProposalDropped
 from .kv import KVStateMachine, encode_get, encode_put
 from .linearizability import History, check
-from .messages import Message, MsgType
+from .messages import Heartbeat, Message, SnapChunk, SnapResp
 from .snapshots import HEADER, BytesSink, SnapshotReceiver, SnapshotSender, make_blob, verify_blob
 
 READ_MODES = ("log", "readindex", "lease", "follower")
@@ -182,8 +182,7 @@ class _SimNode:
             cfg = RaftConfig(**{**cfg.__dict__, "lease_s": lease})
         self.core = RaftCore(self.id, sim.ids, cfg, term=d.term, vote=d.vote, log_offset=d.offset,
                              offset_term=d.offset_term, log_terms=d.terms, log_data=d.datas, snapshot=snap,
-                             rng=random.Random(sim.rng.getrandbits(64)))
-        self.core.now = self.local_now()
+                             rng=random.Random(sim.rng.getrandbits(64)), clock=self.local_now)
         self.pending, self.reads, self.read_wait, self.senders = {}, {}, [], {}
         self.receiver = SnapshotReceiver(self.id, self._new_sink)
         self.pending_install = None
@@ -427,7 +426,7 @@ class Simulation:
         node.core.snapshot_done(peer, ok)
         self.process(node)
 
-    def on_snap_resp(self, node: _SimNode, m: Message) -> None:
+    def on_snap_resp(self, node: _SimNode, m: SnapResp) -> None:
         st = node.senders.get(m.src)
         if st is None:
             return
@@ -448,11 +447,11 @@ class Simulation:
         else:
             self.send_chunk(node, peer)
 
-    def on_snap_chunk(self, node: _SimNode, m: Message) -> None:
+    def on_snap_chunk(self, node: _SimNode, m: SnapChunk) -> None:
         core = node.core
         if m.term < core.term or core.role == Role.LEADER:
             return
-        core.step(Message(MsgType.HEARTBEAT, m.src, node.id, m.term))
+        core.step(Heartbeat(m.src, node.id, m.term))
         reply, meta = node.receiver.on_chunk(m, core.term)
         if meta is not None and meta.index > core.commit:
             blob = bytes(node.last_sink.buf)
@@ -500,7 +499,6 @@ class Simulation:
         if not node.alive or node.core is None:
             return  # lost; the client times out
         core = node.core
-        core.now = node.local_now()
         if mode == "log":
             cmd = encode_put(key, value) if kind == "put" else encode_get(key)
             try:
@@ -522,7 +520,7 @@ class Simulation:
                 core.read_index(node.read_ctx)
         elif mode == "follower":
             silence_s = self.cfg.raft.election_ticks * self.cfg.tick_ms / 1000.0
-            if (core.lead == 0 or core.now - core.last_leader_contact > silence_s
+            if (core.lead == 0 or core.clock() - core.last_leader_contact > silence_s
                     or core.leader_commit - node.applied > self.cfg.follower_max_lag):
                 self.reply(c, op_id, "fail", None, None)  # refused at once: reads change nothing
                 return
@@ -633,19 +631,16 @@ class Simulation:
 
     def dispatch(self, kind: str, a: Any, b: Any) -> None:
         node = self._node_of(kind, a)
-        if node is not None:
-            if node.alive and self.now < node.paused_until:
-                # A paused process handles nothing; everything waits until it resumes.
-                self._seq += 1
-                heapq.heappush(self._queue, (node.paused_until, self._seq, kind, a, b))
-                return
-            if node.core is not None:
-                node.core.now = node.local_now()
+        if node is not None and node.alive and self.now < node.paused_until:
+            # A paused process handles nothing; everything waits until it resumes.
+            self._seq += 1
+            heapq.heappush(self._queue, (node.paused_until, self._seq, kind, a, b))
+            return
         if kind == "msg":
             if node.alive and self.connected(a.src, a.dst):
-                if a.type == MsgType.SNAP:
+                if isinstance(a, SnapChunk):
                     self.on_snap_chunk(node, a)
-                elif a.type == MsgType.SNAP_RESP:
+                elif isinstance(a, SnapResp):
                     self.on_snap_resp(node, a)
                 else:
                     node.core.step(a)

@@ -31,10 +31,10 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol, cast
 
 from . import mutations
-from .messages import Message, MsgType
+from .messages import SnapChunk, SnapResp
 
 MAGIC = b"ESNP"
 VERSION = 2
@@ -59,6 +59,12 @@ class SnapshotMeta:
     @property
     def file_size(self) -> int:
         return HEADER.size + self.size
+
+    def stored_path(self) -> Path:
+        """The file of a snapshot in a `SnapshotStore` (a received or in-memory one has none)."""
+        if self.path is None:
+            raise SnapshotError(f"snapshot {self.index}-{self.term} has no file")
+        return self.path
 
 
 def pack_header(index: int, term: int, size: int, crc: int) -> bytes:
@@ -114,7 +120,7 @@ class _CrcWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, b) -> int:
+    def write(self, b: bytes) -> int:  # type: ignore[override]  # state machines write bytes only
         self.crc = zlib.crc32(b, self.crc)
         self.size += len(b)
         return self.f.write(b)
@@ -123,7 +129,7 @@ class _CrcWriter(io.RawIOBase):
 class SnapshotStore:
     """A directory of snapshot files `<index>-<term>.snap`, newest `keep` retained."""
 
-    def __init__(self, path: str | os.PathLike, *, keep: int = 3, fsync: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, keep: int = 3, fsync: bool = True) -> None:
         self.dir = Path(path)
         self.keep = max(1, keep)
         self.fsync = fsync
@@ -174,7 +180,7 @@ class SnapshotStore:
         f.write(bytes(HEADER.size))
         w = _CrcWriter(f)
         try:
-            fill(w)
+            fill(cast(BinaryIO, w))  # write() is all a state machine's snapshot uses
         except BaseException:
             f.close()
             tmp.unlink(missing_ok=True)
@@ -211,18 +217,28 @@ class SnapshotStore:
         return SnapshotMeta(meta.index, meta.term, meta.size, meta.crc, final)
 
     def read_chunk(self, meta: SnapshotMeta, offset: int, n: int) -> bytes:
-        with open(meta.path, "rb") as f:
+        with open(meta.stored_path(), "rb") as f:
             f.seek(offset)
             return f.read(n)
 
     def open_data(self, meta: SnapshotMeta) -> BinaryIO:
-        f = open(meta.path, "rb")  # noqa: SIM115 - caller closes
+        f = open(meta.stored_path(), "rb")  # noqa: SIM115 - caller closes
         f.seek(HEADER.size)
         return f
 
     # ------------------------------------------------------------------ receiving side
     def receive_sink(self, index: int, term: int) -> FileSink:
         return FileSink(self, index, term)
+
+
+class Sink(Protocol):
+    """Where an incoming transfer's bytes go (`FileSink`, `BytesSink`)."""
+
+    def write(self, offset: int, data: bytes) -> None: ...
+
+    def finish(self) -> SnapshotMeta: ...
+
+    def abort(self) -> None: ...
 
 
 class FileSink:
@@ -285,16 +301,15 @@ class SnapshotSender:
         self.offset = 0
         self.restarts = 0
 
-    def next_message(self) -> Message:
+    def next_message(self) -> SnapChunk:
         total = self.meta.file_size
         chunk = self.read(self.offset, min(self.chunk_size, total - self.offset))
-        return Message(MsgType.SNAP, self.me, self.peer, self.term, index=self.meta.index,
-                       log_term=self.meta.term, commit=total, offset=self.offset, chunk=chunk,
-                       done=self.offset + len(chunk) >= total)
+        return SnapChunk(self.me, self.peer, self.term, snap_index=self.meta.index, snap_term=self.meta.term,
+                         size=total, offset=self.offset, data=chunk, done=self.offset + len(chunk) >= total)
 
-    def on_response(self, m: Message) -> str:
+    def on_response(self, m: SnapResp) -> str:
         """'done', 'continue' or 'failed' (the follower rejected the finished file twice)."""
-        if m.index != self.meta.index or m.log_term != self.meta.term:
+        if m.snap_index != self.meta.index or m.snap_term != self.meta.term:
             return "continue"  # an answer about some other transfer
         if m.done and not m.reject:
             return "done"
@@ -309,18 +324,18 @@ class SnapshotSender:
 class SnapshotReceiver:
     """Follower side: accepts chunks in order, answers with the next expected offset."""
 
-    def __init__(self, me: int, new_sink: Callable[[int, int], object], max_bytes: int = 4 << 30) -> None:
+    def __init__(self, me: int, new_sink: Callable[[int, int], Sink], max_bytes: int = 4 << 30) -> None:
         self.me = me
         self.new_sink = new_sink
         self.max_bytes = max_bytes  # the largest snapshot file accepted; a bigger transfer is refused
         self.key: tuple[int, int] | None = None
-        self.sink = None
+        self.sink: Sink | None = None
         self.expected = 0
 
-    def on_chunk(self, m: Message, term: int) -> tuple[Message, SnapshotMeta | None]:
+    def on_chunk(self, m: SnapChunk, term: int) -> tuple[SnapResp, SnapshotMeta | None]:
         """Handle one chunk; returns the reply and, when complete and valid, the snapshot."""
-        key = (m.index, m.log_term)
-        if m.commit > self.max_bytes or m.offset + len(m.chunk) > m.commit:
+        key = (m.snap_index, m.snap_term)
+        if m.size > self.max_bytes or m.offset + len(m.data) > m.size:
             # Announced size over the limit, or a chunk past the announced end: refuse the transfer.
             if key == self.key:
                 self.abort()
@@ -332,16 +347,18 @@ class SnapshotReceiver:
             self.key, self.sink, self.expected = key, self.new_sink(*key), 0
         if m.offset != self.expected:
             return self._reply(m, term, self.expected), None
+        sink = self.sink
+        assert sink is not None  # self.key names the transfer under way, and it has a sink
         try:
-            self.sink.write(m.offset, m.chunk)
+            sink.write(m.offset, m.data)
         except OSError as exc:  # e.g. a full disk: drop the partial file, the leader retries later
             log.warning("node %d: writing snapshot %s failed (%s); transfer aborted", self.me, key, exc)
             self.abort()
             return self._reply(m, term, 0, reject=True), None
-        self.expected += len(m.chunk)
+        self.expected += len(m.data)
         if not m.done:
             return self._reply(m, term, self.expected), None
-        sink, self.key, self.sink = self.sink, None, None
+        self.key, self.sink = None, None
         try:
             meta = sink.finish()
         except (SnapshotError, OSError, struct.error) as exc:
@@ -350,12 +367,12 @@ class SnapshotReceiver:
             return self._reply(m, term, 0, reject=True), None
         if (meta.index, meta.term) != key:
             return self._reply(m, term, 0, reject=True), None
-        return Message(MsgType.SNAP_RESP, self.me, m.src, term, index=m.index, log_term=m.log_term,
-                       offset=self.expected, done=True), meta
+        return SnapResp(self.me, m.src, term, snap_index=m.snap_index, snap_term=m.snap_term,
+                        offset=self.expected, done=True), meta
 
-    def _reply(self, m: Message, term: int, offset: int, reject: bool = False) -> Message:
-        return Message(MsgType.SNAP_RESP, self.me, m.src, term, index=m.index, log_term=m.log_term,
-                       offset=offset, reject=reject)
+    def _reply(self, m: SnapChunk, term: int, offset: int, reject: bool = False) -> SnapResp:
+        return SnapResp(self.me, m.src, term, snap_index=m.snap_index, snap_term=m.snap_term,
+                        offset=offset, reject=reject)
 
     def abort(self) -> None:
         if self.sink is not None:

@@ -22,6 +22,7 @@ import random
 import socket
 import ssl
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgpack
 
@@ -41,7 +42,7 @@ class _Peer:
         self.writer: asyncio.StreamWriter | None = None
         self.pending: list[bytes] = []
         self.flush_scheduled = False
-        self.reader_task: asyncio.Task | None = None
+        self.reader_task: asyncio.Task[None] | None = None
 
 
 class PeerTransport:
@@ -68,8 +69,8 @@ class PeerTransport:
                                     "unencodable", "handler_errors"), 0)
         self._server: asyncio.base_events.Server | None = None
         self._listener: socket.socket | None = None
-        self._handshakes: set[asyncio.Task] = set()
-        self._tasks: list[asyncio.Task] = []
+        self._handshakes: set[asyncio.Task[None]] = set()
+        self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -118,7 +119,7 @@ class PeerTransport:
     def send(self, msg: Message) -> None:
         peer = self.peers.get(msg.dst)
         w = peer.writer if peer else None
-        if w is None or w.is_closing() or w.transport.get_write_buffer_size() > self.high_water:
+        if peer is None or w is None or w.is_closing() or w.transport.get_write_buffer_size() > self.high_water:
             self.stats["dropped"] += 1
             return
         try:
@@ -131,6 +132,7 @@ class PeerTransport:
         peer.pending.append(frame)
         if not peer.flush_scheduled:
             peer.flush_scheduled = True
+            assert self._loop is not None  # peers have writers only once the transport started
             self._loop.call_soon(self._flush, peer)
 
     def send_many(self, msgs: Iterable[Message]) -> None:
@@ -168,7 +170,7 @@ class PeerTransport:
             raise ValueError(f"peer belongs to cluster id {brief(repr(h.get('cluster_id')), 80)}, "
                              f"this is {self.cluster_id!r}")
         src = h.get("from")
-        if src not in self.peers:
+        if type(src) is not int or src not in self.peers:  # (True == 1: a bool is no node id)
             raise ValueError(f"unknown node id {brief(repr(src), 40)}")
         if h.get("to") != self.id:
             raise ValueError(f"handshake addressed to node {brief(repr(h.get('to')), 40)}, this is node {self.id}")
@@ -184,9 +186,11 @@ class PeerTransport:
 
     async def _accept_tls_forever(self) -> None:
         loop = asyncio.get_running_loop()
+        listener = self._listener
+        assert listener is not None  # start() opens it before running this
         while not self._stopping:
             try:
-                sock, addr = await loop.sock_accept(self._listener)
+                sock, addr = await loop.sock_accept(listener)
             except OSError as exc:
                 if self._stopping:
                     return
@@ -197,7 +201,7 @@ class PeerTransport:
             self._handshakes.add(task)
             task.add_done_callback(self._handshakes.discard)
 
-    async def _tls_handshake(self, sock: socket.socket, addr) -> None:
+    async def _tls_handshake(self, sock: socket.socket, addr: Any) -> None:
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=2**16, loop=loop)
         protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
@@ -257,7 +261,8 @@ class PeerTransport:
                 return
             await asyncio.sleep(0.05 * (0.5 + random.random()))
 
-    def _attach(self, peer: _Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> asyncio.Task:
+    def _attach(self, peer: _Peer, reader: asyncio.StreamReader,
+                writer: asyncio.StreamWriter) -> asyncio.Task[None]:
         """Make this connection the peer's one connection, replacing an older one."""
         if peer.writer is not None:
             if not peer.writer.is_closing():

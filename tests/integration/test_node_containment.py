@@ -12,7 +12,7 @@ from electra.bench.common import free_ports
 from electra.consensus.core import RaftConfig
 from electra.consensus.framing import MAX_COMMAND
 from electra.consensus.kv import KVStateMachine, encode_put
-from electra.consensus.messages import Message, MsgType
+from electra.consensus.messages import SnapChunk, SnapResp
 from electra.consensus.node import NodeConfig, RaftNode
 
 pytestmark = pytest.mark.integration
@@ -76,8 +76,8 @@ def test_a_failing_tick_is_counted_and_the_node_keeps_ticking_and_leading(tmp_pa
 
 
 def _chunk(src, dst, term, *, offset=0, total=1 << 20, data=b"x" * 1000, done=False):
-    return Message(MsgType.SNAP, src, dst, term, index=10**6, log_term=term, commit=total, offset=offset,
-                   chunk=data, done=done)
+    return SnapChunk(src, dst, term, snap_index=10**6, snap_term=term, size=total, offset=offset, data=data,
+                     done=done)
 
 
 def _temp_files(node):
@@ -106,7 +106,7 @@ def test_snapshot_transfer_over_the_size_bound_is_refused(tmp_path):
         follower.transport.send = sent.append
         follower._on_message(_chunk(leader.cfg.node_id, follower.cfg.node_id, leader.core.term, total=1 << 30))
         follower._on_message(_chunk(leader.cfg.node_id, follower.cfg.node_id, leader.core.term, total=10))
-        assert [m.reject for m in sent if m.type == MsgType.SNAP_RESP] == [True, True]
+        assert [m.reject for m in sent if isinstance(m, SnapResp)] == [True, True]
         assert not _temp_files(follower)
 
     _run(tmp_path, scenario, max_snapshot_bytes=1 << 20)

@@ -16,7 +16,7 @@ from test_node_reads_snapshots import _configs, _leader, _wait
 
 from electra.consensus.errors import DiskFailure, NodeStopped, ProposalTimeout
 from electra.consensus.kv import KVStateMachine, encode_put
-from electra.consensus.messages import Message, MsgType
+from electra.consensus.messages import Heartbeat, MsgType, SnapChunk
 from electra.consensus.node import RaftNode
 from electra.consensus.snapshots import make_blob
 
@@ -113,16 +113,16 @@ def test_a_transfer_from_a_leader_that_went_away_leaves_no_temporary_file(tmp_pa
         try:
             # Chunks are accepted only from the leader this node follows (docs/security.md): node 2
             # makes itself known with a heartbeat first, as a real leader does.
-            node._on_message(Message(MsgType.HEARTBEAT, 2, 1, 5, index=0, commit=0))
-            node._on_message(Message(MsgType.SNAP, 2, 1, 5, index=500, log_term=5, commit=len(blob),
-                                     offset=0, chunk=blob[:1000], done=False))
+            node._on_message(Heartbeat(2, 1, 5, leader_commit=0, commit=0))
+            node._on_message(SnapChunk(2, 1, 5, snap_index=500, snap_term=5, size=len(blob),
+                                       offset=0, data=blob[:1000], done=False))
             await asyncio.sleep(0.1)
             assert node.leader_id == 2 and list(snap_dir.glob("*.tmp")), "the transfer should have started"
-            node._on_message(Message(MsgType.HEARTBEAT, 3, 1, 6, index=0, commit=0))  # a new leader
+            node._on_message(Heartbeat(3, 1, 6, leader_commit=0, commit=0))  # a new leader
             await _wait(lambda: not list(snap_dir.glob("*.tmp")), what="the partial transfer to be dropped")
             assert node.leader_id == 3
-            node._on_message(Message(MsgType.SNAP, 3, 1, 6, index=500, log_term=5, commit=len(blob),
-                                     offset=0, chunk=blob[:1000], done=False))
+            node._on_message(SnapChunk(3, 1, 6, snap_index=500, snap_term=5, size=len(blob),
+                                       offset=0, data=blob[:1000], done=False))
             await asyncio.sleep(0.1)
             assert list(snap_dir.glob("*.tmp"))
         finally:

@@ -21,7 +21,7 @@ import msgpack
 import pytest
 
 from electra.bench.common import free_ports, stop_processes
-from electra.consensus.messages import Message, MsgType
+from electra.consensus.messages import Vote
 from electra.consensus.transport import PROTO
 
 pytestmark = pytest.mark.integration
@@ -118,7 +118,7 @@ def _forged_vote(group: Group, term: int) -> None:
     """A forced VOTE (the leadership-transfer flag) with `term` to both nodes that accept node 1's dial."""
     for to in (2, 3):
         s = _impersonate(group, 1, to)
-        m = Message(MsgType.VOTE, 1, to, term, index=2**40, log_term=min(term, 2**62), force=True)
+        m = Vote(1, to, term, last_index=2**40, last_term=min(term, 2**62), force=True)
         body = msgpack.unpackb(m.encode())
         body[3] = term  # the encoder itself would refuse nothing here; forge the raw field
         s.sendall(_frame(msgpack.packb(body)))

@@ -20,7 +20,7 @@ import pytest
 from electra.api.client import ControllerClient
 from electra.bench.common import free_ports, stop_processes
 from electra.consensus.framing import pack_frame
-from electra.consensus.messages import Message, MsgType
+from electra.consensus.messages import Append
 from electra.consensus.transport import PROTO
 from electra.security.auth import create_token
 from electra.security.credentials import ClientCredentials
@@ -118,8 +118,8 @@ def test_forged_peers_are_refused_and_change_nothing(cluster):
         victim = next(i for i in (1, 2, 3) if i != leader)
         claimed = next(i for i in (1, 2, 3) if i != victim)  # a member that may dial the victim or not
         host, port = c.raft[victim]
-        forged = Message(MsgType.APP, claimed, victim, term + 50, index=0, ent_terms=[term + 50],
-                         ent_data=[b"forged"], commit=1)
+        forged = Append(claimed, victim, term + 50, prev_index=0, ent_terms=[term + 50],
+                        ent_data=[b"forged"], commit=1)
         hello = {"proto": PROTO, "cluster": "electra", "cluster_id": c.creds.cluster_id, "from": claimed, "to": victim}
         other = c.tmp / "other-ca"
         create_ca(other)

@@ -77,7 +77,7 @@ def test_checker_catches_votes_granted_to_out_of_date_logs(monkeypatch):
     orig = core.RaftCore._handle_vote_request
 
     def careless(self, m):
-        m.log_term = 1 << 30  # every candidate looks up to date
+        m.last_term = 1 << 30  # every candidate looks up to date
         return orig(self, m)
 
     monkeypatch.setattr(core.RaftCore, "_handle_vote_request", careless)

@@ -8,7 +8,12 @@ import pytest
 
 from electra.consensus.core import RaftConfig, RaftCore, Role
 from electra.consensus.errors import NotLeader, ProposalDropped
-from electra.consensus.messages import Message, MsgType
+from electra.consensus.messages import Append, AppendResp, Heartbeat, Message, MsgType, PreVote, TimeoutNow, Vote
+
+
+def frozen_clock() -> float:
+    """These tests use no leases: time may stand still."""
+    return 0.0
 
 
 class Net:
@@ -17,7 +22,7 @@ class Net:
     def __init__(self, n: int = 3, **cfg) -> None:
         ids = list(range(1, n + 1))
         conf = RaftConfig(election_ticks=10, heartbeat_ticks=1, **cfg)
-        self.cores = {i: RaftCore(i, ids, conf, rng=random.Random(i)) for i in ids}
+        self.cores = {i: RaftCore(i, ids, conf, rng=random.Random(i), clock=frozen_clock) for i in ids}
         self.queue: list[Message] = []
         self.cut: set[int] = set()  # isolated nodes
         self.applied: dict[int, list[bytes]] = {i: [] for i in ids}
@@ -170,8 +175,8 @@ def test_followers_in_lease_refuse_votes_from_a_disruptive_node():
     net.tick(2)
     rogue = next(c for c in net.cores.values() if c is not leader)
     other = next(c for c in net.cores.values() if c not in (leader, rogue))
-    msg = Message(MsgType.VOTE, rogue.id, other.id, leader.term + 5, index=rogue.last_index(),
-                  log_term=rogue.last_term())
+    msg = Vote(rogue.id, other.id, leader.term + 5, last_index=rogue.last_index(),
+               last_term=rogue.last_term())
     other.step(msg)
     assert other.term == leader.term  # ignored: it heard from the leader within the election timeout
     assert not [m for m in other.ready().send_after_persist if m.type == MsgType.VOTE_RESP]
@@ -233,10 +238,10 @@ def test_stale_leader_learns_newer_term_from_a_rejection():
     leader = net.elect()
     net.tick(2)
     f = next(c for c in net.cores.values() if c is not leader)
-    f.step(Message(MsgType.HEARTBEAT, leader.id, f.id, leader.term))  # fine
+    f.step(Heartbeat(leader.id, f.id, leader.term))  # fine
     f._become_follower(leader.term + 3, 0)
     f.ready()
-    f.step(Message(MsgType.APP, leader.id, f.id, leader.term, index=0, log_term=0))
+    f.step(Append(leader.id, f.id, leader.term, prev_index=0, prev_term=0))
     resp = f.ready().send_after_persist
     assert resp and resp[0].term == leader.term + 3
     leader.step(resp[0])
@@ -244,7 +249,7 @@ def test_stale_leader_learns_newer_term_from_a_rejection():
 
 
 def test_single_node_cluster_commits_alone():
-    c = RaftCore(1, [1], RaftConfig(election_ticks=5))
+    c = RaftCore(1, [1], RaftConfig(election_ticks=5), clock=frozen_clock)
     for _ in range(20):
         c.tick()
     assert c.role == Role.LEADER
@@ -256,16 +261,16 @@ def test_single_node_cluster_commits_alone():
 
 def test_constructor_rejects_bad_membership():
     with pytest.raises(ValueError):
-        RaftCore(4, [1, 2, 3])
+        RaftCore(4, [1, 2, 3], clock=frozen_clock)
     with pytest.raises(ValueError):
-        RaftCore(1, [1, 1, 2])
+        RaftCore(1, [1, 1, 2], clock=frozen_clock)
 
 
 def test_message_codec_round_trip_and_rejects_garbage():
-    m = Message(MsgType.APP, 1, 2, 7, index=5, log_term=6, ent_terms=[7, 7], ent_data=[b"a", b"b"], commit=4)
+    m = Append(1, 2, 7, prev_index=5, prev_term=6, ent_terms=[7, 7], ent_data=[b"a", b"b"], commit=4)
     back = Message.decode(m.encode())
     assert back == m
-    for bad in (b"", b"\x91\x01", b"\xc1", Message(MsgType.APP, 1, 2, 3).encode()[:-1]):
+    for bad in (b"", b"\x91\x01", b"\xc1", Append(1, 2, 3).encode()[:-1]):
         with pytest.raises(ValueError):
             Message.decode(bad)
 
@@ -274,7 +279,8 @@ def _restart(net: Net, node_id: int, keep: int) -> RaftCore:
     """Restart `node_id` from a durable log that kept only its first `keep` entries (a torn tail)."""
     old = net.cores[node_id]
     new = RaftCore(node_id, old.peers, old.cfg, term=old.term, vote=old.vote,
-                   log_terms=old.log_terms[:keep], log_data=old.log_data[:keep], rng=random.Random(99))
+                   log_terms=old.log_terms[:keep], log_data=old.log_data[:keep], rng=random.Random(99),
+                   clock=frozen_clock)
     net.cores[node_id] = new
     return new
 
@@ -322,39 +328,72 @@ def test_a_rejection_from_a_follower_that_lost_its_tail_lowers_next_and_match():
         q, net.queue = net.queue, []
         for m in q:
             if m.type not in (MsgType.HEARTBEAT, MsgType.HEARTBEAT_RESP):
-                seen_reject |= m.reject and m.src == f.id
+                seen_reject |= isinstance(m, AppendResp) and m.reject and m.src == f.id
                 net.cores[m.dst].step(m)
     assert seen_reject
     assert f.log_data == leader.log_data and leader.progress[f.id].match == leader.last_index()
 
 
 def test_a_node_with_a_vote_floor_votes_as_if_it_still_held_its_lost_log():
-    c = RaftCore(3, [1, 2, 3], RaftConfig(), term=4, vote=0, vote_floor=(10, 2), rng=random.Random(1))
+    c = RaftCore(3, [1, 2, 3], RaftConfig(), term=4, vote=0, vote_floor=(10, 2), rng=random.Random(1),
+                 clock=frozen_clock)
     assert c.last_index() == 0  # it holds nothing...
-    c.step(Message(MsgType.VOTE, 1, 3, 5, index=9, log_term=2))
+    c.step(Vote(1, 3, 5, last_index=9, last_term=2))
     rd = c.ready()
     assert [m.reject for m in rd.send_after_persist] == [True]  # ...but refuses a candidate behind 10/2
-    c.step(Message(MsgType.VOTE, 2, 3, 6, index=3, log_term=3))  # a newer term's log is more up to date
+    c.step(Vote(2, 3, 6, last_index=3, last_term=3))  # a newer term's log is more up to date
     rd = c.ready()
     assert [m.reject for m in rd.send_after_persist] == [False] and c.vote == 2
 
 
 def test_pre_votes_respect_the_vote_floor_too():
-    c = RaftCore(3, [1, 2, 3], RaftConfig(), term=4, vote_floor=(10, 2), rng=random.Random(1))
-    c.step(Message(MsgType.PRE_VOTE, 1, 3, 5, index=9, log_term=2))
+    c = RaftCore(3, [1, 2, 3], RaftConfig(), term=4, vote_floor=(10, 2), rng=random.Random(1), clock=frozen_clock)
+    c.step(PreVote(1, 3, 5, last_index=9, last_term=2))
     rd = c.ready()
     assert [(m.type, m.reject) for m in rd.send_now + rd.send_after_persist] == [(MsgType.PRE_VOTE_RESP, True)]
 
 
 def test_a_node_behind_its_vote_floor_does_not_campaign():
-    c = RaftCore(1, [1, 2, 3], RaftConfig(election_ticks=10), term=4, vote_floor=(10, 2), rng=random.Random(1))
+    c = RaftCore(1, [1, 2, 3], RaftConfig(election_ticks=10), term=4, vote_floor=(10, 2), rng=random.Random(1),
+                 clock=frozen_clock)
     for _ in range(100):
         c.tick()
     assert c.role == Role.FOLLOWER and c.term == 4
     assert not [m for m in c.ready().send_now if m.type in (MsgType.PRE_VOTE, MsgType.VOTE)]
-    c.step(Message(MsgType.TIMEOUT_NOW, 2, 1, 4))  # not even when asked to take over
+    c.step(TimeoutNow(2, 1, 4))  # not even when asked to take over
     assert c.role == Role.FOLLOWER and c.term == 4
-    solo = RaftCore(1, [1], RaftConfig(), term=4, vote_floor=(10, 2), rng=random.Random(1))
+    solo = RaftCore(1, [1], RaftConfig(), term=4, vote_floor=(10, 2), rng=random.Random(1), clock=frozen_clock)
     for _ in range(100):
         solo.tick()
     assert solo.role == Role.FOLLOWER, "a one-member group must not elect a node that lost its data"
+
+
+class ManualClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_lease_runs_on_the_injected_clock_from_the_rounds_send_time():
+    net = Net(lease_s=1.0)
+    clock = ManualClock()
+    for c in net.cores.values():
+        c.clock = clock
+    leader = net.elect()
+    net.tick(2)  # heartbeat rounds sent at 100.0 and answered by a quorum
+    assert leader.lease_read_index() == leader.commit
+    follower = next(c for c in net.cores.values() if c is not leader)
+    assert follower.last_leader_contact == 100.0
+    clock.now = 100.9
+    assert leader.lease_read_index() == leader.commit  # 0.9 s after the round left: still held
+    clock.now = 101.0
+    assert leader.lease_read_index() is None  # lease_s after the send time: gone, until a new round
+    net.tick()  # a round sent at 101.0
+    assert leader.lease_read_index() == leader.commit
+    clock.now = 101.5
+    leader.transfer_leadership(follower.id)
+    assert leader.lease_read_index() is None  # a transfer ends the lease at once

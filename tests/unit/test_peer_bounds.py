@@ -7,11 +7,24 @@ import pytest
 from test_core import Net
 
 from electra.consensus.core import Role
-from electra.consensus.messages import MAX_TERM, Message, MsgType
+from electra.consensus.messages import (
+    MAX_TERM,
+    Append,
+    AppendResp,
+    Heartbeat,
+    HeartbeatResp,
+    Message,
+    MsgType,
+    PreVoteResp,
+    ReadIndex,
+    ReadIndexResp,
+    Vote,
+    VoteResp,
+)
 
 
 def _fields(**over):
-    m = Message(MsgType.VOTE, 1, 2, 3)
+    m = Vote(1, 2, 3)
     t = list(msgpack.unpackb(m.encode()))
     names = ["type", "src", "dst", "term", "index", "log_term", "ent_terms", "ent_data", "commit", "reject",
              "hint_index", "hint_term", "context", "force", "offset", "chunk", "done"]
@@ -32,7 +45,7 @@ def test_decode_rejects_fields_outside_their_bounds(over):
 
 def test_decode_accepts_the_bounds_themselves():
     m = Message.decode(_fields(term=MAX_TERM, index=2**63 - 1, ent_terms=[MAX_TERM], ent_data=[b"x"]))
-    assert m.term == MAX_TERM and m.index == 2**63 - 1
+    assert m.term == MAX_TERM and m.last_index == 2**63 - 1
 
 
 def test_decode_refuses_huge_containers_and_types_raft_never_sends():
@@ -55,8 +68,8 @@ def test_forged_force_vote_far_ahead_changes_no_term():
     net, leader, follower = _in_lease()
     term = leader.term
     for target in net.cores.values():
-        target.step(Message(MsgType.VOTE, follower.id, target.id if target is not follower else leader.id,
-                            term + 1000, index=10**6, log_term=term + 1000, force=True))
+        target.step(Vote(follower.id, target.id if target is not follower else leader.id,
+                         term + 1000, last_index=10**6, last_term=term + 1000, force=True))
     net.drain()
     assert {c.term for c in net.cores.values()} == {term}
     assert leader.role == Role.LEADER
@@ -66,12 +79,12 @@ def test_forced_vote_is_honoured_by_the_leader_only_from_its_transferee():
     net, leader, follower = _in_lease()
     other = next(c for c in net.cores.values() if c not in (leader, follower))
     term = leader.term
-    leader.step(Message(MsgType.VOTE, follower.id, leader.id, term + 1, index=leader.last_index(),
-                        log_term=leader.last_term(), force=True))
+    leader.step(Vote(follower.id, leader.id, term + 1, last_index=leader.last_index(),
+                     last_term=leader.last_term(), force=True))
     assert leader.role == Role.LEADER and leader.term == term  # no transfer under way: ignored
     leader.transfer_leadership(other.id)
-    leader.step(Message(MsgType.VOTE, follower.id, leader.id, term + 1, index=leader.last_index(),
-                        log_term=leader.last_term(), force=True))
+    leader.step(Vote(follower.id, leader.id, term + 1, last_index=leader.last_index(),
+                     last_term=leader.last_term(), force=True))
     assert leader.term == term  # not the transferee: ignored
     net.drain()
     net.tick(3)
@@ -81,16 +94,18 @@ def test_forced_vote_is_honoured_by_the_leader_only_from_its_transferee():
 def test_forged_higher_term_replies_do_not_unseat_the_leader():
     net, leader, follower = _in_lease()
     term = leader.term
-    for mtype in (MsgType.HEARTBEAT_RESP, MsgType.READ_INDEX_RESP, MsgType.READ_INDEX, MsgType.VOTE_RESP):
-        leader.step(Message(mtype, follower.id, leader.id, term + 5, index=1, context=1))
-    leader.step(Message(MsgType.PRE_VOTE_RESP, follower.id, leader.id, term + 5))
+    for forged in (HeartbeatResp(follower.id, leader.id, term + 5, last_index=1, round=1),
+                   ReadIndexResp(follower.id, leader.id, term + 5, index=1, batch=1),
+                   ReadIndex(follower.id, leader.id, term + 5, batch=1), VoteResp(follower.id, leader.id, term + 5)):
+        leader.step(forged)
+    leader.step(PreVoteResp(follower.id, leader.id, term + 5))
     assert leader.role == Role.LEADER and leader.term == term
 
 
 def test_append_ack_beyond_the_leaders_log_is_ignored():
     net, leader, follower = _in_lease()
     commit = leader.commit
-    leader.step(Message(MsgType.APP_RESP, follower.id, leader.id, leader.term, index=2**63 - 1))
+    leader.step(AppendResp(follower.id, leader.id, leader.term, index=2**63 - 1))
     net.drain()
     assert leader.progress[follower.id].match <= leader.last_index()
     assert leader.commit == commit
@@ -113,8 +128,8 @@ def test_terms_jumping_further_than_any_election_history_are_refused():
 
     net, leader, follower = _in_lease()
     term = follower.term
-    follower.step(Message(MsgType.HEARTBEAT, leader.id, follower.id, term + MAX_TERM_JUMP + 1))
-    follower.step(Message(MsgType.APP, leader.id, follower.id, MAX_TERM, index=0, log_term=0))
+    follower.step(Heartbeat(leader.id, follower.id, term + MAX_TERM_JUMP + 1))
+    follower.step(Append(leader.id, follower.id, MAX_TERM, prev_index=0, prev_term=0))
     assert follower.term == term and follower.refused_terms == 2
-    follower.step(Message(MsgType.HEARTBEAT, leader.id, follower.id, term + MAX_TERM_JUMP))
+    follower.step(Heartbeat(leader.id, follower.id, term + MAX_TERM_JUMP))
     assert follower.term == term + MAX_TERM_JUMP  # within the bound: ordinary Raft

@@ -12,7 +12,7 @@ import pytest
 from electra.bench.common import free_ports
 from electra.consensus.cluster_stamp import ClusterIdMismatch, check_cluster_stamp
 from electra.consensus.framing import pack_frame
-from electra.consensus.messages import Message, MsgType
+from electra.consensus.messages import Append, Heartbeat, Message
 from electra.consensus.peer_identity import identity_from_peercert, node_uri
 from electra.consensus.transport import PROTO, PeerTransport
 from electra.security.pki import cert_node_identity, create_ca, create_node_cert, read_cluster_id
@@ -105,7 +105,7 @@ def test_forged_peers_are_refused_and_nothing_reaches_raft(pki, caplog):
         try:
             await _until(lambda: all(t.connected(p) for i, t in ts.items() for p in peers if p != i))
             host, port = peers[2]
-            forged = Message(MsgType.APP, 1, 2, 99, index=0, ent_terms=[99], ent_data=[b"evil"], commit=1)
+            forged = Append(1, 2, 99, prev_index=0, ent_terms=[99], ent_data=[b"evil"], commit=1)
             hello = {"proto": PROTO, "cluster": "electra", "cluster_id": pki["cid"], "from": 1, "to": 2}
             before = ts[2].stats["rejected_handshakes"]
             # 1. plaintext, no certificate at all
@@ -129,7 +129,7 @@ def test_forged_peers_are_refused_and_nothing_reaches_raft(pki, caplog):
             assert "cluster id 'another-cluster'" in text
             # the real members still talk
             n = len(inbox[2])
-            await _until(lambda: (ts[1].send(Message(MsgType.HEARTBEAT, 1, 2, 1)) or len(inbox[2]) > n))
+            await _until(lambda: (ts[1].send(Heartbeat(1, 2, 1)) or len(inbox[2]) > n))
         finally:
             for t in ts.values():
                 await t.stop()

@@ -72,7 +72,7 @@ def _transfer(blob: bytes, loss: float, seed: int, corrupt_once: bool = False):
     for _ in range(10_000):
         msg = sender.next_message()
         if corrupt_once and msg.done:
-            msg.chunk = msg.chunk[:-1] + b"\x00"
+            msg.data = msg.data[:-1] + b"\x00"
             corrupt_once = False
         if rng.random() < loss:
             continue  # chunk lost: the sender times out and resends

@@ -8,7 +8,7 @@ import struct
 import msgpack
 
 from electra.bench.common import free_ports
-from electra.consensus.messages import Message, MsgType
+from electra.consensus.messages import Append, Heartbeat
 from electra.consensus.transport import PROTO, PeerTransport
 
 
@@ -38,12 +38,12 @@ def test_messages_flow_in_order_over_one_connection_per_pair():
                 for src in peers:
                     for dst in peers:
                         if src != dst:
-                            m = Message(MsgType.APP, src, dst, 1, index=k, ent_terms=[1], ent_data=[b"%d" % k])
+                            m = Append(src, dst, 1, prev_index=k, ent_terms=[1], ent_data=[b"%d" % k])
                             ts[src].send(m)
             await _until(lambda: all(len(v) == 2000 for v in inbox.values()))
             for dst, msgs in inbox.items():
                 for src in peers:
-                    got = [m.index for m in msgs if m.src == src]
+                    got = [m.prev_index for m in msgs if m.src == src]
                     assert got == ([] if src == dst else list(range(1000)))
             # one TCP connection per pair: the lower id dialed, the higher accepted
             assert sum(t.stats["reconnects"] for t in ts.values()) == 3
@@ -68,6 +68,12 @@ def test_unknown_node_and_garbage_are_rejected_and_the_node_keeps_working():
             w.write(struct.pack(">I", len(hello)) + hello)
             assert await asyncio.wait_for(r.read(), 5) == b""  # closed on us
             assert ts[3].stats["rejected_handshakes"] == 1
+            # msgpack's true is no node id, although true == 1 in a dict lookup
+            r, w = await asyncio.open_connection(host, port)
+            hello = msgpack.packb({"proto": PROTO, "cluster": "electra", "from": True, "to": 3})
+            w.write(struct.pack(">I", len(hello)) + hello)
+            assert await asyncio.wait_for(r.read(), 5) == b""
+            assert ts[3].stats["rejected_handshakes"] == 2
             # a valid handshake as node 1 followed by garbage: that connection closes ...
             r, w = await asyncio.open_connection(host, port)
             hello = msgpack.packb({"proto": PROTO, "cluster": "electra", "from": 1, "to": 3})
@@ -82,7 +88,7 @@ def test_unknown_node_and_garbage_are_rejected_and_the_node_keeps_working():
             # ... and the real node 1 reconnects and is heard again.
             await _until(lambda: ts[1].connected(3) and ts[3].connected(1), timeout=10)
             n = len(inbox[3])
-            await _until(lambda: (ts[1].send(Message(MsgType.HEARTBEAT, 1, 3, 1)) or len(inbox[3]) > n), 10)
+            await _until(lambda: (ts[1].send(Heartbeat(1, 3, 1)) or len(inbox[3]) > n), 10)
         finally:
             for t in ts.values():
                 await t.stop()
@@ -99,12 +105,12 @@ def test_restarted_peer_is_reconnected_and_sends_to_absent_peers_are_dropped():
             await _until(lambda: ts[1].connected(2))
             await ts[2].stop()
             await _until(lambda: not ts[1].connected(2))
-            ts[1].send(Message(MsgType.HEARTBEAT, 1, 2, 1))  # must not raise
+            ts[1].send(Heartbeat(1, 2, 1))  # must not raise
             assert ts[1].stats["dropped"] >= 1
             ts[2] = PeerTransport(2, peers, inbox[2].append)
             await ts[2].start()
             await _until(lambda: ts[1].connected(2), timeout=10)
-            await _until(lambda: (ts[1].send(Message(MsgType.HEARTBEAT, 1, 2, 1)) or bool(inbox[2])), 10)
+            await _until(lambda: (ts[1].send(Heartbeat(1, 2, 1)) or bool(inbox[2])), 10)
         finally:
             for t in ts.values():
                 await t.stop()
