@@ -23,18 +23,18 @@ from typing import Annotated
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from pydantic import BaseModel, Field
 
-from electra.consensus.errors import FollowerBehind, NotLeader, ProposalTimeout, RaftError, ReadTimeout
+from electra.consensus.errors import RaftError
 from electra.state.codes import Code
 from electra.state.limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID
 from electra.state.liveness import BrokerLiveInfo
 
 from .dashboard import DashboardFeed, dashboard_router
 from .http_limits import DEFAULT_LIMITS, BodyLimit, HTTPLimits
-from .ingest import handle_heartbeat
+from .replies import RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
 from .service import ControllerService
 
 Name = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.:%\-]+$")]
@@ -44,10 +44,6 @@ Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 Epoch = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Millis = Annotated[int, Field(ge=0, le=INT64_MAX)]
-
-_STATUS = {Code.SUCCESS: 200, Code.CONTROLLER_BROKER_METADATA_NOT_EXIST: 404,
-           Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED: 404, Code.CONTROLLER_INVALID_REQUEST: 400,
-           Code.SYSTEM_ERROR: 500}
 
 
 class Heartbeat(BaseModel):
@@ -173,7 +169,8 @@ def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
     return out
 
 
-def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS) -> FastAPI:
+def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS,
+               metrics: RequestMetrics | None = None) -> FastAPI:
     app = FastAPI(title="Electra controller", version="0.1.0",
                   description="RocketMQ 5 controller semantics on a Raft-replicated state machine")
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
@@ -185,11 +182,9 @@ def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS) -> F
         remark = "invalid request: " + "; ".join(f"{e['field']}: {e['problem']}" for e in errors[:3])
         return JSONResponse({"code": int(Code.CONTROLLER_INVALID_REQUEST), "remark": remark, "errors": errors},
                             status_code=422)
-    registry = CollectorRegistry()
-    requests = Counter("electra_requests", "requests by endpoint and RocketMQ code", ["endpoint", "code"],
-                       registry=registry)
-    latency = Histogram("electra_request_seconds", "request latency by endpoint", ["endpoint"], registry=registry,
-                        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5))
+    counted = metrics or RequestMetrics()
+    app.state.request_metrics = counted  # shared with the lean path (api/lean_path.py)
+    registry = counted.registry
     registry.register(_RaftCollector(svc))
     tier = getattr(svc, "tier", None)  # electra.tiering: upload lag metrics and GET /v1/admin/history
     if tier is not None:
@@ -201,42 +196,14 @@ def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS) -> F
     svc.dashboard = DashboardFeed(svc)  # GET /dashboard, its SSE stream and broker set pages (read-only)
     app.include_router(dashboard_router(svc.dashboard))
 
-    def reply(endpoint: str, res: dict, t0: float) -> JSONResponse:
-        code = res["code"]
-        requests.labels(endpoint, str(code)).inc()
-        latency.labels(endpoint).observe(time.perf_counter() - t0)
-        status = _STATUS.get(code, 409 if code >= 2000 else 500)
-        return JSONResponse(res, status_code=status)
-
     async def run(endpoint: str, request: Request, coro) -> JSONResponse:
         t0 = time.perf_counter()
         try:
-            res = await coro
-        except NotLeader as exc:
-            addr = exc.leader_addr or svc.leader_address()
-            body = {"code": int(Code.CONTROLLER_NOT_LEADER), "remark": "The controller is not in leader state",
-                    "leader": exc.leader_id or None, "leaderAddress": addr}
-            requests.labels(endpoint, str(int(Code.CONTROLLER_NOT_LEADER))).inc()
-            if addr:
-                loc = (f"{request.url.scheme}://{addr}{request.url.path}"  # https stays https
-                       + (f"?{request.url.query}" if request.url.query else ""))
-                return JSONResponse(body, status_code=307, headers={"Location": loc})
-            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
-        except (FollowerBehind, ReadTimeout) as exc:
-            requests.labels(endpoint, str(int(Code.CONTROLLER_NOT_LEADER))).inc()
-            return JSONResponse({"code": int(Code.CONTROLLER_NOT_LEADER), "remark": str(exc),
-                                 "leader": getattr(exc, "leader_id", None) or None,
-                                 "leaderAddress": svc.leader_address()},
-                                status_code=503, headers={"Retry-After": "1"})
-        except ProposalTimeout as exc:
-            requests.labels(endpoint, str(int(Code.SYSTEM_ERROR))).inc()
-            return JSONResponse({"code": int(Code.SYSTEM_ERROR), "remark": f"outcome unknown: {exc}"},
-                                status_code=504)
+            reply = answered(counted, endpoint, await coro, t0)
         except RaftError as exc:
-            requests.labels(endpoint, str(int(Code.SYSTEM_ERROR))).inc()
-            return JSONResponse({"code": int(Code.SYSTEM_ERROR), "remark": f"{type(exc).__name__}: {exc}"},
-                                status_code=503, headers={"Retry-After": "1"})
-        return reply(endpoint, res, t0)
+            reply = refused(counted, endpoint, exc, svc.leader_address(),
+                            request_url_on(request.url.scheme, request.url.path, request.url.query))
+        return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers or None)
 
     async def done(value):
         return value
@@ -246,10 +213,9 @@ def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS) -> F
     async def heartbeat(hb: Heartbeat, request: Request):
         """With the heartbeat pipeline on, the heartbeat goes to Kafka (503 + Retry-After if unreachable)."""
         if svc.heartbeat_producer is not None:
-            status, body = handle_heartbeat(svc.heartbeat_producer, hb.model_dump_json().encode(), svc.now_ms())
-            requests.labels("heartbeat", "0" if status == 200 else str(status)).inc()
-            return Response(body, status_code=status, media_type="application/json",
-                            headers={"Retry-After": "1"} if status == 503 else None)
+            reply = pipeline_heartbeat(counted, svc.heartbeat_producer, hb.model_dump_json().encode(), svc.now_ms())
+            return Response(reply.body, status_code=reply.status, media_type="application/json",
+                            headers=reply.headers or None)
         return await run("heartbeat", request, done(svc.heartbeat(
             hb.clusterName, hb.brokerName, hb.brokerId, hb.brokerAddr, epoch=hb.epoch, max_offset=hb.maxOffset,
             confirm_offset=hb.confirmOffset, timeout_ms=hb.heartbeatTimeoutMillis, priority=hb.electionPriority)))

@@ -16,9 +16,11 @@ from electra.state.machine import ControllerStateMachine
 from electra.streaming.records import Topics
 
 from .app import create_app
-from .http_limits import DEFAULT_LIMITS, HTTPLimits, guarded_protocol
+from .http_limits import DEFAULT_LIMITS, HTTPLimits
 from .ingest import HeartbeatProducer
 from .kafka_bridge import EventsPublisher, LivenessConsumer
+from .lean_http import lean_protocol
+from .lean_path import LeanPath
 from .service import ControllerService
 
 log = logging.getLogger("electra.api.server")
@@ -100,10 +102,13 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
         service.tier.start()
     app = create_app(service, http_limits)
     audit = AuditLog(cfg.data_dir / "audit.log")
-    app.add_middleware(AuthMiddleware, tokens=security.tokens if security else None, audit=audit)
+    tokens = security.tokens if security else None
+    app.add_middleware(AuthMiddleware, tokens=tokens, audit=audit)
+    # The broker routes' lean path shares the port with the FastAPI app (api/lean_http.py).
+    lean = LeanPath(service, app.state.request_metrics, tokens, service.heartbeat_producer)
     http_ssl = security.tls.http_server_context() if security and security.tls else None
     config = uvicorn.Config(app, host=http_host, port=http_port, log_level="warning", lifespan="off",
-                            access_log=False, http=guarded_protocol(http_limits),
+                            access_log=False, http=lean_protocol(lean, http_limits),
                             timeout_keep_alive=http_limits.idle_timeout_s,
                             ssl_context_factory=(lambda _cfg, _default: http_ssl) if http_ssl else None)
     server = uvicorn.Server(config)
