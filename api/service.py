@@ -107,14 +107,32 @@ class ControllerService:
     async def apply_broker_id(self, cluster: str, name: str, broker_id: int, check_code: str) -> dict:
         return await self._write(C.apply_broker_id(cluster, name, broker_id, check_code, self.now_ms()))
 
+    async def _write_if_it_changes(self, cmd: bytes) -> dict:
+        """Propose `cmd` unless applying it would change nothing: then answer it from a linearizable read.
+
+        This node's applied state picks the path (a hint): a command that changes it goes
+        straight to the log (applied later it may change nothing: a harmless no-op entry); one
+        that changes nothing here is re-checked at a ReadIndex, which sees every write committed
+        before the request arrived, and proposed only if the state moved on meanwhile.
+        """
+        if self.node.role != Role.LEADER:
+            raise NotLeader(self.node.leader_id, self.leader_address())
+        if self.sm.answer_without_write(cmd) is not None:
+            res = await self.node.read(lambda sm: sm.answer_without_write(cmd), mode="linearizable")
+            if res is not None:
+                return {k: v for k, v in res.items() if k != "events"}
+        return await self._write(cmd)
+
     async def register_broker(self, cluster: str, name: str, broker_id: int, addr: str) -> dict:
-        return await self._write(C.register_broker(cluster, name, broker_id, addr, self.now_ms(),
-                                                   self.liveness.group(cluster, name)))
+        """RocketMQ writes only when the address changes; an unchanged one is answered by a read."""
+        return await self._write_if_it_changes(C.register_broker(cluster, name, broker_id, addr, self.now_ms(),
+                                                                 self.liveness.group(cluster, name)))
 
     async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False) -> dict:
+        """An election that would change nothing (master still alive: 2011, or refused) is answered by a read."""
         live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
-        res = await self._write(C.elect_master(cluster, name, broker_id, self.now_ms(), live,
-                                               designate=designate, unclean=self.unclean))
+        res = await self._write_if_it_changes(C.elect_master(cluster, name, broker_id, self.now_ms(), live,
+                                                             designate=designate, unclean=self.unclean))
         self._count_election(res)
         return res
 
