@@ -125,8 +125,11 @@ class ControllerService:
 
     async def register_broker(self, cluster: str, name: str, broker_id: int, addr: str) -> dict:
         """RocketMQ writes only when the address changes; an unchanged one is answered by a read."""
-        return await self._write_if_it_changes(C.register_broker(cluster, name, broker_id, addr, self.now_ms(),
-                                                                 self.liveness.group(cluster, name)))
+        cmd = C.register_broker(cluster, name, broker_id, addr, self.now_ms(), self.liveness.group(cluster, name))
+        bs = self.sm.sets.get(name)
+        if bs is not None and broker_id in bs.brokers and bs.address(broker_id) != addr:
+            return await self._write(cmd)  # a new address: no need to try it against the state first
+        return await self._write_if_it_changes(cmd)
 
     async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False) -> dict:
         """An election that would change nothing (master still alive: 2011, or refused) is answered by a read."""
