@@ -32,10 +32,10 @@ from electra.state.codes import Code
 from electra.state.limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID
 from electra.state.liveness import BrokerLiveInfo
 
-from .dashboard import DashboardFeed, dashboard_router
+from .controller import Controller
+from .dashboard import dashboard_router
 from .http_limits import DEFAULT_LIMITS, BodyLimit, HTTPLimits
 from .replies import RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
-from .service import ControllerService
 
 Name = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.:%\-]+$")]
 BrokerId = Annotated[int, Field(ge=1, le=MAX_BROKER_ID)]
@@ -129,7 +129,7 @@ class _Stream(StreamingResponse):
 class _RaftCollector:
     """Raft role, term, indexes and batching, read from the node at scrape time."""
 
-    def __init__(self, svc: ControllerService) -> None:
+    def __init__(self, svc: Controller) -> None:
         self.svc = svc
 
     def collect(self):
@@ -169,8 +169,10 @@ def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
     return out
 
 
-def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS,
+def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
                metrics: RequestMetrics | None = None) -> FastAPI:
+    """The node's whole API (OpenAPI lists every route); the lean path (api/lean_path.py) serves the hot ones."""
+    svc = controller.requests
     app = FastAPI(title="Electra controller", version="0.1.0",
                   description="RocketMQ 5 controller semantics on a Raft-replicated state machine")
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
@@ -185,16 +187,15 @@ def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS,
     counted = metrics or RequestMetrics()
     app.state.request_metrics = counted  # shared with the lean path (api/lean_path.py)
     registry = counted.registry
-    registry.register(_RaftCollector(svc))
-    tier = getattr(svc, "tier", None)  # electra.tiering: upload lag metrics and GET /v1/admin/history
+    registry.register(_RaftCollector(controller))
+    tier = controller.tier  # electra.tiering: upload lag metrics and GET /v1/admin/history
     if tier is not None:
         from electra.tiering.api import history_router
 
         registry.register(tier.collector())
         app.include_router(history_router(tier.cfg.uri, tier.cfg.storage_options))
 
-    svc.dashboard = DashboardFeed(svc)  # GET /dashboard, its SSE stream and broker set pages (read-only)
-    app.include_router(dashboard_router(svc.dashboard))
+    app.include_router(dashboard_router(controller.dashboard))  # read-only pages and their SSE stream
 
     async def run(endpoint: str, request: Request, coro) -> JSONResponse:
         t0 = time.perf_counter()
@@ -212,8 +213,9 @@ def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS,
     @app.post("/v1/heartbeat", tags=["broker"])
     async def heartbeat(hb: Heartbeat, request: Request):
         """With the heartbeat pipeline on, the heartbeat goes to Kafka (503 + Retry-After if unreachable)."""
-        if svc.heartbeat_producer is not None:
-            reply = pipeline_heartbeat(counted, svc.heartbeat_producer, hb.model_dump_json().encode(), svc.now_ms())
+        if controller.heartbeat_producer is not None:
+            reply = pipeline_heartbeat(counted, controller.heartbeat_producer, hb.model_dump_json().encode(),
+                                       svc.now_ms())
             return Response(reply.body, status_code=reply.status, media_type="application/json",
                             headers=reply.headers or None)
         return await run("heartbeat", request, done(svc.heartbeat(
@@ -257,12 +259,12 @@ def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS,
                                  "remark": f"this node serves at most {limits.max_watchers} watchers"},
                                 status_code=503, headers={"Retry-After": "5"})
         watchers += 1
-        q = svc.subscribe(name)
+        q = controller.watchers.subscribe(name)
 
         def release() -> None:
             nonlocal watchers
             watchers -= 1
-            svc.unsubscribe(name, q)
+            controller.watchers.unsubscribe(name, q)
 
         async def stream():
             yield ": watching " + name + "\n\n"
@@ -313,14 +315,14 @@ def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS,
 
     @app.get("/v1/admin/metadata", tags=["admin"])
     async def metadata():
-        return svc.metadata()
+        return controller.metadata()
 
     # ------------------------------------------------------------------ operations
     @app.get("/healthz", tags=["ops"])
     async def healthz():
         """503 when this node is stopped, its Raft ticks stalled, or no leader was known for an election timeout."""
-        st = svc.node.status()
-        ok, reason = svc.node.health()
+        st = controller.node.status()
+        ok, reason = controller.node.health()
         return JSONResponse({"ok": ok, "reason": reason, "role": st["role"], "leader_id": st["leader_id"]},
                             status_code=200 if ok else 503)
 

@@ -14,66 +14,50 @@ the job's liveness topic.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from electra.consensus.core import Role
 from electra.consensus.errors import NotLeader
 from electra.consensus.node import RaftNode
 from electra.state import commands as C
 from electra.state.codes import Code
-from electra.state.journal import EventJournal, JournalEntry, set_state
 from electra.state.liveness import BrokerLiveInfo, LivenessTable
 from electra.state.machine import ControllerStateMachine
+
+if TYPE_CHECKING:
+    from .controller import ControllerConfig
+    from .ingest import HeartbeatProducer
 
 log = logging.getLogger("electra.api.service")
 
 
 class ControllerService:
-    def __init__(self, node: RaftNode, sm: ControllerStateMachine, *, http_peers: dict[int, str] | None = None,
-                 unclean_election: bool = False, scan_interval_s: float = 5.0,
-                 clock: Callable[[], float] = time.time) -> None:
+    """Request handling (`api.requests.BrokerRequests`): RocketMQ's requests on one node's Raft engine.
+
+    It owns no background work: liveness is the table it is given (fed by its heartbeats or the
+    Kafka liveness consumer), watchers and the inactive-master scan are their own pieces
+    (`api/watchers.py`, `api/inactive_scan.py`), and `api.controller.Controller` builds them all.
+    """
+
+    def __init__(self, node: RaftNode, sm: ControllerStateMachine, liveness: LivenessTable, cfg: ControllerConfig,
+                 heartbeat_producer: HeartbeatProducer | None = None) -> None:
         self.node = node
         self.sm = sm
-        self.liveness = LivenessTable()
-        self.http_peers = http_peers or {}
-        self.unclean = unclean_election
-        self.scan_interval_s = scan_interval_s
-        self.clock = clock
-        self._watchers: dict[str, set[asyncio.Queue]] = {}
-        self._scan_task: asyncio.Task | None = None
-        # Set by the server when the heartbeat pipeline (Kafka) is configured.
-        self.heartbeat_producer = None  # api.ingest.HeartbeatProducer for this node's own /v1/heartbeat
-        self.events_publisher = None  # api.kafka_bridge.EventsPublisher
-        self.liveness_consumer = None  # api.kafka_bridge.LivenessConsumer
+        self.liveness = liveness
+        self.http_peers = cfg.http_peers
+        self.unclean = cfg.unclean_election
+        self.clock = cfg.clock
+        self.heartbeat_producer = heartbeat_producer  # with the Kafka pipeline: this node's /v1/heartbeat goes there
         self.elections = {"success": 0, "failed": 0, "still_exist": 0, "fenced": 0}
         self.heartbeats_received = 0  # heartbeats this node's liveness table took (no Kafka pipeline)
-        self.dashboard = None  # api.dashboard.DashboardFeed, set by the app
-        # Applied events by Raft index, for the leader's publishers (Kafka events topic, Delta).
-        self.journal = EventJournal(floor=sm.applied)
-        sm.on_event(self._on_event)
-        sm.on_restore(self.journal.reset)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
 
     def leader_address(self) -> str | None:
         return self.http_peers.get(self.node.leader_id)
-
-    # ------------------------------------------------------------------ lifecycle
-    def start(self) -> None:
-        if self.scan_interval_s > 0:  # off when the streaming job detects inactive masters
-            self._scan_task = asyncio.create_task(self._scan_inactive_masters())
-
-    async def stop(self) -> None:
-        if self.dashboard is not None:
-            await self.dashboard.stop()
-        if self._scan_task:
-            self._scan_task.cancel()
-            await asyncio.gather(self._scan_task, return_exceptions=True)
 
     # ------------------------------------------------------------------ requests
     def heartbeat(self, cluster: str, name: str, broker_id: int, addr: str, *, epoch: int = -1,
@@ -168,68 +152,3 @@ class ControllerService:
                                 clean_living: bool) -> dict:
         live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
         return await self._write(C.clean_broker_data(cluster, name, ids, clean_living, self.now_ms(), live))
-
-    def pipeline_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.events_publisher is not None:
-            out["events_published_index"] = self.events_publisher.published_index
-            out["events"] = dict(self.events_publisher.stats)
-        if self.liveness_consumer is not None:
-            out["liveness"] = dict(self.liveness_consumer.stats)
-        if self.heartbeat_producer is not None:
-            out["heartbeats"] = dict(self.heartbeat_producer.stats)
-        return out
-
-    def metadata(self) -> dict[str, Any]:
-        st = self.node.status()
-        return {**st, "leader_address": self.leader_address(), "pipeline": self.pipeline_status(),
-                "http_peers": {str(k): v for k, v in sorted(self.http_peers.items())},
-                "is_leader": self.node.role == Role.LEADER, "broker_sets": len(self.sm.sets),
-                "live_brokers": len(self.liveness)}
-
-    # ------------------------------------------------------------------ watch (NOTIFY_BROKER_ROLE_CHANGED)
-    def subscribe(self, name: str) -> asyncio.Queue:
-        q: asyncio.Queue = asyncio.Queue(maxsize=1000)
-        self._watchers.setdefault(name, set()).add(q)
-        return q
-
-    def unsubscribe(self, name: str, q: asyncio.Queue) -> None:
-        self._watchers.get(name, set()).discard(q)
-
-    def _on_event(self, index: int, ev: dict) -> None:
-        bs = self.sm.sets.get(ev.get("brokerName", ""))
-        term = self.node.core.term_at(index) if self.node.core else None
-        self.journal.append(JournalEntry(index, term or 0, self.sm.apply_time_ms, ev,
-                                         bs.cluster if bs else ev.get("clusterName"), set_state(bs)))
-        if ev.get("type") not in ("ElectMaster", "AlterSyncStateSet"):
-            return
-        for q in list(self._watchers.get(ev["brokerName"], ())):
-            bs = self.sm.sets.get(ev["brokerName"])
-            payload = {"index": index, **ev, "masterBrokerId": bs.master_id if bs else None,
-                       "masterAddress": bs.address(bs.master_id) if bs else None,
-                       "masterEpoch": bs.master_epoch if bs else None,
-                       "syncStateSet": sorted(bs.sync_state_set) if bs else [],
-                       "syncStateSetEpoch": bs.sync_state_set_epoch if bs else None}
-            try:
-                q.put_nowait(payload)
-            except asyncio.QueueFull:
-                log.warning("watcher of %s is too slow; dropping an event", ev["brokerName"])
-
-    # ------------------------------------------------------------------ controller-triggered elections
-    async def _scan_inactive_masters(self) -> None:
-        """RocketMQ's scanInactiveMasterAndTriggerReelect, on the leader, from this node's heartbeats."""
-        while True:
-            await asyncio.sleep(self.scan_interval_s)
-            if self.node.role != Role.LEADER:
-                continue
-            self.liveness.expire(self.now_ms() - 60_000)  # forget brokers silent for a minute past timeout
-            for name in self.sm.sets_needing_election(self.liveness.group_by_name, self.now_ms()):
-                bs = self.sm.sets.get(name)
-                if bs is None:
-                    continue
-                try:
-                    res = await self.elect_master(bs.cluster, name, C.CONTROLLER_TRIGGER)
-                    log.info("controller-triggered election in %s: code %d master %s", name, res["code"],
-                             res["header"].get("masterBrokerId"))
-                except Exception as exc:  # keep scanning other sets
-                    log.warning("controller-triggered election in %s failed: %r", name, exc)

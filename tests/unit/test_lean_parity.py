@@ -22,6 +22,7 @@ import pytest
 import uvicorn
 
 from electra.api.app import create_app
+from electra.api.dashboard import DashboardFeed
 from electra.api.http_limits import guarded_protocol
 from electra.api.lean_http import lean_protocol
 from electra.api.lean_path import LeanPath
@@ -267,7 +268,9 @@ async def _exchange(port: int, request: bytes) -> tuple[int, dict[str, str], byt
 
 def _build(tokens: TokenStore | None):
     svc = StandIn()
-    app = create_app(svc)
+    controller = SimpleNamespace(requests=svc, node=svc.node, tier=None, heartbeat_producer=None,
+                                 dashboard=DashboardFeed(svc), watchers=None, elections={})
+    app = create_app(controller)
     app.add_middleware(AuthMiddleware, tokens=tokens, audit=None)
     return svc, app
 
