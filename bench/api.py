@@ -13,6 +13,8 @@ loopback, fsync on in both, and drives each with `wrk` (C, Lua scripts; 64 conne
 TLS is compared fairly: etcd over plaintext against Electra `--insecure` (plaintext, no tokens)
 for the RESULT line; Electra secure (HTTPS and a broker token on every request) is measured too
 and printed on its own line. The Electra leader's CPU over each run gives requests per CPU second.
+Each line also gives the CPU the leader and the three nodes used, and requests per CPU second:
+on a shared machine throughput follows the CPU share each system gets, efficiency does not.
 The machine is shared: run it a few times and read the spread.
 """
 
@@ -208,6 +210,7 @@ def _electra_runs(tmp: Path, duration: float, secure: bool, spread: bool, work: 
         time.sleep(2.0)
         leader_ep = asyncio.run(_seed_electra(endpoints, creds))
         leader_pid = procs[endpoints.index(leader_ep)].pid
+        pids = [p.pid for p in procs]
         scheme = "https" if secure else "http"
         headers = {"Authorization": f"Bearer {creds.token_file('broker').read_text().strip()}"} if secure else {}
         out = {}
@@ -215,9 +218,9 @@ def _electra_runs(tmp: Path, duration: float, secure: bool, spread: bool, work: 
                                      ("spread_read", ELECTRA_READ, endpoints)):
             if key == "spread_read" and not spread:
                 continue
-            cpu0 = process_tree_cpu_s(leader_pid)
+            cpu0, all0 = process_tree_cpu_s(leader_pid), _cpu(pids)
             res = run_wrk([f"{scheme}://{ep}" for ep in targets], script, duration, work, headers)
-            res["leader_cpu_s"] = process_tree_cpu_s(leader_pid) - cpu0
+            res["leader_cpu_s"], res["cluster_cpu_s"] = process_tree_cpu_s(leader_pid) - cpu0, _cpu(pids) - all0
             out[key] = res
         return out
     finally:
@@ -230,23 +233,31 @@ def _etcd_runs(tmp: Path, duration: float, work: Path) -> dict:
         leader = etcd_leader(clients)
         seed_etcd(leader)
         leader_pid = procs[clients.index(leader)].pid
+        pids = [p.pid for p in procs]
         out = {}
         for key, script, targets in (("write", ETCD_WRITE, [leader]), ("read", ETCD_READ, [leader]),
                                      ("spread_read", ETCD_READ, clients)):
-            cpu0 = process_tree_cpu_s(leader_pid)
+            cpu0, all0 = process_tree_cpu_s(leader_pid), _cpu(pids)
             res = run_wrk(targets, script, duration, work, {})
-            res["leader_cpu_s"] = process_tree_cpu_s(leader_pid) - cpu0
+            res["leader_cpu_s"], res["cluster_cpu_s"] = process_tree_cpu_s(leader_pid) - cpu0, _cpu(pids) - all0
             out[key] = res
         return out
     finally:
         stop_processes(procs)
 
 
+def _cpu(pids: list[int]) -> float:
+    return sum(process_tree_cpu_s(p) for p in pids)
+
+
 def _line(system: str, key: str, r: dict, duration: float) -> str:
-    per_cpu = r["rps"] * duration / r["leader_cpu_s"] if r["leader_cpu_s"] > 0 else float("nan")
-    return (f"  {system:<16} {key:<12} {r['rps']:>9,.0f}/s  p99 {r['p99_ms']:7.1f} ms  "
-            f"leader {r['leader_cpu_s'] / duration:4.2f} cores ({per_cpu:,.0f} per CPU-second)  "
-            f"non-2xx {r['non_2xx']}  socket errors {r['socket_errors']}")
+    def per(cpu_s: float) -> str:
+        return f"{r['rps'] * duration / cpu_s:,.0f}" if cpu_s > 0 else "-"
+
+    return (f"  {system:<17} {key:<11} {r['rps']:>7,.0f}/s  p99 {r['p99_ms']:6.1f} ms  "
+            f"leader {r['leader_cpu_s'] / duration:4.2f} cores ({per(r['leader_cpu_s'])}/CPU-s), "
+            f"3 nodes {r['cluster_cpu_s'] / duration:4.2f} cores ({per(r['cluster_cpu_s'])}/CPU-s)  "
+            f"failed {r['non_2xx'] + r['socket_errors']}")
 
 
 def main(argv: list[str]) -> int:
