@@ -38,6 +38,7 @@ class ControllerNode:
     task: asyncio.Task = field(repr=False)
     audit: AuditLog | None = None
     tls_watch: asyncio.Task | None = field(default=None, repr=False)
+    lean: LeanPath | None = field(default=None, repr=False)  # the broker routes' lean path (its stats)
 
     @property
     def tier(self) -> TierUploader | None:
@@ -107,4 +108,4 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
     scheme = "https" if http_ssl else "http"
     log.info("controller node %d: %s://%s:%d", cfg.node_id, scheme, http_host, http_port)
     watch = asyncio.create_task(security.tls.watch()) if security and security.tls else None
-    return ControllerNode(node, controller, server, task, audit, watch)
+    return ControllerNode(node, controller, server, task, audit, watch, lean)
