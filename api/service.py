@@ -1,15 +1,15 @@
-"""The controller service: RocketMQ controller requests on top of one Raft node.
+"""Request handling: RocketMQ controller requests on top of one Raft node (`api.requests.BrokerRequests`).
 
 Requests are handled concurrently (no single-threaded queue): writes build a
 command, carrying this node's liveness view where the outcome depends on it,
-and `propose()` it; the engine batches concurrent proposals. Consistent reads
-(next broker id, replica info) are ReadIndex reads on the leader and bounded-
-staleness follower reads on followers; the admin's sync-state data is a stale
-local read. Without Kafka, heartbeats update this node's liveness table and the leader
-scans for inactive masters every 5 s, as RocketMQ does; with the heartbeat pipeline
-(docs/heartbeat-pipeline.md) heartbeats go to Kafka, the streaming job detects inactive
-masters and proposes elections (`propose_election`), and the liveness table is fed from
-the job's liveness topic.
+and `propose()` it; the engine batches concurrent proposals. A register or election
+that would change nothing is answered from a linearizable read instead (no log entry).
+Consistent reads (next broker id, replica info) are ReadIndex reads on the leader and
+bounded-staleness follower reads on followers; the admin's sync-state data is a stale
+local read. Without Kafka, heartbeats update the node's liveness table; with the heartbeat
+pipeline (docs/heartbeat-pipeline.md) they go to Kafka and the streaming job proposes
+elections (`propose_election`). The other pieces of a node's controller (liveness, watchers,
+the inactive-master scan, the Kafka links) are built beside it by `api/controller.py`.
 """
 
 from __future__ import annotations
