@@ -29,6 +29,13 @@ $(STAMP): pyproject.toml
 	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) ; } || \
 		{ echo "error: the dashboard test needs Chromium (apt-get install chromium)"; exit 1; }
+	@# electra bench api compares with etcd (Debian etcd-server 3.4) under the same load generator (wrk).
+	@command -v etcd >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && apt-get install -y -qq etcd-server >/dev/null) ; } || \
+		{ echo "error: electra bench api needs etcd (apt-get install etcd-server)"; exit 1; }
+	@command -v wrk >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && apt-get install -y -qq wrk >/dev/null) ; } || \
+		{ echo "error: electra bench api needs wrk (apt-get install wrk)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@# A strict editable install: build/__editable__.* is a tree of links to the sources, named as

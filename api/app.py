@@ -23,19 +23,19 @@ from typing import Annotated
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from pydantic import BaseModel, Field
 
-from electra.consensus.errors import FollowerBehind, NotLeader, ProposalTimeout, RaftError, ReadTimeout
+from electra.consensus.errors import RaftError
 from electra.state.codes import Code
 from electra.state.limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID
 from electra.state.liveness import BrokerLiveInfo
 
-from .dashboard import DashboardFeed, dashboard_router
+from .controller import Controller
+from .dashboard import dashboard_router
 from .http_limits import DEFAULT_LIMITS, BodyLimit, HTTPLimits
-from .ingest import handle_heartbeat
-from .service import ControllerService
+from .replies import RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
 
 Name = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.:%\-]+$")]
 BrokerId = Annotated[int, Field(ge=1, le=MAX_BROKER_ID)]
@@ -44,10 +44,6 @@ Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 Epoch = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Millis = Annotated[int, Field(ge=0, le=INT64_MAX)]
-
-_STATUS = {Code.SUCCESS: 200, Code.CONTROLLER_BROKER_METADATA_NOT_EXIST: 404,
-           Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED: 404, Code.CONTROLLER_INVALID_REQUEST: 400,
-           Code.SYSTEM_ERROR: 500}
 
 
 class Heartbeat(BaseModel):
@@ -133,7 +129,7 @@ class _Stream(StreamingResponse):
 class _RaftCollector:
     """Raft role, term, indexes and batching, read from the node at scrape time."""
 
-    def __init__(self, svc: ControllerService) -> None:
+    def __init__(self, svc: Controller) -> None:
         self.svc = svc
 
     def collect(self):
@@ -173,7 +169,10 @@ def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
     return out
 
 
-def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS) -> FastAPI:
+def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
+               metrics: RequestMetrics | None = None) -> FastAPI:
+    """The node's whole API (OpenAPI lists every route); the lean path (api/lean_path.py) serves the hot ones."""
+    svc = controller.requests
     app = FastAPI(title="Electra controller", version="0.1.0",
                   description="RocketMQ 5 controller semantics on a Raft-replicated state machine")
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
@@ -185,58 +184,27 @@ def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS) -> F
         remark = "invalid request: " + "; ".join(f"{e['field']}: {e['problem']}" for e in errors[:3])
         return JSONResponse({"code": int(Code.CONTROLLER_INVALID_REQUEST), "remark": remark, "errors": errors},
                             status_code=422)
-    registry = CollectorRegistry()
-    requests = Counter("electra_requests", "requests by endpoint and RocketMQ code", ["endpoint", "code"],
-                       registry=registry)
-    latency = Histogram("electra_request_seconds", "request latency by endpoint", ["endpoint"], registry=registry,
-                        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5))
-    registry.register(_RaftCollector(svc))
-    tier = getattr(svc, "tier", None)  # electra.tiering: upload lag metrics and GET /v1/admin/history
+    counted = metrics or RequestMetrics()
+    app.state.request_metrics = counted  # shared with the lean path (api/lean_path.py)
+    registry = counted.registry
+    registry.register(_RaftCollector(controller))
+    tier = controller.tier  # electra.tiering: upload lag metrics and GET /v1/admin/history
     if tier is not None:
         from electra.tiering.api import history_router
 
         registry.register(tier.collector())
         app.include_router(history_router(tier.cfg.uri, tier.cfg.storage_options))
 
-    svc.dashboard = DashboardFeed(svc)  # GET /dashboard, its SSE stream and broker set pages (read-only)
-    app.include_router(dashboard_router(svc.dashboard))
-
-    def reply(endpoint: str, res: dict, t0: float) -> JSONResponse:
-        code = res["code"]
-        requests.labels(endpoint, str(code)).inc()
-        latency.labels(endpoint).observe(time.perf_counter() - t0)
-        status = _STATUS.get(code, 409 if code >= 2000 else 500)
-        return JSONResponse(res, status_code=status)
+    app.include_router(dashboard_router(controller.dashboard))  # read-only pages and their SSE stream
 
     async def run(endpoint: str, request: Request, coro) -> JSONResponse:
         t0 = time.perf_counter()
         try:
-            res = await coro
-        except NotLeader as exc:
-            addr = exc.leader_addr or svc.leader_address()
-            body = {"code": int(Code.CONTROLLER_NOT_LEADER), "remark": "The controller is not in leader state",
-                    "leader": exc.leader_id or None, "leaderAddress": addr}
-            requests.labels(endpoint, str(int(Code.CONTROLLER_NOT_LEADER))).inc()
-            if addr:
-                loc = (f"{request.url.scheme}://{addr}{request.url.path}"  # https stays https
-                       + (f"?{request.url.query}" if request.url.query else ""))
-                return JSONResponse(body, status_code=307, headers={"Location": loc})
-            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
-        except (FollowerBehind, ReadTimeout) as exc:
-            requests.labels(endpoint, str(int(Code.CONTROLLER_NOT_LEADER))).inc()
-            return JSONResponse({"code": int(Code.CONTROLLER_NOT_LEADER), "remark": str(exc),
-                                 "leader": getattr(exc, "leader_id", None) or None,
-                                 "leaderAddress": svc.leader_address()},
-                                status_code=503, headers={"Retry-After": "1"})
-        except ProposalTimeout as exc:
-            requests.labels(endpoint, str(int(Code.SYSTEM_ERROR))).inc()
-            return JSONResponse({"code": int(Code.SYSTEM_ERROR), "remark": f"outcome unknown: {exc}"},
-                                status_code=504)
+            reply = answered(counted, endpoint, await coro, t0)
         except RaftError as exc:
-            requests.labels(endpoint, str(int(Code.SYSTEM_ERROR))).inc()
-            return JSONResponse({"code": int(Code.SYSTEM_ERROR), "remark": f"{type(exc).__name__}: {exc}"},
-                                status_code=503, headers={"Retry-After": "1"})
-        return reply(endpoint, res, t0)
+            reply = refused(counted, endpoint, exc, svc.leader_address(),
+                            request_url_on(request.url.scheme, request.url.path, request.url.query))
+        return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers or None)
 
     async def done(value):
         return value
@@ -245,11 +213,11 @@ def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS) -> F
     @app.post("/v1/heartbeat", tags=["broker"])
     async def heartbeat(hb: Heartbeat, request: Request):
         """With the heartbeat pipeline on, the heartbeat goes to Kafka (503 + Retry-After if unreachable)."""
-        if svc.heartbeat_producer is not None:
-            status, body = handle_heartbeat(svc.heartbeat_producer, hb.model_dump_json().encode(), svc.now_ms())
-            requests.labels("heartbeat", "0" if status == 200 else str(status)).inc()
-            return Response(body, status_code=status, media_type="application/json",
-                            headers={"Retry-After": "1"} if status == 503 else None)
+        if controller.heartbeat_producer is not None:
+            reply = pipeline_heartbeat(counted, controller.heartbeat_producer, hb.model_dump_json().encode(),
+                                       svc.now_ms())
+            return Response(reply.body, status_code=reply.status, media_type="application/json",
+                            headers=reply.headers or None)
         return await run("heartbeat", request, done(svc.heartbeat(
             hb.clusterName, hb.brokerName, hb.brokerId, hb.brokerAddr, epoch=hb.epoch, max_offset=hb.maxOffset,
             confirm_offset=hb.confirmOffset, timeout_ms=hb.heartbeatTimeoutMillis, priority=hb.electionPriority)))
@@ -291,12 +259,12 @@ def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS) -> F
                                  "remark": f"this node serves at most {limits.max_watchers} watchers"},
                                 status_code=503, headers={"Retry-After": "5"})
         watchers += 1
-        q = svc.subscribe(name)
+        q = controller.watchers.subscribe(name)
 
         def release() -> None:
             nonlocal watchers
             watchers -= 1
-            svc.unsubscribe(name, q)
+            controller.watchers.unsubscribe(name, q)
 
         async def stream():
             yield ": watching " + name + "\n\n"
@@ -347,14 +315,14 @@ def create_app(svc: ControllerService, limits: HTTPLimits = DEFAULT_LIMITS) -> F
 
     @app.get("/v1/admin/metadata", tags=["admin"])
     async def metadata():
-        return svc.metadata()
+        return controller.metadata()
 
     # ------------------------------------------------------------------ operations
     @app.get("/healthz", tags=["ops"])
     async def healthz():
         """503 when this node is stopped, its Raft ticks stalled, or no leader was known for an election timeout."""
-        st = svc.node.status()
-        ok, reason = svc.node.health()
+        st = controller.node.status()
+        ok, reason = controller.node.health()
         return JSONResponse({"ok": ok, "reason": reason, "role": st["role"], "leader_id": st["leader_id"]},
                             status_code=200 if ok else 503)
 

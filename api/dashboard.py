@@ -47,7 +47,7 @@ from electra.security.credentials import ClientCredentials
 from .topic_stats import TopicStats
 
 if TYPE_CHECKING:
-    from .service import ControllerService
+    from .controller import Controller
 
 log = logging.getLogger("electra.api.dashboard")
 
@@ -58,7 +58,7 @@ REPLAYED_AFTER_MS = 60_000  # an election older than this when applied here is l
 class DashboardFeed:
     """Builds the dashboard frame once per `interval_s` while viewers are connected; shares it."""
 
-    def __init__(self, svc: ControllerService, *, interval_s: float = 1.0, failovers_kept: int = 200,
+    def __init__(self, svc: Controller, *, interval_s: float = 1.0, failovers_kept: int = 200,
                  samples_kept: int = 300, clock: Callable[[], float] = time.time) -> None:
         self.svc = svc
         self.interval_s = interval_s

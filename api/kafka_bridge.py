@@ -24,6 +24,7 @@ import asyncio
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
@@ -34,13 +35,14 @@ from electra.state.liveness import BrokerLiveInfo
 from electra.streaming import records
 from electra.streaming.kafka_io import end_offsets, ensure_topics, last_record, topic_partitions
 
-from .service import ControllerService
+if TYPE_CHECKING:
+    from .controller import Controller
 
 log = logging.getLogger("electra.api.kafka")
 
 
 class EventsPublisher:
-    def __init__(self, svc: ControllerService, bootstrap: str, topics: records.Topics, *,
+    def __init__(self, svc: Controller, bootstrap: str, topics: records.Topics, *,
                  batch: int = 5000, hwm_fix: bool = True) -> None:
         self.svc = svc
         self.bootstrap = bootstrap
@@ -155,7 +157,7 @@ class EventsPublisher:
 class LivenessConsumer:
     """Follows the liveness topic in a thread and applies its records on the event loop."""
 
-    def __init__(self, svc: ControllerService, bootstrap: str, topic: str = records.LIVENESS, *,
+    def __init__(self, svc: Controller, bootstrap: str, topic: str = records.LIVENESS, *,
                  replay_s: float = 120.0, reset_check_s: float = 3.0, hwm_fix: bool = True) -> None:
         self.svc = svc
         self.bootstrap = bootstrap

@@ -16,10 +16,10 @@ from electra.state.machine import ControllerStateMachine
 from electra.streaming.records import Topics
 
 from .app import create_app
-from .http_limits import DEFAULT_LIMITS, HTTPLimits, guarded_protocol
-from .ingest import HeartbeatProducer
-from .kafka_bridge import EventsPublisher, LivenessConsumer
-from .service import ControllerService
+from .controller import Controller, ControllerConfig
+from .http_limits import DEFAULT_LIMITS, HTTPLimits
+from .lean_http import lean_protocol
+from .lean_path import LeanPath
 
 log = logging.getLogger("electra.api.server")
 
@@ -30,30 +30,25 @@ if TYPE_CHECKING:
 
 @dataclass
 class ControllerNode:
-    """A running controller node; `stop()` shuts the HTTP server, the service and Raft down in order."""
+    """A running controller node; `stop()` shuts the HTTP server, the controller and Raft down in order."""
 
     node: RaftNode
-    service: ControllerService
+    service: Controller  # every piece of the node's controller (api/controller.py)
     server: uvicorn.Server
     task: asyncio.Task = field(repr=False)
-    tier: TierUploader | None = None
     audit: AuditLog | None = None
     tls_watch: asyncio.Task | None = field(default=None, repr=False)
+    lean: LeanPath | None = field(default=None, repr=False)  # the broker routes' lean path (its stats)
+
+    @property
+    def tier(self) -> TierUploader | None:
+        return self.service.tier
 
     async def stop(self) -> None:
         self.server.should_exit = True
         await asyncio.gather(self.task, return_exceptions=True)
         if self.tls_watch is not None:
             self.tls_watch.cancel()
-        if self.tier is not None:
-            await self.tier.stop()
-        svc = self.service
-        if svc.events_publisher is not None:
-            await svc.events_publisher.stop()
-        if svc.liveness_consumer is not None:
-            await svc.liveness_consumer.stop()
-        if svc.heartbeat_producer is not None:
-            await asyncio.to_thread(svc.heartbeat_producer.close)
         await self.service.stop()
         await self.node.stop()
         if self.audit is not None:
@@ -83,27 +78,19 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
     sm = ControllerStateMachine()
     node = RaftNode(cfg, sm)
     await node.start()
-    service = ControllerService(node, sm, http_peers=http_peers, unclean_election=unclean_election,
-                                scan_interval_s=scan_interval_s)
-    if kafka_bootstrap:
-        topics = topics or Topics()
-        service.heartbeat_producer = HeartbeatProducer(kafka_bootstrap, topics.heartbeats).start()
-        service.events_publisher = EventsPublisher(service, kafka_bootstrap, topics)
-        service.events_publisher.start()
-        service.liveness_consumer = LivenessConsumer(service, kafka_bootstrap, topics.liveness)
-        service.liveness_consumer.start()
-    service.start()
-    if tier is not None:
-        from electra.tiering.uploader import TierUploader
-
-        service.tier = TierUploader(node, sm, service.journal, tier)
-        service.tier.start()
-    app = create_app(service, http_limits)
+    controller = Controller(node, sm, ControllerConfig(
+        http_peers=http_peers, unclean_election=unclean_election, scan_interval_s=scan_interval_s,
+        kafka_bootstrap=kafka_bootstrap, topics=topics or Topics(), tier=tier))
+    controller.start()
+    app = create_app(controller, http_limits)
     audit = AuditLog(cfg.data_dir / "audit.log")
-    app.add_middleware(AuthMiddleware, tokens=security.tokens if security else None, audit=audit)
+    tokens = security.tokens if security else None
+    app.add_middleware(AuthMiddleware, tokens=tokens, audit=audit)
+    # The broker routes' lean path shares the port with the FastAPI app (api/lean_http.py).
+    lean = LeanPath(controller.requests, app.state.request_metrics, tokens, controller.heartbeat_producer)
     http_ssl = security.tls.http_server_context() if security and security.tls else None
     config = uvicorn.Config(app, host=http_host, port=http_port, log_level="warning", lifespan="off",
-                            access_log=False, http=guarded_protocol(http_limits),
+                            access_log=False, http=lean_protocol(lean, http_limits),
                             timeout_keep_alive=http_limits.idle_timeout_s,
                             ssl_context_factory=(lambda _cfg, _default: http_ssl) if http_ssl else None)
     server = uvicorn.Server(config)
@@ -114,12 +101,11 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
             break
         await asyncio.sleep(0.01)
     if task.done():
-        if tier is not None:
-            await service.tier.stop()
+        await controller.stop()
         await node.stop()
         audit.close()
         raise RuntimeError(f"HTTP server on {http_host}:{http_port} failed to start: {task.exception()!r}")
     scheme = "https" if http_ssl else "http"
     log.info("controller node %d: %s://%s:%d", cfg.node_id, scheme, http_host, http_port)
     watch = asyncio.create_task(security.tls.watch()) if security and security.tls else None
-    return ControllerNode(node, service, server, task, getattr(service, "tier", None), audit, watch)
+    return ControllerNode(node, controller, server, task, audit, watch, lean)

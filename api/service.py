@@ -1,81 +1,64 @@
-"""The controller service: RocketMQ controller requests on top of one Raft node.
+"""Request handling: RocketMQ controller requests on top of one Raft node (`api.requests.BrokerRequests`).
 
 Requests are handled concurrently (no single-threaded queue): writes build a
 command, carrying this node's liveness view where the outcome depends on it,
-and `propose()` it; the engine batches concurrent proposals. Consistent reads
-(next broker id, replica info) are ReadIndex reads on the leader and bounded-
-staleness follower reads on followers; the admin's sync-state data is a stale
-local read. Without Kafka, heartbeats update this node's liveness table and the leader
-scans for inactive masters every 5 s, as RocketMQ does; with the heartbeat pipeline
-(docs/heartbeat-pipeline.md) heartbeats go to Kafka, the streaming job detects inactive
-masters and proposes elections (`propose_election`), and the liveness table is fed from
-the job's liveness topic.
+and `propose()` it; the engine batches concurrent proposals. A register or election
+that would change nothing is answered from a linearizable read instead (no log entry).
+Consistent reads (next broker id, replica info) are ReadIndex reads on the leader and
+bounded-staleness follower reads on followers; the admin's sync-state data is a stale
+local read. Without Kafka, heartbeats update the node's liveness table; with the heartbeat
+pipeline (docs/heartbeat-pipeline.md) they go to Kafka and the streaming job proposes
+elections (`propose_election`). The other pieces of a node's controller (liveness, watchers,
+the inactive-master scan, the Kafka links) are built beside it by `api/controller.py`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from electra.consensus.core import Role
 from electra.consensus.errors import NotLeader
 from electra.consensus.node import RaftNode
 from electra.state import commands as C
 from electra.state.codes import Code
-from electra.state.journal import EventJournal, entry_for
 from electra.state.liveness import BrokerLiveInfo, LivenessTable
 from electra.state.machine import ControllerStateMachine
-from electra.state.results import Event, Result
-from electra.state.views import NO_SET_ROLE_FIELDS
+from electra.state.results import Result
+
+if TYPE_CHECKING:
+    from .controller import ControllerConfig
+    from .ingest import HeartbeatProducer
 
 log = logging.getLogger("electra.api.service")
 
 
 class ControllerService:
-    def __init__(self, node: RaftNode, sm: ControllerStateMachine, *, http_peers: dict[int, str] | None = None,
-                 unclean_election: bool = False, scan_interval_s: float = 5.0,
-                 clock: Callable[[], float] = time.time) -> None:
+    """Request handling (`api.requests.BrokerRequests`): RocketMQ's requests on one node's Raft engine.
+
+    It owns no background work: liveness is the table it is given (fed by its heartbeats or the
+    Kafka liveness consumer), watchers and the inactive-master scan are their own pieces
+    (`api/watchers.py`, `api/inactive_scan.py`), and `api.controller.Controller` builds them all.
+    """
+
+    def __init__(self, node: RaftNode, sm: ControllerStateMachine, liveness: LivenessTable, cfg: ControllerConfig,
+                 heartbeat_producer: HeartbeatProducer | None = None) -> None:
         self.node = node
         self.sm = sm
-        self.liveness = LivenessTable()
-        self.http_peers = http_peers or {}
-        self.unclean = unclean_election
-        self.scan_interval_s = scan_interval_s
-        self.clock = clock
-        self._watchers: dict[str, set[asyncio.Queue]] = {}
-        self._scan_task: asyncio.Task | None = None
-        # Set by the server when the heartbeat pipeline (Kafka) is configured.
-        self.heartbeat_producer = None  # api.ingest.HeartbeatProducer for this node's own /v1/heartbeat
-        self.events_publisher = None  # api.kafka_bridge.EventsPublisher
-        self.liveness_consumer = None  # api.kafka_bridge.LivenessConsumer
+        self.liveness = liveness
+        self.http_peers = cfg.http_peers
+        self.unclean = cfg.unclean_election
+        self.clock = cfg.clock
+        self.heartbeat_producer = heartbeat_producer  # with the Kafka pipeline: this node's /v1/heartbeat goes there
         self.elections = {"success": 0, "failed": 0, "still_exist": 0, "fenced": 0}
         self.heartbeats_received = 0  # heartbeats this node's liveness table took (no Kafka pipeline)
-        self.dashboard = None  # api.dashboard.DashboardFeed, set by the app
-        # Applied events by Raft index, for the leader's publishers (Kafka events topic, Delta).
-        self.journal = EventJournal(floor=sm.applied)
-        sm.on_event(self._on_event)
-        sm.on_restore(self.journal.reset)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
 
     def leader_address(self) -> str | None:
         return self.http_peers.get(self.node.leader_id)
-
-    # ------------------------------------------------------------------ lifecycle
-    def start(self) -> None:
-        if self.scan_interval_s > 0:  # off when the streaming job detects inactive masters
-            self._scan_task = asyncio.create_task(self._scan_inactive_masters())
-
-    async def stop(self) -> None:
-        if self.dashboard is not None:
-            await self.dashboard.stop()
-        if self._scan_task:
-            self._scan_task.cancel()
-            await asyncio.gather(self._scan_task, return_exceptions=True)
 
     # ------------------------------------------------------------------ requests
     def heartbeat(self, cluster: str, name: str, broker_id: int, addr: str, *, epoch: int = -1,
@@ -109,14 +92,35 @@ class ControllerService:
     async def apply_broker_id(self, cluster: str, name: str, broker_id: int, check_code: str) -> dict:
         return await self._write(C.apply_broker_id(cluster, name, broker_id, check_code, self.now_ms()))
 
+    async def _write_if_it_changes(self, cmd: bytes) -> dict:
+        """Propose `cmd` unless applying it would change nothing: then answer it from a linearizable read.
+
+        This node's applied state picks the path (a hint): a command that changes it goes
+        straight to the log (applied later it may change nothing: a harmless no-op entry); one
+        that changes nothing here is re-checked at a ReadIndex, which sees every write committed
+        before the request arrived, and proposed only if the state moved on meanwhile.
+        """
+        if self.node.role != Role.LEADER:
+            raise NotLeader(self.node.leader_id, self.leader_address())
+        if self.sm.answer_without_write(cmd) is not None:
+            res = await self.node.read(lambda sm: sm.answer_without_write(cmd), mode="linearizable")
+            if res is not None:
+                return res.to_response()
+        return await self._write(cmd)
+
     async def register_broker(self, cluster: str, name: str, broker_id: int, addr: str) -> dict:
-        return await self._write(C.register_broker(cluster, name, broker_id, addr, self.now_ms(),
-                                                   self.liveness.group(cluster, name)))
+        """RocketMQ writes only when the address changes; an unchanged one is answered by a read."""
+        cmd = C.register_broker(cluster, name, broker_id, addr, self.now_ms(), self.liveness.group(cluster, name))
+        bs = self.sm.sets.get(name)
+        if bs is not None and broker_id in bs.brokers and bs.address(broker_id) != addr:
+            return await self._write(cmd)  # a new address: no need to try it against the state first
+        return await self._write_if_it_changes(cmd)
 
     async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False) -> dict:
+        """An election that would change nothing (master still alive: 2011, or refused) is answered by a read."""
         live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
-        res = await self._write(C.elect_master(cluster, name, broker_id, self.now_ms(), live,
-                                               designate=designate, unclean=self.unclean))
+        res = await self._write_if_it_changes(C.elect_master(cluster, name, broker_id, self.now_ms(), live,
+                                                             designate=designate, unclean=self.unclean))
         self._count_election(res)
         return res
 
@@ -149,63 +153,3 @@ class ControllerService:
                                 clean_living: bool) -> dict:
         live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
         return await self._write(C.clean_broker_data(cluster, name, ids, clean_living, self.now_ms(), live))
-
-    def pipeline_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.events_publisher is not None:
-            out["events_published_index"] = self.events_publisher.published_index
-            out["events"] = dict(self.events_publisher.stats)
-        if self.liveness_consumer is not None:
-            out["liveness"] = dict(self.liveness_consumer.stats)
-        if self.heartbeat_producer is not None:
-            out["heartbeats"] = dict(self.heartbeat_producer.stats)
-        return out
-
-    def metadata(self) -> dict[str, Any]:
-        st = self.node.status()
-        return {**st, "leader_address": self.leader_address(), "pipeline": self.pipeline_status(),
-                "http_peers": {str(k): v for k, v in sorted(self.http_peers.items())},
-                "is_leader": self.node.role == Role.LEADER, "broker_sets": len(self.sm.sets),
-                "live_brokers": len(self.liveness)}
-
-    # ------------------------------------------------------------------ watch (NOTIFY_BROKER_ROLE_CHANGED)
-    def subscribe(self, name: str) -> asyncio.Queue:
-        q: asyncio.Queue = asyncio.Queue(maxsize=1000)
-        self._watchers.setdefault(name, set()).add(q)
-        return q
-
-    def unsubscribe(self, name: str, q: asyncio.Queue) -> None:
-        self._watchers.get(name, set()).discard(q)
-
-    def _on_event(self, index: int, ev: Event) -> None:
-        term = self.node.core.term_at(index) if self.node.core else None
-        entry = entry_for(self.sm, index, term or 0, ev)
-        self.journal.append(entry)
-        if ev.get("type") not in ("ElectMaster", "AlterSyncStateSet"):
-            return
-        role = entry.state.role_fields() if entry.state is not None else NO_SET_ROLE_FIELDS
-        for q in list(self._watchers.get(ev["brokerName"], ())):
-            payload = {"index": index, **ev, **role}
-            try:
-                q.put_nowait(payload)
-            except asyncio.QueueFull:
-                log.warning("watcher of %s is too slow; dropping an event", ev["brokerName"])
-
-    # ------------------------------------------------------------------ controller-triggered elections
-    async def _scan_inactive_masters(self) -> None:
-        """RocketMQ's scanInactiveMasterAndTriggerReelect, on the leader, from this node's heartbeats."""
-        while True:
-            await asyncio.sleep(self.scan_interval_s)
-            if self.node.role != Role.LEADER:
-                continue
-            self.liveness.expire(self.now_ms() - 60_000)  # forget brokers silent for a minute past timeout
-            for name in self.sm.sets_needing_election(self.liveness.group_by_name, self.now_ms()):
-                bs = self.sm.sets.get(name)
-                if bs is None:
-                    continue
-                try:
-                    res = await self.elect_master(bs.cluster, name, C.CONTROLLER_TRIGGER)
-                    log.info("controller-triggered election in %s: code %d master %s", name, res["code"],
-                             res["header"].get("masterBrokerId"))
-                except Exception as exc:  # keep scanning other sets
-                    log.warning("controller-triggered election in %s failed: %r", name, exc)

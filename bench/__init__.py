@@ -20,6 +20,7 @@ BENCHMARKS = {
     "tier": "electra.bench.tier",
     "flood": "electra.bench.flood",
     "dashboard": "electra.bench.dashboard",
+    "api": "electra.bench.api",
 }
 
 

@@ -225,7 +225,9 @@ def _serve_until_signal(start) -> int:
         await stop_fn()
 
     try:
-        asyncio.run(main())
+        import uvloop  # the node's event loop in C: sockets, timers and callbacks (HTTP, Raft peers)
+
+        uvloop.run(main())
     except Exception as exc:  # startup errors (corrupt log, port in use) get one clear line
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -13,12 +13,13 @@ from urllib.parse import parse_qs
 
 from . import dashboard_login
 from .audit import AuditLog
-from .auth import ANONYMOUS, AuthError, Principal, TokenStore, authorize, rule_for
+from .auth import ANONYMOUS, AuthError, Principal, Rule, TokenStore, authorize, rule_for
 
 MAX_SCOPED_BODY = 1 << 20  # bodies read here to check a broker's scope (larger ones are refused)
 
 
-def _error(err: AuthError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+def error_reply(err: AuthError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The 401/403 answer: status, headers and body."""
     body = json.dumps(err.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in err.headers().items()]
@@ -58,20 +59,12 @@ class AuthMiddleware:
                 scope.setdefault("state", {})["signed_in_by_cookie"] = True
             else:
                 principal = self.tokens.authenticate(auth)
-            cluster = None
-            if principal.role == "broker":
-                query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-                cluster = query.get("cluster", [None])[0]
-                authorize(principal, rule, cluster=cluster)  # role and path scope before reading a body
-                if method in ("POST", "PUT", "PATCH"):
-                    body, receive = await _buffer(receive)
-                    fields = _json_fields(body)
-                    authorize(principal, rule, cluster=fields.get("clusterName", cluster),
-                              broker_set=fields.get("brokerName", rule.broker_set))
-            else:
-                authorize(principal, rule)
+            cluster = authorize_path(principal, rule, scope.get("query_string", b""))  # before reading a body
+            if principal.role == "broker" and method in ("POST", "PUT", "PATCH"):
+                body, receive = await _buffer(receive)
+                authorize_body(principal, rule, cluster, body)
         except AuthError as err:
-            status, headers, body = _error(err)
+            status, headers, body = error_reply(err)
             if rule.audited and self.audit is not None:
                 self._audit(scope, principal, rule.action, status, int(err.body()["code"]), err.remark)
             await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -150,9 +143,31 @@ def _json_fields(body: bytes) -> dict:
     return {k: v for k, v in data.items() if isinstance(v, str | int)} if isinstance(data, dict) else {}
 
 
+def authorize_path(principal: Principal, rule: Rule, query_string: bytes) -> str | None:
+    """Role, and for brokers the path's set and the query's `cluster`; returns that cluster (None if absent).
+
+    With `authorize_body`, the checks of the node API for every route but the dashboard's cookie
+    sign-in, shared by the ASGI middleware and the lean broker path (api/lean_path.py).
+    """
+    if principal.role != "broker":
+        authorize(principal, rule)
+        return None
+    cluster = parse_qs(query_string.decode("latin-1")).get("cluster", [None])[0] if query_string else None
+    authorize(principal, rule, cluster=cluster)
+    return cluster
+
+
+def authorize_body(principal: Principal, rule: Rule, cluster: str | None, body: bytes) -> None:
+    """A broker's scope against the body's `clusterName` and `brokerName` (a request body of a write)."""
+    if principal.role == "broker":
+        fields = _json_fields(body)
+        authorize(principal, rule, cluster=fields.get("clusterName", cluster),
+                  broker_set=fields.get("brokerName", rule.broker_set))
+
+
 def check_request(tokens: TokenStore | None, method: str, path: str, authorization: str | None,
                   body: bytes = b"") -> Principal:
-    """The same checks for servers without ASGI (the ingest server): the caller's principal or AuthError."""
+    """The checks for the ingest server (no query): the caller's principal or AuthError."""
     rule = rule_for(method, path)
     if rule.public or tokens is None:
         return ANONYMOUS

@@ -314,6 +314,34 @@ class ControllerStateMachine:
             del self.sets[name]  # never half a set: RocketMQ could drop one of its two tables only
         return CleanBrokerDataResult(code=Code.SUCCESS, events=(CleanBrokerDataEvent(name, sorted(ids), fenced_epoch),))
 
+    # ------------------------------------------------------------------ writes that change nothing
+    def answer_without_write(self, data: bytes) -> WriteResult | None:
+        """The answer of a RegisterBroker or ElectMaster command if applying it would change nothing, else None.
+
+        Run under a linearizable read, this answers the request as applying it at that read's
+        index would, without a log entry: RocketMQ writes a RegisterBroker only when the address
+        changes, and an ElectMaster whose master is still alive (2011) or that is refused changes
+        nothing either. The command runs against a copy of its broker set, so nothing here can
+        change the replicated state; an outcome with events (a change) returns None: propose it.
+        """
+        cmd = C.decode(data)
+        if not isinstance(cmd, C.RegisterBroker | C.ElectMaster):
+            return None
+        name = cmd.name
+        real = self.sets.get(name)
+        if real is not None:
+            self.sets[name] = BrokerSet(real.cluster, real.name, real.next_broker_id, dict(real.brokers),
+                                        real.master_id, real.master_epoch, set(real.sync_state_set),
+                                        real.sync_state_set_epoch)
+        try:
+            res = _HANDLERS[type(cmd)](self, cmd)
+        finally:
+            if real is not None:
+                self.sets[name] = real
+            else:
+                self.sets.pop(name, None)
+        return None if res.events else res
+
     # ------------------------------------------------------------------ reads
     def get_next_broker_id(self, cluster: str, name: str) -> NextBrokerIdResult:
         bs = self.sets.get(name)

@@ -56,7 +56,7 @@ class Fleet:
     async def drive(self) -> None:
         """Register 3 replicas per set, elect, then fail masters over (set i loses its master i+1 times);
         in the last set every replica dies once, so an election finds no master before one comes back."""
-        svc = (await self.leader()).service
+        svc = (await self.leader()).service.requests
         for name in SETS:
             for b in (1, 2, 3):
                 await svc.apply_broker_id("c1", name, b, f"10.0.0.{b}:10911;{b}")

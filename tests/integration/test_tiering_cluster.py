@@ -69,7 +69,7 @@ class Cluster:
         k = start
         while k < start + n:
             ld = await self.leader()
-            svc = ld.service
+            svc = ld.service.requests
             name = f"bs{k % 4}"
             try:
                 bs = ld.service.sm.sets.get(name)

@@ -273,3 +273,28 @@ def test_random_request_sequences_keep_the_invariants(reqs):
     a.snapshot(sa)
     b.snapshot(sb)
     assert sa.getvalue() == sb.getvalue()
+
+
+def test_answer_without_write_answers_as_apply_would_and_changes_nothing():
+    c = Controller()
+    c.register("b", 3)
+    c(C.elect_master("c", "b", 1, NOW, live(1, 2, 3)))
+    assert c(C.alter_sync_state_set("b", 1, 1, [1, 2], 1, NOW, live(1, 2, 3))).code == Code.SUCCESS
+    before = io.BytesIO()
+    c.sm.snapshot(before)
+    same = C.register_broker("c", "b", 2, "10.0.0.2:10911", NOW, live(1, 2, 3))
+    still = C.elect_master("c", "b", 2, NOW, live(1, 2, 3))
+    unknown = C.register_broker("c", "nope", 1, "x", NOW, {})
+    changes = [C.register_broker("c", "b", 2, "moved:1", NOW, live(1, 2, 3)),  # a new address
+               C.elect_master("c", "b", 2, NOW, live(2, 3, dead=(1,))),  # the master is dead: a new one
+               C.elect_master("c", "b", C.CONTROLLER_TRIGGER, NOW, live(dead=(1, 2, 3))),  # a failed one, recorded
+               C.apply_broker_id("c", "b", 4, "d;4")]  # not a command this answers
+    answers = [c.sm.answer_without_write(cmd) for cmd in (same, still, unknown)]
+    assert [c.sm.answer_without_write(cmd) for cmd in changes] == [None] * len(changes)
+    after = io.BytesIO()
+    c.sm.snapshot(after)
+    assert after.getvalue() == before.getvalue() and "nope" not in c.sm.sets
+    assert answers[1] is not None and answers[1].code == Code.CONTROLLER_MASTER_STILL_EXIST
+    events = len(c.events)
+    assert answers == [c(cmd) for cmd in (same, still, unknown)]  # what applying them answers
+    assert len(c.events) == events  # and applying them changes nothing either

@@ -1,0 +1,96 @@
+"""From a request's outcome to its HTTP answer, in one place for both front ends (FastAPI and the lean path).
+
+An outcome is either RocketMQ's response dict (status from its code) or an engine error:
+`NotLeader` becomes a 307 to the leader's API (or a 503 when no leader is known),
+`FollowerBehind`/`ReadTimeout` a 503, `ProposalTimeout` a 504 (outcome unknown), any other
+`RaftError` a 503. Every answer is counted in the same Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from electra.consensus.errors import FollowerBehind, NotLeader, ProposalTimeout, RaftError, ReadTimeout
+from electra.state.codes import Code
+
+_STATUS = {Code.SUCCESS: 200, Code.CONTROLLER_BROKER_METADATA_NOT_EXIST: 404,
+           Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED: 404, Code.CONTROLLER_INVALID_REQUEST: 400,
+           Code.SYSTEM_ERROR: 500}
+_NOT_LEADER = int(Code.CONTROLLER_NOT_LEADER)
+
+
+def status_of(code: int) -> int:
+    """The HTTP status that says what a RocketMQ response code says."""
+    return _STATUS.get(code, 409 if code >= 2000 else 500)
+
+
+@dataclass
+class Reply:
+    status: int
+    body: dict | bytes  # bytes: already JSON
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class RequestMetrics:
+    """Requests by endpoint and RocketMQ code, and latency by endpoint (`/metrics`)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter("electra_requests", "requests by endpoint and RocketMQ code", ["endpoint", "code"],
+                                registry=self.registry)
+        self.latency = Histogram("electra_request_seconds", "request latency by endpoint", ["endpoint"],
+                                 registry=self.registry,
+                                 buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5))
+
+    def count(self, endpoint: str, code: int | str) -> None:
+        self.requests.labels(endpoint, str(code)).inc()
+
+
+def answered(metrics: RequestMetrics, endpoint: str, res: dict, t0: float) -> Reply:
+    """A request the controller answered (any RocketMQ code)."""
+    code = res["code"]
+    metrics.count(endpoint, code)
+    metrics.latency.labels(endpoint).observe(time.perf_counter() - t0)
+    return Reply(status_of(code), res)
+
+
+def refused(metrics: RequestMetrics, endpoint: str, exc: RaftError, leader_address: str | None,
+            url_on: Callable[[str], str]) -> Reply:
+    """A request this node could not serve; `url_on(addr)` is this request's URL on another node (redirects)."""
+    if isinstance(exc, NotLeader):
+        addr = exc.leader_addr or leader_address
+        body = {"code": _NOT_LEADER, "remark": "The controller is not in leader state",
+                "leader": exc.leader_id or None, "leaderAddress": addr}
+        metrics.count(endpoint, _NOT_LEADER)
+        if addr:
+            return Reply(307, body, {"location": url_on(addr)})
+        return Reply(503, body, {"retry-after": "1"})
+    if isinstance(exc, FollowerBehind | ReadTimeout):
+        metrics.count(endpoint, _NOT_LEADER)
+        return Reply(503, {"code": _NOT_LEADER, "remark": str(exc),
+                           "leader": getattr(exc, "leader_id", None) or None, "leaderAddress": leader_address},
+                     {"retry-after": "1"})
+    metrics.count(endpoint, int(Code.SYSTEM_ERROR))
+    if isinstance(exc, ProposalTimeout):
+        return Reply(504, {"code": int(Code.SYSTEM_ERROR), "remark": f"outcome unknown: {exc}"})
+    return Reply(503, {"code": int(Code.SYSTEM_ERROR), "remark": f"{type(exc).__name__}: {exc}"},
+                 {"retry-after": "1"})
+
+
+def request_url_on(scheme: str, path: str, query: str) -> Callable[[str], str]:
+    """This request's URL on the node at `addr` (https stays https)."""
+    tail = path + (f"?{query}" if query else "")
+    return lambda addr: f"{scheme}://{addr}{tail}"
+
+
+def pipeline_heartbeat(metrics: RequestMetrics, producer, heartbeat_json: bytes, now_ms: int) -> Reply:
+    """A validated heartbeat sent on to Kafka (the heartbeat pipeline): 200, or 503 while Kafka is unreachable."""
+    from .ingest import handle_heartbeat
+
+    status, body = handle_heartbeat(producer, heartbeat_json, now_ms)
+    metrics.count("heartbeat", "0" if status == 200 else str(status))
+    return Reply(status, body, {"retry-after": "1"} if status == 503 else {})

@@ -1,0 +1,355 @@
+"""The lean broker path and the FastAPI application answer every request alike (api/lean_path.py).
+
+Two real uvicorn servers on loopback serve the same FastAPI application (auth middleware and
+body limit included) in front of the same request handler: one with the node's protocol
+(lean path first, `api/lean_http.py`), one with the plain guarded protocol (FastAPI only).
+Each row of one table is sent to both as raw HTTP bytes; status, body, the headers that matter
+and the handler calls made must be identical, and the row says which path must have served it
+on the lean server (valid requests: the lean path; anything FastAPI would refuse or coerce: the
+application). The request handler is a stand-in whose answers are picked by the broker set
+name, so that every engine error (not leader, follower behind, timeouts) is reachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+import uvicorn
+
+from electra.api.app import create_app
+from electra.api.dashboard import DashboardFeed
+from electra.api.http_limits import guarded_protocol
+from electra.api.lean_http import lean_protocol
+from electra.api.lean_path import LeanPath
+from electra.consensus.errors import FollowerBehind, NodeStopped, NotLeader, ProposalTimeout, ReadTimeout
+from electra.security.auth import TokenStore, create_token
+from electra.security.http_auth import AuthMiddleware
+
+HEADERS_THAT_MATTER = ("content-type", "location", "retry-after", "www-authenticate", "connection")
+ODD = "ü\u2028\"\\\x01\x7f</script>😀"  # echoed back: both JSON encoders must write it alike
+
+
+class StandIn:
+    """A BrokerRequests whose outcome is chosen by the set name; records every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.node = SimpleNamespace(leader_id=0, core=None, on_role_change=lambda fn: None)
+        self.sm = SimpleNamespace(sets={}, on_event=lambda fn: None, on_restore=lambda fn: None)
+        self.events_publisher = self.heartbeat_producer = self.liveness_consumer = None
+
+    def now_ms(self) -> int:
+        return 1_700_000_000_000
+
+    def leader_address(self) -> str | None:
+        return "127.0.0.1:7002"
+
+    def _outcome(self, call: str, name: str, *args, **kw) -> dict:
+        self.calls.append((call, name, args, tuple(sorted(kw.items()))))
+        if name == "follower":
+            raise NotLeader(2, "127.0.0.1:7002")
+        if name == "no-leader":
+            raise NotLeader(0, None)
+        if name == "behind":
+            raise FollowerBehind("follower 40 entries behind", 2)
+        if name == "slow":
+            raise ReadTimeout("read index not confirmed in 2s")
+        if name == "lost":
+            raise ProposalTimeout("no result in 5s")
+        if name == "stopped":
+            raise NodeStopped("node stopped")
+        code = {"missing": 2008, "fenced": 2000, "invalid": 2005}.get(name, 0)
+        return {"code": code, "remark": f"{call} {ODD}", "header": {"args": [name, *args], "odd": ODD},
+                "body": {"n": 1, "nested": {"x": [1, 2.5, None, True]}} if call == "replica_info" else None}
+
+    def heartbeat(self, cluster, name, broker_id, addr, *, epoch=-1, max_offset=-1, confirm_offset=-1,
+                  timeout_ms=10_000, priority=2**31 - 1) -> dict:
+        return self._outcome("heartbeat", name, cluster, broker_id, addr, epoch=epoch, max_offset=max_offset,
+                             confirm_offset=confirm_offset, timeout_ms=timeout_ms, priority=priority)
+
+    async def get_next_broker_id(self, cluster, name):
+        return self._outcome("next_id", name, cluster)
+
+    async def apply_broker_id(self, cluster, name, broker_id, check_code):
+        return self._outcome("apply", name, cluster, broker_id, check_code)
+
+    async def register_broker(self, cluster, name, broker_id, addr):
+        if name == "b-slow":
+            await asyncio.sleep(0.05)  # answered after the requests pipelined behind it arrived
+        return self._outcome("register", name, cluster, broker_id, addr)
+
+    async def elect_master(self, cluster, name, broker_id, designate=False):
+        return self._outcome("elect", name, cluster, broker_id, designate=designate)
+
+    async def alter_sync_state_set(self, name, master_id, master_epoch, new_set, sync_state_set_epoch):
+        return self._outcome("alter", name, master_id, master_epoch, new_set, sync_state_set_epoch)
+
+    async def get_replica_info(self, name):
+        return self._outcome("replica_info", name)
+
+
+@dataclass
+class Row:
+    what: str
+    method: str
+    path: str
+    body: bytes | dict | None = None
+    token: str | None = "broker"
+    lean: bool = True  # served by the lean path on the lean server (False: handed to FastAPI)
+    headers: dict[str, str] = field(default_factory=dict)
+    secure_only: bool = False  # about tokens
+
+
+def _post(what, path, body, **kw) -> Row:
+    return Row(what, "POST", path, body, **kw)
+
+
+HB = {"clusterName": "c", "brokerName": "b1", "brokerAddr": "10.0.0.1:10911", "brokerId": 1}
+REG = {"clusterName": "c", "brokerId": 2, "brokerAddress": "10.0.0.2:10911"}
+ALTER = {"masterBrokerId": 1, "masterEpoch": 3, "syncStateSet": [1, 2, 3], "syncStateSetEpoch": 4}
+S = "/v1/broker-sets"
+
+ROWS = [
+    # ---- valid requests: the lean path answers them
+    _post("heartbeat, defaults", "/v1/heartbeat", HB),
+    _post("heartbeat, every field", "/v1/heartbeat", {**HB, "epoch": 7, "maxOffset": 2**63 - 1, "confirmOffset": -5,
+                                                      "heartbeatTimeoutMillis": 100, "electionPriority": -2**31}),
+    Row("next id", "GET", f"{S}/b1/next-broker-id?cluster=c"),
+    _post("apply id", f"{S}/b1/apply-broker-id", {"clusterName": "c", "brokerId": 3, "registerCheckCode": "x;3"}),
+    _post("register", f"{S}/b1/register", REG),
+    _post("register, odd address echoed", f"{S}/b1/register", {**REG, "brokerAddress": ODD}),
+    _post("register, extra field ignored", f"{S}/b1/register", {**REG, "whatever": [1, {"a": None}]}),
+    _post("register, id at the top of its range", f"{S}/b1/register", {**REG, "brokerId": 2**62}),
+    _post("elect", f"{S}/b1/elect-master", {"clusterName": "c", "brokerId": 1}),
+    _post("alter sync state set", f"{S}/b1/sync-state-set", ALTER),
+    Row("replica info", "GET", f"{S}/b1/replica-info"),
+    Row("replica info, observer", "GET", f"{S}/b1/replica-info", token="observer"),
+    Row("replica info, name with : . % chars", "GET", f"{S}/b1.x:y_z-w/replica-info"),
+    # ---- outcomes: codes and engine errors
+    Row("unknown set (404)", "GET", f"{S}/missing/replica-info"),
+    _post("fenced (409)", f"{S}/fenced/register", REG),
+    _post("invalid (400)", f"{S}/invalid/register", REG),
+    _post("not leader: 307 to the leader", f"{S}/follower/register", REG),
+    Row("not leader on a read with a query: 307 keeps it", "GET", f"{S}/follower/next-broker-id?cluster=c"),
+    _post("no leader known: 503", f"{S}/no-leader/elect-master", {"clusterName": "c", "brokerId": 1}),
+    Row("follower behind: 503", "GET", f"{S}/behind/replica-info"),
+    Row("read timeout: 503", "GET", f"{S}/slow/replica-info"),
+    _post("proposal timeout: 504", f"{S}/lost/sync-state-set", ALTER),
+    _post("node stopped: 503", f"{S}/stopped/apply-broker-id", {"clusterName": "c", "brokerId": 3,
+                                                                  "registerCheckCode": "x"}),
+    _post("heartbeat to a follower is served (node-local)", "/v1/heartbeat", {**HB, "brokerName": "fenced"}),
+    # ---- authentication and scope: the lean path refuses alike
+    _post("no token: 401", f"{S}/b1/register", REG, token=None),
+    _post("unknown token: 401", f"{S}/b1/register", REG, token="bogus"),
+    _post("not a bearer token: 401", f"{S}/b1/register", REG, token="basic"),
+    _post("observer may not register: 403", f"{S}/b1/register", REG, token="observer"),
+    _post("admin may not register (broker route): 403", f"{S}/b1/register", REG, token="admin"),
+    _post("broker out of its sets (path): 403", f"{S}/other/register", REG),
+    _post("broker out of its clusters (body): 403", f"{S}/b1/register", {**REG, "clusterName": "d"}),
+    _post("broker body names another set: 403", f"{S}/b1/register", {**REG, "brokerName": "other"}),
+    Row("broker out of its clusters (query): 403", "GET", f"{S}/b1/next-broker-id?cluster=d"),
+    _post("heartbeat of a set out of scope: 403", "/v1/heartbeat", {**HB, "brokerName": "other"}),
+    _post("no token and a bad body: 401 first", f"{S}/b1/register", b"{nope", token=None),
+    # ---- bad input: FastAPI answers (422 naming the field, 405, 413, ...)
+    _post("bad JSON", f"{S}/b1/register", b"{nope", lean=False),
+    _post("empty body", f"{S}/b1/register", b"", lean=False),
+    _post("JSON that is not an object", f"{S}/b1/register", b"[1,2]", lean=False),
+    _post("missing field", f"{S}/b1/register", {"clusterName": "c", "brokerId": 2}, lean=False),
+    _post("id out of range (0)", f"{S}/b1/register", {**REG, "brokerId": 0}, lean=False),
+    _post("id out of range (2^62+1)", f"{S}/b1/register", {**REG, "brokerId": 2**62 + 1}, lean=False),
+    _post("id beyond int64", f"{S}/b1/register", {**REG, "brokerId": 2**70}, lean=False),
+    _post("epoch over int32", "/v1/heartbeat", {**HB, "epoch": 2**31}, lean=False),
+    _post("timeout under its floor", "/v1/heartbeat", {**HB, "heartbeatTimeoutMillis": 99}, lean=False),
+    _post("id as a string (pydantic coerces)", f"{S}/b1/register", {**REG, "brokerId": "2"}, lean=False),
+    _post("id as a float (pydantic coerces 2.0)", f"{S}/b1/register", {**REG, "brokerId": 2.0}, lean=False),
+    _post("id as a fraction", f"{S}/b1/register", {**REG, "brokerId": 2.5}, lean=False),
+    _post("id as a bool", f"{S}/b1/register", {**REG, "brokerId": True}, lean=False),
+    _post("address null", f"{S}/b1/register", {**REG, "brokerAddress": None}, lean=False),
+    _post("address empty", f"{S}/b1/register", {**REG, "brokerAddress": ""}, lean=False),
+    _post("address too long", f"{S}/b1/register", {**REG, "brokerAddress": "a" * 256}, lean=False),
+    _post("cluster with a space", f"{S}/b1/register", {**REG, "clusterName": "c d"}, lean=False, token="wide"),
+    _post("cluster ending in a newline", "/v1/heartbeat", {**HB, "clusterName": "c\n"}, lean=False, token="wide"),
+    _post("NaN in a number field", f"{S}/b1/register", b'{"clusterName":"c","brokerId":NaN,"brokerAddress":"a"}',
+          lean=False),
+    _post("empty sync state set", f"{S}/b1/sync-state-set", {**ALTER, "syncStateSet": []}, lean=False),
+    _post("sync state set of 65", f"{S}/b1/sync-state-set", {**ALTER, "syncStateSet": list(range(1, 66))},
+          lean=False),
+    _post("a member id 0", f"{S}/b1/sync-state-set", {**ALTER, "syncStateSet": [1, 0]}, lean=False),
+    _post("negative epoch", f"{S}/b1/sync-state-set", {**ALTER, "masterEpoch": -1}, lean=False),
+    _post("duplicate keys (the last wins in both)", f"{S}/b1/register",
+          b'{"clusterName":"c","brokerId":1,"brokerId":2,"brokerAddress":"a"}'),
+    _post("text/plain body", f"{S}/b1/register", REG, lean=False, headers={"Content-Type": "text/plain"}),
+    _post("JSON with a charset", f"{S}/b1/register", REG, lean=False,
+          headers={"Content-Type": "application/json; charset=utf-8"}),
+    _post("lone surrogate in a string", f"{S}/b1/register",
+          b'{"clusterName":"c","brokerId":2,"brokerAddress":"\\ud800"}', lean=False),
+    Row("name with a space (escaped)", "GET", f"{S}/a%20b/replica-info", lean=False),
+    Row("name escaped but valid", "GET", f"{S}/b%31/replica-info", lean=False),
+    Row("name too long", "GET", f"{S}/{'b' * 256}/replica-info", lean=False, token="wide"),
+    Row("next id without cluster", "GET", f"{S}/b1/next-broker-id", lean=False),
+    Row("next id, empty cluster", "GET", f"{S}/b1/next-broker-id?cluster=", lean=False),
+    Row("next id, cluster twice", "GET", f"{S}/b1/next-broker-id?cluster=x&cluster=c", lean=False),
+    Row("replica info with a query", "GET", f"{S}/b1/replica-info?x=1", lean=False),
+    _post("POST to a read: 405", f"{S}/b1/replica-info", REG, lean=False),
+    Row("GET to a write: 405", "GET", f"{S}/b1/register", lean=False),
+    Row("unknown verb: 404", "GET", f"{S}/b1/nothing", lean=False, token="admin"),
+    Row("trailing slash", "GET", f"{S}/b1/replica-info/", lean=False, token="admin"),
+    _post("body over 1 MiB: 413 before reading it", f"{S}/b1/register", b"", lean=False, token="admin",
+          headers={"Content-Length": str((1 << 20) + 1)}),
+    _post("body over 1 MiB, broker: 403 (too large to check its scope)", f"{S}/b1/register",
+          b"{" + b" " * (1 << 20) + b"}", lean=False, secure_only=True),
+]
+
+
+def _tokens(tmp_path) -> tuple[TokenStore, dict[str, str]]:
+    f = tmp_path / "tokens.json"
+    tok = {"broker": create_token(f, "broker", "broker-b", broker_sets=["b*", "follower", "no-leader", "behind",
+                                                                          "slow", "lost", "stopped", "missing",
+                                                                          "fenced", "invalid", "a b"],
+                                  clusters=["c"]),
+           "wide": create_token(f, "broker", "broker-any", broker_sets=["*"], clusters=["*"]),
+           "observer": create_token(f, "observer", "obs"), "admin": create_token(f, "admin", "adm")}
+    return TokenStore(f), tok
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _serve(app, protocol) -> tuple[uvicorn.Server, asyncio.Task, int]:
+    port = _port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                                           access_log=False, http=protocol))
+    server.install_signal_handlers = lambda: None
+    task = asyncio.create_task(server.serve())
+    for _ in range(200):
+        if server.started:
+            break
+        await asyncio.sleep(0.01)
+    assert server.started
+    return server, task, port
+
+
+def _raw(row: Row, token: str | None) -> bytes:
+    body = row.body if isinstance(row.body, bytes) or row.body is None else json.dumps(row.body).encode()
+    head = [f"{row.method} {row.path} HTTP/1.1", "Host: 127.0.0.1", "Connection: close"]
+    if body is not None:
+        if "Content-Length" not in row.headers:
+            head.append(f"Content-Length: {len(body)}")
+        if "Content-Type" not in row.headers:
+            head.append("Content-Type: application/json")
+    head += [f"{k}: {v}" for k, v in row.headers.items()]
+    if token is not None:
+        head.append(f"Authorization: {token}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + (body or b"")
+
+
+async def _exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    raw = await asyncio.wait_for(reader.read(-1), 10)
+    writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    return int(lines[0].split()[1]), headers, body
+
+
+def _build(tokens: TokenStore | None):
+    svc = StandIn()
+    controller = SimpleNamespace(requests=svc, node=svc.node, tier=None, heartbeat_producer=None,
+                                 dashboard=DashboardFeed(svc), watchers=None, elections={})
+    app = create_app(controller)
+    app.add_middleware(AuthMiddleware, tokens=tokens, audit=None)
+    return svc, app
+
+
+@pytest.mark.parametrize("secure", [True, False], ids=["tokens", "insecure"])
+def test_lean_path_and_fastapi_answer_every_request_alike(tmp_path, secure):
+    async def main():
+        tokens, tok = _tokens(tmp_path) if secure else (None, {})
+        lean_svc, lean_app = _build(tokens)
+        lean = LeanPath(lean_svc, lean_app.state.request_metrics, tokens)
+        fast_svc, fast_app = _build(tokens)
+        servers = [await _serve(lean_app, lean_protocol(lean)), await _serve(fast_app, guarded_protocol())]
+        lean_port, fast_port = servers[0][2], servers[1][2]
+        try:
+            for row in ROWS:
+                if not secure and (row.secure_only or row.token not in ("broker", "wide")):
+                    continue  # auth rows mean nothing without tokens
+                value = ({"bogus": "Bearer not-a-token", "basic": "Basic dXNlcjpwYXNz", None: None}.get(row.token)
+                         or f"Bearer {tok[row.token]}") if secure and row.token else None
+                before = dict(lean.stats)
+                lean_calls, fast_calls = len(lean_svc.calls), len(fast_svc.calls)
+                got = await _exchange(lean_port, _raw(row, value))
+                want = await _exchange(fast_port, _raw(row, value))
+                assert got[0] == want[0], (row.what, got, want)
+                assert got[2] == want[2], (row.what, got[2], want[2])
+                for h in HEADERS_THAT_MATTER:
+                    assert got[1].get(h) == want[1].get(h), (row.what, h, got[1], want[1])
+                assert lean_svc.calls[lean_calls:] == fast_svc.calls[fast_calls:], row.what
+                lean_served = lean.stats["served"] - before["served"]
+                assert lean_served == (1 if row.lean else 0), (row.what, got)
+        finally:
+            for server, task, _ in servers:
+                server.should_exit = True
+                await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
+
+
+def _split(raw: bytes) -> list[tuple[int, bytes]]:
+    out = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+        out.append((int(head.split()[1]), rest[:length]))
+        raw = rest[length:]
+    return out
+
+
+@pytest.mark.parametrize("slow_first", [True, False])
+def test_pipelined_requests_are_answered_in_order_across_both_paths(tmp_path, slow_first):
+    """A slow lean write, a lean heartbeat, a FastAPI answer (422) and a read, pipelined on one connection.
+
+    A request pipelined behind one still in flight waits in uvicorn's queue and is served by FastAPI.
+    """
+    async def main():
+        svc, app = _build(None)
+        lean = LeanPath(svc, app.state.request_metrics, None)
+        server, task, port = await _serve(app, lean_protocol(lean))
+        try:
+            slow, hb = _post("slow", f"{S}/b-slow/register", REG), _post("hb", "/v1/heartbeat", HB)
+            rows = [slow, hb] if slow_first else [hb, slow]
+            rows += [_post("bad", f"{S}/b1/register", {"x": 1}), Row("read", "GET", f"{S}/b1/replica-info")]
+            raw = b"".join(_raw(r, None).replace(b"Connection: close\r\n", b"") for r in rows)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(raw)
+            got = b""
+            for _ in range(100):  # bounded: until four answers are in
+                got += await asyncio.wait_for(reader.read(65536), 10)
+                if got.count(b"HTTP/1.1 ") >= 4 and len(_split(got)) == 4:
+                    break
+            writer.close()
+            answers = _split(got)
+            assert [a[0] for a in answers] == [200, 200, 422, 200]
+            remarks = [json.loads(a[1])["remark"].split()[0] for a in (answers[0], answers[1], answers[3])]
+            first = ["register", "heartbeat"] if slow_first else ["heartbeat", "register"]
+            assert remarks == first + ["replica_info"]
+            assert lean.stats["served"] >= 1
+        finally:
+            server.should_exit = True
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
