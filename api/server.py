@@ -19,6 +19,7 @@ from .app import create_app
 from .http_limits import DEFAULT_LIMITS, HTTPLimits, guarded_protocol
 from .ingest import HeartbeatProducer
 from .kafka_bridge import EventsPublisher, LivenessConsumer
+from .legacy import ARCHITECTURES, LegacyControllerService
 from .service import ControllerService
 
 log = logging.getLogger("electra.api.server")
@@ -65,7 +66,7 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
                                 kafka_bootstrap: str | None = None, topics: Topics | None = None,
                                 tier: TierConfig | None = None, bootstrap_from_tier: bool = False,
                                 http_limits: HTTPLimits = DEFAULT_LIMITS,
-                                security: NodeSecurity | None = None) -> ControllerNode:
+                                security: NodeSecurity | None = None, architecture: str = "new") -> ControllerNode:
     """Start Raft, the controller service and the HTTP API; with `kafka_bootstrap`, also the pipeline links.
 
     With Kafka, heartbeats sent to this node go to the heartbeats topic, applied events are
@@ -74,7 +75,12 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
     Delta tables; with `bootstrap_from_tier`, an empty data directory starts from the tier.
     With `security` (TLS files and tokens), the API serves HTTPS and asks every caller for a token;
     without it the node is in insecure mode. Admin actions go to `<data_dir>/audit.log` either way.
+    `architecture="legacy"` serves requests the RocketMQ 5 way, for comparisons only (api/legacy.py).
     """
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {architecture!r}; expected one of {', '.join(ARCHITECTURES)}")
+    if architecture == "legacy" and kafka_bootstrap:
+        raise ValueError("the legacy architecture keeps liveness on the leader: it runs without --kafka-bootstrap")
     if tier is not None and bootstrap_from_tier:  # an empty data dir starts from the tier's newest state
         from electra.tiering.bootstrap import bootstrap_from_tier as bootstrap
 
@@ -83,7 +89,8 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
     sm = ControllerStateMachine()
     node = RaftNode(cfg, sm)
     await node.start()
-    service = ControllerService(node, sm, http_peers=http_peers, unclean_election=unclean_election,
+    service_class = LegacyControllerService if architecture == "legacy" else ControllerService
+    service = service_class(node, sm, http_peers=http_peers, unclean_election=unclean_election,
                                 scan_interval_s=scan_interval_s)
     if kafka_bootstrap:
         topics = topics or Topics()

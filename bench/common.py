@@ -103,20 +103,20 @@ def bench_credentials(data_dir: Path, ids=(1, 2, 3)):
     return ensure_local_credentials(Path(data_dir) / "certs", ids)
 
 
-def start_controller_processes(data_dir: Path, extra_args: tuple[str, ...] = (),
-                               nodes: int = 3) -> tuple[list[subprocess.Popen], list[str]]:
+def start_controller_processes(data_dir: Path, extra_args: tuple[str, ...] = (), nodes: int = 3, *,
+                               secure: bool = True) -> tuple[list[subprocess.Popen], list[str]]:
     """`nodes` secure `electra node` controller processes on free loopback ports; returns them and their HTTP
-    endpoints. Their CA, certificates and role tokens are in `bench_credentials(data_dir)`."""
+    endpoints. Their CA, certificates and role tokens are in `bench_credentials(data_dir)`.
+    `secure=False`: plaintext and no tokens (`--insecure`), for comparisons that must not measure TLS."""
     ports = free_ports(2 * nodes)
     ids = range(1, nodes + 1)
-    creds = bench_credentials(data_dir, ids)
+    security = ["--certs-dir", str(bench_credentials(data_dir, ids).certs_dir)] if secure else ["--insecure"]
     peers = ",".join(f"{i}=127.0.0.1:{ports[i - 1]}" for i in ids)
     endpoints = [f"127.0.0.1:{ports[nodes + i - 1]}" for i in ids]
     http_peers = ",".join(f"{i}={ep}" for i, ep in zip(ids, endpoints, strict=True))
     procs = [subprocess.Popen([sys.executable, "-m", "electra.cli", "--log-level", "WARNING", "node", "--id", str(i),
                                "--peers", peers, "--http-addr", endpoints[i - 1], "--http-peers", http_peers,
-                               "--data-dir", str(Path(data_dir) / f"n{i}"), "--certs-dir", str(creds.certs_dir),
-                               *extra_args],
+                               "--data-dir", str(Path(data_dir) / f"n{i}"), *security, *extra_args],
                               stdout=subprocess.DEVNULL) for i in ids]
     return procs, endpoints
 

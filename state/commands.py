@@ -21,7 +21,8 @@ REGISTER_BROKER = "register_broker"
 ELECT_MASTER = "elect_master"
 ALTER_SYNC_STATE_SET = "alter_sync_state_set"
 CLEAN_BROKER_DATA = "clean_broker_data"
-OPS = (APPLY_BROKER_ID, REGISTER_BROKER, ELECT_MASTER, ALTER_SYNC_STATE_SET, CLEAN_BROKER_DATA)
+READ_EVENT = "read_event"  # a read barrier in the log (the legacy architecture's reads, api/legacy.py)
+OPS = (APPLY_BROKER_ID, REGISTER_BROKER, ELECT_MASTER, ALTER_SYNC_STATE_SET, CLEAN_BROKER_DATA, READ_EVENT)
 _INT32_FIELDS = ("master_epoch", "sync_state_set_epoch", "expected_master_epoch")  # Java int fields
 CONTROLLER_TRIGGER = -1  # broker id of an election the controller itself triggers
 
@@ -71,6 +72,12 @@ def clean_broker_data(cluster: str | None, name: str, ids: Iterable[int] | None,
     return _pack({"op": CLEAN_BROKER_DATA, "cluster": cluster, "name": name,
                   "ids": None if ids is None else sorted(set(ids)), "clean_living": clean_living,
                   "now_ms": now_ms, "live": _live(live)})
+
+
+def read_event() -> bytes:
+    """RocketMQ's READ_EVENT with `isProcessReadEvent`: an entry that changes nothing; once applied, a
+    read of the state is linearizable. Only the legacy architecture writes it (docs/architectures.md)."""
+    return _pack({"op": READ_EVENT})
 
 
 def decode(data: bytes) -> dict:

@@ -268,6 +268,9 @@ class ControllerStateMachine:
             del self.sets[name]  # never half a set: RocketMQ could drop one of its two tables only
         return result(Code.SUCCESS, events=[ev])
 
+    def _read_event(self, cmd: dict) -> dict:
+        return result(Code.SUCCESS)  # a read barrier: no state, no events
+
     # ------------------------------------------------------------------ reads
     def get_next_broker_id(self, cluster: str, name: str) -> dict:
         bs = self.sets.get(name)
