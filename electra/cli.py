@@ -557,6 +557,20 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
     return run_benchmark(args.name, extra)
 
 
+# --------------------------------------------------------------------------- electra report
+REPORTS = {"performance": "electra.bench.performance_report"}
+
+
+def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
+    """`electra report NAME [options]`: a report directory (HTML, Markdown, JSON) and a RESULT line."""
+    import importlib
+
+    if args.name not in REPORTS:
+        print(f"usage: electra report NAME [options]   (`electra report NAME --help`)\nreports: {', '.join(REPORTS)}")
+        return 0 if args.name in (None, "-h", "--help") else 2
+    return importlib.import_module(REPORTS[args.name]).main(extra)
+
+
 def _add_broker_set_args(verb: argparse.ArgumentParser) -> None:
     verb.add_argument("broker_set", nargs="?", metavar="NAME", help="the broker set")
     verb.add_argument("--broker-set", dest="broker_set_option", help=argparse.SUPPRESS)
@@ -675,6 +689,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run a benchmark from bench/ (ends with a RESULT line)", add_help=False)
     b.add_argument("name", nargs="?")
     b.set_defaults(fn=None)
+
+    r = sub.add_parser("report", help="write a report (performance: old vs new architecture, HTML + Markdown)",
+                       add_help=False)
+    r.add_argument("name", nargs="?")
+    r.set_defaults(fn=None)
     return p
 
 
@@ -688,6 +707,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "bench":
             return cmd_bench(args, extra)
+        if args.cmd == "report":
+            return cmd_report(args, extra)
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return args.fn(args)
