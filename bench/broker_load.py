@@ -11,9 +11,10 @@ their replica info and adopt a new master.
 
 Two phases run on the same brokers:
 
-* `measure`: heartbeats keep their real period (1 s, one connection per 64 brokers), while every
-  broker repeats its controller requests (GetReplicaInfo, AlterSyncStateSet when its set changed)
-  back to back on its own connection: the controller's throughput for N concurrent brokers;
+* `measure`: heartbeats keep their real period (1 s), while every broker repeats its controller
+  requests (GetReplicaInfo, AlterSyncStateSet when its set changed) back to back: the controller's
+  throughput for N concurrent brokers. Brokers share 512 kept-alive connections to the leader for
+  requests and 128 for heartbeats (a node accepts 1,000); a redirect moves them to a new leader;
 * `storm`: brokers go back to their real periods (replica info every 5 s), 20% of the masters
   die at once (no more heartbeats or requests), and a watcher polls the affected sets until
   each has a new master committed.
@@ -30,22 +31,29 @@ from dataclasses import dataclass, field
 
 HEARTBEAT_PERIOD_S = 1.0  # BrokerConfig.brokerHeartbeatInterval
 REPLICA_INFO_PERIOD_S = 5.0  # syncBrokerMetadataPeriod / checkSyncStateSetPeriod
-BROKERS_PER_HEARTBEAT_CONN = 8  # heartbeats of a connection's brokers go one after another
+BROKERS_PER_HEARTBEAT_TASK = 8  # heartbeats of a task's brokers go one after another
+REQUEST_CONNECTIONS = 512  # to the leader, shared by all brokers' controller requests
+HEARTBEAT_CONNECTIONS = 128  # to the leader, for heartbeats (separate: a slow queue must not delay them)
 
 
 class HttpConn:
-    """One kept-alive HTTP/1.1 connection; `call(raw)` sends pre-encoded bytes, returns (status, body)."""
+    """One kept-alive HTTP/1.1 connection; `call(raw, endpoint)` sends pre-encoded bytes, returns (status, body).
 
-    def __init__(self, endpoint: str) -> None:
-        host, _, port = endpoint.rpartition(":")
-        self.addr = (host, int(port))
+    It reconnects when asked for another endpoint (the leader moved) or after the server closed it."""
+
+    def __init__(self) -> None:
+        self.endpoint: str | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
 
-    async def call(self, raw: bytes) -> tuple[int, bytes]:
+    async def call(self, raw: bytes, endpoint: str) -> tuple[int, bytes]:
+        if endpoint != self.endpoint:
+            self.close()
+            self.endpoint = endpoint
         for attempt in (0, 1):  # a connection the server closed (idle timeout) is reopened once
             if self._writer is None:
-                self._reader, self._writer = await asyncio.open_connection(*self.addr, limit=1 << 20)
+                host, _, port = endpoint.rpartition(":")
+                self._reader, self._writer = await asyncio.open_connection(host, int(port), limit=1 << 20)
             try:
                 self._writer.write(raw)
                 head = await self._reader.readuntil(b"\r\n\r\n")
@@ -64,6 +72,28 @@ class HttpConn:
         if self._writer is not None:
             self._writer.close()
         self._reader = self._writer = None
+
+
+class ConnPool:
+    """`size` connections shared by many brokers: a request waits for a free one (the controller's
+    connection limit, `HTTPLimits.max_connections`, is far below 5,000 brokers)."""
+
+    def __init__(self, size: int) -> None:
+        self._free: asyncio.Queue[HttpConn] = asyncio.Queue()
+        self._all = [HttpConn() for _ in range(max(1, size))]
+        for c in self._all:
+            self._free.put_nowait(c)
+
+    async def call(self, raw: bytes, endpoint: str) -> tuple[int, bytes]:
+        conn = await self._free.get()
+        try:
+            return await conn.call(raw, endpoint)
+        finally:
+            self._free.put_nowait(conn)
+
+    def close(self) -> None:
+        for c in self._all:
+            c.close()
 
 
 def get(endpoint: str, path: str) -> bytes:
@@ -128,6 +158,9 @@ class BrokerLoad:
         for b in self.brokers:
             b.replica_info = get(leader, f"/v1/broker-sets/{b.name}/replica-info")
             self._encode_heartbeat(b)
+        self.requests = ConnPool(min(len(self.brokers), REQUEST_CONNECTIONS))
+        self.heartbeats = ConnPool(min(-(-len(self.brokers) // BROKERS_PER_HEARTBEAT_TASK), HEARTBEAT_CONNECTIONS))
+        self.leader_changes = 0
         self.samples = Samples(time.perf_counter())
         self.closed_loop = False
         self._stop = asyncio.Event()
@@ -139,10 +172,12 @@ class BrokerLoad:
             "epoch": b.master_epoch, "maxOffset": 1000, "confirmOffset": 1000,
             "heartbeatTimeoutMillis": self.timeout_ms, "electionPriority": b.broker_id})
 
-    async def _call(self, conn: HttpConn, kind: str, raw: bytes) -> dict | None:
+    async def _call(self, kind: str, raw: bytes) -> dict | None:
+        """One request to the leader; a redirect or a 503 naming another leader moves every later request."""
+        pool = self.heartbeats if kind == "heartbeat" else self.requests
         t = time.perf_counter()
         try:
-            status, body = await conn.call(raw)
+            status, body = await pool.call(raw, self.leader)
         except (OSError, asyncio.IncompleteReadError):
             self.samples.add(kind, t, 0)
             return None
@@ -153,24 +188,28 @@ class BrokerLoad:
             except ValueError:
                 res = None
         self.samples.add(kind, t, status, (res or {}).get("code") if status != 200 else 0)
-        return res if status == 200 else (res or {"code": -1, "httpStatus": status})
+        if status == 200:
+            return res
+        leader = (res or {}).get("leaderAddress")
+        if leader and leader != self.leader:
+            self.leader = leader
+            self.leader_changes += 1
+        return res or {"code": -1, "httpStatus": status}
 
     # ------------------------------------------------------------------ heartbeats: always at their real period
     def start_heartbeats(self) -> None:
-        k = BROKERS_PER_HEARTBEAT_CONN
+        k = BROKERS_PER_HEARTBEAT_TASK
         for lo in range(0, len(self.brokers), k):
             self._tasks.append(asyncio.create_task(self._beat(self.brokers[lo:lo + k])))
 
     async def _beat(self, brokers: list[Broker]) -> None:
-        conn = HttpConn(self.leader)
         await asyncio.sleep(self.rng.uniform(0, HEARTBEAT_PERIOD_S))
         while not self._stop.is_set():
             start = time.monotonic()
             for b in brokers:
                 if b.alive:
-                    await self._call(conn, "heartbeat", b.heartbeat)
+                    await self._call("heartbeat", b.heartbeat)
             await asyncio.sleep(max(0.0, HEARTBEAT_PERIOD_S - (time.monotonic() - start)))
-        conn.close()
 
     # ------------------------------------------------------------------ register at start
     async def register_all(self, parallel_sets: int = 64) -> float:
@@ -180,29 +219,25 @@ class BrokerLoad:
 
         async def one(brokers: list[Broker]) -> None:
             async with sem:
-                conn = HttpConn(self.leader)
-                try:
+                for b in brokers:
+                    await self._call("apply_broker_id", post(
+                        self.leader, f"/v1/broker-sets/{b.name}/apply-broker-id",
+                        {"clusterName": b.cluster, "brokerId": b.broker_id,
+                         "registerCheckCode": f"{b.addr};{b.broker_id}"}))
+                for b in brokers:  # alive before the master asks to add it to the sync-state set
+                    await self._call("heartbeat", b.heartbeat)
+                for b in brokers:
+                    await self._call("register", post(self.leader, f"/v1/broker-sets/{b.name}/register",
+                                                      {"clusterName": b.cluster, "brokerId": b.broker_id,
+                                                       "brokerAddress": b.addr}))
+                first = brokers[0]
+                res = await self._call("elect_master", post(
+                    self.leader, f"/v1/broker-sets/{first.name}/elect-master",
+                    {"clusterName": first.cluster, "brokerId": first.broker_id}))
+                if res is not None and res.get("code") in (0, 2011):
                     for b in brokers:
-                        await self._call(conn, "apply_broker_id", post(
-                            self.leader, f"/v1/broker-sets/{b.name}/apply-broker-id",
-                            {"clusterName": b.cluster, "brokerId": b.broker_id,
-                             "registerCheckCode": f"{b.addr};{b.broker_id}"}))
-                    for b in brokers:  # alive before the master asks to add it to the sync-state set
-                        await self._call(conn, "heartbeat", b.heartbeat)
-                    for b in brokers:
-                        await self._call(conn, "register", post(self.leader, f"/v1/broker-sets/{b.name}/register",
-                                                                {"clusterName": b.cluster, "brokerId": b.broker_id,
-                                                                 "brokerAddress": b.addr}))
-                    first = brokers[0]
-                    res = await self._call(conn, "elect_master", post(
-                        self.leader, f"/v1/broker-sets/{first.name}/elect-master",
-                        {"clusterName": first.cluster, "brokerId": first.broker_id}))
-                    if res is not None and res.get("code") in (0, 2011):
-                        for b in brokers:
-                            self._adopt(b, res["header"], res.get("body"))
-                    await self._grow(conn, brokers)
-                finally:
-                    conn.close()
+                        self._adopt(b, res["header"], res.get("body"))
+                await self._grow(brokers)
 
         await asyncio.gather(*(one(bs) for bs in self.sets.values()))
         return time.monotonic() - t0
@@ -220,7 +255,7 @@ class BrokerLoad:
         if epoch_changed:
             self._encode_heartbeat(b)
 
-    async def _grow(self, conn: HttpConn, brokers: list[Broker]) -> None:
+    async def _grow(self, brokers: list[Broker]) -> None:
         """The master's AlterSyncStateSet when its set's live replicas differ from the sync-state set."""
         master = next((b for b in brokers if b.alive and b.master_id == b.broker_id), None)
         if master is None:
@@ -228,7 +263,7 @@ class BrokerLoad:
         want = sorted(b.broker_id for b in brokers if b.alive)
         if want == sorted(master.sync_state_set):
             return
-        res = await self._call(conn, "alter_sync_state_set", post(
+        res = await self._call("alter_sync_state_set", post(
             self.leader, f"/v1/broker-sets/{master.name}/sync-state-set",
             {"masterBrokerId": master.broker_id, "masterEpoch": master.master_epoch, "syncStateSet": want,
              "syncStateSetEpoch": master.sync_state_set_epoch}))
@@ -243,7 +278,6 @@ class BrokerLoad:
 
     async def _sync(self, b: Broker) -> None:
         """GetReplicaInfo (closed loop while measuring, every 5 s otherwise); adopt; the master grows its set."""
-        conn = HttpConn(self.leader)
         next_poll = time.monotonic() + self.rng.uniform(0, REPLICA_INFO_PERIOD_S)
         while not self._stop.is_set():
             if not b.alive:
@@ -255,15 +289,14 @@ class BrokerLoad:
                         await asyncio.wait_for(self._stop.wait(), min(wait, 0.5))
                     continue
                 next_poll = time.monotonic() + REPLICA_INFO_PERIOD_S
-            res = await self._call(conn, "replica_info", b.replica_info)
+            res = await self._call("replica_info", b.replica_info)
             if res is None:
                 await asyncio.sleep(0.05)
                 continue
             if res.get("code") == 0:
                 self._adopt(b, res["header"], res.get("body"))
                 if b.master_id == b.broker_id:
-                    await self._grow(conn, self.sets[b.name])
-        conn.close()
+                    await self._grow(self.sets[b.name])
 
     # ------------------------------------------------------------------ the failover storm
     async def storm(self, fraction: float, limit_s: float, poll_s: float = 0.25) -> dict:
@@ -280,21 +313,16 @@ class BrokerLoad:
         recovered: dict[str, float] = {}
 
         async def watch(names: list[str]) -> None:
-            conn = HttpConn(self.leader)
-            try:
-                while names and time.monotonic() - kill_clock < limit_s:
-                    for name in list(names):
-                        old_id, old_epoch = killed[name]
-                        res = await self._call(conn, "replica_info", get(self.leader,
-                                                                          f"/v1/broker-sets/{name}/replica-info"))
-                        h = (res or {}).get("header") or {}
-                        if (res or {}).get("code") == 0 and h.get("masterBrokerId") not in (None, old_id) \
-                                and h.get("masterEpoch", 0) > old_epoch:
-                            recovered[name] = time.monotonic() - kill_clock
-                            names.remove(name)
-                    await asyncio.sleep(poll_s)
-            finally:
-                conn.close()
+            while names and time.monotonic() - kill_clock < limit_s:
+                for name in list(names):
+                    old_id, old_epoch = killed[name]
+                    res = await self._call("replica_info", get(self.leader, f"/v1/broker-sets/{name}/replica-info"))
+                    h = (res or {}).get("header") or {}
+                    if (res or {}).get("code") == 0 and h.get("masterBrokerId") not in (None, old_id) \
+                            and h.get("masterEpoch", 0) > old_epoch:
+                        recovered[name] = time.monotonic() - kill_clock
+                        names.remove(name)
+                await asyncio.sleep(poll_s)
 
         names = list(killed)
         await asyncio.gather(*(watch(names[i::16]) for i in range(min(16, len(names)))))
@@ -304,3 +332,5 @@ class BrokerLoad:
     async def stop(self) -> None:
         self._stop.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.requests.close()
+        self.heartbeats.close()

@@ -51,9 +51,9 @@ async def _find_leader(endpoints: list[str], timeout_s: float = 30.0) -> str:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         for ep in endpoints:
-            conn = HttpConn(ep)
+            conn = HttpConn()
             try:
-                status, body = await conn.call(get(ep, "/v1/admin/metadata"))
+                status, body = await conn.call(get(ep, "/v1/admin/metadata"), ep)
                 if status == 200 and json.loads(body).get("is_leader"):
                     return ep
             except (OSError, ValueError):
@@ -87,7 +87,8 @@ async def _drive(leader: str, brokers: int, args, storm: bool, server_pids: list
     out = {"brokers": len(load.brokers), "sets": len(load.sets), "register_s": register_s,
            "controller": _stats(measured, CONTROLLER_KINDS, args.duration),
            "heartbeat": _stats(measured, ("heartbeat",), args.duration),
-           "load_cpu_s": cpu[0], "server_cpu_s": cpu[1], "failures": dict(measured.failure_statuses)}
+           "load_cpu_s": cpu[0], "server_cpu_s": cpu[1], "failures": dict(measured.failure_statuses),
+           "leader_changes": load.leader_changes}
     if storm:
         load.closed_loop = False  # brokers back to their real periods, then the storm
         await asyncio.sleep(2.0)
