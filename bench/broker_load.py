@@ -13,8 +13,8 @@ Two phases run on the same brokers:
 
 * `measure`: heartbeats keep their real period (1 s), while every broker repeats its controller
   requests (GetReplicaInfo, AlterSyncStateSet when its set changed) back to back: the controller's
-  throughput for N concurrent brokers. Brokers share 512 kept-alive connections to the leader for
-  requests and 128 for heartbeats (a node accepts 1,000); a redirect moves them to a new leader;
+  throughput for N concurrent brokers. Brokers share 256 kept-alive connections to the leader for
+  requests and 256 for heartbeats (a node accepts 1,000); a redirect moves them to a new leader;
 * `storm`: brokers go back to their real periods (replica info every 5 s), 20% of the masters
   die at once (no more heartbeats or requests), and a watcher polls the affected sets until
   each has a new master committed.
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 
 HEARTBEAT_PERIOD_S = 1.0  # BrokerConfig.brokerHeartbeatInterval
 REPLICA_INFO_PERIOD_S = 5.0  # syncBrokerMetadataPeriod / checkSyncStateSetPeriod
-BROKERS_PER_HEARTBEAT_TASK = 8  # heartbeats of a task's brokers go one after another
-REQUEST_CONNECTIONS = 512  # to the leader, shared by all brokers' controller requests
-HEARTBEAT_CONNECTIONS = 128  # to the leader, for heartbeats (separate: a slow queue must not delay them)
+BROKERS_PER_HEARTBEAT_TASK = 4  # heartbeats of a task's brokers go one after another
+REQUEST_CONNECTIONS = 256  # to the leader, shared by all brokers' controller requests
+HEARTBEAT_CONNECTIONS = 256  # to the leader, for heartbeats (separate: a slow queue must not delay them)
 
 
 class HttpConn:
@@ -295,6 +295,12 @@ class BrokerLoad:
                 continue
             if res.get("code") == 0:
                 self._adopt(b, res["header"], res.get("body"))
+                if res["header"].get("masterBrokerId") is None:  # no master: the broker asks for an election
+                    elected = await self._call("elect_master", post(
+                        self.leader, f"/v1/broker-sets/{b.name}/elect-master",
+                        {"clusterName": b.cluster, "brokerId": b.broker_id}))
+                    if elected is not None and elected.get("code") in (0, 2011):
+                        self._adopt(b, elected["header"], elected.get("body"))
                 if b.master_id == b.broker_id:
                     await self._grow(self.sets[b.name])
 
