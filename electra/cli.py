@@ -324,8 +324,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                      else f"embedded tansu, memory only; log {stack.logs / 'kafka.log'}")
             print(f"Kafka: {bootstrap} ({where})")
         stack.start_controllers()
-        print(f"started {cfg.nodes} controller nodes (raft {stack.raft_peers}) and {cfg.nodes} x "
-              f"{cfg.ingest_workers} ingest workers; logs in {stack.logs}")
+        ingest = "" if cfg.legacy else f" and {cfg.nodes} x {cfg.ingest_workers} ingest workers"
+        print(f"started {cfg.nodes} controller nodes (raft {stack.raft_peers}){ingest}; logs in {stack.logs}")
         scheme = "https" if stack.creds else "http"
         for i, ep in stack.endpoints.items():
             print(f"  {scheme}://{ep}  (API docs /docs, metrics /metrics, dashboard /dashboard)   "
