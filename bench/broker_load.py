@@ -196,6 +196,31 @@ class BrokerLoad:
             self.leader_changes += 1
         return res or {"code": -1, "httpStatus": status}
 
+    # ------------------------------------------------------------------ following the leader
+    def follow_leader(self, every_s: float = 0.5) -> None:
+        """Ask the current target for its metadata and move to the leader it names: heartbeats and
+        follower reads are answered by any node (200), so only this notices a new leader in time."""
+
+        async def follow() -> None:
+            conn = HttpConn()
+            try:
+                while not self._stop.is_set():
+                    try:
+                        status, body = await conn.call(get(self.leader, "/v1/admin/metadata"), self.leader)
+                        md = json.loads(body) if status == 200 else {}
+                    except (OSError, ValueError, asyncio.IncompleteReadError):
+                        md = {}
+                    moved = md.get("leader_address")
+                    if not md.get("is_leader") and moved and moved != self.leader:
+                        self.leader = moved
+                        self.leader_changes += 1
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), every_s)
+            finally:
+                conn.close()
+
+        self._tasks.append(asyncio.create_task(follow()))
+
     # ------------------------------------------------------------------ heartbeats: always at their real period
     def start_heartbeats(self) -> None:
         k = BROKERS_PER_HEARTBEAT_TASK

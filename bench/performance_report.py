@@ -75,6 +75,7 @@ def _stats(samples: Samples, kinds: tuple[str, ...], seconds: float) -> dict:
 
 async def _drive(leader: str, brokers: int, args, storm: bool, server_pids: list[int]) -> dict:
     load = BrokerLoad(leader, brokers, heartbeat_timeout_ms=args.heartbeat_timeout_ms)
+    load.follow_leader()
     load.start_heartbeats()
     register_s = await load.register_all()
     load.closed_loop = True
