@@ -242,27 +242,40 @@ class BrokerLoad:
         t0 = time.monotonic()
         sem = asyncio.Semaphore(parallel_sets)
 
+        async def until(kind: str, raw_of, accept=(0,)) -> dict | None:
+            """A start-up step, retried as a broker retries it (a leader change, a busy queue), 20 times at most."""
+            res = None
+            for _ in range(20):
+                res = await self._call(kind, raw_of())
+                if res is not None and res.get("code") in accept:
+                    return res
+                await asyncio.sleep(0.2)
+            return res
+
         async def one(brokers: list[Broker]) -> None:
             async with sem:
                 for b in brokers:
-                    await self._call("apply_broker_id", post(
+                    await until("apply_broker_id", lambda b=b: post(
                         self.leader, f"/v1/broker-sets/{b.name}/apply-broker-id",
                         {"clusterName": b.cluster, "brokerId": b.broker_id,
                          "registerCheckCode": f"{b.addr};{b.broker_id}"}))
                 for b in brokers:  # alive before the master asks to add it to the sync-state set
                     await self._call("heartbeat", b.heartbeat)
                 for b in brokers:
-                    await self._call("register", post(self.leader, f"/v1/broker-sets/{b.name}/register",
-                                                      {"clusterName": b.cluster, "brokerId": b.broker_id,
-                                                       "brokerAddress": b.addr}))
+                    await until("register", lambda b=b: post(
+                        self.leader, f"/v1/broker-sets/{b.name}/register",
+                        {"clusterName": b.cluster, "brokerId": b.broker_id, "brokerAddress": b.addr}))
                 first = brokers[0]
-                res = await self._call("elect_master", post(
+                res = await until("elect_master", lambda: post(
                     self.leader, f"/v1/broker-sets/{first.name}/elect-master",
-                    {"clusterName": first.cluster, "brokerId": first.broker_id}))
+                    {"clusterName": first.cluster, "brokerId": first.broker_id}), accept=(0, 2011))
                 if res is not None and res.get("code") in (0, 2011):
                     for b in brokers:
                         self._adopt(b, res["header"], res.get("body"))
-                await self._grow(brokers)
+                for _ in range(20):
+                    if await self._grow(brokers):
+                        break
+                    await asyncio.sleep(0.2)
 
         await asyncio.gather(*(one(bs) for bs in self.sets.values()))
         return time.monotonic() - t0
@@ -280,14 +293,15 @@ class BrokerLoad:
         if epoch_changed:
             self._encode_heartbeat(b)
 
-    async def _grow(self, brokers: list[Broker]) -> None:
-        """The master's AlterSyncStateSet when its set's live replicas differ from the sync-state set."""
+    async def _grow(self, brokers: list[Broker]) -> bool:
+        """The master's AlterSyncStateSet when its set's live replicas differ from the sync-state set;
+        False when it was needed and refused (or no master is known)."""
         master = next((b for b in brokers if b.alive and b.master_id == b.broker_id), None)
         if master is None:
-            return
+            return False
         want = sorted(b.broker_id for b in brokers if b.alive)
         if want == sorted(master.sync_state_set):
-            return
+            return True
         res = await self._call("alter_sync_state_set", post(
             self.leader, f"/v1/broker-sets/{master.name}/sync-state-set",
             {"masterBrokerId": master.broker_id, "masterEpoch": master.master_epoch, "syncStateSet": want,
@@ -295,6 +309,13 @@ class BrokerLoad:
         if res is not None and res.get("code") == 0:
             for b in brokers:
                 b.sync_state_set, b.sync_state_set_epoch = want, res["header"]["newSyncStateSetEpoch"]
+            return True
+        if res is not None and res.get("code") in (2000, 2001, 2002):  # fenced: learn the set's state again
+            info = await self._call("replica_info", master.replica_info)
+            if info is not None and info.get("code") == 0:
+                for b in brokers:
+                    self._adopt(b, info["header"], info.get("body"))
+        return False
 
     # ------------------------------------------------------------------ the brokers' controller requests
     def start_brokers(self) -> None:
