@@ -158,7 +158,8 @@ def _write(out_dir: Path, report: dict) -> None:
     for arch in ARCHS:
         for p in pts[arch]:
             c, h = p["controller"], p["heartbeat"]
-            rows.append([arch, p["brokers"], f"{c['per_s']:,.0f}", f"{c['p50_ms']:.1f}", f"{c['p99_ms']:.1f}",
+            rate = f"{c['per_s']:,.0f}" if c["per_s"] >= 10 else f"{c['per_s']:.1f}"
+            rows.append([arch, p["brokers"], rate, f"{c['p50_ms']:.1f}", f"{c['p99_ms']:.1f}",
                          c["failed"], f"{h['per_s']:,.0f}", f"{h['p99_ms']:.1f}", f"{p['register_s']:.1f}",
                          f"{p['load_cpu_s']:.1f} / {p['server_cpu_s']:.1f}"])
     header = ["architecture", "brokers", "controller req/s", "p50 ms", "p99 ms", "failed", "heartbeats/s",
@@ -168,11 +169,21 @@ def _write(out_dir: Path, report: dict) -> None:
               for arch in ARCHS for p in pts[arch] if "storm" in p]
     storm_header = ["architecture", "sets whose master died", "not recovered", "recovery s (all sets)"]
     res = report["result"]
+    storm = next((p["storm"] for a in ARCHS for p in pts[a] if "storm" in p), None)
+    if storm is None:
+        storm_text = ""
+    elif storm["unrecovered"]:
+        storm_text = (f" After {settings['storm_fraction']:.0%} of the masters died at once, "
+                      f"{storm['sets'] - storm['unrecovered']} of {storm['sets']} affected sets had a new master "
+                      f"within the {settings['storm limit s']:.0f} s limit (the RESULT line then carries the limit).")
+    else:
+        storm_text = (f" After {settings['storm_fraction']:.0%} of the masters died at once, every affected set "
+                      f"had a new master after {res['storm_recovery_s']} s.")
+    old_rate = next((p["controller"]["per_s"] for p in pts["legacy"][-1:]), 0.0)
     summary = (f"At {res['brokers']:,} brokers the new architecture served {res['new_per_s']:,} controller "
-               f"requests/s against {res['old_per_s']:,} for the old one ({res['new_vs_old']}x); p99 "
-               f"{res['new_p99_ms']} ms against {res['old_p99_ms']} ms. After {settings['storm_fraction']:.0%} of "
-               f"the masters died at once, every affected set had a new master after {res['storm_recovery_s']} s "
-               "(new architecture).")
+               f"requests/s against {old_rate:,.1f} for the old one ({res['new_vs_old']}x); p99 "
+               f"{res['new_p99_ms']} ms against {res['old_p99_ms']} ms.{storm_text} Storm figures: "
+               f"{ARCHS[0] if pts[ARCHS[0]] else ARCHS[1]} architecture.")
     kv = [[k, v] for k, v in machine.items()]
     st = [[k, v] for k, v in settings.items() if k != "notes"]
     first = (f"<section class='first-page'><h1>Electra performance report: old vs new architecture</h1>"

@@ -21,6 +21,8 @@ def _ticks(lo: float, hi: float, log: bool) -> list[float]:
 
 
 def _fmt(v: float) -> str:
+    if v == 0:
+        return "0"
     if v >= 1000:
         return f"{v:,.0f}"
     return f"{v:g}" if v >= 0.01 else f"{v:.0e}"
