@@ -90,6 +90,7 @@ class Controller:
         """Start the background pieces (on the running event loop)."""
         if self.heartbeat_producer is not None:
             self.heartbeat_producer.start()
+        self.requests.start()
         for piece in (self.events_publisher, self.liveness_consumer, self.scan, self.tier):
             if piece is not None:
                 piece.start()
@@ -99,6 +100,7 @@ class Controller:
         if self.tier is not None:
             await self.tier.stop()
         await self.scan.stop()
+        await self.requests.stop()
         for piece in (self.events_publisher, self.liveness_consumer):
             if piece is not None:
                 await piece.stop()
@@ -147,4 +149,4 @@ class Controller:
         return {**st, "leader_address": self.leader_address(), "pipeline": self.pipeline_status(),
                 "http_peers": {str(k): v for k, v in sorted(self.http_peers.items())},
                 "is_leader": self.node.role == Role.LEADER, "broker_sets": len(self.sm.sets),
-                "live_brokers": len(self.liveness)}
+                "live_brokers": len(self.liveness), **self.requests.status()}

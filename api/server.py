@@ -20,6 +20,8 @@ from .controller import Controller, ControllerConfig
 from .http_limits import DEFAULT_LIMITS, HTTPLimits
 from .lean_http import lean_protocol
 from .lean_path import LeanPath
+from .legacy import ARCHITECTURES, LegacyControllerService
+from .service import ControllerService
 
 log = logging.getLogger("electra.api.server")
 
@@ -60,7 +62,7 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
                                 kafka_bootstrap: str | None = None, topics: Topics | None = None,
                                 tier: TierConfig | None = None, bootstrap_from_tier: bool = False,
                                 http_limits: HTTPLimits = DEFAULT_LIMITS,
-                                security: NodeSecurity | None = None) -> ControllerNode:
+                                security: NodeSecurity | None = None, architecture: str = "new") -> ControllerNode:
     """Start Raft, the controller service and the HTTP API; with `kafka_bootstrap`, also the pipeline links.
 
     With Kafka, heartbeats sent to this node go to the heartbeats topic, applied events are
@@ -69,7 +71,12 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
     Delta tables; with `bootstrap_from_tier`, an empty data directory starts from the tier.
     With `security` (TLS files and tokens), the API serves HTTPS and asks every caller for a token;
     without it the node is in insecure mode. Admin actions go to `<data_dir>/audit.log` either way.
+    `architecture="legacy"` serves requests the RocketMQ 5 way, for comparisons only (api/legacy.py).
     """
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {architecture!r}; expected one of {', '.join(ARCHITECTURES)}")
+    if architecture == "legacy" and kafka_bootstrap:
+        raise ValueError("the legacy architecture keeps liveness on the leader: it runs without --kafka-bootstrap")
     if tier is not None and bootstrap_from_tier:  # an empty data dir starts from the tier's newest state
         from electra.tiering.bootstrap import bootstrap_from_tier as bootstrap
 
@@ -80,7 +87,8 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
     await node.start()
     controller = Controller(node, sm, ControllerConfig(
         http_peers=http_peers, unclean_election=unclean_election, scan_interval_s=scan_interval_s,
-        kafka_bootstrap=kafka_bootstrap, topics=topics or Topics(), tier=tier))
+        kafka_bootstrap=kafka_bootstrap, topics=topics or Topics(), tier=tier,
+        make_requests=LegacyControllerService if architecture == "legacy" else ControllerService))
     controller.start()
     app = create_app(controller, http_limits)
     audit = AuditLog(cfg.data_dir / "audit.log")

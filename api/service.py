@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from electra.consensus.core import Role
 from electra.consensus.errors import NotLeader
@@ -53,6 +53,17 @@ class ControllerService:
         self.heartbeat_producer = heartbeat_producer  # with the Kafka pipeline: this node's /v1/heartbeat goes there
         self.elections = {"success": 0, "failed": 0, "still_exist": 0, "fenced": 0}
         self.heartbeats_received = 0  # heartbeats this node's liveness table took (no Kafka pipeline)
+
+    # ------------------------------------------------------------------ lifecycle (the Controller calls these)
+    def start(self) -> None:
+        """Background work of the request handler itself: none here (the legacy one has its scheduler)."""
+
+    async def stop(self) -> None:
+        """Stop what `start()` started."""
+
+    def status(self) -> dict[str, Any]:
+        """What this request handler adds to the node's metadata."""
+        return {"architecture": "new"}
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)

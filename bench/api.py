@@ -203,8 +203,7 @@ async def _seed_electra(endpoints: list[str], creds) -> str:
 
 
 def _electra_runs(tmp: Path, duration: float, secure: bool, spread: bool, work: Path) -> dict:
-    args = () if secure else ("--insecure",)
-    procs, endpoints = start_controller_processes(tmp, args, insecure=not secure)
+    procs, endpoints = start_controller_processes(tmp, secure=secure)
     creds = bench_credentials(tmp) if secure else None
     try:
         time.sleep(2.0)

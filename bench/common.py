@@ -103,14 +103,14 @@ def bench_credentials(data_dir: Path, ids=(1, 2, 3)):
     return ensure_local_credentials(Path(data_dir) / "certs", ids)
 
 
-def start_controller_processes(data_dir: Path, extra_args: tuple[str, ...] = (),
-                               nodes: int = 3, *, insecure: bool = False) -> tuple[list[subprocess.Popen], list[str]]:
+def start_controller_processes(data_dir: Path, extra_args: tuple[str, ...] = (), nodes: int = 3, *,
+                               secure: bool = True) -> tuple[list[subprocess.Popen], list[str]]:
     """`nodes` secure `electra node` controller processes on free loopback ports; returns them and their HTTP
     endpoints. Their CA, certificates and role tokens are in `bench_credentials(data_dir)`.
-    With `insecure` (pass `--insecure` in `extra_args` too): plaintext, no credentials."""
+    `secure=False`: plaintext and no tokens (`--insecure`), for comparisons that must not measure TLS."""
     ports = free_ports(2 * nodes)
     ids = range(1, nodes + 1)
-    security = () if insecure else ("--certs-dir", str(bench_credentials(data_dir, ids).certs_dir))
+    security = ["--certs-dir", str(bench_credentials(data_dir, ids).certs_dir)] if secure else ["--insecure"]
     peers = ",".join(f"{i}=127.0.0.1:{ports[i - 1]}" for i in ids)
     endpoints = [f"127.0.0.1:{ports[nodes + i - 1]}" for i in ids]
     http_peers = ",".join(f"{i}={ep}" for i, ep in zip(ids, endpoints, strict=True))

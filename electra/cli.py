@@ -66,6 +66,8 @@ NODE_OPTIONS = [
     ("--certs-dir", str, "ca.crt, node-<id>.crt/.key and tokens.json (electra cert ...): mutual TLS between peers, "
                          "HTTPS and token authentication; required unless --insecure"),
     ("--tokens-file", str, "hashed client tokens (default <certs-dir>/tokens.json); re-read when it changes"),
+    ("--architecture", str, "new (default) or legacy: RocketMQ 5's single event queue, for comparisons only "
+                            "(docs/architectures.md; no Kafka)"),
     ("--cluster-id", str, "expected cluster id (default: the one in this node's certificate; checked against the "
                           "data dir and every peer)"),
 ]
@@ -74,7 +76,7 @@ NODE_DEFAULTS = {"state_machine": "controller", "http_addr": ("127.0.0.1", 7301)
                  "inactive_master_scan_ms": None, "kafka_bootstrap": None, "topic_prefix": "",
                  "tier_uri": None, "tier_options": None, "bootstrap_from_tier": False,
                  "unsafe_no_fsync": False, "certs_dir": None, "tokens_file": None, "cluster_id": None,
-                 "insecure": False}
+                 "insecure": False, "architecture": "new"}
 _NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} | {"unsafe_no_fsync": bool,
                                                                                    "insecure": bool}
 _NODE_TYPES["bootstrap_from_tier"] = bool
@@ -117,6 +119,10 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
                          f"ELECTRA_{'NODE_ID' if missing[0] == 'id' else missing[0].upper()} or a --config key)")
     if args.inactive_master_scan_ms is None:
         args.inactive_master_scan_ms = 0 if args.kafka_bootstrap else 5000
+    if args.architecture not in ("new", "legacy"):
+        raise SystemExit(f"error: --architecture must be new or legacy, not {args.architecture!r}")
+    if args.architecture == "legacy" and args.kafka_bootstrap:
+        raise SystemExit("error: --architecture legacy keeps liveness on the leader: drop --kafka-bootstrap")
     if args.state_machine not in ("controller", "kv", "counter"):
         raise SystemExit(f"error: --state-machine must be controller, kv or counter, not {args.state_machine!r}")
     return args
@@ -174,7 +180,8 @@ def cmd_node(args: argparse.Namespace) -> int:
                                               kafka_bootstrap=args.kafka_bootstrap,
                                               topics=Topics.prefixed(args.topic_prefix),
                                               tier=tier, bootstrap_from_tier=args.bootstrap_from_tier,
-                                              security=None if security.insecure else security)
+                                              security=None if security.insecure else security,
+                                              architecture=args.architecture)
             scheme = "http" if security.insecure else "https"
             print(f"controller node {args.id} raft={raft} http={scheme}://{host}:{port} data={args.data_dir} "
                   f"cluster-id={ctl.node.cluster_id}", flush=True)
@@ -296,7 +303,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                       http_port=args.http_port, ingest_port=args.ingest_port, ingest_workers=args.ingest_workers,
                       kafka_bootstrap=args.kafka_bootstrap, kafka_port=args.kafka_port,
                       topic_prefix=args.topic_prefix, spark_master=args.spark_master, log_level=args.log_level,
-                      tier_uri=args.tier_uri or ("default" if not args.no_tier else None))
+                      tier_uri=args.tier_uri or ("default" if not args.no_tier else None),
+                      architecture=args.architecture)
     stack = LocalStack(cfg)
 
     def on_term(_sig, _frame):
@@ -305,20 +313,25 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGHUP, on_term)
     try:
-        try:
-            bootstrap = stack.start_kafka()
-        except KafkaBinaryMissing as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        where = "external" if args.kafka_bootstrap else f"embedded tansu, memory only; log {stack.logs / 'kafka.log'}"
-        print(f"Kafka: {bootstrap} ({where})")
+        if cfg.legacy:
+            print("architecture: legacy (RocketMQ 5's single event queue, for comparisons only; "
+                  "heartbeats go to the controllers, no Kafka, ingest or streaming job)")
+        else:
+            try:
+                bootstrap = stack.start_kafka()
+            except KafkaBinaryMissing as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+            where = ("external" if args.kafka_bootstrap
+                     else f"embedded tansu, memory only; log {stack.logs / 'kafka.log'}")
+            print(f"Kafka: {bootstrap} ({where})")
         stack.start_controllers()
-        print(f"started {cfg.nodes} controller nodes (raft {stack.raft_peers}) and {cfg.nodes} x "
-              f"{cfg.ingest_workers} ingest workers; logs in {stack.logs}")
+        ingest = "" if cfg.legacy else f" and {cfg.nodes} x {cfg.ingest_workers} ingest workers"
+        print(f"started {cfg.nodes} controller nodes (raft {stack.raft_peers}){ingest}; logs in {stack.logs}")
         scheme = "https" if stack.creds else "http"
         for i, ep in stack.endpoints.items():
             print(f"  {scheme}://{ep}  (API docs /docs, metrics /metrics, dashboard /dashboard)   "
-                  f"heartbeats: {scheme}://{stack.ingest_endpoints[i]}/v1/heartbeat")
+                  f"heartbeats: {scheme}://{ep if cfg.legacy else stack.ingest_endpoints[i]}/v1/heartbeat")
         print("waiting for a leader ...", flush=True)
         if stack.creds is not None:
             print(f"secure: mutual TLS between nodes, HTTPS, tokens (cluster id {stack.creds.cluster_id}); "
@@ -332,14 +345,15 @@ def cmd_up(args: argparse.Namespace) -> int:
                                                    credentials=stack.creds.credentials("admin")
                                                    if stack.creds else None))
         print(f"leader elected: node {leader}", flush=True)
-        if not args.no_streaming:
+        if not args.no_streaming and not cfg.legacy:
             stack.start_job()
             print(f"streaming job: Spark {cfg.spark_master}, checkpoint {stack.checkpoint} "
                   f"(first batch after 10-30 s: JVM and Python workers start)", flush=True)
         if args.demo:
             interactive = bool(sys.stdin) and sys.stdin.isatty()
             stack.spawn("brokers", [*stack._py(), "simulate-brokers", "--endpoints", ",".join(stack.endpoints.values()),
-                                    "--ingest-endpoints", ",".join(stack.ingest_endpoints.values()),
+                                    *([] if cfg.legacy else
+                                      ["--ingest-endpoints", ",".join(stack.ingest_endpoints.values())]),
                                     "--groups", str(args.demo_groups), *([] if interactive else ["--no-stdin"])],
                         log_to_file=False, stdin=sys.stdin if interactive else None, role="broker")
             print(f"demo: {args.demo_groups} simulated broker sets x 3 replicas; type `kill-master SET` "
@@ -545,6 +559,20 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
     return run_benchmark(args.name, extra)
 
 
+# --------------------------------------------------------------------------- electra report
+REPORTS = {"performance": "electra.bench.performance_report"}
+
+
+def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
+    """`electra report NAME [options]`: a report directory (HTML, Markdown, JSON) and a RESULT line."""
+    import importlib
+
+    if args.name not in REPORTS:
+        print(f"usage: electra report NAME [options]   (`electra report NAME --help`)\nreports: {', '.join(REPORTS)}")
+        return 0 if args.name in (None, "-h", "--help") else 2
+    return importlib.import_module(REPORTS[args.name]).main(extra)
+
+
 def _add_broker_set_args(verb: argparse.ArgumentParser) -> None:
     verb.add_argument("broker_set", nargs="?", metavar="NAME", help="the broker set")
     verb.add_argument("--broker-set", dest="broker_set_option", help=argparse.SUPPRESS)
@@ -586,6 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--demo", action="store_true", help="also run simulated RocketMQ brokers")
     u.add_argument("--demo-groups", type=int, default=20, help="broker sets the demo simulates")
     u.add_argument("--insecure", action="store_true", help="no TLS, no credentials (tests only)")
+    u.add_argument("--architecture", choices=["new", "legacy"], default="new",
+                   help="legacy: RocketMQ 5's single event queue on the controllers, no Kafka, ingest or Spark job "
+                        "(for comparisons only, docs/architectures.md)")
     u.set_defaults(fn=cmd_up)
 
     ing = sub.add_parser("ingest", help="heartbeat ingest workers (HTTP -> Kafka), several processes on one port")
@@ -660,6 +691,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run a benchmark from bench/ (ends with a RESULT line)", add_help=False)
     b.add_argument("name", nargs="?")
     b.set_defaults(fn=None)
+
+    r = sub.add_parser("report", help="write a report (performance: old vs new architecture, HTML + Markdown)",
+                       add_help=False)
+    r.add_argument("name", nargs="?")
+    r.set_defaults(fn=None)
     return p
 
 
@@ -673,6 +709,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "bench":
             return cmd_bench(args, extra)
+        if args.cmd == "report":
+            return cmd_report(args, extra)
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return args.fn(args)

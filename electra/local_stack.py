@@ -44,6 +44,11 @@ class StackConfig:
     log_level: str = "INFO"
     job_args: list[str] = field(default_factory=list)
     secure: bool = True  # False: every process runs --insecure (plaintext, no credentials)
+    architecture: str = "new"  # "legacy": RocketMQ 5's design for comparisons (no Kafka, ingest or Spark job)
+
+    @property
+    def legacy(self) -> bool:
+        return self.architecture == "legacy"
 
 
 class LocalStack:
@@ -110,10 +115,16 @@ class LocalStack:
                                        "--http-addr", self.endpoints[i], "--http-peers", http_peers,
                                        "--data-dir", str(Path(self.cfg.data_dir) / f"node{i}"),
                                        "--tick-ms", str(self.cfg.tick_ms), "--state-machine", "controller",
-                                       "--kafka-bootstrap", self.bootstrap, "--topic-prefix", self.cfg.topic_prefix,
+                                       *self._liveness_args(),
                                        *(["--tier-uri", self.tier_uri] if self.tier_uri else []),
                                        *self._security_args()],
                           role="observer")  # the dashboard reads its peers' metadata as an observer
+
+    def _liveness_args(self) -> list[str]:
+        """Where a node's liveness comes from: Kafka (the pipeline), or its own heartbeats (legacy)."""
+        if self.cfg.legacy:
+            return ["--architecture", "legacy"]
+        return ["--kafka-bootstrap", self.bootstrap, "--topic-prefix", self.cfg.topic_prefix]
 
     def start_ingest(self, i: int) -> subprocess.Popen:
         return self.spawn(f"ingest{i}", [*self._py(), "ingest", "--listen", self.ingest_endpoints[i],
@@ -143,7 +154,8 @@ class LocalStack:
     def start_controllers(self) -> None:
         for i in self.endpoints:
             self.start_node(i)
-            self.start_ingest(i)
+            if not self.cfg.legacy:  # the legacy architecture takes heartbeats on the controllers themselves
+                self.start_ingest(i)
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
         proc = self.procs.get(name)

@@ -98,9 +98,16 @@ class CleanBrokerData(_Command, frozen=True, tag="clean_broker_data"):
     live: list[BrokerLiveInfo]
 
 
-Command: TypeAlias = ApplyBrokerId | RegisterBroker | ElectMaster | AlterSyncStateSet | CleanBrokerData
+class ReadEvent(_Command, frozen=True, tag="read_event"):
+    """RocketMQ's READ_EVENT: a read barrier in the log that changes nothing (the legacy architecture's reads,
+    api/legacy.py). Encoded as `{"op": "read_event"}`: it carries no clock, so `now_ms` is always 0."""
+
+    now_ms: Int64Field = 0
+
+
+Command: TypeAlias = ApplyBrokerId | RegisterBroker | ElectMaster | AlterSyncStateSet | CleanBrokerData | ReadEvent
 COMMAND_TYPES: tuple[type[Command], ...] = (ApplyBrokerId, RegisterBroker, ElectMaster, AlterSyncStateSet,
-                                            CleanBrokerData)
+                                            CleanBrokerData, ReadEvent)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[Command] = msgspec.msgpack.Decoder(Command)
@@ -159,3 +166,9 @@ def clean_broker_data(cluster: str | None, name: str, ids: Iterable[int] | None,
                       now_ms: int, live: Live) -> bytes:
     return encode(CleanBrokerData(cluster, name, None if ids is None else sorted(set(ids)), clean_living, now_ms,
                                   _live(live)))
+
+
+def read_event() -> bytes:
+    """RocketMQ's READ_EVENT with `isProcessReadEvent`: an entry that changes nothing; once applied, a
+    read of the state is linearizable. Only the legacy architecture writes it (docs/architectures.md)."""
+    return encode(ReadEvent())

@@ -342,6 +342,9 @@ class ControllerStateMachine:
                 self.sets.pop(name, None)
         return None if res.events else res
 
+    def _read_event(self, cmd: C.ReadEvent) -> WriteResult:
+        return WriteResult(code=Code.SUCCESS)  # a read barrier: no state, no events
+
     # ------------------------------------------------------------------ reads
     def get_next_broker_id(self, cluster: str, name: str) -> NextBrokerIdResult:
         bs = self.sets.get(name)
@@ -402,6 +405,7 @@ _HANDLERS: dict[type[C.Command], Callable[[ControllerStateMachine, Any], WriteRe
     C.ElectMaster: ControllerStateMachine._elect_master,
     C.AlterSyncStateSet: ControllerStateMachine._alter_sync_state_set,
     C.CleanBrokerData: ControllerStateMachine._clean_broker_data,
+    C.ReadEvent: ControllerStateMachine._read_event,
 }
 assert set(_HANDLERS) == set(C.COMMAND_TYPES), "every command type needs its handler"
 

@@ -82,3 +82,13 @@ def test_cert_command_creates_ca_node_certificates_and_tokens(tmp_path, capsys):
     assert oct((tmp_path / "ops.token").stat().st_mode)[-3:] == "600"
     assert main(["cert", "revoke-token", "--certs-dir", str(d), "--name", "b"]) == 0
     assert [t["name"] for t in json.loads((d / "tokens.json").read_text())["tokens"]] == ["ops"]
+
+
+def test_architecture_is_new_unless_legacy_is_asked_for(tmp_path, monkeypatch):
+    base = ["--id", "1", "--peers", "1=127.0.0.1:1", "--data-dir", str(tmp_path)]
+    assert _node(base, monkeypatch).architecture == "new"
+    assert _node(base, monkeypatch, {"ELECTRA_ARCHITECTURE": "legacy"}).architecture == "legacy"
+    with pytest.raises(SystemExit, match="must be new or legacy"):
+        _node([*base, "--architecture", "dledger"], monkeypatch)
+    with pytest.raises(SystemExit, match="drop --kafka-bootstrap"):
+        _node([*base, "--architecture", "legacy", "--kafka-bootstrap", "127.0.0.1:9092"], monkeypatch)

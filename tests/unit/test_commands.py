@@ -35,6 +35,7 @@ EVERY_REQUEST = [
     C.AlterSyncStateSet("b", 1, 2, [1, 2], 3, 10, LIVE),
     C.CleanBrokerData("c", "b", [2], False, 10, LIVE),
     C.CleanBrokerData(None, "b", None, True, 10, []),
+    C.ReadEvent(),
 ]
 
 
