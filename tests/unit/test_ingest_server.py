@@ -245,3 +245,16 @@ def test_a_session_connection_the_worker_closes_itself_says_nothing_and_may_idle
     proto.connection_lost(None)
     assert [r.get("type") for r in producer.sent] == [None]  # the session's heartbeat, no `disconnected`
     assert sessions.stats["closed_by_worker"] == 1 and len(sessions) == 0
+
+
+def test_a_worker_holds_thousands_of_broker_sessions():
+    """Every broker keeps its session connection open: 1,000 sets x 3 replicas over 3 workers is about a
+    thousand connections each, which the node API's connection cap (1,000) answered with 503."""
+    conns: set = set()
+    transports = []
+    for _ in range(3000):
+        proto, transport = IngestProtocol(FakeProducer(), open_connections=conns), FakeTransport()
+        proto.connection_made(transport)
+        transports.append(transport)
+        proto.deadline.cancel()
+    assert len(conns) == 3000 and not any(t.closed or t.data for t in transports)
