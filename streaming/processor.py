@@ -38,6 +38,14 @@ def _frame(rows: list[tuple[str, str, str]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
 
 
+def _one_per_broker(heartbeats: list[dict]) -> list[dict]:
+    """The set's heartbeats folded to one per broker; the Python source already hands on one per broker
+    (`parsing.parse_records`), so the fold runs only when a broker appears twice (Spark's Kafka source)."""
+    if len({hb["brokerId"] for hb in heartbeats}) == len(heartbeats):
+        return heartbeats
+    return detector.collapse_heartbeats(heartbeats)
+
+
 class MasterWatchProcessor(StatefulProcessor):
     """`detector.SetWatch`es of one bucket of broker sets, one timer per bucket."""
 
@@ -110,7 +118,7 @@ class MasterWatchProcessor(StatefulProcessor):
         if not by_set:
             return
         now = timerValues.getCurrentProcessingTimeInMs()
-        collapsed = {name: detector.collapse_heartbeats([json.loads(p) for _, p in sorted(hbs)])
+        collapsed = {name: _one_per_broker([json.loads(p) for _, p in sorted(hbs)])
                      for name, (_, hbs, _) in by_set.items()}
         # Disconnected records are stamped by the ingest clock too: they move the data horizon.
         newest = max((r["ts"] for name, (_, _, dcs) in by_set.items() for r in collapsed[name] + dcs

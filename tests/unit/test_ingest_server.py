@@ -258,3 +258,54 @@ def test_a_worker_holds_thousands_of_broker_sessions():
         transports.append(transport)
         proto.deadline.cancel()
     assert len(conns) == 3000 and not any(t.closed or t.data for t in transports)
+
+
+def test_broker_sessions_multiplexed_on_one_loop_speak_to_the_ingest_server():
+    """The simulator's session (electra/broker_session.py) against this server on a real socket: open,
+    heartbeats written without waiting (answers through the callback), a pipelined answer split across
+    reads, goodbye (shutdown record) and a reset (connection_lost record)."""
+    import asyncio
+
+    from electra.api.sessions import SessionRegistry
+    from electra.broker_session import BrokerSession, parse_answer
+
+    assert parse_answer(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}HTTP/1.1 503") == (200, 40, False)
+    assert parse_answer(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{") is None
+    assert parse_answer(b"HTTP/1.1 413 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")[2] is True
+
+    producer = FakeProducer()
+    registry = SessionRegistry(producer)
+
+    async def main():
+        server = await asyncio.get_running_loop().create_server(
+            lambda: IngestProtocol(producer, sessions=registry), "127.0.0.1", 0)
+        ep = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        ident = {"clusterName": "c", "brokerName": "s1", "brokerAddr": "10.0.0.1:10911",
+                 "heartbeatTimeoutMillis": 3000, "electionPriority": 1}
+        try:
+            a, b = BrokerSession(ep, {**ident, "brokerId": 1}), BrokerSession(ep, {**ident, "brokerId": 2})
+            assert await a.open(1, 10, 10) == 200 and await b.open(1, 5, 5) == 200
+            answers: list[int] = []
+            for i in range(3):
+                assert a.send_heartbeat(1, 11 + i, 11 + i, answers.append)
+                assert not a.send_heartbeat(1, 99, 99, answers.append)  # one request in flight
+                for _ in range(100):
+                    if not a.busy:
+                        break
+                    await asyncio.sleep(0.01)
+            assert answers == [200, 200, 200]
+            await a.goodbye()
+            b.abort()
+            for _ in range(100):
+                if len(registry) == 0:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    kinds = [(r.get("type", "hb"), r["brokerId"], r.get("reason"), r.get("maxOffset")) for r in producer.sent]
+    assert kinds == [("hb", 1, None, 10), ("hb", 2, None, 5), ("hb", 1, None, 11), ("hb", 1, None, 12),
+                     ("hb", 1, None, 13), ("disconnected", 1, "shutdown", None),
+                     ("disconnected", 2, "connection_lost", None)]
