@@ -36,6 +36,25 @@ from electra.state.codes import Code
 log = logging.getLogger("electra.broker_simulator")
 
 
+def _quiet_closed_tls_connections(loop: asyncio.AbstractEventLoop) -> None:
+    """uvloop reports an ingest worker closing an idle TLS session (its close_notify answered on a socket
+    already closed) as a "Fatal error on SSL protocol" with a traceback; for the simulator that is a
+    session that ended, which the next heartbeat reopens: log it at debug level, pass on the rest."""
+    previous = loop.get_exception_handler()
+
+    def handler(lp, context: dict) -> None:
+        exc = context.get("exception")
+        if (context.get("message", "").startswith("Fatal error on SSL protocol") and isinstance(exc, RuntimeError)
+                and "handler is closed" in str(exc)):
+            log.debug("TLS session already closed: %s", exc)
+        elif previous is not None:
+            previous(lp, context)
+        else:
+            lp.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+
+
 @dataclass
 class SimBroker:
     cluster: str
@@ -110,6 +129,7 @@ class BrokerFleet:
     # ------------------------------------------------------------------ lifecycle
     async def start(self, progress: bool = False) -> None:
         """Register every broker (sets in parallel, replicas of a set in order), then run them."""
+        _quiet_closed_tls_connections(asyncio.get_running_loop())
         done = 0
         total = len(self.by_set)
 
