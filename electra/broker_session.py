@@ -35,6 +35,11 @@ class SessionError(ConnectionError):
     """The session could not be opened or its connection failed; the caller reconnects."""
 
 
+class SessionTimeout(SessionError):
+    """No answer within the session's timeout. The connection stays open with the request in flight: a
+    slow ingest worker is not a crash, and resetting the connection would publish one (connection_lost)."""
+
+
 def _post_head(path: str, host: str, auth: dict[str, str]) -> bytes:
     extra = "".join(f"{k}: {v}\r\n" for k, v in auth.items())
     return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{extra}"
@@ -134,9 +139,10 @@ class BrokerSession:
         """A request is in flight (its answer has not come yet)."""
         return self._proto is not None and self._proto.on_answer is not None
 
-    def overdue(self, now: float | None = None) -> bool:
-        """The request in flight has waited longer than `timeout_s`."""
-        return self.busy and (now if now is not None else time.monotonic()) - self._proto.sent_at > self.timeout_s
+    def overdue(self, now: float | None = None, factor: float = 1.0) -> bool:
+        """The request in flight has waited longer than `factor` x `timeout_s`."""
+        return self.busy and ((now if now is not None else time.monotonic()) - self._proto.sent_at
+                              > factor * self.timeout_s)
 
     def _body(self, epoch: int, max_offset: int, confirm_offset: int) -> bytes:
         return self._body_start + b'"epoch":%d,"maxOffset":%d,"confirmOffset":%d}' % (epoch, max_offset,
@@ -153,7 +159,7 @@ class BrokerSession:
         status = await self._request(self._open_head, self._body(epoch, max_offset, confirm_offset))
         if status != 200:
             self.abort()
-        return status
+        return status  # SessionTimeout: the connection stays, the answer may still come
 
     async def heartbeat(self, epoch: int, max_offset: int, confirm_offset: int) -> int:
         """One heartbeat on the session's connection; returns the HTTP status."""
@@ -217,8 +223,7 @@ class BrokerSession:
             async with asyncio.timeout(self.timeout_s):
                 status = await fut
         except TimeoutError:
-            self.abort()
-            raise SessionError(f"session connection to {self.endpoint}: no answer in {self.timeout_s} s") from None
+            raise SessionTimeout(f"session connection to {self.endpoint}: no answer in {self.timeout_s} s") from None
         if status == 0:
             self.abort()
             raise SessionError(f"session connection to {self.endpoint} failed")

@@ -29,11 +29,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from electra.api.client import ControllerClient
-from electra.broker_session import BrokerSession, SessionError
+from electra.broker_session import BrokerSession, SessionError, SessionTimeout
 from electra.security.credentials import ClientCredentials
 from electra.state.codes import Code
 
 log = logging.getLogger("electra.broker_simulator")
+
+# A session whose answer is this many session timeouts late is dead and gets reset; a merely slow
+# answer keeps the connection (a reset publishes connection_lost: an overloaded ingest worker would
+# turn into false crash failovers, as it did at 1,000 sets on the loaded machine).
+STUCK_FACTOR = 6
 
 
 def _quiet_closed_tls_connections(loop: asyncio.AbstractEventLoop) -> None:
@@ -148,9 +153,10 @@ class BrokerFleet:
             async with sem:
                 await register_set(brokers)
 
-        await asyncio.gather(*(bounded(bs) for bs in self.by_set.values()))
-        if self.ingest_endpoints:  # sessions: every broker's heartbeats from one task, polls on their own
+        if self.ingest_endpoints:  # sessions: every broker's heartbeats from one task, from its registration on
             self._tasks.append(asyncio.create_task(self._beats()))
+        await asyncio.gather(*(bounded(bs) for bs in self.by_set.values()))
+        if self.ingest_endpoints:  # (a registration of thousands takes minutes: idle sessions would be cut)
             self._tasks += [asyncio.create_task(self._sync(b)) for b in self.brokers]
         else:
             self._tasks += [asyncio.create_task(self._run(b)) for b in self.brokers]
@@ -264,6 +270,9 @@ class BrokerFleet:
                     return
             else:
                 status = await b.session.heartbeat(b.master_epoch, b.max_offset, b.max_offset)
+        except SessionTimeout:
+            self.stats["errors"] += 1  # slow, not gone: the connection stays (a reset would say "crashed")
+            return
         except SessionError:
             status = 0
         self._heartbeat_answered(b, b.session, status)
@@ -277,7 +286,11 @@ class BrokerFleet:
                                                  "heartbeatTimeoutMillis": self.timeout_ms,
                                                  "electionPriority": b.priority},
                                             credentials=self.credentials, ssl_context=self._ssl)
-        status = await session.open(b.master_epoch, b.max_offset, b.max_offset)
+        b.connecting = True  # the heartbeat task leaves it alone meanwhile (no second session)
+        try:
+            status = await session.open(b.master_epoch, b.max_offset, b.max_offset)
+        finally:
+            b.connecting = False
         if not b.alive:  # killed while it connected: that connection dies with it
             session.abort()
             return None
@@ -298,12 +311,16 @@ class BrokerFleet:
             session.abort()  # closed by a stopping worker, or 503: the next attempt reconnects elsewhere
 
     async def _reconnect(self, b: SimBroker) -> None:
+        b.connecting = True
         try:
             async with self._connects:
                 if b.alive and not b.hung and not self._stopping:
                     self.stats["requests"] += 1
                     try:
                         status = await self._open_session(b)
+                    except SessionTimeout:
+                        self.stats["errors"] += 1  # the session stays; its answer may still come
+                        return
                     except SessionError:
                         status = 0
                     if status is not None:
@@ -345,15 +362,16 @@ class BrokerFleet:
             if m is not None:
                 b.max_offset = m.max_offset
         s = b.session
-        if s is None or not s.is_open:
-            if not b.connecting:
-                b.connecting = True
-                task = asyncio.create_task(self._reconnect(b))
-                self._reconnecting.add(task)
-                task.add_done_callback(self._reconnecting.discard)
+        if b.connecting:
             return
-        if s.overdue(now):
-            s.abort()  # its callback answers 0: the broker reconnects next time
+        if s is None or not s.is_open:
+            b.connecting = True
+            task = asyncio.create_task(self._reconnect(b))
+            self._reconnecting.add(task)
+            task.add_done_callback(self._reconnecting.discard)
+            return
+        if s.overdue(now, STUCK_FACTOR):
+            s.abort()  # no answer for that long: a dead connection (its callback answers 0, the broker reconnects)
             return
         if s.send_heartbeat(b.master_epoch, b.max_offset, b.max_offset,
                             lambda status, b=b, s=s: self._heartbeat_answered(b, s, status)):

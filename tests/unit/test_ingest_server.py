@@ -309,3 +309,40 @@ def test_broker_sessions_multiplexed_on_one_loop_speak_to_the_ingest_server():
     assert kinds == [("hb", 1, None, 10), ("hb", 2, None, 5), ("hb", 1, None, 11), ("hb", 1, None, 12),
                      ("hb", 1, None, 13), ("disconnected", 1, "shutdown", None),
                      ("disconnected", 2, "connection_lost", None)]
+
+
+def test_a_slow_answer_keeps_the_session_connection():
+    """A session whose answer is late is slow, not crashed: resetting it would publish connection_lost (a
+    false crash failover of a healthy broker behind an overloaded ingest worker)."""
+    import asyncio
+
+    from electra.broker_session import BrokerSession, SessionTimeout
+
+    async def main():
+        writers = []
+
+        async def slow(reader, writer):
+            writers.append(writer)
+            await reader.readuntil(b"\r\n\r\n")
+
+        server = await asyncio.start_server(slow, "127.0.0.1", 0)
+        s = BrokerSession(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", {"brokerName": "s1"}, timeout_s=0.2)
+        try:
+            try:
+                await s.open(1, 1, 1)
+                raise AssertionError("no answer came: open() must time out")
+            except SessionTimeout:
+                pass
+            assert s.is_open and s.busy and not s.overdue(factor=6)
+            writers[0].write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")  # the late answer
+            for _ in range(100):
+                if not s.busy:
+                    break
+                await asyncio.sleep(0.01)
+            assert s.is_open and not s.busy
+            s.abort()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
