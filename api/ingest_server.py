@@ -20,10 +20,12 @@ import json
 import logging
 import multiprocessing
 import os
+import resource
 import signal
 import socket
 import ssl
 import time
+from dataclasses import replace
 
 import httptools
 
@@ -38,6 +40,11 @@ from .sessions import SessionRegistry
 log = logging.getLogger("electra.api.ingest")
 
 MAX_BODY = 64 << 10
+# Every broker holds a session connection to one ingest worker for its whole life (sessions.py), so a
+# worker's connections are brokers, not requests in flight: 1,000 sets x 3 replicas hashed over 3
+# workers is ~1,000 each, the node API's cap (1,000) refused the rest. Idle sessions cost a file
+# descriptor, not CPU; the worker raises its descriptor limit to fit (`_raise_fd_limit`).
+INGEST_LIMITS = replace(DEFAULT_LIMITS, max_connections=16_384)
 _REASONS = {200: b"OK", 401: b"Unauthorized", 403: b"Forbidden",
             404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict", 413: b"Payload Too Large",
             422: b"Unprocessable Entity", 400: b"Bad Request", 503: b"Service Unavailable"}
@@ -57,7 +64,7 @@ def _response(status: int, body: bytes, *, content_type: bytes = b"application/j
 class IngestProtocol(asyncio.Protocol):
     """One client connection: parse requests, answer each when its body is complete."""
 
-    def __init__(self, producer: HeartbeatProducer, limits: HTTPLimits = DEFAULT_LIMITS,
+    def __init__(self, producer: HeartbeatProducer, limits: HTTPLimits = INGEST_LIMITS,
                  open_connections: set | None = None, tokens: TokenStore | None = None,
                  sessions: SessionRegistry | None = None) -> None:
         self.producer = producer
@@ -221,6 +228,17 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _raise_fd_limit(wanted: int) -> None:
+    """Raise the soft descriptor limit toward `wanted` (up to the hard limit): one per broker session."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted + 256 if hard == resource.RLIM_INFINITY else min(hard, wanted + 256)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit to %d (%s): at most ~%d broker sessions", target, exc, soft)
+
+
 def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str = "warning",
                tls_files: tuple[str, str] | None = None, tokens_file: str | None = None) -> None:
     """One worker process: its own producer and its own SO_REUSEPORT socket; stops on SIGTERM/SIGINT."""
@@ -234,6 +252,7 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
     if tls_files:
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         tls.load_cert_chain(*tls_files)
+    _raise_fd_limit(INGEST_LIMITS.max_connections)
     producer = HeartbeatProducer(bootstrap, topic).start()
     sessions = SessionRegistry(producer)
 
@@ -241,7 +260,7 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
         loop = asyncio.get_running_loop()
         connections: set = set()
         server = await loop.create_server(
-            lambda: IngestProtocol(producer, DEFAULT_LIMITS, connections, tokens, sessions),
+            lambda: IngestProtocol(producer, INGEST_LIMITS, connections, tokens, sessions),
             sock=_listen(host, port), ssl=tls)
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):

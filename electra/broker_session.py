@@ -1,8 +1,8 @@
 """A broker's session connection to an ingest worker: its heartbeats and its connection-loss signal.
 
-One kept-alive TCP connection per broker (api/sessions.py is the other end). The session
-is opened with a heartbeat (`POST /v1/session`), the broker's heartbeats then go over the
-same connection, and:
+One kept-alive TCP (TLS on a secure cluster) connection per broker (api/sessions.py is the
+other end). The session is opened with a heartbeat (`POST /v1/session`), the broker's
+heartbeats then go over the same connection, and:
 
 * `goodbye()` is a clean shutdown: the worker publishes `disconnected` (reason `shutdown`)
   and the connection closes;
@@ -11,15 +11,22 @@ same connection, and:
 * a hung broker simply stops sending: the connection stays, only the heartbeat timeout
   can tell.
 
-Requests are plain HTTP/1.1 bytes, most of them encoded once per session (the head and
-the heartbeat's constant fields); one request is in flight at a time. Per heartbeat the
-cost is then asyncio's streams and task switches, not encoding (docs/failover-signal.md).
+Built for a load generator that multiplexes thousands of brokers in one process: the
+session is an asyncio `Protocol` (no stream reader, no task per request), requests are
+plain HTTP/1.1 bytes encoded once per session up to the three numbers that change, and
+`send_heartbeat()` writes one and returns at once; the answer's status reaches a callback
+from `data_received`. One request is in flight at a time. All sessions of a process should
+share one client `ssl.SSLContext` (`ClientCredentials.ssl_context()` builds a new one,
+loading the CA, every time).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import ssl
+import time
+from collections.abc import Callable
 
 from electra.security.credentials import ClientCredentials
 
@@ -28,36 +35,114 @@ class SessionError(ConnectionError):
     """The session could not be opened or its connection failed; the caller reconnects."""
 
 
+class SessionTimeout(SessionError):
+    """No answer within the session's timeout. The connection stays open with the request in flight: a
+    slow ingest worker is not a crash, and resetting the connection would publish one (connection_lost)."""
+
+
 def _post_head(path: str, host: str, auth: dict[str, str]) -> bytes:
     extra = "".join(f"{k}: {v}\r\n" for k, v in auth.items())
     return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{extra}"
             "Content-Length: ").encode()
 
 
+def parse_answer(buf: bytes) -> tuple[int, int, bool] | None:
+    """(status, bytes used, connection: close) of the first complete HTTP/1.1 answer in `buf`, or None."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    head = buf[:end].lower()
+    try:
+        status = int(head[9:12])
+        length = 0
+        at = head.find(b"\r\ncontent-length:")
+        if at >= 0:
+            stop = head.find(b"\r\n", at + 2)
+            length = int(head[at + 17:stop if stop >= 0 else len(head)])
+    except ValueError:
+        return 0, len(buf), True  # not HTTP: give up on the connection
+    if len(buf) < end + 4 + length:
+        return None
+    return status, end + 4 + length, b"\r\nconnection: close" in head
+
+
+class _SessionProtocol(asyncio.Protocol):
+    """Reads the answers of one session's connection; hands each status to the request in flight."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.on_answer: Callable[[int], None] | None = None  # the request in flight
+        self.sent_at = 0.0
+        self.closed = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while not self.closed:
+            got = parse_answer(self.buf)
+            if got is None:
+                return
+            status, used, close = got
+            self.buf = self.buf[used:]
+            self._answer(status)
+            if close:
+                self.abort()
+
+    def _answer(self, status: int) -> None:
+        cb, self.on_answer = self.on_answer, None
+        if cb is not None:
+            cb(status)
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self._answer(0)
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+        self._answer(0)
+
+
 class BrokerSession:
-    """One session: `open()`, then `heartbeat()` every period, then `goodbye()` or `abort()`."""
+    """One session: `open()`, then `heartbeat()` (or `send_heartbeat()`) every period, then `goodbye()` or
+    `abort()`."""
 
     def __init__(self, endpoint: str, identity: dict, *, timeout_s: float = 5.0,
-                 credentials: ClientCredentials | None = None) -> None:
+                 credentials: ClientCredentials | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         """`identity`: the heartbeat fields that do not change (cluster, set, id, address, timeout, priority);
-        `credentials`: the broker's token and the cluster CA (HTTPS) of a secure cluster."""
+        `credentials`: the broker's token and the cluster CA (HTTPS) of a secure cluster; `ssl_context`: a
+        client context to use instead of building one from `credentials` (share one among sessions)."""
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         host, _, port = endpoint.rpartition(":")
         self._addr = (host, int(port))
         creds = credentials or ClientCredentials()
-        self._ssl = creds.ssl_context()
+        self._ssl = ssl_context if ssl_context is not None else creds.ssl_context()
         auth = creds.headers()
         self._hb_head = _post_head("/v1/heartbeat", endpoint, auth)
         self._open_head = _post_head("/v1/session", endpoint, auth)
-        self._bye = _post_head("/v1/session/goodbye", endpoint, auth) + b"0\r\n\r\n"
+        self._bye_head = _post_head("/v1/session/goodbye", endpoint, auth)
         self._body_start = json.dumps(identity, separators=(",", ":")).encode()[:-1] + b","
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._proto: _SessionProtocol | None = None
 
     @property
     def is_open(self) -> bool:
-        return self._writer is not None and not self._writer.is_closing()
+        p = self._proto
+        return p is not None and not p.closed and p.transport is not None and not p.transport.is_closing()
+
+    @property
+    def busy(self) -> bool:
+        """A request is in flight (its answer has not come yet)."""
+        return self._proto is not None and self._proto.on_answer is not None
+
+    def overdue(self, now: float | None = None, factor: float = 1.0) -> bool:
+        """The request in flight has waited longer than `factor` x `timeout_s`."""
+        return self.busy and ((now if now is not None else time.monotonic()) - self._proto.sent_at
+                              > factor * self.timeout_s)
 
     def _body(self, epoch: int, max_offset: int, confirm_offset: int) -> bytes:
         return self._body_start + b'"epoch":%d,"maxOffset":%d,"confirmOffset":%d}' % (epoch, max_offset,
@@ -65,62 +150,81 @@ class BrokerSession:
 
     async def open(self, epoch: int, max_offset: int, confirm_offset: int) -> int:
         """Connect and open the session with a heartbeat; returns the HTTP status (200: open)."""
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.timeout_s):
-                self._reader, self._writer = await asyncio.open_connection(*self._addr, ssl=self._ssl)
-        except (OSError, TimeoutError) as exc:
+                _, self._proto = await loop.create_connection(_SessionProtocol, *self._addr, ssl=self._ssl)
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
             raise SessionError(f"cannot connect to {self.endpoint}: {exc!r}") from None
         status = await self._request(self._open_head, self._body(epoch, max_offset, confirm_offset))
         if status != 200:
             self.abort()
-        return status
+        return status  # SessionTimeout: the connection stays, the answer may still come
 
     async def heartbeat(self, epoch: int, max_offset: int, confirm_offset: int) -> int:
         """One heartbeat on the session's connection; returns the HTTP status."""
         return await self._request(self._hb_head, self._body(epoch, max_offset, confirm_offset))
 
+    def send_heartbeat(self, epoch: int, max_offset: int, confirm_offset: int,
+                       on_status: Callable[[int], None]) -> bool:
+        """Write one heartbeat and return at once; `on_status(status)` runs when the answer comes (0: the
+        connection failed). False (nothing sent) while the session is closed or a request is in flight."""
+        if not self.is_open or self.busy:
+            return False
+        self._send(self._hb_head, self._body(epoch, max_offset, confirm_offset), on_status)
+        return True
+
     async def goodbye(self) -> None:
-        """Clean shutdown: tell the worker, then close."""
+        """Clean shutdown: tell the worker (after the answer of a request in flight), then close."""
         try:
-            if self.is_open:
-                self._writer.write(self._bye)
-                await self._read_response()
-        except SessionError:
+            async with asyncio.timeout(self.timeout_s):
+                if self.is_open and self.busy:
+                    await self._answer_in_flight()
+                if self.is_open:
+                    fut = asyncio.get_running_loop().create_future()
+                    self._send(self._bye_head, b"", lambda status: fut.done() or fut.set_result(status))
+                    await fut
+        except TimeoutError:
             pass
         finally:
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
+            if self._proto is not None and self._proto.transport is not None:
+                self._proto.transport.close()
+            self._proto = None
 
     def abort(self) -> None:
         """Crash: reset the connection without a goodbye."""
-        if self._writer is not None:
-            self._writer.transport.abort()
-            self._writer = None
+        if self._proto is not None:
+            proto, self._proto = self._proto, None
+            proto.abort()
+
+    async def _answer_in_flight(self) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        prev = self._proto.on_answer
+
+        def both(status: int) -> None:
+            prev(status)
+            if not fut.done():
+                fut.set_result(status)
+
+        self._proto.on_answer = both
+        await fut
+
+    def _send(self, head: bytes, body: bytes, on_status: Callable[[int], None]) -> None:
+        self._proto.on_answer = on_status
+        self._proto.sent_at = time.monotonic()
+        self._proto.transport.write(head + b"%d\r\n\r\n" % len(body) + body)
 
     async def _request(self, head: bytes, body: bytes) -> int:
-        if not self.is_open:
-            raise SessionError("session connection is closed")
-        self._writer.write(head + b"%d\r\n\r\n" % len(body) + body)
-        return await self._read_response()
-
-    async def _read_response(self) -> int:
-        reader = self._reader
+        if not self.is_open or self.busy:
+            raise SessionError("session connection is closed" if not self.is_open else "a request is in flight")
+        fut = asyncio.get_running_loop().create_future()
+        self._send(head, body, lambda status: fut.done() or fut.set_result(status))
         try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation (a fleet that never stops)
             async with asyncio.timeout(self.timeout_s):
-                head = await reader.readuntil(b"\r\n\r\n")
-            status = int(head[9:12])
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-                elif name.strip().lower() == b"connection" and value.strip().lower() == b"close":
-                    self.abort()
-            if length:
-                async with asyncio.timeout(self.timeout_s):
-                    await reader.readexactly(length)
-            return status
-        except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+                status = await fut
+        except TimeoutError:
+            raise SessionTimeout(f"session connection to {self.endpoint}: no answer in {self.timeout_s} s") from None
+        if status == 0:
             self.abort()
-            raise SessionError(f"session connection to {self.endpoint} failed: {exc!r}") from None
+            raise SessionError(f"session connection to {self.endpoint} failed")
+        return status

@@ -29,11 +29,35 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from electra.api.client import ControllerClient
-from electra.broker_session import BrokerSession, SessionError
+from electra.broker_session import BrokerSession, SessionError, SessionTimeout
 from electra.security.credentials import ClientCredentials
 from electra.state.codes import Code
 
 log = logging.getLogger("electra.broker_simulator")
+
+# A session whose answer is this many session timeouts late is dead and gets reset; a merely slow
+# answer keeps the connection (a reset publishes connection_lost: an overloaded ingest worker would
+# turn into false crash failovers, as it did at 1,000 sets on the loaded machine).
+STUCK_FACTOR = 6
+
+
+def _quiet_closed_tls_connections(loop: asyncio.AbstractEventLoop) -> None:
+    """uvloop reports an ingest worker closing an idle TLS session (its close_notify answered on a socket
+    already closed) as a "Fatal error on SSL protocol" with a traceback; for the simulator that is a
+    session that ended, which the next heartbeat reopens: log it at debug level, pass on the rest."""
+    previous = loop.get_exception_handler()
+
+    def handler(lp, context: dict) -> None:
+        exc = context.get("exception")
+        if (context.get("message", "").startswith("Fatal error on SSL protocol") and isinstance(exc, RuntimeError)
+                and "handler is closed" in str(exc)):
+            log.debug("TLS session already closed: %s", exc)
+        elif previous is not None:
+            previous(lp, context)
+        else:
+            lp.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
 
 
 @dataclass
@@ -56,6 +80,7 @@ class SimBroker:
     last_heartbeat_at: float = 0.0  # wall clock of the last heartbeat the controller side accepted
     session: BrokerSession | None = None  # its session connection to an ingest worker (with the pipeline)
     session_skip: int = 0                 # how many ingest endpoints past its home one it moved on to
+    connecting: bool = False              # a (re)connect of its session is under way
 
 
 @dataclass(frozen=True)
@@ -84,6 +109,8 @@ class BrokerFleet:
             raise ValueError("--groups and --replicas must be at least 1")
         # `credentials`: a broker credential scoped to the simulated sets (default: ELECTRA_TOKEN_FILE, ...)
         self.credentials = credentials if credentials is not None else ClientCredentials.from_env()
+        self._ssl = self.credentials.ssl_context()  # one client context (and CA load) for every session
+        self._connects = asyncio.Semaphore(64)      # bounded reconnect storms (an ingest restart cuts thousands)
         self.client = ControllerClient(endpoints, deadline_s=30, ingest_endpoints=ingest_endpoints,
                                        credentials=self.credentials)
         self.ingest_endpoints = list(ingest_endpoints or [])
@@ -95,17 +122,19 @@ class BrokerFleet:
         for b in self.brokers:
             self.by_set.setdefault(b.name, []).append(b)
         self._tasks: list[asyncio.Task] = []
+        self._reconnecting: set[asyncio.Task] = set()
         # A killed master's set -> (old master id, its master epoch, when it was killed): the next
         # master any replica learns of completes the failover, reported to `on_failover`.
         self._killed_masters: dict[str, tuple[int, int, float]] = {}
         self.on_failover: Callable[[Failover], None] | None = None
         self._stopping = False
         self.stats = {"requests": 0, "errors": 0, "elections": 0, "role_changes": 0, "heartbeats": 0,
-                      "sessions_opened": 0}
+                      "sessions_opened": 0, "heartbeats_skipped": 0}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, progress: bool = False) -> None:
         """Register every broker (sets in parallel, replicas of a set in order), then run them."""
+        _quiet_closed_tls_connections(asyncio.get_running_loop())
         done = 0
         total = len(self.by_set)
 
@@ -124,16 +153,21 @@ class BrokerFleet:
             async with sem:
                 await register_set(brokers)
 
+        if self.ingest_endpoints:  # sessions: every broker's heartbeats from one task, from its registration on
+            self._tasks.append(asyncio.create_task(self._beats()))
         await asyncio.gather(*(bounded(bs) for bs in self.by_set.values()))
-        for b in self.brokers:
-            self._tasks.append(asyncio.create_task(self._run(b)))
+        if self.ingest_endpoints:  # (a registration of thousands takes minutes: idle sessions would be cut)
+            self._tasks += [asyncio.create_task(self._sync(b)) for b in self.brokers]
+        else:
+            self._tasks += [asyncio.create_task(self._run(b)) for b in self.brokers]
 
     async def stop(self) -> None:
         """A clean shutdown of every broker: sessions say goodbye."""
         self._stopping = True  # ends every broker's loop even if a cancellation were lost
-        for t in self._tasks:
+        tasks = [*self._tasks, *self._reconnecting]
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         sessions = [b.session for b in self.brokers if b.session is not None and not b.hung]
         for b in self.brokers:
             if b.hung and b.session is not None:
@@ -148,9 +182,9 @@ class BrokerFleet:
         if b.alive and b.role == "master":
             self._killed_masters[name] = (broker_id, b.master_epoch, time.monotonic())
         b.alive = False
-        if b.session is not None:
-            b.session.abort()
-            b.session = None
+        session, b.session = b.session, None
+        if session is not None:
+            session.abort()
         return b
 
     def hang(self, name: str, broker_id: int) -> SimBroker:
@@ -231,32 +265,119 @@ class BrokerFleet:
         self.stats["requests"] += 1
         try:
             if b.session is None or not b.session.is_open:
-                n = len(self.ingest_endpoints)
-                ep = self.ingest_endpoints[(zlib.crc32(b.name.encode()) + b.session_skip) % n]
-                b.session = BrokerSession(ep, {"clusterName": b.cluster, "brokerName": b.name,
-                                               "brokerId": b.broker_id, "brokerAddr": b.addr,
-                                               "heartbeatTimeoutMillis": self.timeout_ms,
-                                               "electionPriority": b.priority},
-                                          credentials=self.credentials)
-                session = b.session
-                status = await session.open(b.master_epoch, b.max_offset, b.max_offset)
-                if not b.alive:  # killed while it connected: that connection dies with it
-                    session.abort()
+                status = await self._open_session(b)
+                if status is None:
                     return
-                self.stats["sessions_opened"] += status == 200
             else:
                 status = await b.session.heartbeat(b.master_epoch, b.max_offset, b.max_offset)
+        except SessionTimeout:
+            self.stats["errors"] += 1  # slow, not gone: the connection stays (a reset would say "crashed")
+            return
         except SessionError:
             status = 0
+        self._heartbeat_answered(b, b.session, status)
+
+    async def _open_session(self, b: SimBroker) -> int | None:
+        """Open the broker's session (status; None if it was killed meanwhile); SessionError if it cannot."""
+        n = len(self.ingest_endpoints)
+        ep = self.ingest_endpoints[(zlib.crc32(b.name.encode()) + b.session_skip) % n]
+        b.session = session = BrokerSession(ep, {"clusterName": b.cluster, "brokerName": b.name,
+                                                 "brokerId": b.broker_id, "brokerAddr": b.addr,
+                                                 "heartbeatTimeoutMillis": self.timeout_ms,
+                                                 "electionPriority": b.priority},
+                                            credentials=self.credentials, ssl_context=self._ssl)
+        b.connecting = True  # the heartbeat task leaves it alone meanwhile (no second session)
+        try:
+            status = await session.open(b.master_epoch, b.max_offset, b.max_offset)
+        finally:
+            b.connecting = False
+        if not b.alive:  # killed while it connected: that connection dies with it
+            session.abort()
+            return None
+        self.stats["sessions_opened"] += status == 200
+        return status
+
+    def _heartbeat_answered(self, b: SimBroker, session: BrokerSession | None, status: int) -> None:
+        if session is not b.session or not b.alive:
+            return  # an answer (or a reset) for a session the broker no longer holds: it was killed
         if status == 200:
             b.last_heartbeat_at = time.time()
             self.stats["heartbeats"] += 1
             return
         self.stats["errors"] += 1
         b.session_skip += 1
-        if b.session is not None:
-            b.session.abort()  # closed by a stopping worker, or 503: the next attempt reconnects elsewhere
-            b.session = None
+        b.session = None
+        if session is not None:
+            session.abort()  # closed by a stopping worker, or 503: the next attempt reconnects elsewhere
+
+    async def _reconnect(self, b: SimBroker) -> None:
+        b.connecting = True
+        try:
+            async with self._connects:
+                if b.alive and not b.hung and not self._stopping:
+                    self.stats["requests"] += 1
+                    try:
+                        status = await self._open_session(b)
+                    except SessionTimeout:
+                        self.stats["errors"] += 1  # the session stays; its answer may still come
+                        return
+                    except SessionError:
+                        status = 0
+                    if status is not None:
+                        self._heartbeat_answered(b, b.session, status)
+        finally:
+            b.connecting = False
+
+    async def _beats(self) -> None:
+        """Every broker's heartbeats, from this one task: each period in 10 slots, a tenth of the brokers
+        per slot, each heartbeat written on its session without waiting (the answer arrives through a
+        callback). Thousands of brokers then cost a write and a parsed answer each, not a task switch and
+        a stream read per heartbeat (docs/failover-signal.md, the load generator)."""
+        order = list(self.brokers)
+        self.rng.shuffle(order)
+        slots = 10
+        groups = [order[i::slots] for i in range(slots)]
+        step = self.heartbeat_s / slots
+        next_at = time.monotonic() + self.rng.uniform(0, step)
+        while not self._stopping:
+            for group in groups:
+                now = time.monotonic()
+                for b in group:
+                    self._beat_once(b, now)
+                next_at += step
+                delay = next_at - time.monotonic()
+                if delay < -self.heartbeat_s:  # fell a whole period behind: go on from now, no burst
+                    next_at, delay = time.monotonic(), 0.0
+                await asyncio.sleep(max(0.0, delay))
+                if self._stopping:
+                    return
+
+    def _beat_once(self, b: SimBroker, now: float) -> None:
+        if not b.alive or b.hung or b.broker_id is None:
+            return
+        if b.role == "master":
+            b.max_offset += self.rng.randrange(1000, 5000)
+        elif b.role == "slave":
+            m = self.master_of(b.name)
+            if m is not None:
+                b.max_offset = m.max_offset
+        s = b.session
+        if b.connecting:
+            return
+        if s is None or not s.is_open:
+            b.connecting = True
+            task = asyncio.create_task(self._reconnect(b))
+            self._reconnecting.add(task)
+            task.add_done_callback(self._reconnecting.discard)
+            return
+        if s.overdue(now, STUCK_FACTOR):
+            s.abort()  # no answer for that long: a dead connection (its callback answers 0, the broker reconnects)
+            return
+        if s.send_heartbeat(b.master_epoch, b.max_offset, b.max_offset,
+                            lambda status, b=b, s=s: self._heartbeat_answered(b, s, status)):
+            self.stats["requests"] += 1
+        else:
+            self.stats["heartbeats_skipped"] += 1  # the previous answer has not come yet
 
     async def _join(self, b: SimBroker) -> None:
         while b.broker_id is None:
@@ -325,6 +446,8 @@ class BrokerFleet:
             await asyncio.sleep(self.heartbeat_s)
 
     async def _sync(self, b: SimBroker) -> None:
+        """Poll replica info every poll period; a master also keeps its sync-state set every heartbeat
+        period (a replica sleeps until its next poll: thousands of idle wake-ups a second add up)."""
         next_poll = time.monotonic() + self.rng.uniform(0, self.poll_s)
         await asyncio.sleep(self.rng.uniform(0, self.heartbeat_s))
         while not self._stopping:
@@ -338,7 +461,9 @@ class BrokerFleet:
                             await self._elect_if_needed(b)
                 if b.role == "master":
                     await self._grow_sync_state_set(b)
-            await asyncio.sleep(self.heartbeat_s)
+            pause = self.heartbeat_s if b.role == "master" else max(0.05, min(self.heartbeat_s * 5,
+                                                                               next_poll - time.monotonic()))
+            await asyncio.sleep(pause)
 
     async def _grow_sync_state_set(self, b: SimBroker) -> None:
         want = sorted(p.broker_id for p in self.by_set[b.name] if p.alive and p.broker_id is not None)

@@ -12,6 +12,10 @@ Options of `spark.readStream.format("electra_kafka")`:
                      (tansu under-reports the high watermark); `false` on real Kafka
 * `startingOffsets`  `earliest` (default) or `latest`, for a query without a checkpoint
 * `readTimeoutMs`    how long one partition read may wait for missing records (default 30000)
+* `readTasks`        how many Spark tasks read one micro-batch (default 0: one per Kafka partition); fewer
+                     tasks than partitions read several partitions each, one after another. Each task
+                     costs a Python worker round trip and a pickled reader per batch, which on a small
+                     machine is worth more than parallel reads of a second's heartbeats
 * `parse`            `true`: the reader parses and validates the records itself (`parsing.parse_records`)
                      and yields Arrow batches of `parsing.PARSED_SCHEMA`; needs `heartbeatsTopic`,
                      `eventsTopic` and `buckets`
@@ -71,6 +75,21 @@ class KafkaPartition(InputPartition):
         super().__init__(offset_key(topic, partition))
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
         self.bootstrap, self.read_timeout_ms = bootstrap, read_timeout_ms
+
+
+class KafkaReadGroup(InputPartition):
+    """Several offset ranges read by one task, one after another (option `readTasks`)."""
+
+    def __init__(self, parts: list[KafkaPartition]) -> None:
+        super().__init__(",".join(p.value for p in parts))
+        self.parts = parts
+
+
+def group_partitions(parts: list[KafkaPartition], tasks: int) -> list[InputPartition]:
+    """At most `tasks` read tasks (0: one per range); ranges are dealt round-robin, in plan order."""
+    if tasks <= 0 or len(parts) <= tasks:
+        return list(parts)
+    return [KafkaReadGroup(parts[i::tasks]) for i in range(tasks)]
 
 
 def plan_partitions(start: dict, end: dict, bootstrap: str, read_timeout_ms: int) -> list[KafkaPartition]:
@@ -181,6 +200,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         self.hwm_fix = _bool(options.get("hwmfix"), True)
         self.starting = (options.get("startingoffsets") or "earliest").lower()
         self.read_timeout_ms = int(options.get("readtimeoutms") or 30_000)
+        self.read_tasks = int(options.get("readtasks") or 0)
         self.parse = _bool(options.get("parse"), False)
         if self.parse:
             self.heartbeats_topic, self.events_topic = options.get("heartbeatstopic"), options.get("eventstopic")
@@ -251,15 +271,17 @@ class KafkaStreamReader(DataSourceStreamReader):
             out[key] = e
         return out
 
-    def partitions(self, start: dict, end: dict) -> list[KafkaPartition]:
-        return plan_partitions(start or {}, end or {}, self.bootstrap, self.read_timeout_ms)
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return group_partitions(plan_partitions(start or {}, end or {}, self.bootstrap, self.read_timeout_ms),
+                                self.read_tasks)
 
-    def read(self, partition: KafkaPartition):
+    def read(self, partition: InputPartition):
+        ranges = partition.parts if isinstance(partition, KafkaReadGroup) else [partition]
         if not self.parse:
-            return read_partition(partition)
+            return (row for part in ranges for row in read_partition(part))
         from electra.streaming.parsing import parse_records
 
-        raw = ((t, p, o, v, ts) for t, p, o, _key, v, ts in read_partition(partition, ts_ms=True))
+        raw = ((t, p, o, v, ts) for part in ranges for t, p, o, _key, v, ts in read_partition(part, ts_ms=True))
         return parse_records(raw, self.heartbeats_topic, self.events_topic, self.buckets)
 
     def commit(self, end: dict) -> None:
@@ -300,7 +322,7 @@ def builtin_kafka_available(spark) -> bool:
 
 
 def load_kafka_stream(spark, bootstrap: str, topics: list[str], source: str = "auto", hwm_fix: bool = True,
-                      starting: str = "earliest", parse: tuple[str, str, int] | None = None):
+                      starting: str = "earliest", parse: tuple[str, str, int] | None = None, read_tasks: int = 0):
     """A streaming DataFrame of the raw records; returns (df, source actually used).
 
     `parse` = (heartbeats topic, events topic, buckets): the Python source then yields parsed rows
@@ -323,7 +345,8 @@ def load_kafka_stream(spark, bootstrap: str, topics: list[str], source: str = "a
         return df, use
     spark.dataSource.register(KafkaDataSource)
     reader = (spark.readStream.format(NAME).option("bootstrap", bootstrap).option("topics", ",".join(topics))
-              .option("hwmFix", str(hwm_fix).lower()).option("startingOffsets", starting))
+              .option("hwmFix", str(hwm_fix).lower()).option("startingOffsets", starting)
+              .option("readTasks", str(read_tasks)))
     if parse is not None:
         reader = (reader.option("parse", "true").option("heartbeatsTopic", parse[0]).option("eventsTopic", parse[1])
                   .option("buckets", str(parse[2])))

@@ -51,9 +51,9 @@ def dead_letter(error: str, topic: str, partition: int, offset: int, raw: Any) -
             "raw": raw if isinstance(raw, str) or raw is None else str(raw)}
 
 
-def parse_row(topic: str, partition: int, offset: int, value: str | None, kafka_ts_ms: int | None,
-              heartbeats_topic: str, events_topic: str) -> tuple[str, str, str]:
-    """(group, kind, payload JSON) for one raw record."""
+def _parse(topic: str, partition: int, offset: int, value: str | None, kafka_ts_ms: int | None,
+           heartbeats_topic: str, events_topic: str) -> tuple[str, str, dict]:
+    """(group, kind, parsed record) for one raw record; a dead letter for anything invalid."""
     try:
         if value is None:
             raise ValueError("value: missing")
@@ -63,48 +63,76 @@ def parse_row(topic: str, partition: int, offset: int, value: str | None, kafka_
             raise ValueError(f"invalid JSON: {exc}") from None
         if topic == heartbeats_topic and records.is_disconnected(d):
             dc = records.validate_disconnected(d)
-            return dc["brokerName"], DISCONNECTED, _dump(dc)
+            return dc["brokerName"], DISCONNECTED, dc
         if topic == heartbeats_topic:
             hb = records.validate_heartbeat(d)
             if "ts" not in hb:
                 hb["ts"] = int(kafka_ts_ms) if kafka_ts_ms and kafka_ts_ms > 0 else 0
-            return hb["brokerName"], HEARTBEAT, _dump(hb)
+            return hb["brokerName"], HEARTBEAT, hb
         if topic == events_topic:
             ev = parse_event(d)
-            return ev["brokerName"], EVENT, _dump(ev)
+            return ev["brokerName"], EVENT, ev
         raise ValueError(f"unexpected topic {topic!r}")
     except ValueError as exc:  # InvalidHeartbeat is a ValueError
-        return DLQ_GROUP, DEAD_LETTER, _dump(dead_letter(str(exc), topic, partition, offset, value))
+        return DLQ_GROUP, DEAD_LETTER, dead_letter(str(exc), topic, partition, offset, value)
+
+
+def parse_row(topic: str, partition: int, offset: int, value: str | None, kafka_ts_ms: int | None,
+              heartbeats_topic: str, events_topic: str) -> tuple[str, str, str]:
+    """(group, kind, payload JSON) for one raw record."""
+    group, kind, obj = _parse(topic, partition, offset, value, kafka_ts_ms, heartbeats_topic, events_topic)
+    return group, kind, _dump(obj)
+
+
+def _fold(prev: dict, hb: dict) -> dict:
+    """`hb` after `prev` of the same broker, by RocketMQ's rule (as `detector.SetWatch.apply_heartbeat`):
+    epoch and max offset only move forward, the ingest time is the later one."""
+    if not (hb["epoch"] > prev["epoch"] or (hb["epoch"] == prev["epoch"] and hb["maxOffset"] > prev["maxOffset"])):
+        hb = {**hb, "epoch": prev["epoch"], "maxOffset": prev["maxOffset"], "confirmOffset": prev["confirmOffset"]}
+    if (prev.get("ts") or 0) > (hb.get("ts") or 0):
+        hb = {**hb, "ts": prev["ts"]}
+    return hb
 
 
 def parse_records(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str, buckets: int = DEFAULT_BUCKETS,
                   chunk: int = 8192) -> Iterator[Any]:
-    """Raw records `(topic, partition, offset, value, kafka_ts_ms)` → Arrow record batches of PARSED_SCHEMA.
+    """Raw records `(topic, partition, offset, value, kafka_ts_ms)` of one read → Arrow record batches of
+    PARSED_SCHEMA, with each broker's heartbeats folded into its latest.
 
     The Python Kafka source parses in its reader with this (`kafka_source`, option `parse`): the
     query then has no `mapInPandas` stage, and rows reach the JVM as Arrow columns instead of
     pickled tuples. Each crossing between the JVM and a Python worker costs per row, and this
-    removes two of them.
+    removes two of them. A read holds every record of its broker sets (the topic is keyed by set),
+    so only the last heartbeat of each broker (folded as the detector would, at the position of
+    that last one) goes on: a batch that fell behind hands the stateful operator one row per
+    broker instead of one per heartbeat, and the next batch does not fall further behind.
     """
     import pyarrow as pa
 
-    cols: list[list] = [[] for _ in PARSED_COLUMNS]
-
-    def batch():
-        arrays = [pa.array(cols[0], pa.string()), pa.array(cols[1], pa.string()), pa.array(cols[2], pa.string()),
-                  pa.array(cols[3], pa.string()), pa.array(cols[4], pa.int32()), pa.array(cols[5], pa.int64()),
-                  pa.array(cols[6], pa.string())]
-        return pa.RecordBatch.from_arrays(arrays, names=PARSED_COLUMNS)
-
+    parsed: list[tuple[str, str, dict, str, int, int]] = []
+    last: dict[tuple[str, int], int] = {}  # (set, broker id) -> index in `parsed` of its latest heartbeat
     for topic, part, off, value, ts_ms in raw:
-        group, kind, payload = parse_row(topic, part, off, value, ts_ms, heartbeats_topic, events_topic)
-        for col, v in zip(cols, (bucket_of(group, buckets), group, kind, topic, part, off, payload)):
-            col.append(v)
-        if len(cols[0]) >= chunk:
-            yield batch()
-            cols = [[] for _ in PARSED_COLUMNS]
-    if cols[0]:
-        yield batch()
+        group, kind, obj = _parse(topic, part, off, value, ts_ms, heartbeats_topic, events_topic)
+        if kind == HEARTBEAT:
+            key = (group, obj["brokerId"])
+            at = last.get(key)
+            if at is not None:
+                obj = _fold(parsed[at][2], obj)
+                parsed[at] = None  # superseded
+            last[key] = len(parsed)
+        parsed.append((group, kind, obj, topic, part, off))
+    rows = [r for r in parsed if r is not None]
+    bucket = {g: bucket_of(g, buckets) for g in {r[0] for r in rows}}
+    for i in range(0, len(rows), chunk):
+        part_rows = rows[i:i + chunk]
+        yield pa.RecordBatch.from_arrays([
+            pa.array([bucket[r[0]] for r in part_rows], pa.string()),
+            pa.array([r[0] for r in part_rows], pa.string()),
+            pa.array([r[1] for r in part_rows], pa.string()),
+            pa.array([r[3] for r in part_rows], pa.string()),
+            pa.array([r[4] for r in part_rows], pa.int32()),
+            pa.array([r[5] for r in part_rows], pa.int64()),
+            pa.array([_dump(r[2]) for r in part_rows], pa.string())], names=PARSED_COLUMNS)
 
 
 def parse_frames(frames: Iterator[Any], heartbeats_topic: str, events_topic: str,

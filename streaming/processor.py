@@ -38,6 +38,26 @@ def _frame(rows: list[tuple[str, str, str]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
 
 
+# Per Python worker: the value each bucket was last stored with here, and its watches as objects.
+# Spark reuses its Python workers across batches, and a bucket's value read back equal to the one
+# this worker stored needs no decoding (json.loads + SetWatch.from_dict of every set was a good part
+# of the operator's Python per batch). Taken out on load and put back on store, so a batch that
+# fails in between (Spark re-runs it from the previous state version) decodes again.
+_DECODED: dict[str, tuple[str, dict[str, detector.SetWatch]]] = {}
+
+
+def _bucket_of_key(key: Any) -> str:
+    return str(key[0])
+
+
+def _one_per_broker(heartbeats: list[dict]) -> list[dict]:
+    """The set's heartbeats folded to one per broker; the Python source already hands on one per broker
+    (`parsing.parse_records`), so the fold runs only when a broker appears twice (Spark's Kafka source)."""
+    if len({hb["brokerId"] for hb in heartbeats}) == len(heartbeats):
+        return heartbeats
+    return detector.collapse_heartbeats(heartbeats)
+
+
 class MasterWatchProcessor(StatefulProcessor):
     """`detector.SetWatch`es of one bucket of broker sets, one timer per bucket."""
 
@@ -55,14 +75,18 @@ class MasterWatchProcessor(StatefulProcessor):
         self.bucket_state = handle.getValueState("bucket", BUCKET_SCHEMA)
 
     # ------------------------------------------------------------------ state helpers
-    def _load(self) -> tuple[dict[str, detector.SetWatch], int | None]:
+    def _load(self, bucket: str) -> tuple[dict[str, detector.SetWatch], int | None]:
         row = self.bucket_state.get()  # None when the bucket has no state yet (one round trip)
+        cached = _DECODED.pop(bucket, None)
         if row is None:
             return {}, None
-        watches = {name: detector.SetWatch.from_dict(d) for name, d in json.loads(row[0]).items()}
+        if cached is not None and cached[0] == row[0]:
+            watches = cached[1]
+        else:
+            watches = {name: detector.SetWatch.from_dict(d) for name, d in json.loads(row[0]).items()}
         return watches, (row[1] if row[1] is not None and row[1] >= 0 else None)
 
-    def _store(self, watches: dict[str, detector.SetWatch], armed: int | None) -> None:
+    def _store(self, bucket: str, watches: dict[str, detector.SetWatch], armed: int | None) -> None:
         """Save the bucket; register its timer only when none is armed or the earliest deadline is earlier.
 
         A timer later than needed is never moved forward (two more state calls per batch while
@@ -78,6 +102,7 @@ class MasterWatchProcessor(StatefulProcessor):
             armed = want
         body = json.dumps({n: w.to_dict() for n, w in watches.items()}, separators=(",", ":"))
         self.bucket_state.update((body, -1 if armed is None else armed))
+        _DECODED[bucket] = (body, watches)
 
     def _due(self, watches: dict[str, detector.SetWatch], skip: set[str], now: int) -> list[detector.Output]:
         judge = detector.judge_at(now, self._horizon)
@@ -110,7 +135,7 @@ class MasterWatchProcessor(StatefulProcessor):
         if not by_set:
             return
         now = timerValues.getCurrentProcessingTimeInMs()
-        collapsed = {name: detector.collapse_heartbeats([json.loads(p) for _, p in sorted(hbs)])
+        collapsed = {name: _one_per_broker([json.loads(p) for _, p in sorted(hbs)])
                      for name, (_, hbs, _) in by_set.items()}
         # Disconnected records are stamped by the ingest clock too: they move the data horizon.
         newest = max((r["ts"] for name, (_, _, dcs) in by_set.items() for r in collapsed[name] + dcs
@@ -118,7 +143,8 @@ class MasterWatchProcessor(StatefulProcessor):
         if newest is not None:
             self._horizon = max(self._horizon or 0, newest)
         judge = detector.judge_at(now, self._horizon)
-        watches, armed = self._load()
+        bucket = _bucket_of_key(key)
+        watches, armed = self._load(bucket)
         outputs: list[detector.Output] = []
         for name, (events, _, dcs) in by_set.items():
             watches[name], out = detector.process(watches.get(name), name, collapsed[name], events, now,
@@ -126,18 +152,19 @@ class MasterWatchProcessor(StatefulProcessor):
                                                   disconnects=dcs, grace_ms=self.disconnect_grace_ms)
             outputs += out
         outputs += self._due(watches, set(by_set), now)
-        self._store(watches, armed)
+        self._store(bucket, watches, armed)
         if outputs:
             yield _frame([o.row() for o in outputs])
 
     def handleExpiredTimer(self, key: Any, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:
-        watches, armed = self._load()
+        bucket = _bucket_of_key(key)
+        watches, armed = self._load(bucket)
         if armed == expiredTimerInfo.getExpiryTimeInMs():
             armed = None  # Spark removed the fired timer
         if not watches:
             return
         outputs = self._due(watches, set(), timerValues.getCurrentProcessingTimeInMs())
-        self._store(watches, armed)
+        self._store(bucket, watches, armed)
         if outputs:
             yield _frame([o.row() for o in outputs])
 

@@ -67,7 +67,8 @@ async def scenario(stack: LocalStack) -> None:
 
     try:
         await fleet.start()
-        stack.wait_log("streaming", "batch=", timeout=180)
+        # Spark's start-up and first batch (Python daemons, RocksDB) took 3-4 min on the shared 2-core machine.
+        stack.wait_log("streaming", "batch=", timeout=300)
 
         async def grown():
             sizes = [len((await info(n))["syncStateSet"]) for n in names]

@@ -16,7 +16,7 @@ from kafka import KafkaProducer
 
 from electra.streaming import kafka_io
 from electra.streaming.embedded_kafka import EmbeddedKafka
-from electra.streaming.kafka_source import KafkaPartition, KafkaStreamReader, plan_partitions
+from electra.streaming.kafka_source import KafkaPartition, KafkaStreamReader, group_partitions, plan_partitions
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +54,9 @@ def test_reader_offsets_ranges_and_restart(caplog):
         assert sorted(p.value for p in parts) == ["t.ev:0", "t.hb:0", "t.hb:1"]
         rows = read_all(reader, start, end)
         assert len(rows) == 207
+        one_task = KafkaStreamReader({"bootstrap": kafka.bootstrap, "topics": "t.hb,t.ev", "readTasks": "1"})
+        [task] = one_task.partitions(start, end)
+        assert sorted(r[:3] for r in one_task.read(task)) == sorted(r[:3] for r in rows)
         topic, part, off, key, value, ts = rows[0]
         assert isinstance(key, str) and value.startswith('{"i":') and ts is not None
         assert sorted(r[2] for r in rows if r[0] == "t.ev") == list(range(7))
@@ -98,3 +101,10 @@ def test_plan_partitions_reset_and_new_partitions():
     parts = plan_partitions({"a:0": 10, "a:1": 5}, {"a:0": 3, "a:1": 5, "b:0": 4}, "x:1", 1000)
     got = {p.value: (p.start, p.end) for p in parts}
     assert got == {"a:0": (0, 3), "b:0": (0, 4)}
+
+
+def test_fewer_read_tasks_than_partitions_read_every_range():
+    parts = plan_partitions({}, {"a:0": 3, "a:1": 5, "b:0": 4}, "x:1", 1000)
+    groups = group_partitions(parts, 2)
+    assert len(groups) == 2 and sorted(p.value for g in groups for p in g.parts) == ["a:0", "a:1", "b:0"]
+    assert group_partitions(parts, 0) == parts and group_partitions(parts, 3) == parts

@@ -316,3 +316,28 @@ def test_parse_records_in_the_source_equals_the_map_in_pandas_stage():
     got = pd.concat([b.to_pandas() for b in batches], ignore_index=True)
     assert got[PARSED_COLUMNS].values.tolist() == expected.reset_index(drop=True)[PARSED_COLUMNS].values.tolist()
     assert str(batches[0].schema.field("partition").type) == "int32"
+
+
+def test_the_source_hands_on_one_folded_heartbeat_per_broker_per_read():
+    """A read that fell behind holds many heartbeats per broker: only the last goes on, folded by RocketMQ's
+    rule exactly as the operator folds them (`collapse_heartbeats`), at the last one's offset; events,
+    disconnects and dead letters pass unchanged."""
+    from electra.streaming.detector import collapse_heartbeats
+    from electra.streaming.parsing import DISCONNECTED, parse_records
+
+    beats = [hb(1, T0, epoch=2, max_offset=500), hb(2, T0), hb(1, T0 + 1000, epoch=1, max_offset=900),  # stale epoch
+             hb(1, T0 + 2000, epoch=2, max_offset=400), hb(2, T0 + 3000, max_offset=50), hb(1, T0 + 900, name="other")]
+    raw = [("electra.heartbeats", 0, i, json.dumps(b), T0) for i, b in enumerate(beats)]
+    raw.insert(2, ("electra.heartbeats", 0, 90, json.dumps(dc(2, T0 + 1)), T0))
+    raw.insert(3, ("electra.events", 0, 91, json.dumps(ev(9, 1, 2)), T0))
+    raw.append(("electra.heartbeats", 0, 92, "{not json", T0))
+    [batch] = parse_records(iter(raw), "electra.heartbeats", "electra.events", 8)
+    rows = batch.to_pylist()
+    assert [(r["kind"], r["offset"]) for r in rows] == [(DISCONNECTED, 90), (EVENT, 91), (HEARTBEAT, 3),
+                                                        (HEARTBEAT, 4), (HEARTBEAT, 5), (DEAD_LETTER, 92)]
+    got = {(r["group"], json.loads(r["payload"])["brokerId"]): json.loads(r["payload"]) for r in rows
+           if r["kind"] == HEARTBEAT}
+    for name in ("bs", "other"):
+        for want in collapse_heartbeats([b for b in beats if b["brokerName"] == name]):
+            assert got[(name, want["brokerId"])] == want
+    assert got[("bs", 1)]["epoch"] == 2 and got[("bs", 1)]["maxOffset"] == 500 and got[("bs", 1)]["ts"] == T0 + 2000

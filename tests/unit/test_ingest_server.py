@@ -245,3 +245,104 @@ def test_a_session_connection_the_worker_closes_itself_says_nothing_and_may_idle
     proto.connection_lost(None)
     assert [r.get("type") for r in producer.sent] == [None]  # the session's heartbeat, no `disconnected`
     assert sessions.stats["closed_by_worker"] == 1 and len(sessions) == 0
+
+
+def test_a_worker_holds_thousands_of_broker_sessions():
+    """Every broker keeps its session connection open: 1,000 sets x 3 replicas over 3 workers is about a
+    thousand connections each, which the node API's connection cap (1,000) answered with 503."""
+    conns: set = set()
+    transports = []
+    for _ in range(3000):
+        proto, transport = IngestProtocol(FakeProducer(), open_connections=conns), FakeTransport()
+        proto.connection_made(transport)
+        transports.append(transport)
+        proto.deadline.cancel()
+    assert len(conns) == 3000 and not any(t.closed or t.data for t in transports)
+
+
+def test_broker_sessions_multiplexed_on_one_loop_speak_to_the_ingest_server():
+    """The simulator's session (electra/broker_session.py) against this server on a real socket: open,
+    heartbeats written without waiting (answers through the callback), a pipelined answer split across
+    reads, goodbye (shutdown record) and a reset (connection_lost record)."""
+    import asyncio
+
+    from electra.api.sessions import SessionRegistry
+    from electra.broker_session import BrokerSession, parse_answer
+
+    assert parse_answer(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}HTTP/1.1 503") == (200, 40, False)
+    assert parse_answer(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{") is None
+    assert parse_answer(b"HTTP/1.1 413 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")[2] is True
+
+    producer = FakeProducer()
+    registry = SessionRegistry(producer)
+
+    async def main():
+        server = await asyncio.get_running_loop().create_server(
+            lambda: IngestProtocol(producer, sessions=registry), "127.0.0.1", 0)
+        ep = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        ident = {"clusterName": "c", "brokerName": "s1", "brokerAddr": "10.0.0.1:10911",
+                 "heartbeatTimeoutMillis": 3000, "electionPriority": 1}
+        try:
+            a, b = BrokerSession(ep, {**ident, "brokerId": 1}), BrokerSession(ep, {**ident, "brokerId": 2})
+            assert await a.open(1, 10, 10) == 200 and await b.open(1, 5, 5) == 200
+            answers: list[int] = []
+            for i in range(3):
+                assert a.send_heartbeat(1, 11 + i, 11 + i, answers.append)
+                assert not a.send_heartbeat(1, 99, 99, answers.append)  # one request in flight
+                for _ in range(100):
+                    if not a.busy:
+                        break
+                    await asyncio.sleep(0.01)
+            assert answers == [200, 200, 200]
+            await a.goodbye()
+            b.abort()
+            for _ in range(100):
+                if len(registry) == 0:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    kinds = [(r.get("type", "hb"), r["brokerId"], r.get("reason"), r.get("maxOffset")) for r in producer.sent]
+    assert kinds == [("hb", 1, None, 10), ("hb", 2, None, 5), ("hb", 1, None, 11), ("hb", 1, None, 12),
+                     ("hb", 1, None, 13), ("disconnected", 1, "shutdown", None),
+                     ("disconnected", 2, "connection_lost", None)]
+
+
+def test_a_slow_answer_keeps_the_session_connection():
+    """A session whose answer is late is slow, not crashed: resetting it would publish connection_lost (a
+    false crash failover of a healthy broker behind an overloaded ingest worker)."""
+    import asyncio
+
+    from electra.broker_session import BrokerSession, SessionTimeout
+
+    async def main():
+        writers = []
+
+        async def slow(reader, writer):
+            writers.append(writer)
+            await reader.readuntil(b"\r\n\r\n")
+
+        server = await asyncio.start_server(slow, "127.0.0.1", 0)
+        s = BrokerSession(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", {"brokerName": "s1"}, timeout_s=0.2)
+        try:
+            try:
+                await s.open(1, 1, 1)
+                raise AssertionError("no answer came: open() must time out")
+            except SessionTimeout:
+                pass
+            assert s.is_open and s.busy and not s.overdue(factor=6)
+            writers[0].write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")  # the late answer
+            for _ in range(100):
+                if not s.busy:
+                    break
+                await asyncio.sleep(0.01)
+            assert s.is_open and not s.busy
+            s.abort()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(asyncio.wait_for(main(), 30))

@@ -47,7 +47,8 @@ def test_auto_falls_back_to_the_python_source():
     assert (df, used) == ("df", "python")
     assert ("register", KafkaDataSource) in spark.calls and ("format", NAME) in spark.calls
     opts = {c[1]: c[2] for c in spark.calls if c[0] == "option"}
-    assert opts == {"bootstrap": "127.0.0.1:9092", "topics": "a,b", "hwmFix": "true", "startingOffsets": "earliest"}
+    assert opts == {"bootstrap": "127.0.0.1:9092", "topics": "a,b", "hwmFix": "true", "startingOffsets": "earliest",
+                    "readTasks": "0"}
 
 
 def test_explicit_python_and_bad_choice():

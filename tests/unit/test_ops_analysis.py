@@ -58,3 +58,12 @@ def test_results_file_lines_and_recorder(tmp_path):
     assert [(r.bench, r.values) for r in runs] == [
         ("raft", {"commits_per_s": 100.0, "p99_ms": 1.5, "fsync": "True"}), (None, {"hb_per_s": 7.0})]
     assert runs[0].at.endswith("Z") and runs[1].at is None
+
+
+def test_bench_failover_shares_a_short_supply_of_settled_sets_between_crash_and_hang():
+    from electra.bench.failover import _victims
+
+    sets = [f"s{i}" for i in range(9)]
+    crash, hang = _victims(sets, 20, 20)
+    assert len(crash) == 4 and len(hang) == 5 and not set(crash) & set(hang)  # was 9 crashes and no hang
+    assert _victims(sets, 3, 2) == (sets[:3], sets[3:5])

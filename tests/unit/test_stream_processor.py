@@ -183,3 +183,33 @@ def test_a_disconnected_master_is_proposed_in_the_batch_that_brings_the_record()
     out = run(p, [(BUCKET, "bs", DISCONNECTED, "electra.heartbeats", 0, 4, json.dumps(d))], T0 + 450)
     [payload] = [json.loads(x) for k, x in zip(out["kind"], out["payload"]) if k == "proposal"]
     assert payload["proposedAtMs"] == T0 + 400 and {b["broker_id"] for b in payload["live"]} == {2, 3}
+
+
+def test_a_bucket_read_back_as_stored_is_not_decoded_again_but_a_rolled_back_one_is():
+    """The worker keeps each bucket's watches as objects between batches; Spark re-running a batch from
+    an older state version (the value read back differs) must be judged on that older state."""
+    from electra.streaming import detector
+
+    h = FakeHandle()
+    p = MasterWatchProcessor()
+    p.init(h)
+    run(p, [ev(1, 1, 1), hb(1, T0, 1), hb(2, T0, 2), hb(3, T0, 3)], T0)
+    before = h.state.value
+    run(p, [ev(2, 2, 2), hb(2, T0 + 500, 4)], T0 + 500)  # master 2 at epoch 2
+    decoded = []
+    real = detector.SetWatch.from_dict
+
+    def counting(d):
+        decoded.append(d["name"])
+        return real(d)
+
+    detector.SetWatch.from_dict = staticmethod(counting)
+    try:
+        run(p, [hb(2, T0 + 1000, 5)], T0 + 1000)
+        assert decoded == []  # read back as this worker stored it: no decoding
+        h.state.value = before  # Spark rolled the state back: the batch runs again on version 1
+        run(p, [hb(2, T0 + 1000, 5)], T0 + 1000)
+        assert decoded == ["bs"]
+    finally:
+        detector.SetWatch.from_dict = real
+    assert json.loads(h.state.value[0])["bs"]["master_id"] == 1  # judged on the rolled-back state
