@@ -85,8 +85,10 @@ class ChaosCluster(LocalStack):
         f = self.clock_files[i]
         if not f.exists():
             f.write_text("+0\n")
-        # Only the wall clock moves: monotonic time stays real, as on a host whose NTP steps the clock.
-        return {"LD_PRELOAD": self.faketime_lib, "FAKETIME_TIMESTAMP_FILE": str(f), "FAKETIME_NO_CACHE": "1",
+        # Only the wall clock moves: monotonic time (Raft's timers, asyncio and uvloop) stays real, as on
+        # a host whose NTP steps the clock. The offset file is re-read at most once a second: with
+        # FAKETIME_NO_CACHE every time.time() reads it (measured: 26 us instead of 0.6 us per call).
+        return {"LD_PRELOAD": self.faketime_lib, "FAKETIME_TIMESTAMP_FILE": str(f), "FAKETIME_CACHE_DURATION": "1",
                 "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_DONT_RESET": "1"}
 
     # ------------------------------------------------------------------ lifecycle

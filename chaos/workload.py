@@ -37,6 +37,8 @@ CLUSTER = "chaos"
 BROKERS = (1, 2, 3)
 HEARTBEAT_TIMEOUT_MS = 60_000
 HEARTBEAT_INTERVAL_S = 2.0
+THINK_S = (0.05, 0.2)  # between one client's ops: ~30 ops/s in all, light on a busy 2-core machine
+OBSERVER_INTERVAL_S = 0.25  # metadata polls of every node: who leads in which term
 
 
 def broker_addr(set_name: str, bid: int) -> str:
@@ -113,7 +115,7 @@ class Workload:
         self.op_timeout_s = op_timeout_s
         self.broker = ChaosClient(endpoints, credentials=creds["broker"], timeout=op_timeout_s)
         self.admin = ChaosClient(endpoints, credentials=creds["admin"], timeout=op_timeout_s)
-        self.meta = ControllerClient(endpoints, credentials=creds["admin"], timeout=0.5)
+        self.meta = ControllerClient(endpoints, credentials=creds["admin"], timeout=1.0)
         self.creds = creds
         self._ids = itertools.count()
         self._procs = itertools.count()
@@ -216,15 +218,18 @@ class Workload:
             kind, a = self._choose(s)
             if await self.run_op(proc, s, kind, a) == "unknown":
                 proc = next(self._procs)  # a process with an op in doubt is retired
-            await asyncio.sleep(self.rng.uniform(0.0, 0.05))
+            await asyncio.sleep(self.rng.uniform(*THINK_S))
 
     async def setup_sets(self) -> None:
-        """Create every set with its three brokers, its first master and a full sync-state set (recorded ops)."""
-        proc = next(self._procs)
-        for s in self.sets:
+        """Create every set with its three brokers and its first master (recorded ops; sets in parallel)."""
+        async def one(s: str) -> None:
+            proc = next(self._procs)
             for bid in BROKERS:
-                await self.run_op(proc, s, "apply_broker_id", {"bid": bid})
+                if await self.run_op(proc, s, "apply_broker_id", {"bid": bid}) == "unknown":
+                    proc = next(self._procs)
             await self.run_op(proc, s, "elect", {"bid": 1, "designate": False})
+
+        await asyncio.gather(*(one(s) for s in self.sets))
 
     # ------------------------------------------------------------------ liveness, watchers, observer
     async def heartbeat_loop(self) -> None:
@@ -272,4 +277,4 @@ class Workload:
                 if leads and (ep, term) not in seen:
                     seen.add((ep, term))
                     self.log.add("leader", node=ep, term=term)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(OBSERVER_INTERVAL_S)
