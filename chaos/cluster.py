@@ -168,10 +168,10 @@ class ChaosCluster(LocalStack):
         filler = self.data_dir(i) / "chaos-filler"
         fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            for _ in range(100_000):  # bounded: a 64 MiB tmpfs is full long before
-                os.write(fd, b"\0" * 65536)
-        except OSError:
-            pass
+            for chunk in (65536, 4096, 1):  # down to the last byte, so the node's next append fails
+                with contextlib.suppress(OSError):
+                    for _ in range(100_000):  # bounded: a 64 MiB tmpfs is full long before
+                        os.write(fd, b"\0" * chunk)
         finally:
             os.close(fd)
         return filler

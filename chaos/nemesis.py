@@ -192,5 +192,5 @@ class Nemesis:
             if f.kind == "disk-full" and isinstance(f.undo, Path):
                 f.undo.unlink(missing_ok=True)
                 code = c.exit_code(f.targets[0])
-                f.detail += f", node exit code {code}" if code is not None else ", node still running"
+                f.detail += f", node exited {code}" if code is not None else ", node ran on (no write hit ENOSPC)"
         return c.ensure_running()

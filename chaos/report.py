@@ -66,11 +66,34 @@ def _timeline(r: Any) -> str:
     return "".join(parts)
 
 
+TIMELINES = 40  # passing episodes drawn in full; the rest get one line each (a soak has 1,000)
+
+
+def _kinds_table(results: list[Any]) -> str:
+    per_kind: dict[str, list[float]] = {}
+    for r in results:
+        for k, s in r.findings.unavailable:
+            per_kind.setdefault(k, []).append(s)
+    rows = []
+    for k, v in sorted(per_kind.items()):
+        v.sort()
+        p99 = v[min(len(v) - 1, round(0.99 * (len(v) - 1)))]
+        rows.append(f"<tr><td>{html.escape(k)}</td><td>{len(v)}</td><td>{v[len(v) // 2]:.2f}</td>"
+                    f"<td>{p99:.2f}</td><td>{v[-1]:.2f}</td></tr>")
+    return ("<table><tr><th>fault kind</th><th>faults</th><th>unavailable p50 s</th><th>p99 s</th>"
+            f"<th>max s</th></tr>{''.join(rows)}</table>")
+
+
 def render(cfg: Any, results: list[Any], skipped: dict[str, str]) -> str:
     failed = [r for r in results if not r.findings.ok]
+    drawn = {id(r) for r in failed} | {id(r) for r in [r for r in results if r.findings.ok][:TIMELINES]}
     rows = []
     for r in results:
         f = r.findings
+        if id(r) not in drawn:
+            rows.append(f"<p class='brief'>Episode {r.number}: "
+                        f"{html.escape('; '.join(x.label() for x in r.faults))} · {r.ops} ops · all checks ok</p>")
+            continue
         verdicts = "".join(
             f'<li class="{"ok" if v.ok else "bad"}">{html.escape(v.checker)}: {"ok" if v.ok else "VIOLATED"} '
             f'({html.escape(v.detail)})</li>' for v in f.verdicts)
@@ -88,9 +111,10 @@ def render(cfg: Any, results: list[Any], skipped: dict[str, str]) -> str:
             f"Skipped here:</p><ul>{skipped_html}</ul>"
             "<p>Timeline: fault bars on top (hover for target), operations by invocation time and latency "
             "(green ok, orange refused, red unknown: drawn at the top), write availability per 100 ms at the "
-            "bottom.</p>")
+            "bottom.</p>" + _kinds_table(results))
     style = ("body{font-family:sans-serif;margin:20px;max-width:960px}section{border-left:4px solid #2e7d32;"
              "padding-left:10px;margin:18px 0}section.bad{border-color:#c62828}li.bad{color:#c62828;"
-             "font-weight:bold}li.ok{color:#333}code{font-size:11px}")
+             "font-weight:bold}li.ok{color:#333}code{font-size:11px}p.brief{margin:2px 0;font-size:12px}"
+             "td,th{padding:2px 10px;text-align:right}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>electra chaos</title>"
             f"<style>{style}</style></head><body>{head}{''.join(rows)}</body></html>")

@@ -43,6 +43,7 @@ class RunConfig:
     tick_ms: int = 100
     secure: bool = True
     stop_on_failure: bool = False
+    time_budget_s: float | None = None  # no new episode starts after this long (a soak cut to the time there is)
 
 
 @dataclass
@@ -139,13 +140,15 @@ async def run_episode(cfg: RunConfig, cluster: ChaosCluster, n: int, kinds: list
     nemesis = Nemesis(cluster)
     faults = schedule(cfg.seed, n, kinds, cfg.nodes, cfg.mixed, cfg.fault_s)
     tasks: list[asyncio.Task] = []
+    clients: list[asyncio.Task] = []
     heal_at = 0.0
     recovery: float | None = None
     try:
         await wl.setup_sets()
-        tasks = [asyncio.create_task(wl.observer_loop()), asyncio.create_task(wl.heartbeat_loop())]
-        tasks += [asyncio.create_task(wl.watch_loop(s)) for s in sets]
-        tasks += [asyncio.create_task(wl.client_loop(s)) for s in sets for _ in range(cfg.procs_per_set)]
+        background = [asyncio.create_task(wl.observer_loop()), asyncio.create_task(wl.heartbeat_loop())]
+        background += [asyncio.create_task(wl.watch_loop(s)) for s in sets]
+        clients = [asyncio.create_task(wl.client_loop(s)) for s in sets for _ in range(cfg.procs_per_set)]
+        tasks = background + clients
         t0 = log.now()
         for f in sorted(faults, key=lambda f: f.start):
             await asyncio.sleep(max(0.0, t0 + f.start - log.now()))
@@ -154,11 +157,12 @@ async def run_episode(cfg: RunConfig, cluster: ChaosCluster, n: int, kinds: list
             await asyncio.to_thread(nemesis.start, f, leader)
             rec.update(fault=f.label(), target=f.targets, detail=f.detail, injected=log.now())
         await asyncio.sleep(max(0.0, t0 + max(f.end for f in faults) - log.now()))
+        exit_codes = {i: cluster.exit_code(i) for i in cluster.ids if cluster.exit_code(i) is not None}
         restarted = await asyncio.to_thread(nemesis.heal, faults)
         heal_at = log.now()
         for f in faults:
             log.add("fault-end", fault=f.label(), kind=f.kind, target=f.targets, detail=f.detail,
-                    restarted=restarted)
+                    restarted=restarted, exit_codes=exit_codes)
         # Recovery: the first write invoked after healing that is acknowledged.
         deadline = time.monotonic() + RECOVERY_BOUND_S + 2
         while recovery is None and time.monotonic() < deadline:
@@ -174,7 +178,7 @@ async def run_episode(cfg: RunConfig, cluster: ChaosCluster, n: int, kinds: list
         wl.stop.set()
         # Operations in flight complete (or time out as unknown) before the history closes.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=wl.op_timeout_s + 3)
+            await asyncio.wait_for(asyncio.gather(*clients, return_exceptions=True), timeout=wl.op_timeout_s + 3)
         for t in tasks:
             t.cancel()
         for res in await asyncio.gather(*tasks, return_exceptions=True):
@@ -234,7 +238,12 @@ async def run(cfg: RunConfig) -> tuple[int, str]:
                 raise RuntimeError("the controller group elected no leader:\n" + cluster.log_tail("node1"))
         finally:
             await probe.close()
+        started = time.monotonic()
         for n in range(cfg.first_episode, cfg.first_episode + cfg.episodes):
+            if cfg.time_budget_s is not None and time.monotonic() - started > cfg.time_budget_s:
+                print(f"time budget of {cfg.time_budget_s:.0f}s spent: stopping after {len(results)} episodes",
+                      flush=True)
+                break
             r = await run_episode(cfg, cluster, n, kinds)
             results.append(r)
             print(summary_line(cfg, r), flush=True)
