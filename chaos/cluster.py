@@ -3,7 +3,8 @@
 `ChaosCluster` is a `LocalStack` (so secure by default, the same command line as
 operators run) whose nodes dial their higher-id peers through the fault proxies
 (chaos/proxy.py), whose data directories may sit on small tmpfs mounts (a real
-ENOSPC, root only) and whose clock may be under libfaketime (when installed).
+ENOSPC, root only), whose clock may be under libfaketime (when installed) and whose
+fsyncs may be slowed by a small LD_PRELOAD shim (chaos/slowdisk.c, when a C compiler is there).
 It owns process-level faults: SIGKILL, SIGSTOP/SIGCONT, restart, a torn log tail.
 """
 
@@ -36,9 +37,24 @@ def can_mount() -> bool:
     return os.geteuid() == 0 and shutil.which("mount") is not None
 
 
+def c_compiler() -> str | None:
+    return shutil.which("cc") or shutil.which("gcc")
+
+
+def build_slow_disk_shim(out_dir: Path) -> Path | None:
+    """Compile chaos/slowdisk.c (fsync/fdatasync delayed by a file's value) into `out_dir`; None if impossible."""
+    cc = c_compiler()
+    if cc is None:
+        return None
+    so = Path(out_dir) / "slowdisk.so"
+    r = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(so), str(Path(__file__).with_name("slowdisk.c")),
+                        "-ldl"], capture_output=True, text=True, timeout=60)
+    return so if r.returncode == 0 else None
+
+
 class ChaosCluster(LocalStack):
     def __init__(self, data_dir: Path, *, nodes: int = 3, seed: int = 0, tick_ms: int = 50, secure: bool = True,
-                 tmpfs: bool = False, faketime: bool = False) -> None:
+                 tmpfs: bool = False, faketime: bool = False, slow_disk: bool = False) -> None:
         ports = free_ports(2 * nodes + nodes * (nodes - 1) // 2)
         super().__init__(StackConfig(data_dir=Path(data_dir), nodes=nodes, raft_port=0, http_port=0,
                                      tier_uri=None, tick_ms=tick_ms, secure=secure))
@@ -54,6 +70,8 @@ class ChaosCluster(LocalStack):
                     self.hub.add(lo, hi, next(proxy_ports), self.raft_ports[hi])
         self.faketime_lib = faketime_library() if faketime else None
         self.clock_files = {i: Path(data_dir) / f"clock-node{i}" for i in self.ids}
+        self.slow_disk_lib = build_slow_disk_shim(Path(data_dir)) if slow_disk else None
+        self.disk_delay_files = {i: Path(data_dir) / f"fsync-delay-ms-node{i}" for i in self.ids}
         self.mounted: list[Path] = []
         if tmpfs and can_mount():
             for i in self.ids:
@@ -80,16 +98,24 @@ class ChaosCluster(LocalStack):
         return ["--inactive-master-scan-ms", "0"]
 
     def node_env(self, i: int) -> dict[str, str]:
-        if self.faketime_lib is None:
-            return {}
-        f = self.clock_files[i]
-        if not f.exists():
-            f.write_text("+0\n")
-        # Only the wall clock moves: monotonic time (Raft's timers, asyncio and uvloop) stays real, as on
-        # a host whose NTP steps the clock. The offset file is re-read at most once a second: with
-        # FAKETIME_NO_CACHE every time.time() reads it (measured: 26 us instead of 0.6 us per call).
-        return {"LD_PRELOAD": self.faketime_lib, "FAKETIME_TIMESTAMP_FILE": str(f), "FAKETIME_CACHE_DURATION": "1",
-                "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_DONT_RESET": "1"}
+        env: dict[str, str] = {}
+        preload = []
+        if self.slow_disk_lib is not None:
+            preload.append(str(self.slow_disk_lib))
+            env["ELECTRA_SLOW_DISK_FILE"] = str(self.disk_delay_files[i])
+        if self.faketime_lib is not None:
+            f = self.clock_files[i]
+            if not f.exists():
+                f.write_text("+0\n")
+            preload.append(self.faketime_lib)
+            # Only the wall clock moves: monotonic time (Raft's timers, asyncio and uvloop) stays real, as on
+            # a host whose NTP steps the clock. The offset file is re-read at most once a second: with
+            # FAKETIME_NO_CACHE every time.time() reads it (measured: 26 us instead of 0.6 us per call).
+            env.update({"FAKETIME_TIMESTAMP_FILE": str(f), "FAKETIME_CACHE_DURATION": "1",
+                        "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_DONT_RESET": "1"})
+        if preload:
+            env["LD_PRELOAD"] = " ".join(preload)
+        return env
 
     # ------------------------------------------------------------------ lifecycle
     def data_dir(self, i: int) -> Path:
@@ -162,6 +188,12 @@ class ChaosCluster(LocalStack):
         tmp = self.clock_files[i].with_suffix(".tmp")
         tmp.write_text(f"{offset_s:+.3f}\n")
         tmp.replace(self.clock_files[i])
+
+    def set_fsync_delay(self, i: int, delay_ms: int) -> None:
+        """Every fsync of node i waits this long first (the slow-disk shim reads the file on each call)."""
+        tmp = self.disk_delay_files[i].with_suffix(".tmp")
+        tmp.write_text(f"{int(delay_ms)}\n")
+        tmp.replace(self.disk_delay_files[i])
 
     def fill_disk(self, i: int) -> Path:
         """Fill node i's tmpfs data dir until ENOSPC; delete the returned file to free it."""

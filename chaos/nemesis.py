@@ -9,8 +9,8 @@ kill, pause (SIGSTOP/SIGCONT), partition, delay, loss (the peer-link proxies),
 torn-tail (kill, cut the newest log segment's tail, restart): always;
 clock (wall-clock skew and jumps on one node): libfaketime (Debian `faketime`);
 disk-full (ENOSPC on one node): root, for a tmpfs under each data dir;
-slow-disk: no mechanism here (no dm-delay in this kernel's container, no FUSE
-layer in the project), always reported as skipped rather than faked.
+slow-disk (every fsync of one node delayed): a C compiler for the LD_PRELOAD shim
+chaos/slowdisk.c (no dm-delay in this container's kernel, no FUSE layer here).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cluster import ChaosCluster, can_mount, faketime_library
+from .cluster import ChaosCluster, c_compiler, can_mount, faketime_library
 
 KINDS = ("kill", "pause", "partition", "delay", "loss", "clock", "disk-full", "torn-tail", "slow-disk")
 TARGETS = ("any", "leader", "minority", "majority")
@@ -38,8 +38,8 @@ def supported(kinds: list[str]) -> tuple[list[str], dict[str, str]]:
             skipped[k] = "needs libfaketime (apt-get install faketime)"
         elif k == "disk-full" and not can_mount():
             skipped[k] = "needs root to mount a small tmpfs under each node's data dir"
-        elif k == "slow-disk":
-            skipped[k] = "no slow-disk mechanism on this machine (no dm-delay, no FUSE layer)"
+        elif k == "slow-disk" and c_compiler() is None:
+            skipped[k] = "needs a C compiler (cc) to build the fsync-delay shim chaos/slowdisk.c"
     return [k for k in kinds if k not in skipped], skipped
 
 
@@ -85,7 +85,9 @@ def schedule(seed: int, episode: int, kinds: list[str], nodes: int, mixed: bool,
             f.param = rng.choice((-1, 1)) * rng.choice((2.0, 30.0, 600.0))
         elif kind == "torn-tail":
             f.param = rng.choice((1, 17, 200, 4096))
-        if kind in ("clock", "disk-full", "torn-tail", "delay", "loss"):
+        elif kind == "slow-disk":
+            f.param = rng.choice((20, 100, 500, 1500))  # milliseconds per fsync
+        if kind in ("clock", "disk-full", "torn-tail", "delay", "loss", "slow-disk"):
             f.mode = rng.choice(("any", "leader"))
         faults.append(f)
     return faults
@@ -108,7 +110,7 @@ class Nemesis:
 
     def start(self, f: Fault, leader: int | None) -> None:
         c, rng, ids = self.cluster, random.Random(f.seed), self.cluster.ids
-        if f.kind in ("kill", "pause", "torn-tail", "clock", "disk-full", "delay", "loss"):
+        if f.kind in ("kill", "pause", "torn-tail", "clock", "disk-full", "delay", "loss", "slow-disk"):
             f.targets = _pick(rng, ids, leader, f.mode)
         if f.kind == "kill":
             for i in f.targets:
@@ -123,6 +125,9 @@ class Nemesis:
         elif f.kind == "clock":
             c.set_clock_offset(f.targets[0], f.param)
             f.detail = f"wall clock {f.param:+.0f}s"
+        elif f.kind == "slow-disk":
+            c.set_fsync_delay(f.targets[0], int(f.param))
+            f.detail = f"fsync +{f.param:.0f} ms"
         elif f.kind == "disk-full":
             f.undo = c.fill_disk(f.targets[0])
             f.detail = "ENOSPC"
@@ -188,6 +193,9 @@ class Nemesis:
         if c.faketime_lib:
             for i in c.ids:
                 c.set_clock_offset(i, 0.0)
+        if c.slow_disk_lib:
+            for i in c.ids:
+                c.set_fsync_delay(i, 0)
         for f in faults:
             if f.kind == "disk-full" and isinstance(f.undo, Path):
                 f.undo.unlink(missing_ok=True)

@@ -35,7 +35,7 @@ class RunConfig:
     first_episode: int = 0
     nodes: int = 3
     kinds: list[str] = field(default_factory=lambda: ["kill", "pause", "partition", "delay", "loss", "clock",
-                                                       "disk-full", "torn-tail"])
+                                                       "disk-full", "torn-tail", "slow-disk"])
     mixed: bool = False
     sets: int = 3
     procs_per_set: int = 2
@@ -222,10 +222,16 @@ async def run(cfg: RunConfig) -> tuple[int, str]:
         raise SystemExit("no fault kind can be injected here")
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     cluster = ChaosCluster(cfg.out_dir / "cluster", nodes=cfg.nodes, seed=cfg.seed, tick_ms=cfg.tick_ms,
-                           secure=cfg.secure, tmpfs="disk-full" in kinds, faketime="clock" in kinds)
+                           secure=cfg.secure, tmpfs="disk-full" in kinds, faketime="clock" in kinds,
+                           slow_disk="slow-disk" in kinds)
     if "disk-full" in kinds and not cluster.mounted:
         kinds.remove("disk-full")
+        skipped["disk-full"] = "mounting a tmpfs failed"
         print("skipped fault kind disk-full: mounting a tmpfs failed", flush=True)
+    if "slow-disk" in kinds and cluster.slow_disk_lib is None:
+        kinds.remove("slow-disk")
+        skipped["slow-disk"] = "building the fsync-delay shim failed"
+        print("skipped fault kind slow-disk: building the fsync-delay shim failed", flush=True)
     results: list[EpisodeResult] = []
     if mutations.active():
         print(mutations.banner(), flush=True)
