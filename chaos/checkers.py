@@ -189,7 +189,10 @@ def check_episode(log: HistoryLog, final: dict[str, dict[str, Any] | None], reco
     fnd.verdicts.append(check_one_leader_per_term(log))
     fnd.verdicts.append(check_monotonic_epochs(log, ops))
     fnd.lost_acked, example = lost_acknowledged(ops, final)
-    fnd.verdicts.append(Verdict("acknowledged-writes-kept", fnd.lost_acked == 0, fnd.lost_acked,
+    unread = sorted({o["set"] for o in ops} - final.keys())
+    if unread:  # a set whose final state could not be read proves nothing about its writes
+        example = example or f"the final state of {', '.join(unread)} could not be read from a leader"
+    fnd.verdicts.append(Verdict("acknowledged-writes-kept", fnd.lost_acked == 0 and not unread, fnd.lost_acked,
                                 example or f"{len(final)} sets read at the end"))
     recovered = recovery_s is not None and recovery_s <= RECOVERY_BOUND_S
     fnd.verdicts.append(Verdict("recovery", recovered, 0 if recovered else 1,

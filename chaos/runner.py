@@ -120,10 +120,18 @@ async def _final_state(wl: Workload, cluster: ChaosCluster, sets: list[str], pro
             if out["code"] != 0:
                 final[s] = None
                 break
+            # Sync-state data is the answering node's local view: ask the leader, and use the answer
+            # only if that node still led the same term afterwards (it had applied every acked write).
+            ep = cluster.endpoints[lead]
+            _, term = await wl._leader_term(ep)
+            wl.admin.preferred = ep
             try:
-                res = await wl.admin.attempt("POST", "/v1/admin/sync-state-data", {"brokerNames": [s]})
+                node, _, body = await wl.admin.attempt("POST", "/v1/admin/sync-state-data", {"brokerNames": [s]})
             except Exception:
                 continue
+            if node != ep or await wl._leader_term(ep) != (True, term):
+                continue
+            res = (node, 200, body)
             table = (res[2].get("body") or {}).get("replicasInfoTable", {}).get(s, {})
             brokers = {r["brokerId"] for part in ("inSyncReplicas", "notInSyncReplicas") for r in table.get(part, [])}
             final[s] = {"brokers": brokers, "mepoch": out.get("mepoch", 0), "sse": out.get("sse", 0)}

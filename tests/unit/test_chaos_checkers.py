@@ -176,9 +176,15 @@ def test_schedules_are_seeded_and_cover_every_kind_round_robin():
         assert len(fs) == 1 or "torn-tail" not in {f.kind for f in fs}
 
 
-def test_unsupported_kinds_are_named_with_the_reason():
-    kinds, skipped = supported(["kill", "slow-disk"])
-    assert kinds == ["kill"] and "slow-disk" in skipped
+def test_unsupported_kinds_are_named_with_the_reason(monkeypatch):
+    from electra.chaos import nemesis
+
+    monkeypatch.setattr(nemesis, "c_compiler", lambda: None)  # a machine without cc, root or libfaketime
+    monkeypatch.setattr(nemesis, "can_mount", lambda: False)
+    monkeypatch.setattr(nemesis, "faketime_library", lambda: None)
+    kinds, skipped = supported(["kill", "slow-disk", "disk-full", "clock"])
+    assert kinds == ["kill"]
+    assert "C compiler" in skipped["slow-disk"] and "root" in skipped["disk-full"] and "faketime" in skipped["clock"]
     with pytest.raises(ValueError, match="unknown fault kind"):
         supported(["meteor"])
     assert "slow-disk" in KINDS
