@@ -10,7 +10,7 @@
 - epochs never go backwards for one observer (a client's writes and leader reads in
   order, one watch connection's events);
 - every acknowledged write is in the final state (`lost_acked`);
-- recovery: once faults heal the group accepts a write again within a bound.
+- recovery: once faults heal the group accepts a write again within a stated bound.
 
 Unavailability windows (per fault: from its start to the first acknowledged write
 invoked after it) are measurements, reported per fault kind, not verdicts.
@@ -29,7 +29,9 @@ from electra.state.codes import Code
 from . import controller_model
 from .history import HistoryLog, operations
 
-RECOVERY_BOUND_S = 10.0
+# Liveness needs CPU: on a 2-core machine shared with a dozen busy processes a restarted node takes
+# seconds to import and elect. The bound is a stated parameter (`electra chaos --recovery-bound-s`).
+RECOVERY_BOUND_S = 30.0
 
 
 @dataclass
@@ -181,7 +183,7 @@ def unavailability(log: HistoryLog, ops: list[dict[str, Any]]) -> list[tuple[str
 
 
 def check_episode(log: HistoryLog, final: dict[str, dict[str, Any] | None], recovery_s: float | None,
-                  lin_timeout_s: float = 20.0) -> Findings:
+                  lin_timeout_s: float = 20.0, recovery_bound_s: float = RECOVERY_BOUND_S) -> Findings:
     ops = operations(log)
     fnd = Findings(recovery_s=recovery_s)
     fnd.verdicts.append(check_linearizable(ops, lin_timeout_s))
@@ -194,10 +196,10 @@ def check_episode(log: HistoryLog, final: dict[str, dict[str, Any] | None], reco
         example = example or f"the final state of {', '.join(unread)} could not be read from a leader"
     fnd.verdicts.append(Verdict("acknowledged-writes-kept", fnd.lost_acked == 0 and not unread, fnd.lost_acked,
                                 example or f"{len(final)} sets read at the end"))
-    recovered = recovery_s is not None and recovery_s <= RECOVERY_BOUND_S
+    recovered = recovery_s is not None and recovery_s <= recovery_bound_s
     fnd.verdicts.append(Verdict("recovery", recovered, 0 if recovered else 1,
                                 f"write accepted {recovery_s:.2f}s after healing" if recovery_s is not None
-                                else f"no write accepted within {RECOVERY_BOUND_S:.0f}s after healing"))
+                                else f"no write accepted within {recovery_bound_s:.0f}s after healing"))
     errors = [r for r in log.of_type("error")]
     if errors:  # the harness itself broke: the episode proves nothing, so it cannot pass
         fnd.verdicts.append(Verdict("harness", False, 0, f"{len(errors)} errors, first: {errors[0]['error']}"))

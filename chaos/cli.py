@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--out", default=".electra/chaos", help="history files, report.html and the cluster's data")
     c.add_argument("--insecure", action="store_true", help="plaintext nodes (default: mutual TLS, as electra up)")
     c.add_argument("--stop-on-failure", action="store_true")
+    c.add_argument("--recovery-bound-s", type=float, default=30.0,
+                   help="a write must be acknowledged this soon after the faults heal (default 30)")
     c.add_argument("--time-budget-s", type=float, help="start no episode after this many seconds (then report)")
     c.set_defaults(fn=cmd_chaos)
 
@@ -46,7 +48,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     cfg = RunConfig(out_dir=Path(args.out) / time.strftime("%Y%m%d-%H%M%S"), episodes=args.episodes,
                     seed=args.seed, nodes=args.nodes, kinds=kinds, mixed=args.mixed, sets=args.sets,
                     tick_ms=args.tick_ms, secure=not args.insecure, stop_on_failure=args.stop_on_failure,
-                    time_budget_s=args.time_budget_s)
+                    time_budget_s=args.time_budget_s, recovery_bound_s=args.recovery_bound_s)
     if args.long:
         cfg.episodes, cfg.mixed, cfg.fault_s = max(args.episodes, LONG_EPISODES), True, (1.0, 6.0)
     if args.episode is not None:

@@ -26,6 +26,8 @@ from .history import HistoryLog
 from .nemesis import Fault, Nemesis, schedule, supported
 from .workload import Workload
 
+FINAL_READ_S = 20.0  # to read every set's final state from a leader after the episode
+
 
 @dataclass
 class RunConfig:
@@ -43,6 +45,7 @@ class RunConfig:
     tick_ms: int = 100
     secure: bool = True
     stop_on_failure: bool = False
+    recovery_bound_s: float = RECOVERY_BOUND_S
     time_budget_s: float | None = None  # no new episode starts after this long (a soak cut to the time there is)
 
 
@@ -103,7 +106,7 @@ async def _final_state(wl: Workload, cluster: ChaosCluster, sets: list[str], pro
     """Each set as the leader has it at the end: leader-checked replica info (recorded, so linearizability
     covers it) plus the broker ids from the leader's sync-state data."""
     final: dict[str, dict[str, Any] | None] = {}
-    deadline = time.monotonic() + RECOVERY_BOUND_S
+    deadline = time.monotonic() + FINAL_READ_S
     for s in sets:
         while time.monotonic() < deadline:
             lead = await _leader(wl, cluster)
@@ -158,13 +161,15 @@ async def run_episode(cfg: RunConfig, cluster: ChaosCluster, n: int, kinds: list
         clients = [asyncio.create_task(wl.client_loop(s)) for s in sets for _ in range(cfg.procs_per_set)]
         tasks = background + clients
         t0 = log.now()
+        heal_due = 0.0
         for f in sorted(faults, key=lambda f: f.start):
             await asyncio.sleep(max(0.0, t0 + f.start - log.now()))
             leader = await _leader(wl, cluster)
             rec = log.add("fault-start", fault=f.kind, kind=f.kind, mode=f.mode, leader=leader)
             await asyncio.to_thread(nemesis.start, f, leader)
             rec.update(fault=f.label(), target=f.targets, detail=f.detail, injected=log.now())
-        await asyncio.sleep(max(0.0, t0 + max(f.end for f in faults) - log.now()))
+            heal_due = max(heal_due, rec["mono"] + (f.end - f.start))  # each fault lasts its full duration
+        await asyncio.sleep(max(0.0, heal_due - log.now()))
         exit_codes = {i: cluster.exit_code(i) for i in cluster.ids if cluster.exit_code(i) is not None}
         restarted = await asyncio.to_thread(nemesis.heal, faults)
         heal_at = log.now()
@@ -172,7 +177,7 @@ async def run_episode(cfg: RunConfig, cluster: ChaosCluster, n: int, kinds: list
             log.add("fault-end", fault=f.label(), kind=f.kind, target=f.targets, detail=f.detail,
                     restarted=restarted, exit_codes=exit_codes)
         # Recovery: the first write invoked after healing that is acknowledged.
-        deadline = time.monotonic() + RECOVERY_BOUND_S + 2
+        deadline = time.monotonic() + cfg.recovery_bound_s + 2
         while recovery is None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
             acked = [r for r in log.records if r["type"] == "ok"]
@@ -197,7 +202,7 @@ async def run_episode(cfg: RunConfig, cluster: ChaosCluster, n: int, kinds: list
         await _wait_caught_up(wl, cluster, 20.0)
     finally:
         await wl.close()
-    findings = await asyncio.to_thread(check_episode, log, final, recovery)
+    findings = await asyncio.to_thread(check_episode, log, final, recovery, recovery_bound_s=cfg.recovery_bound_s)
     path = cfg.out_dir / f"episode-{n:04d}.jsonl"
     log.write(path)
     ops = sum(1 for r in log.records if r["type"] == "invoke")
