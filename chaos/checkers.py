@@ -171,14 +171,16 @@ def lost_acknowledged(ops: list[dict[str, Any]], final: dict[str, dict[str, Any]
 
 
 def unavailability(log: HistoryLog, ops: list[dict[str, Any]]) -> list[tuple[str, float]]:
-    """Per fault: seconds from its start to the first acknowledged write invoked after it."""
+    """Per fault: seconds from its start to the first acknowledged write invoked after it, labelled by kind
+    and, where it says whom the fault hit (`kill(leader)`, `partition(isolate-leader)`), its mode."""
     writes = sorted((o for o in ops if o["status"] == "ok" and o["op"] in controller_model.WRITES),
                     key=lambda o: o["call"])
     out = []
     for f in log.of_type("fault-start"):
         first = next((o["ret"] for o in writes if o["call"] >= f["mono"]), None)
         if first is not None:
-            out.append((f["kind"], first - f["mono"]))
+            what = f["kind"] if f.get("mode", "node") in ("node", "any") else f"{f['kind']}({f['mode']})"
+            out.append((what, first - f["mono"]))
     return out
 
 

@@ -70,7 +70,7 @@ async def _leader(wl: Workload, cluster: ChaosCluster) -> int | None:
     for i, ep in cluster.endpoints.items():
         if not cluster.alive(i) or i in cluster.paused:
             continue
-        leads, _ = await wl._leader_term(ep)
+        leads, _ = await wl.leader_term(ep)
         if leads:
             return i
     return None
@@ -126,16 +126,15 @@ async def _final_state(wl: Workload, cluster: ChaosCluster, sets: list[str], pro
             # Sync-state data is the answering node's local view: ask the leader, and use the answer
             # only if that node still led the same term afterwards (it had applied every acked write).
             ep = cluster.endpoints[lead]
-            _, term = await wl._leader_term(ep)
+            _, term = await wl.leader_term(ep)
             wl.admin.preferred = ep
             try:
                 node, _, body = await wl.admin.attempt("POST", "/v1/admin/sync-state-data", {"brokerNames": [s]})
             except Exception:
                 continue
-            if node != ep or await wl._leader_term(ep) != (True, term):
+            if node != ep or await wl.leader_term(ep) != (True, term):
                 continue
-            res = (node, 200, body)
-            table = (res[2].get("body") or {}).get("replicasInfoTable", {}).get(s, {})
+            table = (body.get("body") or {}).get("replicasInfoTable", {}).get(s, {})
             brokers = {r["brokerId"] for part in ("inSyncReplicas", "notInSyncReplicas") for r in table.get(part, [])}
             final[s] = {"brokers": brokers, "mepoch": out.get("mepoch", 0), "sse": out.get("sse", 0)}
             break

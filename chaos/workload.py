@@ -171,7 +171,7 @@ class Workload:
             node, _, res = await self.broker.attempt("GET", f"{base}/next-broker-id", params={"cluster": CLUSTER})
         return node, res
 
-    async def _leader_term(self, ep: str) -> tuple[bool, int]:
+    async def leader_term(self, ep: str) -> tuple[bool, int]:
         try:
             md = await self.meta.metadata(ep)
             return bool(md.get("is_leader")), int(md.get("term") or 0)
@@ -184,7 +184,7 @@ class Workload:
         read = kind in ("replica_info", "next_broker_id")
         before = None
         if read and self.broker.preferred:
-            before = (self.broker.preferred, await self._leader_term(self.broker.preferred))
+            before = (self.broker.preferred, await self.leader_term(self.broker.preferred))
         try:
             node, res = await asyncio.wait_for(self._request(s, kind, a), timeout=self.op_timeout_s + 1.0)
         except (_Unknown, TimeoutError) as exc:
@@ -197,7 +197,7 @@ class Workload:
         extra: dict[str, Any] = {}
         if read:
             # A read is linearizable only if the node that served it led the same term before and after.
-            after = await self._leader_term(node)
+            after = await self.leader_term(node)
             extra["leader_read"] = bool(before and before[0] == node and before[1][0] and after[0]
                                         and before[1][1] == after[1] and after[1] > 0)
         self.log.add("ok", id=op_id, node=node, out=out, **extra)
@@ -272,7 +272,7 @@ class Workload:
     async def observer_loop(self) -> None:
         seen: set[tuple[str, int]] = set()
         while not self.stop.is_set():
-            res = await asyncio.gather(*(self._leader_term(ep) for ep in self.endpoints))
+            res = await asyncio.gather(*(self.leader_term(ep) for ep in self.endpoints))
             for ep, (leads, term) in zip(self.endpoints, res, strict=True):
                 if leads and (ep, term) not in seen:
                     seen.add((ep, term))

@@ -233,3 +233,16 @@ def test_the_link_proxy_forwards_blocks_one_way_and_heals():
             server.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_unavailability_runs_from_a_fault_to_the_first_write_invoked_after_it_and_acknowledged():
+    h = H()
+    _created(h)  # writes acknowledged up to t=3.5
+    h.log.records.append({"type": "fault-start", "mono": 4.0, "wall": 4.0, "kind": "kill", "mode": "leader",
+                          "fault": "kill(leader:n1)"})
+    h.op(1, "a", "register", {"bid": 1}, 3.9, 6.0, out={"code": OK, "master": None, "sss": [1], "sse": 1})
+    h.op(1, "a", "replica_info", {}, 4.5, 4.6, out={"code": OK})  # reads do not count
+    h.op(2, "a", "apply_broker_id", {"bid": 2}, 4.2, 5.0, status="unknown")
+    h.op(3, "a", "apply_broker_id", {"bid": 2}, 5.5, 6.5, out={"code": OK})
+    h.log.records.sort(key=lambda r: r["mono"])
+    assert checkers.unavailability(h.log, operations(h.log)) == [("kill(leader)", 2.5)]
