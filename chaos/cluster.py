@@ -4,7 +4,8 @@
 operators run) whose nodes dial their higher-id peers through the fault proxies
 (chaos/proxy.py), whose data directories may sit on small tmpfs mounts (a real
 ENOSPC, root only), whose clock may be under libfaketime (when installed) and whose
-fsyncs may be slowed by a small LD_PRELOAD shim (chaos/slowdisk.c, when a C compiler is there).
+fsyncs go through a small LD_PRELOAD shim (chaos/diskshim.c, when a C compiler is there) that can
+slow them and logs what was synced, so a power cut can drop the rest.
 It owns process-level faults: SIGKILL, SIGSTOP/SIGCONT, restart, a torn log tail.
 """
 
@@ -41,20 +42,33 @@ def c_compiler() -> str | None:
     return shutil.which("cc") or shutil.which("gcc")
 
 
-def build_slow_disk_shim(out_dir: Path) -> Path | None:
-    """Compile chaos/slowdisk.c (fsync/fdatasync delayed by a file's value) into `out_dir`; None if impossible."""
+def build_disk_shim(out_dir: Path) -> Path | None:
+    """Compile chaos/diskshim.c (slow fsync, synced sizes logged) into `out_dir`; None if impossible."""
     cc = c_compiler()
     if cc is None:
         return None
-    so = Path(out_dir) / "slowdisk.so"
-    r = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(so), str(Path(__file__).with_name("slowdisk.c")),
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    so = Path(out_dir) / "diskshim.so"
+    r = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(so), str(Path(__file__).with_name("diskshim.c")),
                         "-ldl"], capture_output=True, text=True, timeout=60)
     return so if r.returncode == 0 else None
 
 
+def last_synced_sizes(sync_log: Path) -> dict[str, int]:
+    """The size of each file at its last fsync, from the disk shim's log."""
+    sizes: dict[str, int] = {}
+    if sync_log.exists():
+        for line in sync_log.read_text(errors="replace").splitlines():
+            size, _, path = line.partition("\t")
+            if path and size.isdigit():
+                sizes[path] = int(size)
+    return sizes
+
+
 class ChaosCluster(LocalStack):
     def __init__(self, data_dir: Path, *, nodes: int = 3, seed: int = 0, tick_ms: int = 50, secure: bool = True,
-                 tmpfs: bool = False, faketime: bool = False, slow_disk: bool = False) -> None:
+                 tmpfs: bool = False, faketime: bool = False, disk_shim: bool = False,
+                 fsync_delay_ms: int = 0) -> None:
         ports = free_ports(2 * nodes + nodes * (nodes - 1) // 2)
         super().__init__(StackConfig(data_dir=Path(data_dir), nodes=nodes, raft_port=0, http_port=0,
                                      tier_uri=None, tick_ms=tick_ms, secure=secure))
@@ -70,8 +84,13 @@ class ChaosCluster(LocalStack):
                     self.hub.add(lo, hi, next(proxy_ports), self.raft_ports[hi])
         self.faketime_lib = faketime_library() if faketime else None
         self.clock_files = {i: Path(data_dir) / f"clock-node{i}" for i in self.ids}
-        self.slow_disk_lib = build_slow_disk_shim(Path(data_dir)) if slow_disk else None
+        self.disk_shim = build_disk_shim(Path(data_dir)) if disk_shim else None
         self.disk_delay_files = {i: Path(data_dir) / f"fsync-delay-ms-node{i}" for i in self.ids}
+        self.sync_logs = {i: Path(data_dir) / f"synced-node{i}.log" for i in self.ids}
+        self.fsync_delay_ms = fsync_delay_ms  # every node's disk, the whole run (0: as fast as it is)
+        if self.disk_shim is not None:
+            for i in self.ids:
+                self.set_fsync_delay(i, fsync_delay_ms)
         self.mounted: list[Path] = []
         if tmpfs and can_mount():
             for i in self.ids:
@@ -100,9 +119,10 @@ class ChaosCluster(LocalStack):
     def node_env(self, i: int) -> dict[str, str]:
         env: dict[str, str] = {}
         preload = []
-        if self.slow_disk_lib is not None:
-            preload.append(str(self.slow_disk_lib))
+        if self.disk_shim is not None:
+            preload.append(str(self.disk_shim))
             env["ELECTRA_SLOW_DISK_FILE"] = str(self.disk_delay_files[i])
+            env["ELECTRA_SYNCED_LOG"] = str(self.sync_logs[i])
         if self.faketime_lib is not None:
             f = self.clock_files[i]
             if not f.exists():
@@ -188,6 +208,28 @@ class ChaosCluster(LocalStack):
         tmp = self.clock_files[i].with_suffix(".tmp")
         tmp.write_text(f"{offset_s:+.3f}\n")
         tmp.replace(self.clock_files[i])
+
+    def lose_unsynced(self, i: int) -> int:
+        """A power cut on stopped node i: every file the node fsynced loses what it gained since its last
+        fsync (a SIGKILL alone keeps the page cache). Returns the bytes cut.
+
+        Appends only: a file never fsynced, or overwritten in place, is left as it is, so this never
+        destroys more than a real power cut would."""
+        assert not self.alive(i), "cut the power of a stopped node only"
+        cut = 0
+        sizes = last_synced_sizes(self.sync_logs[i])
+        for path, size in sizes.items():
+            f = Path(path)
+            try:
+                now = f.stat().st_size
+            except OSError:
+                continue  # renamed or removed since
+            if now > size:
+                with open(f, "r+b") as fh:
+                    fh.truncate(size)
+                cut += now - size
+        self.sync_logs[i].write_text("".join(f"{size}\t{path}\n" for path, size in sizes.items()))
+        return cut
 
     def set_fsync_delay(self, i: int, delay_ms: int) -> None:
         """Every fsync of node i waits this long first (the slow-disk shim reads the file on each call)."""

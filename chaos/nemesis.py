@@ -9,8 +9,9 @@ kill, pause (SIGSTOP/SIGCONT), partition, delay, loss (the peer-link proxies),
 torn-tail (kill, cut the newest log segment's tail, restart): always;
 clock (wall-clock skew and jumps on one node): libfaketime (Debian `faketime`);
 disk-full (ENOSPC on one node): root, for a tmpfs under each data dir;
-slow-disk (every fsync of one node delayed): a C compiler for the LD_PRELOAD shim
-chaos/slowdisk.c (no dm-delay in this container's kernel, no FUSE layer here).
+slow-disk (every fsync of one node delayed) and power-loss (SIGKILL, then every
+file loses what it gained since its last fsync): a C compiler for the LD_PRELOAD
+shim chaos/diskshim.c (no dm-delay in this container's kernel, no FUSE layer here).
 """
 
 from __future__ import annotations
@@ -22,25 +23,39 @@ from typing import Any
 
 from .cluster import ChaosCluster, c_compiler, can_mount, faketime_library
 
-KINDS = ("kill", "pause", "partition", "delay", "loss", "clock", "disk-full", "torn-tail", "slow-disk")
-TARGETS = ("any", "leader", "minority", "majority")
+KINDS = ("kill", "pause", "partition", "delay", "loss", "clock", "disk-full", "torn-tail", "slow-disk", "power-loss")
+TARGETS = ("any", "leader", "minority", "majority", "all")  # "all": the whole group crashes (a power cut)
 PARTITIONS = ("isolate-leader", "halves", "bridge", "ring", "one-way")
 EXCLUSIVE = ("torn-tail",)  # loses unsynced bytes of one node: never combined with other crashes
 
 
+MODES = {"kill": TARGETS, "pause": TARGETS, "power-loss": TARGETS, "partition": PARTITIONS}
+NODE_MODES = ("any", "leader")  # the kinds that hit one node
+
+
+def parse_kind(entry: str) -> tuple[str, str | None]:
+    """`kind` or `kind:mode` (e.g. `kill:leader`, `partition:one-way`): a mode pins what the nemesis picks."""
+    kind, _, mode = entry.partition(":")
+    if kind not in KINDS:
+        raise ValueError(f"unknown fault kind {kind!r}; known: {', '.join(KINDS)}")
+    modes = MODES.get(kind, NODE_MODES)
+    if mode and mode not in modes:
+        raise ValueError(f"fault {kind!r} has no mode {mode!r}; known: {', '.join(modes)}")
+    return kind, mode or None
+
+
 def supported(kinds: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The kinds this machine can inject, and why each other one is skipped."""
+    """The kinds (entries of `--faults`) this machine can inject, and why each other one is skipped."""
     skipped: dict[str, str] = {}
-    for k in kinds:
-        if k not in KINDS:
-            raise ValueError(f"unknown fault kind {k!r}; known: {', '.join(KINDS)}")
+    for entry in kinds:
+        k, _ = parse_kind(entry)
         if k == "clock" and faketime_library() is None:
             skipped[k] = "needs libfaketime (apt-get install faketime)"
         elif k == "disk-full" and not can_mount():
             skipped[k] = "needs root to mount a small tmpfs under each node's data dir"
-        elif k == "slow-disk" and c_compiler() is None:
-            skipped[k] = "needs a C compiler (cc) to build the fsync-delay shim chaos/slowdisk.c"
-    return [k for k in kinds if k not in skipped], skipped
+        elif k in ("slow-disk", "power-loss") and c_compiler() is None:
+            skipped[k] = "needs a C compiler (cc) to build the disk shim chaos/diskshim.c"
+    return [e for e in kinds if parse_kind(e)[0] not in skipped], skipped
 
 
 @dataclass
@@ -63,21 +78,19 @@ def schedule(seed: int, episode: int, kinds: list[str], nodes: int, mixed: bool,
              duration: tuple[float, float] = (1.0, 2.5)) -> list[Fault]:
     rng = random.Random(f"{seed}/{episode}")
     if mixed:
-        pool = [k for k in kinds if k not in EXCLUSIVE]
+        pool = [e for e in kinds if parse_kind(e)[0] not in EXCLUSIVE]
         chosen = rng.sample(pool, k=min(len(pool), rng.randint(1, 3))) if pool else []
-        if not chosen or (set(kinds) & set(EXCLUSIVE) and rng.random() < 1 / len(kinds)):
+        if not chosen or (len(pool) < len(kinds) and rng.random() < 1 / len(kinds)):
             chosen = [rng.choice(kinds)]
     else:
         chosen = [kinds[episode % len(kinds)]]  # round robin: every kind in every run of len(kinds) episodes
     faults = []
-    for kind in chosen:
+    for entry in chosen:
+        kind, pinned = parse_kind(entry)
         start = rng.uniform(0.3, 1.0)
         f = Fault(kind, "node", start, start + rng.uniform(*duration), seed=rng.randrange(1 << 30))
-        if kind in ("kill", "pause"):
-            f.mode = rng.choice(TARGETS)
-        elif kind == "partition":
-            f.mode = rng.choice(PARTITIONS)
-        elif kind == "delay":
+        f.mode = rng.choice(MODES.get(kind, NODE_MODES))
+        if kind == "delay":
             f.param = rng.choice((0.05, 0.1, 0.2, 0.4))
         elif kind == "loss":
             f.param = rng.choice((0.02, 0.1, 0.3))
@@ -87,8 +100,8 @@ def schedule(seed: int, episode: int, kinds: list[str], nodes: int, mixed: bool,
             f.param = rng.choice((1, 17, 200, 4096))
         elif kind == "slow-disk":
             f.param = rng.choice((20, 100, 500, 1500))  # milliseconds per fsync
-        if kind in ("clock", "disk-full", "torn-tail", "delay", "loss", "slow-disk"):
-            f.mode = rng.choice(("any", "leader"))
+        if pinned:
+            f.mode = pinned
         faults.append(f)
     return faults
 
@@ -101,6 +114,8 @@ def _pick(rng: random.Random, ids: list[int], leader: int | None, mode: str) -> 
         return rng.sample(ids, (n - 1) // 2)
     if mode == "majority":
         return rng.sample(ids, n // 2 + 1)
+    if mode == "all":
+        return list(ids)
     return [rng.choice(ids)]
 
 
@@ -110,11 +125,15 @@ class Nemesis:
 
     def start(self, f: Fault, leader: int | None) -> None:
         c, rng, ids = self.cluster, random.Random(f.seed), self.cluster.ids
-        if f.kind in ("kill", "pause", "torn-tail", "clock", "disk-full", "delay", "loss", "slow-disk"):
+        if f.kind != "partition":
             f.targets = _pick(rng, ids, leader, f.mode)
         if f.kind == "kill":
             for i in f.targets:
                 c.kill(i)
+        elif f.kind == "power-loss":
+            for i in f.targets:  # all at once, as a power cut is, before any file is touched
+                c.kill(i)
+            f.detail = f"{sum(c.lose_unsynced(i) for i in f.targets)} unsynced bytes lost"
         elif f.kind == "pause":
             for i in f.targets:
                 c.pause(i)
@@ -193,9 +212,9 @@ class Nemesis:
         if c.faketime_lib:
             for i in c.ids:
                 c.set_clock_offset(i, 0.0)
-        if c.slow_disk_lib:
+        if c.disk_shim:
             for i in c.ids:
-                c.set_fsync_delay(i, 0)
+                c.set_fsync_delay(i, c.fsync_delay_ms)
         for f in faults:
             if f.kind == "disk-full" and isinstance(f.undo, Path):
                 f.undo.unlink(missing_ok=True)

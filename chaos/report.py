@@ -17,7 +17,7 @@ W, H, PAD = 900, 180, 40
 COLORS = {"ok": "#2e7d32", "fail": "#ef6c00", "unknown": "#c62828"}
 FAULT_COLORS = {"kill": "#b71c1c", "pause": "#6a1b9a", "partition": "#1565c0", "delay": "#00838f",
                 "loss": "#2e7d32", "clock": "#f9a825", "disk-full": "#4e342e", "torn-tail": "#ad1457",
-                "slow-disk": "#795548"}
+                "slow-disk": "#795548", "power-loss": "#000000"}
 
 
 def _timeline(r: Any) -> str:

@@ -23,7 +23,7 @@ from . import report
 from .checkers import RECOVERY_BOUND_S, Findings, check_episode
 from .cluster import ChaosCluster
 from .history import HistoryLog
-from .nemesis import Fault, Nemesis, schedule, supported
+from .nemesis import Fault, Nemesis, parse_kind, schedule, supported
 from .workload import Workload
 
 FINAL_READ_S = 20.0  # to read every set's final state from a leader after the episode
@@ -37,7 +37,7 @@ class RunConfig:
     first_episode: int = 0
     nodes: int = 3
     kinds: list[str] = field(default_factory=lambda: ["kill", "pause", "partition", "delay", "loss", "clock",
-                                                       "disk-full", "torn-tail", "slow-disk"])
+                                                       "disk-full", "torn-tail", "slow-disk", "power-loss"])
     mixed: bool = False
     sets: int = 3
     procs_per_set: int = 2
@@ -46,6 +46,7 @@ class RunConfig:
     secure: bool = True
     stop_on_failure: bool = False
     recovery_bound_s: float = RECOVERY_BOUND_S
+    fsync_delay_ms: int = 0  # every fsync of every node waits this long, all run (a slow disk everywhere)
     time_budget_s: float | None = None  # no new episode starts after this long (a soak cut to the time there is)
 
 
@@ -83,6 +84,19 @@ async def _wait_leader(wl: Workload, cluster: ChaosCluster, timeout: float) -> i
             return lead
         await asyncio.sleep(0.1)
     return None
+
+
+async def _just_after_an_acknowledged_change(log: HistoryLog, timeout: float) -> None:
+    """Return as soon as a write that changed a set is acknowledged (bounded): the worst moment for a
+    power cut, when that write may still sit only in page caches if anything acknowledged it early."""
+    seen = len(log.records)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for r in log.records[seen:]:
+            if r["type"] == "ok" and (r.get("out") or {}).get("code") == 0 and r.get("changed"):
+                return
+        seen = len(log.records)
+        await asyncio.sleep(0.005)
 
 
 async def _wait_caught_up(wl: Workload, cluster: ChaosCluster, timeout: float) -> bool:
@@ -145,8 +159,9 @@ async def run_episode(cfg: RunConfig, cluster: ChaosCluster, n: int, kinds: list
     log = HistoryLog()
     sets = [f"e{n}-s{k}" for k in range(cfg.sets)]
     creds = {r: _credentials(cluster, r) for r in ("broker", "admin")}
+    # A slow disk everywhere makes every write slower: give requests room for a few fsyncs.
     wl = Workload(list(cluster.endpoints.values()), creds, log, sets, seed=hash((cfg.seed, n)) & 0xFFFFFFFF,
-                  procs_per_set=cfg.procs_per_set)
+                  procs_per_set=cfg.procs_per_set, op_timeout_s=2.0 + 3 * cfg.fsync_delay_ms / 1000)
     nemesis = Nemesis(cluster)
     faults = schedule(cfg.seed, n, kinds, cfg.nodes, cfg.mixed, cfg.fault_s)
     tasks: list[asyncio.Task] = []
@@ -163,6 +178,8 @@ async def run_episode(cfg: RunConfig, cluster: ChaosCluster, n: int, kinds: list
         heal_due = 0.0
         for f in sorted(faults, key=lambda f: f.start):
             await asyncio.sleep(max(0.0, t0 + f.start - log.now()))
+            if f.kind == "power-loss":
+                await _just_after_an_acknowledged_change(log, timeout=3.0)
             leader = await _leader(wl, cluster)
             rec = log.add("fault-start", fault=f.kind, kind=f.kind, mode=f.mode, leader=leader)
             await asyncio.to_thread(nemesis.start, f, leader)
@@ -222,6 +239,7 @@ def replay_command(cfg: RunConfig, n: int) -> str:
     muts = ",".join(sorted(mutations.active()))
     return (f"{'ELECTRA_TEST_MUTATION=' + muts + ' ' if muts else ''}electra chaos --seed {cfg.seed} --episode {n} "
             f"--nodes {cfg.nodes} --faults {','.join(cfg.kinds)}{' --mixed' if cfg.mixed else ''}"
+            f"{f' --fsync-delay-ms {cfg.fsync_delay_ms}' if cfg.fsync_delay_ms else ''}"
             f"{' --insecure' if not cfg.secure else ''}")
 
 
@@ -233,17 +251,18 @@ async def run(cfg: RunConfig) -> tuple[int, str]:
     if not kinds:
         raise SystemExit("no fault kind can be injected here")
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    base = {parse_kind(e)[0] for e in kinds}
     cluster = ChaosCluster(cfg.out_dir / "cluster", nodes=cfg.nodes, seed=cfg.seed, tick_ms=cfg.tick_ms,
-                           secure=cfg.secure, tmpfs="disk-full" in kinds, faketime="clock" in kinds,
-                           slow_disk="slow-disk" in kinds)
-    if "disk-full" in kinds and not cluster.mounted:
-        kinds.remove("disk-full")
-        skipped["disk-full"] = "mounting a tmpfs failed"
-        print("skipped fault kind disk-full: mounting a tmpfs failed", flush=True)
-    if "slow-disk" in kinds and cluster.slow_disk_lib is None:
-        kinds.remove("slow-disk")
-        skipped["slow-disk"] = "building the fsync-delay shim failed"
-        print("skipped fault kind slow-disk: building the fsync-delay shim failed", flush=True)
+                           secure=cfg.secure, tmpfs="disk-full" in base, faketime="clock" in base,
+                           disk_shim=bool(base & {"slow-disk", "power-loss"}) or cfg.fsync_delay_ms > 0,
+                           fsync_delay_ms=cfg.fsync_delay_ms)
+    for kind, failed in (("disk-full", not cluster.mounted), ("slow-disk", cluster.disk_shim is None),
+                         ("power-loss", cluster.disk_shim is None)):
+        if kind in base and failed:
+            why = "mounting a tmpfs failed" if kind == "disk-full" else "building the disk shim failed"
+            kinds = [e for e in kinds if parse_kind(e)[0] != kind]
+            skipped[kind] = why
+            print(f"skipped fault kind {kind}: {why}", flush=True)
     results: list[EpisodeResult] = []
     if mutations.active():
         print(mutations.banner(), flush=True)

@@ -121,6 +121,7 @@ class Workload:
         self._procs = itertools.count()
         self.stop = asyncio.Event()
         self.last_seen: dict[str, dict[str, Any]] = {}  # set -> newest master/epochs a client saw
+        self.applied_ids: dict[str, set[int]] = {}  # set -> broker ids whose apply was acknowledged
 
     async def close(self) -> None:
         for c in (self.broker, self.admin, self.meta):
@@ -131,7 +132,8 @@ class Workload:
         r = self.rng.random()
         bid = self.rng.choice(BROKERS)
         if r < 0.15:
-            return "apply_broker_id", {"bid": bid}
+            # Now and then a new broker id: a write that changes the set, so losing it shows at the end.
+            return "apply_broker_id", {"bid": bid if self.rng.random() < 0.5 else self.rng.randint(4, 30)}
         if r < 0.25:
             return "register", {"bid": bid}
         if r < 0.35:
@@ -200,6 +202,11 @@ class Workload:
             after = await self.leader_term(node)
             extra["leader_read"] = bool(before and before[0] == node and before[1][0] and after[0]
                                         and before[1][1] == after[1] and after[1] > 0)
+        if out.get("code") == Code.SUCCESS and (kind in ("elect", "alter_sss") or (
+                kind == "apply_broker_id" and a["bid"] not in self.applied_ids.setdefault(s, set()))):
+            extra["changed"] = True  # this write changed the set: losing it would show
+            if kind == "apply_broker_id":
+                self.applied_ids[s].add(a["bid"])
         self.log.add("ok", id=op_id, node=node, out=out, **extra)
         self._remember(s, kind, out)
         return "ok"

@@ -51,9 +51,9 @@ def test_thirty_episodes_of_every_supported_fault_kind_find_no_violation(tmp_pat
 
 
 def test_the_slow_disk_shim_delays_fsync_only_while_asked(tmp_path):
-    from electra.chaos.cluster import build_slow_disk_shim
+    from electra.chaos.cluster import build_disk_shim
 
-    so = build_slow_disk_shim(tmp_path)
+    so = build_disk_shim(tmp_path)
     assert so is not None, "no C compiler: the slow-disk fault would be skipped"
     delay = tmp_path / "delay-ms"
     delay.write_text("1500\n")

@@ -246,3 +246,13 @@ def test_unavailability_runs_from_a_fault_to_the_first_write_invoked_after_it_an
     h.op(3, "a", "apply_broker_id", {"bid": 2}, 5.5, 6.5, out={"code": OK})
     h.log.records.sort(key=lambda r: r["mono"])
     assert checkers.unavailability(h.log, operations(h.log)) == [("kill(leader)", 2.5)]
+
+
+def test_a_fault_entry_may_pin_its_mode():
+    from electra.chaos.nemesis import parse_kind
+
+    assert parse_kind("kill") == ("kill", None) and parse_kind("kill:all") == ("kill", "all")
+    assert parse_kind("partition:one-way") == ("partition", "one-way")
+    assert {f.mode for n in range(10) for f in schedule(1, n, ["kill:leader"], 3, mixed=False)} == {"leader"}
+    with pytest.raises(ValueError, match="no mode"):
+        parse_kind("delay:majority")
