@@ -152,14 +152,16 @@ class ChaosCluster(LocalStack):
     def pid(self, i: int) -> int:
         return self.procs[f"node{i}"].pid
 
-    def kill(self, i: int) -> None:
-        p = self.procs.get(f"node{i}")
-        if p is not None and p.poll() is None:
+    def kill(self, *ids: int) -> None:
+        """SIGKILL these nodes at once (all signals first, then the waits), as a power cut would."""
+        procs = [p for i in ids if (p := self.procs.get(f"node{i}")) is not None and p.poll() is None]
+        for p in procs:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(p.pid, signal.SIGCONT)  # a stopped process dies only once continued
                 p.send_signal(signal.SIGKILL)
+                os.kill(p.pid, signal.SIGCONT)  # a stopped process dies only once continued
+        for p in procs:
             p.wait(timeout=10)
-        self.paused.discard(i)
+        self.paused.difference_update(ids)
 
     def pause(self, i: int) -> None:
         if self.alive(i):

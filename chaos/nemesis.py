@@ -128,11 +128,9 @@ class Nemesis:
         if f.kind != "partition":
             f.targets = _pick(rng, ids, leader, f.mode)
         if f.kind == "kill":
-            for i in f.targets:
-                c.kill(i)
+            c.kill(*f.targets)
         elif f.kind == "power-loss":
-            for i in f.targets:  # all at once, as a power cut is, before any file is touched
-                c.kill(i)
+            c.kill(*f.targets)  # all at once, as a power cut is, before any file is touched
             f.detail = f"{sum(c.lose_unsynced(i) for i in f.targets)} unsynced bytes lost"
         elif f.kind == "pause":
             for i in f.targets:

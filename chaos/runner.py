@@ -179,7 +179,7 @@ async def run_episode(cfg: RunConfig, cluster: ChaosCluster, n: int, kinds: list
         for f in sorted(faults, key=lambda f: f.start):
             await asyncio.sleep(max(0.0, t0 + f.start - log.now()))
             if f.kind == "power-loss":
-                await _just_after_an_acknowledged_change(log, timeout=3.0)
+                await _just_after_an_acknowledged_change(log, timeout=8.0)
             leader = await _leader(wl, cluster)
             rec = log.add("fault-start", fault=f.kind, kind=f.kind, mode=f.mode, leader=leader)
             await asyncio.to_thread(nemesis.start, f, leader)
