@@ -36,6 +36,10 @@ $(STAMP): pyproject.toml
 	@command -v wrk >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 		(apt-get update -qq && apt-get install -y -qq wrk >/dev/null) ; } || \
 		{ echo "error: electra bench api needs wrk (apt-get install wrk)"; exit 1; }
+	@# electra chaos moves one node's wall clock with libfaketime (skipped, and said so, without it).
+	@test -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 || test -e /usr/lib/faketime/libfaketime.so.1 || \
+		{ command -v apt-get >/dev/null 2>&1 && (apt-get update -qq && apt-get install -y -qq faketime >/dev/null) ; } || \
+		echo "warning: electra chaos will skip clock faults (apt-get install faketime)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@# A strict editable install: build/__editable__.* is a tree of links to the sources, named as

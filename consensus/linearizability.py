@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,9 @@ class History:
         return self._done + pending
 
 
+Model = Callable[[Any, Op], tuple[bool, Any]]  # (state, op) -> (consistent?, new state)
+
+
 def _step(state: Any, op: Op) -> tuple[bool, Any]:
     """Apply `op` to a register holding `state`: (consistent?, new state)."""
     if op.kind == "put":
@@ -101,7 +105,7 @@ class _Node:
         self.next: _Node | None = None
 
 
-def _check_key(ops: list[Op], initial: Any, deadline: float) -> tuple[bool, str, bool]:
+def _check_key(ops: list[Op], initial: Any, deadline: float, step: Model = _step) -> tuple[bool, str, bool]:
     # Unknown gets constrain nothing and change nothing.
     ops = [op for op in ops if not (op.kind == "get" and op.status != "ok")]
     events: list[tuple[float, int, _Node]] = []
@@ -153,7 +157,7 @@ def _check_key(ops: list[Op], initial: Any, deadline: float) -> tuple[bool, str,
             return False, "search timed out", True
         if entry.is_call:
             assert entry.op is not None  # only the list's head has no op
-            ok, new_state = _step(state, entry.op)
+            ok, new_state = step(state, entry.op)
             if ok:
                 new_lin = linearized | (1 << entry.idx)
                 key = (new_lin, _freeze(new_state))
@@ -193,15 +197,21 @@ def _explain(op: Op | None, depth: int) -> str:
             f"the longest consistent prefix had {depth} ops")
 
 
-def check(history: list[Op] | History, initial: Any = None, timeout_s: float = 30.0) -> CheckResult:
-    """Check every key; report the first key that is not linearizable (never ok when unproven)."""
+def check(history: list[Op] | History, initial: Any = None, timeout_s: float = 30.0,
+          step: Model = _step) -> CheckResult:
+    """Check every key; report the first key that is not linearizable (never ok when unproven).
+
+    `step(state, op) -> (consistent?, new state)` is the model; the default is a register
+    (put/get/cas). Other models (chaos/controller_model.py) bring their own op kinds and a
+    hashable state; an op the model cannot place is a violation.
+    """
     ops = history.ops() if isinstance(history, History) else list(history)
     by_key: dict[str, list[Op]] = {}
     for op in ops:
         by_key.setdefault(op.key, []).append(op)
     deadline = time.monotonic() + timeout_s
     for key in sorted(by_key, key=str):
-        ok, why, timed_out = _check_key(by_key[key], initial, deadline)
+        ok, why, timed_out = _check_key(by_key[key], initial, deadline, step)
         if not ok:
             return CheckResult(False, key, why, timed_out)
     return CheckResult(True)

@@ -644,6 +644,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keep-going", action="store_true")
     s.set_defaults(fn=cmd_sim)
 
+    from electra.chaos.cli import register as register_chaos
+
+    register_chaos(sub)  # electra chaos: fault injection on real processes (chaos/)
+
     st = sub.add_parser("status", help="role, term, leader and indexes of every controller node")
     st.add_argument("--endpoints", default=os.environ.get("ELECTRA_ENDPOINTS", DEFAULT_ENDPOINTS))
     st.set_defaults(fn=cmd_status)

@@ -82,12 +82,12 @@ class LocalStack:
         return [sys.executable, "-m", "electra.cli", "--log-level", self.cfg.log_level]
 
     def spawn(self, name: str, cmd: list[str], *, log_to_file: bool = True, stdin=None,
-              role: str | None = None) -> subprocess.Popen:
+              role: str | None = None, env_extra: dict[str, str] | None = None) -> subprocess.Popen:
         """Start a process; with `role`, it gets that role's credential in its environment."""
         out = open(self.logs / f"{name}.log", "ab") if log_to_file else None  # noqa: SIM115 - owned by the child
         # Each child leads its own process group: a Ctrl-C reaches only `electra up`, which stops the
         # children in order, and `stop()` can also end what a child started (Spark's JVM).
-        env = {**os.environ, **self.role_env(role)} if role else None
+        env = {**os.environ, **self.role_env(role), **(env_extra or {})} if role or env_extra else None
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
                                 stdin=stdin if stdin is not None else subprocess.DEVNULL, env=env,
                                 start_new_session=True)
@@ -109,16 +109,28 @@ class LocalStack:
         self.kafka.restart()
         ensure_topics(self.bootstrap, self.topics.partitions())
 
+    # Hooks for `electra chaos` (electra/chaos/cluster.py): per-node peer addresses (its fault proxies),
+    # extra arguments and environment (libfaketime). The plain stack gives every node the same view.
+    def node_peers(self, i: int) -> str:
+        return self.raft_peers
+
+    def node_args(self, i: int) -> list[str]:
+        return []
+
+    def node_env(self, i: int) -> dict[str, str]:
+        return {}
+
     def start_node(self, i: int) -> subprocess.Popen:
         http_peers = ",".join(f"{k}={ep}" for k, ep in self.endpoints.items())
-        return self.spawn(f"node{i}", [*self._py(), "node", "--id", str(i), "--peers", self.raft_peers,
+        return self.spawn(f"node{i}", [*self._py(), "node", "--id", str(i), "--peers", self.node_peers(i),
                                        "--http-addr", self.endpoints[i], "--http-peers", http_peers,
                                        "--data-dir", str(Path(self.cfg.data_dir) / f"node{i}"),
                                        "--tick-ms", str(self.cfg.tick_ms), "--state-machine", "controller",
                                        *self._liveness_args(),
                                        *(["--tier-uri", self.tier_uri] if self.tier_uri else []),
-                                       *self._security_args()],
-                          role="observer")  # the dashboard reads its peers' metadata as an observer
+                                       *self._security_args(), *self.node_args(i)],
+                          role="observer",  # the dashboard reads its peers' metadata as an observer
+                          env_extra=self.node_env(i))
 
     def _liveness_args(self) -> list[str]:
         """Where a node's liveness comes from: Kafka (the pipeline), or its own heartbeats (legacy)."""

@@ -1,0 +1,209 @@
+"""The checkers: what must hold in every episode's history, whatever the faults.
+
+- linearizability of the controller operations per broker set, against the state
+  machine as the model (chaos/controller_model.py); reads count only when the node
+  that served them led the same term before and after (a follower read is allowed
+  to be stale by design);
+- at most one master per (broker set, master epoch), over everything any client or
+  watcher saw, follower reads included;
+- at most one Raft leader per term, over the observer's metadata polls;
+- epochs never go backwards for one observer (a client's writes and leader reads in
+  order, one watch connection's events);
+- every acknowledged write is in the final state (`lost_acked`);
+- recovery: once faults heal the group accepts a write again within a stated bound.
+
+Unavailability windows (per fault: from its start to the first acknowledged write
+invoked after it) are measurements, reported per fault kind, not verdicts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from electra.consensus import linearizability
+from electra.consensus.linearizability import Op
+from electra.state.codes import Code
+
+from . import controller_model
+from .history import HistoryLog, operations
+
+# Liveness needs CPU: on a 2-core machine shared with a dozen busy processes a restarted node takes
+# seconds to import and elect. The bound is a stated parameter (`electra chaos --recovery-bound-s`).
+RECOVERY_BOUND_S = 30.0
+
+
+@dataclass
+class Verdict:
+    checker: str
+    ok: bool
+    violations: int = 0
+    detail: str = ""
+
+
+@dataclass
+class Findings:
+    verdicts: list[Verdict] = field(default_factory=list)
+    lost_acked: int = 0
+    unavailable: list[tuple[str, float]] = field(default_factory=list)  # (fault kind, seconds)
+    recovery_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verdicts)
+
+    def count(self, checker: str) -> int:
+        return sum(v.violations for v in self.verdicts if v.checker == checker)
+
+    @property
+    def invariant_violations(self) -> int:
+        """Violations of every checker but linearizability and lost writes (each counted on its own)."""
+        return sum(v.violations for v in self.verdicts
+                   if v.checker not in ("linearizability", "acknowledged-writes-kept"))
+
+
+def _model_ops(ops: list[dict[str, Any]]) -> list[Op]:
+    out = []
+    for o in ops:
+        if o["status"] == "fail" or o["op"] not in controller_model.WRITES + controller_model.READS:
+            continue
+        if o["op"] in controller_model.READS and not (o["status"] == "ok" and o.get("leader_read")):
+            continue
+        ret = o["ret"] if o["status"] == "ok" else math.inf
+        out.append(Op(o["proc"], o["set"], o["op"], o["args"], o["call"], ret, o.get("out"), o["status"], o["id"]))
+    return out
+
+
+def check_linearizable(ops: list[dict[str, Any]], timeout_s: float = 20.0) -> Verdict:
+    model_ops = _model_ops(ops)
+    res = linearizability.check(model_ops, initial=controller_model.INITIAL, timeout_s=timeout_s,
+                                step=controller_model.step)
+    if res.ok:
+        return Verdict("linearizability", True, 0, f"{len(model_ops)} ops over {len({o.key for o in model_ops})} sets")
+    # A search that ran out of time proves nothing: not a violation, but not a pass either.
+    what = "could not be decided in time" if res.timed_out else "not linearizable"
+    return Verdict("linearizability", False, 0 if res.timed_out else 1,
+                   f"set {res.key}: {what}: {res.explanation}")
+
+
+def _observations(log: HistoryLog, ops: list[dict[str, Any]]) -> list[tuple[str, int, int, str]]:
+    """(set, master epoch, master, who) for every master any client or watcher was told of."""
+    seen = []
+    for o in ops:
+        out = o.get("out") or {}
+        told = out.get("code") in (Code.SUCCESS, Code.CONTROLLER_MASTER_STILL_EXIST)
+        if o["status"] == "ok" and told and out.get("master") is not None and out.get("mepoch") is not None:
+            seen.append((o["set"], out["mepoch"], out["master"], f"op {o['id']} {o['op']} via {o.get('node')}"))
+    for w in log.of_type("watch"):
+        ev = w["event"]
+        if ev.get("type") == "ElectMaster" and ev.get("newMasterElected"):
+            seen.append((w["set"], ev["masterEpoch"], ev["newMasterBrokerId"], f"watch {w['conn']}"))
+    return seen
+
+
+def check_one_master_per_epoch(log: HistoryLog, ops: list[dict[str, Any]]) -> Verdict:
+    masters: dict[tuple[str, int], dict[int, str]] = {}
+    for s, epoch, master, who in _observations(log, ops):
+        masters.setdefault((s, epoch), {}).setdefault(master, who)
+    bad = {k: v for k, v in masters.items() if len(v) > 1}
+    if not bad:
+        return Verdict("one-master-per-epoch", True, 0, f"{len(masters)} (set, epoch) pairs")
+    (s, e), who = next(iter(sorted(bad.items())))
+    return Verdict("one-master-per-epoch", False, len(bad), f"set {s} epoch {e}: masters {who}")
+
+
+def check_one_leader_per_term(log: HistoryLog) -> Verdict:
+    leaders: dict[int, set[str]] = {}
+    for r in log.of_type("leader"):
+        leaders.setdefault(r["term"], set()).add(r["node"])
+    bad = {t: n for t, n in leaders.items() if len(n) > 1}
+    if not bad:
+        return Verdict("one-leader-per-term", True, 0, f"{len(leaders)} terms")
+    t = min(bad)
+    return Verdict("one-leader-per-term", False, len(bad), f"term {t}: leaders {sorted(bad[t])}")
+
+
+def check_monotonic_epochs(log: HistoryLog, ops: list[dict[str, Any]]) -> Verdict:
+    bad: list[str] = []
+    last: dict[tuple[str, str], int] = {}
+    for o in sorted((o for o in ops if o["status"] == "ok"), key=lambda o: o["ret"]):
+        out = o.get("out") or {}
+        if out.get("mepoch") is None or (o["op"] in controller_model.READS and not o.get("leader_read")):
+            continue
+        key = (f"proc {o['proc']}", o["set"])
+        if out["mepoch"] < last.get(key, -1):
+            bad.append(f"{key[0]} on {o['set']}: epoch {out['mepoch']} after {last[key]} (op {o['id']})")
+        last[key] = max(out["mepoch"], last.get(key, -1))
+    for w in log.of_type("watch"):
+        ev = w["event"]
+        for field_ in ("masterEpoch", "syncStateSetEpoch"):
+            if ev.get(field_) is None:
+                continue
+            key = (f"watch {w['conn']} {field_}", w["set"])
+            if ev[field_] < last.get(key, -1):
+                bad.append(f"{key[0]}: {ev[field_]} after {last[key]}")
+            last[key] = max(ev[field_], last.get(key, -1))
+    if not bad:
+        return Verdict("monotonic-epochs", True, 0, f"{len(last)} observers")
+    return Verdict("monotonic-epochs", False, len(bad), bad[0])
+
+
+def lost_acknowledged(ops: list[dict[str, Any]], final: dict[str, dict[str, Any] | None]) -> tuple[int, str]:
+    """Acknowledged writes missing from the final state of their set: broker ids, epochs reached."""
+    lost, example = 0, ""
+    for o in ops:
+        out = o.get("out") or {}
+        if o["status"] != "ok" or out.get("code") != Code.SUCCESS or o["set"] not in final:
+            continue
+        f = final[o["set"]]
+        missing = None
+        if o["op"] == "apply_broker_id" and (f is None or o["args"]["bid"] not in f["brokers"]):
+            missing = f"broker id {o['args']['bid']}"
+        elif o["op"] == "elect" and (f is None or f["mepoch"] < out.get("mepoch", 0)):
+            missing = f"master epoch {out.get('mepoch')}"
+        elif o["op"] == "alter_sss" and (f is None or f["sse"] < out.get("sse", 0)):
+            missing = f"sync-state-set epoch {out.get('sse')}"
+        if missing:
+            lost += 1
+            example = example or f"set {o['set']}: acknowledged {missing} (op {o['id']}) is not in the final state"
+    return lost, example
+
+
+def unavailability(log: HistoryLog, ops: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """Per fault: seconds from its start to the first acknowledged write invoked after it, labelled by kind
+    and, where it says whom the fault hit (`kill(leader)`, `partition(isolate-leader)`), its mode."""
+    writes = sorted((o for o in ops if o["status"] == "ok" and o["op"] in controller_model.WRITES),
+                    key=lambda o: o["call"])
+    out = []
+    for f in log.of_type("fault-start"):
+        first = next((o["ret"] for o in writes if o["call"] >= f["mono"]), None)
+        if first is not None:
+            what = f["kind"] if f.get("mode", "node") in ("node", "any") else f"{f['kind']}({f['mode']})"
+            out.append((what, first - f["mono"]))
+    return out
+
+
+def check_episode(log: HistoryLog, final: dict[str, dict[str, Any] | None], recovery_s: float | None,
+                  lin_timeout_s: float = 20.0, recovery_bound_s: float = RECOVERY_BOUND_S) -> Findings:
+    ops = operations(log)
+    fnd = Findings(recovery_s=recovery_s)
+    fnd.verdicts.append(check_linearizable(ops, lin_timeout_s))
+    fnd.verdicts.append(check_one_master_per_epoch(log, ops))
+    fnd.verdicts.append(check_one_leader_per_term(log))
+    fnd.verdicts.append(check_monotonic_epochs(log, ops))
+    fnd.lost_acked, example = lost_acknowledged(ops, final)
+    unread = sorted({o["set"] for o in ops} - final.keys())
+    if unread:  # a set whose final state could not be read proves nothing about its writes
+        example = example or f"the final state of {', '.join(unread)} could not be read from a leader"
+    fnd.verdicts.append(Verdict("acknowledged-writes-kept", fnd.lost_acked == 0 and not unread, fnd.lost_acked,
+                                example or f"{len(final)} sets read at the end"))
+    recovered = recovery_s is not None and recovery_s <= recovery_bound_s
+    fnd.verdicts.append(Verdict("recovery", recovered, 0 if recovered else 1,
+                                f"write accepted {recovery_s:.2f}s after healing" if recovery_s is not None
+                                else f"no write accepted within {recovery_bound_s:.0f}s after healing"))
+    errors = [r for r in log.of_type("error")]
+    if errors:  # the harness itself broke: the episode proves nothing, so it cannot pass
+        fnd.verdicts.append(Verdict("harness", False, 0, f"{len(errors)} errors, first: {errors[0]['error']}"))
+    fnd.unavailable = unavailability(log, ops)
+    return fnd

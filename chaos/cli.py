@@ -1,0 +1,66 @@
+"""`electra chaos` arguments (registered on the main CLI by electra/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+from .nemesis import KINDS
+
+DEFAULT_KINDS = "kill,pause,partition,delay,loss,clock,disk-full,torn-tail,slow-disk,power-loss"
+LONG_EPISODES = 1000
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser("chaos", help="fault injection on real controller processes, with linearizability and "
+                                     "controller invariants checked (ends with a RESULT line)")
+    c.add_argument("--episodes", type=int, default=30, help="episodes to run (default 30, the CI run)")
+    c.add_argument("--long", action="store_true", help=f"the soak: {LONG_EPISODES} episodes, longer faults, mixed")
+    c.add_argument("--seed", type=int, default=1, help="the nemesis and workload seed (printed for replays)")
+    c.add_argument("--episode", type=int, help="replay exactly this episode of --seed")
+    c.add_argument("--nodes", type=int, default=3, choices=(3, 5))
+    c.add_argument("--faults", default=DEFAULT_KINDS,
+                   help=f"comma-separated fault kinds, one per episode in turn, each optionally KIND:MODE "
+                        f"(kill:leader, partition:one-way, ...; known kinds: {', '.join(KINDS)})")
+    c.add_argument("--mixed", action="store_true", help="up to three overlapping fault kinds per episode")
+    c.add_argument("--sets", type=int, default=3, help="broker sets per episode (independent keys)")
+    c.add_argument("--tick-ms", type=int, default=100,
+                   help="Raft tick of the nodes (default 100 as electra up; election timeout 10-20 ticks)")
+    c.add_argument("--out", default=".electra/chaos", help="history files, report.html and the cluster's data")
+    c.add_argument("--insecure", action="store_true", help="plaintext nodes (default: mutual TLS, as electra up)")
+    c.add_argument("--stop-on-failure", action="store_true")
+    c.add_argument("--recovery-bound-s", type=float, default=30.0,
+                   help="a write must be acknowledged this soon after the faults heal (default 30)")
+    c.add_argument("--fsync-delay-ms", type=int, default=0,
+                   help="every fsync of every node waits this long, the whole run (a slow disk everywhere)")
+    c.add_argument("--time-budget-s", type=float, help="start no episode after this many seconds (then report)")
+    c.set_defaults(fn=cmd_chaos)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from .runner import RunConfig, run
+
+    kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
+    cfg = RunConfig(out_dir=Path(args.out) / time.strftime("%Y%m%d-%H%M%S"), episodes=args.episodes,
+                    seed=args.seed, nodes=args.nodes, kinds=kinds, mixed=args.mixed, sets=args.sets,
+                    tick_ms=args.tick_ms, secure=not args.insecure, stop_on_failure=args.stop_on_failure,
+                    time_budget_s=args.time_budget_s, recovery_bound_s=args.recovery_bound_s,
+                    fsync_delay_ms=args.fsync_delay_ms)
+    if args.long:
+        cfg.episodes, cfg.mixed, cfg.fault_s = max(args.episodes, LONG_EPISODES), True, (1.0, 6.0)
+    if args.episode is not None:
+        cfg.first_episode, cfg.episodes = args.episode, 1
+    # A SIGTERM unwinds like Ctrl-C, so the nodes, proxies and tmpfs mounts are cleaned up.
+    signal.signal(signal.SIGTERM, _interrupt)
+    t0 = time.monotonic()
+    code, line = asyncio.run(run(cfg))
+    print(f"run took {time.monotonic() - t0:.0f}s", flush=True)
+    print(line, flush=True)
+    return code
