@@ -2,8 +2,9 @@
 
 An outcome is either RocketMQ's response dict (status from its code) or an engine error:
 `NotLeader` becomes a 307 to the leader's API (or a 503 when no leader is known),
-`FollowerBehind`/`ReadTimeout` a 503, `ProposalTimeout` a 504 (outcome unknown), any other
-`RaftError` a 503. Every answer is counted in the same Prometheus metrics.
+`FollowerBehind`/`ReadTimeout` a 503, any error whose outcome is unknown (`ProposalTimeout`, `NodeStopped`,
+`DiskFailure`) a 504, any other `RaftError` a 503 (not applied: safe to retry). Every answer is
+counted in the same Prometheus metrics.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from electra.consensus.errors import FollowerBehind, NotLeader, ProposalTimeout, RaftError, ReadTimeout
+from electra.consensus.errors import FollowerBehind, NotLeader, RaftError, ReadTimeout
 from electra.state.codes import Code
 
 _STATUS = {Code.SUCCESS: 200, Code.CONTROLLER_BROKER_METADATA_NOT_EXIST: 404,
@@ -75,7 +76,7 @@ def refused(metrics: RequestMetrics, endpoint: str, exc: RaftError, leader_addre
                            "leader": getattr(exc, "leader_id", None) or None, "leaderAddress": leader_address},
                      {"retry-after": "1"})
     metrics.count(endpoint, int(Code.SYSTEM_ERROR))
-    if isinstance(exc, ProposalTimeout):
+    if not exc.outcome_known:  # ProposalTimeout, NodeStopped, DiskFailure: the write may yet commit
         return Reply(504, {"code": int(Code.SYSTEM_ERROR), "remark": f"outcome unknown: {exc}"})
     return Reply(503, {"code": int(Code.SYSTEM_ERROR), "remark": f"{type(exc).__name__}: {exc}"},
                  {"retry-after": "1"})

@@ -140,7 +140,7 @@ ROWS = [
     Row("follower behind: 503", "GET", f"{S}/behind/replica-info"),
     Row("read timeout: 503", "GET", f"{S}/slow/replica-info"),
     _post("proposal timeout: 504", f"{S}/lost/sync-state-set", ALTER),
-    _post("node stopped: 503", f"{S}/stopped/apply-broker-id", {"clusterName": "c", "brokerId": 3,
+    _post("node stopped (outcome unknown): 504", f"{S}/stopped/apply-broker-id", {"clusterName": "c", "brokerId": 3,
                                                                   "registerCheckCode": "x"}),
     _post("heartbeat to a follower is served (node-local)", "/v1/heartbeat", {**HB, "brokerName": "fenced"}),
     # ---- authentication and scope: the lean path refuses alike
