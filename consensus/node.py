@@ -204,7 +204,7 @@ class RaftNode:
             self.cfg.node_id, sorted(self.cfg.peers), replace(self.cfg.raft, lease_s=self.cfg.lease_s()),
             term=rec.term, vote=rec.vote, log_offset=rec.snapshot_index, offset_term=rec.snapshot_term,
             log_terms=rec.terms, log_data=rec.datas, snapshot=snap if meta else None,
-            vote_floor=rec.vote_floor,
+            vote_floor=rec.vote_floor, rng=self.runtime.rng,
         )
         self.applied = snap[0]
         self.restart_seconds = self._advance_clock() - t0
@@ -581,6 +581,8 @@ class RaftNode:
                 self._receiver.abort()  # a transfer from the previous leader will never finish
             log.info("node %d is now %s in term %d (leader %d)", self.cfg.node_id, c.role.name, c.term, c.lead)
             if c.role != Role.LEADER:
+                for q in self._senders.values():
+                    q.put_nowait(None)  # wake running snapshot transfers: they end with the leadership
                 for fut, _ in self._queued_futs:
                     if not fut.done():
                         fut.set_exception(NotLeader(c.lead))
@@ -764,13 +766,18 @@ class RaftNode:
             log.info("node %d: sending snapshot %d (%d bytes) to node %d", self.cfg.node_id, meta.index,
                      meta.file_size, peer)
             silent = 0
-            while self._running and core.role == Role.LEADER and silent < 3:
+            term = core.term
+            # A transfer belongs to one term: once leadership of it is lost, a later term's
+            # transfer must not wait behind this one (its chunks would only be refused).
+            while self._running and core.role == Role.LEADER and core.term == term and silent < 3:
                 self.transport.send(sender.next_message())
                 try:
                     resp = await asyncio.wait_for(q.get(), timeout=max(1.0, self.cfg.tick_s * 20))
                 except TimeoutError:
                     silent += 1  # resend the same chunk; the receiver tells us where it is
                     continue
+                if resp is None:
+                    continue  # woken by a role change: the loop condition decides
                 silent = 0
                 outcome = sender.on_response(resp)
                 if outcome == "done":

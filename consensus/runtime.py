@@ -12,6 +12,7 @@ lease and follower-read checks.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -70,6 +71,7 @@ class NodeRuntime:
     disk: DiskExecutor  # the log's writes and fsyncs: one at a time, in order
     snapshot_disk: DiskExecutor  # snapshot files: beside the log's fsyncs, never in front of them
     transport: TransportFactory
+    rng: random.Random | None = None  # election timeouts; None: seeded from the OS
 
     @staticmethod
     def system(node_id: int) -> NodeRuntime:
