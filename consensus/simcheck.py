@@ -6,6 +6,8 @@ taken or installed), and every role change is reported through
 `RaftNode.on_role_change`. Checked as the run goes:
 
 * election safety: at most one leader per term;
+* lease safety: a leader answers from its lease only while no leader of a later term
+  exists (what the lease promises, whether or not a stale value was read);
 * leader completeness: a new leader holds every entry committed in an earlier term;
 * state machine safety: no two replicas apply different commands at one index, and
   each replica applies in log order;
@@ -64,6 +66,12 @@ class ReplicationChecker:
             if t < term and index > core.offset and (index > core.last_index() or core.term_at(index) != t):
                 self.fail(f"leader completeness: node {node_id} leads term {term} without committed "
                           f"entry {index} (term {t})")
+
+    def on_lease_read(self, node_id: int, term: int) -> None:
+        newer = [t for t in self.leader_of_term if t > term]
+        if newer:
+            self.fail(f"lease safety: node {node_id} served a lease read as leader of term {term} while node "
+                      f"{self.leader_of_term[min(newer)]} already leads term {min(newer)}")
 
     def on_apply(self, node_id: int, index: int, term: int, command: bytes) -> None:
         prev = self.applied.setdefault(index, (term, command))

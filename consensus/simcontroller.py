@@ -59,9 +59,10 @@ class ControllerWorkload:
     name = "controller"
     model = CONTROLLER_MODEL
 
-    def __init__(self, sets: int = 2, brokers: int = 3) -> None:
+    def __init__(self, sets: int = 2, brokers: int = 3, read_ratio: float = 0.3) -> None:
         self.sets = sets
         self.brokers = brokers
+        self.read_ratio = read_ratio
 
     def state_machine(self) -> StateMachine:
         return ControllerStateMachine()
@@ -73,11 +74,11 @@ class ControllerWorkload:
 
     def next_op(self, rng: random.Random, op_id: int, now_ms: int) -> ClientOp:
         name = f"set{rng.randrange(self.sets)}"
-        r = rng.random()
-        if r < 0.3:
+        if rng.random() < self.read_ratio:
             mode = rng.choice(("log", *READ_MODES))
             if mode != "log":
                 return ClientOp(name, "read", name, mode, read=lambda sm: sm.get_replica_info(name))
+        r = 0.3 + 0.7 * rng.random()
         bid = rng.randrange(1, self.brokers + 1)
         live = self._live(rng, now_ms)
         if r < 0.45:

@@ -80,6 +80,7 @@ class _Handle:
         ino = self.inode
         if self.disk.faults.faults_on and self.disk.rng.random() < self.disk.faults.fsync_failure:
             ino.data = bytearray(ino.synced)  # the kernel dropped the dirty pages (fsyncgate)
+            self.disk.counts["fsync_failures"] += 1
             raise OSError(errno.EIO, "Input/output error (simulated fsync failure)")
         ino.synced = bytes(ino.data)
 
@@ -96,11 +97,11 @@ class SimFiles:
         self.names: dict[Path, _Inode] = {}
         self.durable: dict[Path, _Inode] = {}
         self.corrupted: list[str] = []  # what bit rot this disk suffered (a refusal to start is then right)
-        self.writes_failed = 0
+        self.counts = {"torn_tails": 0, "fsync_failures": 0, "enospc": 0}
 
     def _maybe_fail(self, kind: str, code: int, text: str) -> None:
         if self.faults.faults_on and self.rng.random() < getattr(self.faults, kind):
-            self.writes_failed += 1
+            self.counts[kind] += 1
             raise OSError(code, f"{text} (simulated)")
 
     def _inode(self, path: Path) -> _Inode:
@@ -175,6 +176,7 @@ class SimFiles:
                     torn[-1 - k] = self.rng.randrange(256)
                 ino.data = torn
                 ino.synced = bytes(torn)
+                self.counts["torn_tails"] += 1
             else:
                 ino.data = bytearray(ino.synced)
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import mutations
 from .core import RaftConfig
 from .errors import DiskFailure, LeadershipLost, NotLeader, ProposalDropped, RaftError
 from .linearizability import History, check
@@ -45,7 +46,8 @@ from .simworkloads import ClientOp, KVWorkload, Workload
 from .storage import CorruptLogError, _valid_record_after
 
 WORKLOADS = ("kv", "controller")
-FAULTS = ("partition", "heal", "kill", "power_off", "restart", "pause", "crash_leader", "clock_jump", "rot")
+FAULTS = ("partition", "isolate_leader", "heal", "kill", "power_off", "restart", "pause", "crash_leader",
+          "clock_jump", "rot")
 
 
 class SimulationFailure(AssertionError):
@@ -66,7 +68,8 @@ class SimConfig:
     tick_ms: int = 10
     clients: int = 4
     keys: int = 3  # KV keys, or broker sets
-    client_timeout_ms: int = 400
+    client_timeout_ms: tuple[int, int] = (100, 400)  # drawn per seed
+    read_ratio: tuple[float, float] = (0.2, 0.9)  # drawn per seed
     # Swarm testing: each seed draws every rate in [0, bound] (and switches some faults off).
     swarm: bool = True
     net_delay_ms: tuple[float, float] = (1.0, 8.0)
@@ -86,7 +89,7 @@ class SimConfig:
     clock_drift: float | None = None
     max_clock_drift: float = 0.1
     lease_reads: bool = True
-    snapshot_every: tuple[int, int] = (15, 60)  # entries between snapshots, drawn per seed
+    snapshot_every: tuple[int, int] = (5, 30)  # entries between snapshots, drawn per seed
     compaction_slack: int = 4
     snapshot_chunk: int = 48  # bytes per InstallSnapshot chunk: small, so transfers take several
     follower_max_lag: int = 20
@@ -104,6 +107,8 @@ class Swarm:
     weights: dict[str, float]
     drift: float
     snapshot_every: int
+    read_ratio: float  # of client ops (reads keep going at an isolated leader; writes block there)
+    client_timeout_ms: float
 
     @staticmethod
     def draw(rng: random.Random, cfg: SimConfig) -> Swarm:
@@ -118,10 +123,13 @@ class Swarm:
         disk = DiskFaults((lo, rng.uniform(lo, hi) if cfg.swarm else hi), rate(cfg.torn_write_rate),
                           rate(cfg.fsync_failure_rate), rate(cfg.enospc_rate))
         weights = {f: (0.0 if cfg.swarm and rng.random() < 0.25 else rng.uniform(0.2, 1.0)) for f in FAULTS}
-        weights["heal"] = max(weights["heal"], weights["partition"])  # partitions do not last forever
+        # Partitions do not last forever.
+        weights["heal"] = max(weights["heal"], weights["partition"], weights["isolate_leader"])
         weights["restart"] = max(weights["restart"], 0.3)
         drift = cfg.clock_drift if cfg.clock_drift is not None else rng.uniform(0, cfg.max_clock_drift * 0.9)
-        return Swarm(net, disk, weights, drift, rng.randrange(*cfg.snapshot_every))
+        lo_t, hi_t = cfg.client_timeout_ms
+        return Swarm(net, disk, weights, drift, rng.randrange(*cfg.snapshot_every), rng.uniform(*cfg.read_ratio),
+                     rng.uniform(lo_t, hi_t) if cfg.swarm else hi_t)
 
 
 @dataclass
@@ -135,6 +143,7 @@ class SimResult:
     final_index: int
     snapshots_installed: int
     faults: dict[str, int]
+    disk: dict[str, int]  # torn tails, fsync failures, ENOSPC, refused starts, fail-stops on disk errors
 
 
 class _Process:
@@ -152,13 +161,13 @@ class _Process:
         self.refused = False  # refused to start on a damaged disk: stays down
 
 
-def make_workload(name: str, cfg: SimConfig) -> Workload:
+def make_workload(name: str, cfg: SimConfig, read_ratio: float) -> Workload:
     if name == "kv":
-        return KVWorkload(keys=cfg.keys)
+        return KVWorkload(keys=cfg.keys, get_ratio=read_ratio)
     if name == "controller":
         from .simcontroller import ControllerWorkload
 
-        return ControllerWorkload(sets=cfg.keys)
+        return ControllerWorkload(sets=cfg.keys, read_ratio=read_ratio)
     raise ValueError(f"unknown workload {name!r}; expected one of {WORKLOADS}")
 
 
@@ -169,7 +178,7 @@ class Simulation:
         self.rng = random.Random(seed)
         self.loop = VirtualTimeLoop()
         self.swarm = Swarm.draw(self.rng, cfg)
-        self.workload = make_workload(cfg.workload, cfg)
+        self.workload = make_workload(cfg.workload, cfg, self.swarm.read_ratio)
         self.invariants = self.workload.invariants()
         self.net = SimNetwork(self.loop, self.rng, self.swarm.net)
         self.ids = list(range(1, cfg.nodes + 1))
@@ -186,6 +195,7 @@ class Simulation:
         self._clients: dict[int, tuple[int, ClientOp] | None] = {}
         self._leader_hint: dict[int, int] = {}
         self._op_seq = 0
+        self._lease_count = 0
         self.log(f"seed {seed}: workload={cfg.workload} nodes={cfg.nodes} swarm={self.swarm}")
 
     # ------------------------------------------------------------------ plumbing
@@ -308,7 +318,7 @@ class Simulation:
         hint = self._leader_hint.get(c)
         target = hint if hint and op.mode != "follower" else self.rng.choice(self.ids)
         self.loop.call_later(self.net.delay(), self._arrive, target, c, op_id, op)
-        self.loop.call_later(self.cfg.client_timeout_ms / 1000.0, self._timeout, c, op_id)
+        self.loop.call_later(self.swarm.client_timeout_ms / 1000.0, self._timeout, c, op_id)
 
     def _arrive(self, target: int, c: int, op_id: int, op: ClientOp) -> None:
         p = self.procs[target]
@@ -331,8 +341,19 @@ class Simulation:
             fut.add_done_callback(lambda f: self._answered(f, c, op_id, write=True))
         else:
             assert op.read is not None
+            # The driver decides on a lease read in the read task's first step: the callbacks
+            # queued right before and after it see whether this read took the lease path.
+            lease_reads = node.metrics["reads_lease"]
+            self.loop.call_soon(self._lease_watch, p, node, lease_reads, True)
             task = self.loop.create_task(node.read(op.read, op.mode))
+            self.loop.call_soon(self._lease_watch, p, node, lease_reads, False)
             task.add_done_callback(lambda f: self._answered(f, c, op_id, write=False))
+
+    def _lease_watch(self, p: _Process, node: RaftNode, before: int, first: bool) -> None:
+        if first:
+            self._lease_count = node.metrics["reads_lease"]
+        elif node.metrics["reads_lease"] > self._lease_count and node.core is not None:
+            self.checker.on_lease_read(p.id, node.core.term)
 
     def _answered(self, f: asyncio.Future[Any], c: int, op_id: int, write: bool) -> None:
         if f.cancelled():
@@ -399,6 +420,12 @@ class Simulation:
             cut = rng.randrange(1, len(ids))
             self.net.partition = {i: (0 if k < cut else 1) for k, i in enumerate(ids)}
             self.log(f"partition {sorted(ids[:cut])} | {sorted(ids[cut:])}")
+        elif kind == "isolate_leader":
+            leaders = [p.id for p in alive if p.node is not None and p.node.is_leader]
+            if not leaders:
+                return False
+            self.net.partition = {i: int(i == leaders[0]) for i in self.ids}
+            self.log(f"isolate leader n{leaders[0]}")
         elif kind == "heal":
             self.net.partition = {}
             self.log("heal")
@@ -495,7 +522,17 @@ class Simulation:
         return SimResult(self.seed, self.cfg.workload, len(ops), sum(1 for op in ops if op.status == "ok"),
                          dict(self.ok_reads), len(self.checker.leader_of_term),
                          max(self.checker.applied, default=0),
-                         sum(n.metrics["snapshots_installed"] for n in self.all_nodes), dict(self.faults))
+                         sum(n.metrics["snapshots_installed"] for n in self.all_nodes), dict(self.faults),
+                         self._disk_counts())
+
+    def _disk_counts(self) -> dict[str, int]:
+        counts = {"torn_tails": 0, "fsync_failures": 0, "enospc": 0}
+        for p in self.procs.values():
+            for k, v in p.files.counts.items():
+                counts[k] += v
+        counts["refused_starts"] = sum(p.refused for p in self.procs.values())
+        counts["disk_failure_stops"] = sum(n.failure is not None for n in self.all_nodes)
+        return counts
 
     def _final_checks(self) -> None:
         for st in self._clients.values():
@@ -566,4 +603,26 @@ def run_seed(seed: int, cfg: SimConfig | None = None) -> SimResult:
     return Simulation(seed, cfg).run()
 
 
-__all__ = ["SimConfig", "SimResult", "Simulation", "SimulationFailure", "run_seed"]
+def ci_config(workload: str = "kv", **overrides: Any) -> SimConfig:
+    """The cheap seeds CI runs by the thousand: a short safety phase, a liveness phase that ends on convergence."""
+    settings: dict[str, Any] = {"duration_ms": 500, "settle_ms": 1500, "trace": False, **overrides}
+    return SimConfig(workload=workload, **settings)
+
+
+MUTATION_SEEDS = 600  # every deliberate bug must make some seed fail among this many
+
+
+def hunt_mutation(name: str, workload: str = "kv", max_seeds: int = MUTATION_SEEDS,
+                  start: int = 0) -> SimulationFailure | None:
+    """Run seeds with the deliberate bug `name` switched on; the first failure, or None if none failed."""
+    cfg = SimConfig(workload=workload, duration_ms=1000, trace=False)
+    with mutations.forced(name):
+        for seed in range(start, start + max_seeds):
+            try:
+                run_seed(seed, cfg)
+            except SimulationFailure as exc:
+                return exc
+    return None
+
+
+__all__ = ["hunt_mutation", "ci_config", "SimConfig", "SimResult", "Simulation", "SimulationFailure", "run_seed"]
