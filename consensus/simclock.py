@@ -4,7 +4,8 @@ Leases assume that no two nodes' clocks run at rates further apart than
 `max_clock_drift` (NodeConfig); monotonic clocks never go back but may jump
 forward (a suspended VM, a slewed clock), which only ever shortens a lease. The
 simulator draws each node's rate within the assumed bound, or beyond it on purpose
-to show that the checker then sees stale lease reads.
+to show that the checker then sees stale lease reads. A node's rate also changes
+over time within that bound, so a leader elected on a fast clock may run slow later.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from .runtime import Cancellable
 from .simloop import Gate
 
 
@@ -25,9 +27,15 @@ class SimClock:
     def now(self) -> float:
         return self.loop.time() * self.rate + self.offset
 
+    def set_rate(self, rate: float) -> None:
+        """Drift changes (temperature, NTP slewing); the clock stays continuous."""
+        t = self.loop.time()
+        self.offset += t * (self.rate - rate)
+        self.rate = rate
+
     def jump(self, seconds: float) -> None:
         self.offset += max(0.0, seconds)
 
-    def call_later(self, delay: float, callback: Callable[[], None]) -> object:
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Cancellable:
         assert self.gate is not None, "the clock of a process that is not running"
         return self.gate.call_later(delay / self.rate, callback)

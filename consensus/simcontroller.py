@@ -11,7 +11,7 @@ to that state gives the response the client saw.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
@@ -65,7 +65,7 @@ class ControllerWorkload:
         self.read_ratio = read_ratio
 
     def state_machine(self) -> StateMachine:
-        return ControllerStateMachine()
+        return cast(StateMachine, ControllerStateMachine())
 
     def _live(self, rng: random.Random, now_ms: int) -> list[BrokerLiveInfo]:
         return [BrokerLiveInfo(i, _addr(i), now_ms if rng.random() < 0.7 else now_ms - 60_000,

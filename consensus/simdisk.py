@@ -82,7 +82,10 @@ class _Handle:
             ino.data = bytearray(ino.synced)  # the kernel dropped the dirty pages (fsyncgate)
             self.disk.counts["fsync_failures"] += 1
             raise OSError(errno.EIO, "Input/output error (simulated fsync failure)")
-        ino.synced = bytes(ino.data)
+        if self.disk.in_flight is not None:
+            self.disk.in_flight.append((ino, bytes(ino.data)))  # durable when the operation completes
+        else:
+            ino.synced = bytes(ino.data)
 
     def close(self) -> None:
         pass
@@ -98,6 +101,8 @@ class SimFiles:
         self.durable: dict[Path, _Inode] = {}
         self.corrupted: list[str] = []  # what bit rot this disk suffered (a refusal to start is then right)
         self.counts = {"torn_tails": 0, "fsync_failures": 0, "enospc": 0}
+        # Syncs issued by the executor's operation under way: durable only when it completes.
+        self.in_flight: list[tuple[_Inode, bytes]] | None = None
 
     def _maybe_fail(self, kind: str, code: int, text: str) -> None:
         if self.faults.faults_on and self.rng.random() < getattr(self.faults, kind):
@@ -148,7 +153,16 @@ class SimFiles:
         del ino.data[size:]
         ino.synced = ino.synced[:size]
 
+    def _settle_syncs(self) -> None:
+        """An fsync returned before the rename or directory sync that follows it: its data is durable."""
+        if self.in_flight:
+            for ino, data in self.in_flight:
+                if ino.data.startswith(data):
+                    ino.synced = data
+            self.in_flight.clear()
+
     def replace(self, src: Path, dst: Path) -> None:
+        self._settle_syncs()
         self.names[dst] = self._inode(src)
         del self.names[src]
 
@@ -156,6 +170,7 @@ class SimFiles:
         self.names.pop(path, None)
 
     def sync_dir(self, path: Path) -> None:
+        self._settle_syncs()
         for p in [p for p in self.durable if p.parent == path]:
             del self.durable[p]
         for p, ino in self.names.items():
@@ -207,10 +222,16 @@ class SimFiles:
 
 
 class SimDiskExecutor:
-    """The driver's disk executor: one operation at a time, each taking a drawn latency."""
+    """The driver's disk executor: one operation at a time, each taking a drawn latency.
+
+    An operation's writes reach the page cache when it starts; its syncs become durable,
+    and its result reaches the driver, when it completes. A power loss in between loses
+    (or tears) what it wrote, as a crash during a real fsync does.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, gate: Gate, rng: random.Random, faults: DiskFaults,
-                 queue: list[float]) -> None:
+                 queue: list[float], files: SimFiles) -> None:
+        self.files = files
         self.loop = loop
         self.gate = gate
         self.rng = rng
@@ -224,14 +245,24 @@ class SimDiskExecutor:
         done = max(now, self._free_at[0]) + self.rng.uniform(lo, hi) / 1000.0
         self._free_at[0] = done
 
+        self.files.in_flight = []
+        try:
+            result: T | None = fn()
+            error: Exception | None = None
+        except Exception as exc:
+            result, error = None, exc
+        syncs, self.files.in_flight = self.files.in_flight, None
+
         def complete() -> None:
-            # The work happens when the disk gets to it: a crash before then loses it.
+            for ino, data in syncs:
+                if ino.data.startswith(data):  # not truncated or rewritten meanwhile
+                    ino.synced = data
             if fut.done():
                 return
-            try:
-                fut.set_result(fn())
-            except Exception as exc:
-                fut.set_exception(exc)
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)  # type: ignore[arg-type]
 
         self.gate.call_later(done - now, complete)
         return await fut

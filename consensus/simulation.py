@@ -47,7 +47,7 @@ from .storage import CorruptLogError, _valid_record_after
 
 WORKLOADS = ("kv", "controller")
 FAULTS = ("partition", "isolate_leader", "heal", "kill", "power_off", "restart", "pause", "crash_leader",
-          "clock_jump", "rot")
+          "clock_jump", "clock_rate", "rot")
 
 
 class SimulationFailure(AssertionError):
@@ -82,6 +82,7 @@ class SimConfig:
     fsync_failure_rate: float = 0.01
     enospc_rate: float = 0.005
     fault_interval_ms: tuple[int, int] = (40, 300)
+    fault_kinds: tuple[str, ...] = FAULTS  # a test that aims at one kind of fault names it here
     pause_ms: tuple[int, int] = (20, 300)
     clock_jump_ms: float = 50.0
     # Clocks: each node's rate is within 1 +- clock_drift (drawn per seed below max_clock_drift
@@ -126,6 +127,7 @@ class Swarm:
         # Partitions do not last forever.
         weights["heal"] = max(weights["heal"], weights["partition"], weights["isolate_leader"])
         weights["restart"] = max(weights["restart"], 0.3)
+        weights = {f: (w if f in cfg.fault_kinds else 0.0) for f, w in weights.items()}
         drift = cfg.clock_drift if cfg.clock_drift is not None else rng.uniform(0, cfg.max_clock_drift * 0.9)
         lo_t, hi_t = cfg.client_timeout_ms
         return Swarm(net, disk, weights, drift, rng.randrange(*cfg.snapshot_every), rng.uniform(*cfg.read_ratio),
@@ -245,8 +247,8 @@ class Simulation:
         def transport(cfg: NodeConfig, cluster_id: str | None, on_message: Any) -> SimTransport:
             return SimTransport(self.net, p.id, gate, on_message)
 
-        rt = NodeRuntime(p.clock, p.files, SimDiskExecutor(self.loop, gate, self.rng, disk, p.disk_free_at),
-                         SimDiskExecutor(self.loop, gate, self.rng, disk, p.disk_free_at), transport,
+        rt = NodeRuntime(p.clock, p.files, SimDiskExecutor(self.loop, gate, self.rng, disk, p.disk_free_at, p.files),
+                         SimDiskExecutor(self.loop, gate, self.rng, disk, p.disk_free_at, p.files), transport,
                          rng=random.Random(self.rng.getrandbits(64)))
         sm = RecordingStateMachine(self.workload.state_machine(), p.id, p.incarnation, self.checker,
                                    self.invariants)
@@ -254,7 +256,10 @@ class Simulation:
         self.all_nodes.append(node)
         sm.term_of = lambda index: node.core.term_at(index) if node.core is not None else None
         node.on_role_change(lambda role, term, lead: self._on_role(p, node, role, term, lead))
-        gate.run_soon(lambda: self.loop.create_task(self._boot(p, node, gate)))
+        def boot() -> None:
+            self.loop.create_task(self._boot(p, node, gate))
+
+        gate.run_soon(boot)
 
     async def _boot(self, p: _Process, node: RaftNode, gate: Gate) -> None:
         try:
@@ -271,6 +276,8 @@ class Simulation:
             self.log(f"n{p.id} failed to start: {exc!r}")
             if p.gate is gate:
                 self.kill(p, power_loss=False)
+                if not self.faults_on:
+                    self.start(p)
             return
         if not gate.alive:
             return
@@ -287,6 +294,8 @@ class Simulation:
         if p.gate is gate and gate.alive:
             self.log(f"n{p.id} stopped on a disk failure: {p.node.failure if p.node else None}")
             self.kill(p, power_loss=False)
+            if not self.faults_on:
+                self.start(p)  # the liveness phase: its supervisor starts it again
 
     def kill(self, p: _Process, power_loss: bool) -> None:
         """The process dies (its page cache survives), or the machine loses power (it does not)."""
@@ -421,11 +430,11 @@ class Simulation:
             self.net.partition = {i: (0 if k < cut else 1) for k, i in enumerate(ids)}
             self.log(f"partition {sorted(ids[:cut])} | {sorted(ids[cut:])}")
         elif kind == "isolate_leader":
-            leaders = [p.id for p in alive if p.node is not None and p.node.is_leader]
-            if not leaders:
+            leader_ids = [p.id for p in alive if p.node is not None and p.node.is_leader]
+            if not leader_ids:
                 return False
-            self.net.partition = {i: int(i == leaders[0]) for i in self.ids}
-            self.log(f"isolate leader n{leaders[0]}")
+            self.net.partition = {i: int(i == leader_ids[0]) for i in self.ids}
+            self.log(f"isolate leader n{leader_ids[0]}")
         elif kind == "heal":
             self.net.partition = {}
             self.log("heal")
@@ -453,6 +462,11 @@ class Simulation:
             jump = rng.uniform(0, self.cfg.clock_jump_ms) / 1000.0
             p.clock.jump(jump)
             self.log(f"clock of n{p.id} jumps {jump * 1000:.1f} ms forward")
+        elif kind == "clock_rate" and alive:
+            p = rng.choice(alive)
+            d = self.swarm.drift
+            p.clock.set_rate(1.0 + rng.uniform(-d, d))
+            self.log(f"clock of n{p.id} now runs at rate {p.clock.rate:.3f}")
         elif kind == "rot":
             # Bit rot on a stopped machine's disk (a minority of one per seed), noticed at restart.
             if any(p.files.corrupted for p in self.procs.values()) or not down:

