@@ -252,7 +252,7 @@ class FileSink:
 
 
 class BytesSink:
-    """An in-memory sink, for the simulator and tests."""
+    """An in-memory sink, for tests (the simulator runs the FileSink over its simulated disk)."""
 
     def __init__(self) -> None:
         self.buf = bytearray()
