@@ -26,7 +26,10 @@ from electra.consensus.simulation import (
 )
 
 CHUNK = 500
-# 10,000 seeds: 5,000 KV on 3 nodes, 1,000 KV on 5 nodes, 4,000 controller on 3 nodes.
+# 10,000 seeds: 5,000 KV on 3 nodes, 1,000 KV on 5 nodes, 4,000 controller on 3 nodes, each with
+# a 400 ms safety phase (ci_config's 500 ms put the sim share over 4 min of CI; the swarm
+# coverage test below keeps 500 ms).
+DURATION_MS = 400
 KV_3 = range(0, 5000, CHUNK)
 KV_5 = range(100_000, 101_000, CHUNK)
 CONTROLLER_3 = range(200_000, 204_000, CHUNK)
@@ -34,21 +37,21 @@ CONTROLLER_3 = range(200_000, 204_000, CHUNK)
 
 @pytest.mark.parametrize("start", KV_3)
 def test_kv_three_nodes(start):
-    cfg = ci_config("kv")
+    cfg = ci_config("kv", duration_ms=DURATION_MS)
     for seed in range(start, start + CHUNK):
         run_seed(seed, cfg)
 
 
 @pytest.mark.parametrize("start", KV_5)
 def test_kv_five_nodes(start):
-    cfg = ci_config("kv", nodes=5)
+    cfg = ci_config("kv", nodes=5, duration_ms=DURATION_MS)
     for seed in range(start, start + CHUNK):
         run_seed(seed, cfg)
 
 
 @pytest.mark.parametrize("start", CONTROLLER_3)
 def test_controller_three_nodes(start):
-    cfg = ci_config("controller")
+    cfg = ci_config("controller", duration_ms=DURATION_MS)
     for seed in range(start, start + CHUNK):
         run_seed(seed, cfg)
 
