@@ -78,7 +78,7 @@ def _model_ops(ops: list[dict[str, Any]]) -> list[Op]:
 def check_linearizable(ops: list[dict[str, Any]], timeout_s: float = 20.0) -> Verdict:
     model_ops = _model_ops(ops)
     res = linearizability.check(model_ops, initial=controller_model.INITIAL, timeout_s=timeout_s,
-                                step=controller_model.step)
+                                model=controller_model.MODEL)
     if res.ok:
         return Verdict("linearizability", True, 0, f"{len(model_ops)} ops over {len({o.key for o in model_ops})} sets")
     # A search that ran out of time proves nothing: not a violation, but not a pass either.

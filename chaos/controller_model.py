@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from electra.consensus.linearizability import Op
+from electra.consensus.linearizability import Model, Op
 from electra.state.codes import Code
 
 WRITES = ("apply_broker_id", "register", "elect", "alter_sss")
@@ -155,3 +155,6 @@ def describe(states: frozenset) -> str:
     return "; ".join("absent" if s is None else
                      f"brokers={sorted(s.brokers)} next={s.next_id} master={s.master}@{s.epoch} "
                      f"sss={sorted(s.sss)}@{s.sss_epoch}" for s in sorted(states, key=str))
+
+
+MODEL = Model(kinds=frozenset(WRITES + READS), reads=frozenset(READS), step=step)

@@ -11,6 +11,10 @@ an op not yet linearized, and never revisit a (linearized set, state) pair.
 
 Ops whose outcome is unknown (a client timed out) may take effect at any point
 after their call, or never; ops that definitely failed are dropped.
+
+What one key's state is and how an op changes it is a `Model`: `REGISTER` (the KV
+state machine's put/get/cas) here; the simulator's controller workload supplies one
+that steps the real controller state machine over one broker set (simcontroller.py).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 class Op:
     process: int
     key: str
-    kind: str  # "put" | "get" | "cas"
+    kind: str  # one of the model's kinds: "put" | "get" | "cas" for REGISTER
     value: Any  # put: value; cas: (expected, new); get: None
     call: float
     ret: float  # math.inf when unknown
@@ -43,15 +47,29 @@ class CheckResult:
     timed_out: bool = False
 
 
+@dataclass(frozen=True)
+class Model:
+    """A sequential specification of one key: `step(state, op) -> (consistent?, new state)`.
+
+    `reads` are kinds that never change the state: when their outcome is unknown they
+    constrain nothing and are dropped. States must be hashable after `_freeze`.
+    """
+
+    kinds: frozenset[str]
+    reads: frozenset[str]
+    step: Callable[[Any, Op], tuple[bool, Any]]
+
+
 class History:
     """Builds ops from invoke/ok/fail/unknown events as a client library observes them."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: Model | None = None) -> None:
+        self.model = model or REGISTER
         self._open: dict[Any, dict[str, Any]] = {}
         self._done: list[Op] = []
 
     def invoke(self, op_id: Any, process: int, key: str, kind: str, value: Any, t: float) -> None:
-        if kind not in ("put", "get", "cas"):
+        if kind not in self.model.kinds:
             raise ValueError(f"unknown op kind {kind!r}")
         if op_id in self._open:
             raise ValueError(f"op {op_id!r} invoked twice")
@@ -75,10 +93,7 @@ class History:
         return self._done + pending
 
 
-Model = Callable[[Any, Op], tuple[bool, Any]]  # (state, op) -> (consistent?, new state)
-
-
-def _step(state: Any, op: Op) -> tuple[bool, Any]:
+def _register_step(state: Any, op: Op) -> tuple[bool, Any]:
     """Apply `op` to a register holding `state`: (consistent?, new state)."""
     if op.kind == "put":
         return True, op.value
@@ -93,6 +108,9 @@ def _step(state: Any, op: Op) -> tuple[bool, Any]:
     return state != expected, state
 
 
+REGISTER = Model(frozenset({"put", "get", "cas"}), frozenset({"get"}), _register_step)
+
+
 class _Node:
     __slots__ = ("op", "idx", "is_call", "match", "prev", "next")
 
@@ -105,9 +123,10 @@ class _Node:
         self.next: _Node | None = None
 
 
-def _check_key(ops: list[Op], initial: Any, deadline: float, step: Model = _step) -> tuple[bool, str, bool]:
-    # Unknown gets constrain nothing and change nothing.
-    ops = [op for op in ops if not (op.kind == "get" and op.status != "ok")]
+def _check_key(ops: list[Op], initial: Any, deadline: float, model: Model) -> tuple[bool, str, bool]:
+    # Unknown reads constrain nothing and change nothing.
+    ops = [op for op in ops if not (op.kind in model.reads and op.status != "ok")]
+    step = model.step
     events: list[tuple[float, int, _Node]] = []
     for i, op in enumerate(ops):
         call = _Node(op, i, True)
@@ -198,20 +217,17 @@ def _explain(op: Op | None, depth: int) -> str:
 
 
 def check(history: list[Op] | History, initial: Any = None, timeout_s: float = 30.0,
-          step: Model = _step) -> CheckResult:
-    """Check every key; report the first key that is not linearizable (never ok when unproven).
-
-    `step(state, op) -> (consistent?, new state)` is the model; the default is a register
-    (put/get/cas). Other models (chaos/controller_model.py) bring their own op kinds and a
-    hashable state; an op the model cannot place is a violation.
-    """
+          model: Model | None = None) -> CheckResult:
+    """Check every key; report the first key that is not linearizable (never ok when unproven)."""
+    if model is None:
+        model = history.model if isinstance(history, History) else REGISTER
     ops = history.ops() if isinstance(history, History) else list(history)
     by_key: dict[str, list[Op]] = {}
     for op in ops:
         by_key.setdefault(op.key, []).append(op)
     deadline = time.monotonic() + timeout_s
     for key in sorted(by_key, key=str):
-        ok, why, timed_out = _check_key(by_key[key], initial, deadline, step)
+        ok, why, timed_out = _check_key(by_key[key], initial, deadline, model)
         if not ok:
             return CheckResult(False, key, why, timed_out)
     return CheckResult(True)

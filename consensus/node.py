@@ -1,7 +1,10 @@
-"""The asyncio runtime that drives `RaftCore` with real sockets, disk and timers.
+"""The asyncio driver of `RaftCore`: timers, disk, peers and clients around the pure core.
 
-Everything runs on one event loop except fsync, which runs on a dedicated disk
-thread so the loop keeps receiving acks and proposals while the disk works.
+The driver reaches the outside world only through its `NodeRuntime` (runtime.py):
+`electra node` runs it on real time, files, a disk thread and TCP; the simulator
+runs this same code on virtual time, a simulated disk and a simulated network.
+Everything runs on one event loop except disk work (fsync), which runs on the
+runtime's disk executor so the loop keeps receiving acks and proposals meanwhile.
 Three mechanisms give throughput:
 
 * group commit: every `propose()` issued while the loop is busy lands in one
@@ -34,10 +37,8 @@ import heapq
 import itertools
 import logging
 import ssl
-import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -57,9 +58,9 @@ from .errors import (
 )
 from .framing import MAX_COMMAND, brief
 from .messages import Heartbeat, Message, SnapChunk, SnapResp
-from .snapshots import SnapshotMeta, SnapshotReceiver, SnapshotSender, SnapshotStore
+from .runtime import Cancellable, NodeRuntime
+from .snapshots import CHUNK_SIZE, SnapshotMeta, SnapshotReceiver, SnapshotSender, SnapshotStore
 from .storage import LogStorage
-from .transport import PeerTransport
 
 READ_MODES = ("linearizable", "lease", "follower", "stale")
 
@@ -107,6 +108,7 @@ class NodeConfig:
     # follower accepts, and how long an unfinished transfer may sit idle before its temp file goes.
     max_snapshot_bytes: int = 4 << 30
     snapshot_stall_s: float = 10.0
+    snapshot_chunk_bytes: int = CHUNK_SIZE  # bytes per InstallSnapshot message
 
     def election_timeout_s(self) -> float:
         """The longest randomized election timeout: after this long without a leader, something is wrong."""
@@ -127,19 +129,19 @@ class NodeConfig:
 class RaftNode:
     """One member of a Raft group. Use `await start()`, then `propose()`."""
 
-    def __init__(self, cfg: NodeConfig, state_machine: StateMachine) -> None:
+    def __init__(self, cfg: NodeConfig, state_machine: StateMachine, runtime: NodeRuntime | None = None) -> None:
         self.cfg = cfg
         self.sm = state_machine
-        self.storage = LogStorage(Path(cfg.data_dir) / "raft-log", fsync=cfg.fsync)
-        self.snapshots = SnapshotStore(Path(cfg.data_dir) / "snapshots", keep=cfg.snapshots_kept, fsync=cfg.fsync)
+        self.runtime = rt = runtime or NodeRuntime.system(cfg.node_id)
+        self.clock = rt.clock
+        self.storage = LogStorage(Path(cfg.data_dir) / "raft-log", fsync=cfg.fsync, files=rt.files)
+        self.snapshots = SnapshotStore(Path(cfg.data_dir) / "snapshots", keep=cfg.snapshots_kept, fsync=cfg.fsync,
+                                       files=rt.files)
         self.cluster_id = check_cluster_stamp(cfg.data_dir, cfg.cluster_id)
-        self.transport = PeerTransport(cfg.node_id, cfg.peers, self._on_message, cluster=cfg.cluster,
-                                       cluster_id=self.cluster_id, server_ssl=cfg.peer_server_ssl,
-                                       client_ssl=cfg.peer_client_ssl)
+        self.transport = rt.transport(cfg, self.cluster_id, self._on_message)
         self.core: RaftCore | None = None
         self.applied = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._disk = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"raft-disk-{cfg.node_id}")
         self._kicked = False
         self._queued_cmds: list[bytes] = []
         self._queued_futs: list[tuple[asyncio.Future, float]] = []
@@ -147,7 +149,7 @@ class RaftNode:
         self._persist_queue: list[Ready] = []
         self._persist_wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        self._tick_handle: asyncio.TimerHandle | None = None
+        self._tick_handle: Cancellable | None = None
         self._running = False
         self._stopped = False
         self.failure: DiskFailure | None = None  # set when the node stopped on a disk error
@@ -182,7 +184,7 @@ class RaftNode:
         self.failed = self._loop.create_future()
         if (warning := mutations.banner()) is not None:
             log.critical("node %d: %s", self.cfg.node_id, warning)
-        t0 = time.monotonic()
+        t0 = self.clock.now()
         rec = self.storage.open()
         meta = self.snapshots.latest()
         snap = (meta.index, meta.term) if meta else (0, 0)
@@ -202,18 +204,18 @@ class RaftNode:
             self.cfg.node_id, sorted(self.cfg.peers), replace(self.cfg.raft, lease_s=self.cfg.lease_s()),
             term=rec.term, vote=rec.vote, log_offset=rec.snapshot_index, offset_term=rec.snapshot_term,
             log_terms=rec.terms, log_data=rec.datas, snapshot=snap if meta else None,
-            vote_floor=rec.vote_floor, clock=time.monotonic,
+            vote_floor=rec.vote_floor, clock=self.clock.now, rng=self.runtime.rng,
         )
         self.applied = snap[0]
-        self.restart_seconds = time.monotonic() - t0
+        self.restart_seconds = self.clock.now() - t0
         log.info("node %d starting: term=%d vote=%d snapshot=%d log=[%d..%d] fsync=%s (loaded in %.2fs)",
                  self.cfg.node_id, rec.term, rec.vote, snap[0], rec.first_index, self.core.last_index(),
                  self.cfg.fsync, self.restart_seconds)
         self._running = True
-        self.last_tick_at = self.leader_seen_at = time.monotonic()
+        self.last_tick_at = self.leader_seen_at = self.clock.now()
         await self.transport.start()
         self._tasks.append(asyncio.create_task(self._persister(), name=f"raft-persist-{self.cfg.node_id}"))
-        self._tick_handle = self._loop.call_later(self.cfg.tick_s, self._on_tick)
+        self._tick_handle = self.clock.call_later(self.cfg.tick_s, self._on_tick)
 
     def _recover_lost_snapshot(self, rec, snap: tuple[int, int]) -> None:
         """The log is compacted past the newest snapshot that verifies: its state is lost here.
@@ -260,8 +262,20 @@ class RaftNode:
         await self.transport.stop()
         self._receiver.abort()
         self._fail_pending(self.failure or NodeStopped("node stopped before the result was known"))
-        await asyncio.get_running_loop().run_in_executor(self._disk, self.storage.close)
-        self._disk.shutdown(wait=True)
+        await self.runtime.disk.run(self.storage.close)
+        self.runtime.disk.shutdown()
+
+    def halt(self) -> None:
+        """Stop dead, as a killed process does: no more I/O, no flush, nothing answered.
+
+        The simulator's crash; what survives is whatever the disk already made durable.
+        """
+        self._running = False
+        self._stopped = True
+        if self._tick_handle:
+            self._tick_handle.cancel()
+        for t in self._tasks:
+            t.cancel()
 
     def _fail_stop(self, exc: DiskFailure) -> None:
         """The log cannot be made durable: stop serving now, acknowledge nothing more."""
@@ -355,7 +369,7 @@ class RaftNode:
         if self.core.role != Role.LEADER:
             raise NotLeader(self.core.lead)
         fut = self._loop.create_future()
-        deadline = time.monotonic() + (timeout if timeout is not None else self.cfg.propose_timeout_s)
+        deadline = self.clock.now() + (timeout if timeout is not None else self.cfg.propose_timeout_s)
         self._queued_cmds.append(bytes(command))
         self._queued_futs.append((fut, deadline))
         self._kick()
@@ -382,7 +396,7 @@ class RaftNode:
             m["reads_stale"] += 1
             return fn(self.sm)
         core = self.core
-        now = time.monotonic()
+        now = self.clock.now()
         deadline = now + (timeout if timeout is not None else self.cfg.read_timeout_s)
         fut = self._loop.create_future()
         if core.role == Role.LEADER:
@@ -433,8 +447,8 @@ class RaftNode:
         """Ask the leader to hand over to `target`; returns once `target` leads."""
         self.core.transfer_leadership(target)
         self._kick()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = self.clock.now() + timeout
+        while self.clock.now() < deadline:
             if self.core.lead == target:
                 return
             await asyncio.sleep(self.cfg.tick_s / 2)
@@ -459,7 +473,7 @@ class RaftNode:
         if not self._running:
             return
         try:
-            now = time.monotonic()
+            now = self.clock.now()
             if self._tick_due:
                 self.tick_lateness.append(max(0.0, now - self._tick_due))
             self.core.tick()
@@ -474,15 +488,15 @@ class RaftNode:
                           self.metrics["tick_errors"], brief(exc))
         finally:
             if self._running:
-                self.last_tick_at = time.monotonic()
+                self.last_tick_at = self.clock.now()
                 self._tick_due = self.last_tick_at + self.cfg.tick_s
-                self._tick_handle = self._loop.call_later(self.cfg.tick_s, self._on_tick)
+                self._tick_handle = self.clock.call_later(self.cfg.tick_s, self._on_tick)
 
     def health(self) -> tuple[bool, str]:
         """(healthy, reason): unhealthy once ticks stop or no leader was known for an election timeout."""
         if not self._running:
             return False, "stopped"
-        now = time.monotonic()
+        now = self.clock.now()
         limit = self.cfg.election_timeout_s()
         if now - self.last_tick_at > limit:
             return False, f"no Raft tick for {now - self.last_tick_at:.1f}s"
@@ -561,6 +575,8 @@ class RaftNode:
                 self._receiver.abort()  # a transfer from the previous leader will never finish
             log.info("node %d is now %s in term %d (leader %d)", self.cfg.node_id, c.role.name, c.term, c.lead)
             if c.role != Role.LEADER:
+                for q in self._senders.values():
+                    q.put_nowait(None)  # wake running snapshot transfers: they end with the leadership
                 for fut, _ in self._queued_futs:
                     if not fut.done():
                         fut.set_exception(NotLeader(c.lead))
@@ -606,7 +622,7 @@ class RaftNode:
     def _expire_waiters(self) -> None:
         if not self._waiters and not self._read_waiters and not self._apply_waiters:
             return
-        now = time.monotonic()
+        now = self.clock.now()
         expired = []
         for idx, (_, _fut, deadline) in self._waiters.items():
             if deadline > now:
@@ -628,7 +644,6 @@ class RaftNode:
 
     # ------------------------------------------------------------------ persistence
     async def _persister(self) -> None:
-        loop = asyncio.get_running_loop()
         storage = self.storage
         while self._running:
             await self._persist_wakeup.wait()
@@ -658,7 +673,7 @@ class RaftNode:
                         self.transport.send_many(rd.send_after_persist)
             if wrote:
                 try:
-                    await loop.run_in_executor(self._disk, storage.sync)
+                    await self.runtime.disk.run(storage.sync)
                 except DiskFailure as exc:
                     # The messages that waited for this write (acks, votes) are never sent.
                     self._fail_stop(exc)
@@ -695,7 +710,7 @@ class RaftNode:
 
         async def complete() -> None:
             try:
-                meta = await self._loop.run_in_executor(None, finish)
+                meta = await self.runtime.snapshot_disk.run(finish)
             except Exception:
                 log.exception("node %d: writing snapshot %d failed", self.cfg.node_id, index)
                 return
@@ -740,17 +755,23 @@ class RaftNode:
             if meta is None or core.role != Role.LEADER:
                 return
             sender = SnapshotSender(self.cfg.node_id, peer, core.term, meta,
-                                    lambda off, n: self.snapshots.read_chunk(meta, off, n))
+                                    lambda off, n: self.snapshots.read_chunk(meta, off, n),
+                                    chunk_size=self.cfg.snapshot_chunk_bytes)
             log.info("node %d: sending snapshot %d (%d bytes) to node %d", self.cfg.node_id, meta.index,
                      meta.file_size, peer)
             silent = 0
-            while self._running and core.role == Role.LEADER and silent < 3:
+            term = core.term
+            # A transfer belongs to one term: once leadership of it is lost, a later term's
+            # transfer must not wait behind this one (its chunks would only be refused).
+            while self._running and core.role == Role.LEADER and core.term == term and silent < 3:
                 self.transport.send(sender.next_message())
                 try:
                     resp = await asyncio.wait_for(q.get(), timeout=max(1.0, self.cfg.tick_s * 20))
                 except TimeoutError:
                     silent += 1  # resend the same chunk; the receiver tells us where it is
                     continue
+                if resp is None:
+                    continue  # woken by a role change: the loop condition decides
                 silent = 0
                 outcome = sender.on_response(resp)
                 if outcome == "done":

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol, cast
 
 from . import mutations
+from .files import Files, OsFiles, WritableFile
 from .messages import SnapChunk, SnapResp
 
 MAGIC = b"ESNP"
@@ -112,7 +113,7 @@ def make_blob(index: int, term: int, data: bytes) -> bytes:
 class _CrcWriter(io.RawIOBase):
     """File wrapper that counts and checksums what the state machine streams into it."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: WritableFile) -> None:
         self.f = f
         self.crc = 0
         self.size = 0
@@ -129,22 +130,25 @@ class _CrcWriter(io.RawIOBase):
 class SnapshotStore:
     """A directory of snapshot files `<index>-<term>.snap`, newest `keep` retained."""
 
-    def __init__(self, path: str | os.PathLike[str], *, keep: int = 3, fsync: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, keep: int = 3, fsync: bool = True,
+                 files: Files | None = None) -> None:
         self.dir = Path(path)
+        self.files: Files = files or OsFiles()
         self.keep = max(1, keep)
         self.fsync = fsync
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for tmp in self.dir.glob("*.tmp"):
-            tmp.unlink()  # an interrupted write or transfer; never trusted
+        self.files.mkdir(self.dir)
+        for tmp in self.files.listdir(self.dir):
+            if tmp.suffix == ".tmp":
+                self.files.unlink(tmp)  # an interrupted write or transfer; never trusted
 
     def _final_path(self, index: int, term: int) -> Path:
         return self.dir / f"{index:020d}-{term:010d}.snap"
 
     def list(self) -> list[Path]:
-        return sorted(self.dir.glob("*.snap"), reverse=True)
+        return sorted((p for p in self.files.listdir(self.dir) if p.suffix == ".snap"), reverse=True)
 
     def read_meta(self, path: Path, verify: bool = True) -> SnapshotMeta:
-        with open(path, "rb") as f:
+        with self.files.open_read(path) as f:
             index, term, size, crc = parse_header(f.read(HEADER.size))
             if (index, term) != key_from_name(path):
                 raise SnapshotError(f"{path}: header says index {index} term {term}, the file name disagrees")
@@ -176,14 +180,14 @@ class SnapshotStore:
         finisher (fsync, header, rename, pruning) may run on a worker thread.
         """
         tmp = self.dir / f"{index:020d}-{term:010d}.snap.tmp"
-        f = open(tmp, "wb")  # noqa: SIM115 - closed by the finisher
+        f = self.files.open_write(tmp)
         f.write(bytes(HEADER.size))
         w = _CrcWriter(f)
         try:
             fill(cast(BinaryIO, w))  # write() is all a state machine's snapshot uses
         except BaseException:
             f.close()
-            tmp.unlink(missing_ok=True)
+            self.files.unlink(tmp)
             raise
 
         def finish() -> SnapshotMeta:
@@ -191,13 +195,12 @@ class SnapshotStore:
                 try:
                     f.seek(0)
                     f.write(pack_header(index, term, w.size, w.crc))
-                    f.flush()
                     if self.fsync:
-                        os.fsync(f.fileno())
+                        f.sync()
                 finally:
                     f.close()
             except BaseException:
-                tmp.unlink(missing_ok=True)  # e.g. ENOSPC: the half-written file is never used
+                self.files.unlink(tmp)  # e.g. ENOSPC: the half-written file is never used
                 raise
             return self._install(tmp, SnapshotMeta(index, term, w.size, w.crc))
 
@@ -205,24 +208,20 @@ class SnapshotStore:
 
     def _install(self, tmp: Path, meta: SnapshotMeta) -> SnapshotMeta:
         final = self._final_path(meta.index, meta.term)
-        os.replace(tmp, final)
+        self.files.replace(tmp, final)
         if self.fsync:
-            dfd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            self.files.sync_dir(self.dir)
         for old in self.list()[self.keep:]:
-            old.unlink(missing_ok=True)
+            self.files.unlink(old)
         return SnapshotMeta(meta.index, meta.term, meta.size, meta.crc, final)
 
     def read_chunk(self, meta: SnapshotMeta, offset: int, n: int) -> bytes:
-        with open(meta.stored_path(), "rb") as f:
+        with self.files.open_read(meta.stored_path()) as f:
             f.seek(offset)
             return f.read(n)
 
     def open_data(self, meta: SnapshotMeta) -> BinaryIO:
-        f = open(meta.stored_path(), "rb")  # noqa: SIM115 - caller closes
+        f = self.files.open_read(meta.stored_path())
         f.seek(HEADER.size)
         return f
 
@@ -247,16 +246,15 @@ class FileSink:
     def __init__(self, store: SnapshotStore, index: int, term: int) -> None:
         self.store = store
         self.tmp = store.dir / f"{index:020d}-{term:010d}.recv.tmp"
-        self.f = open(self.tmp, "w+b")  # noqa: SIM115 - closed in finish/abort
+        self.f = store.files.open_write(self.tmp)
 
     def write(self, offset: int, data: bytes) -> None:
         self.f.seek(offset)
         self.f.write(data)
 
     def finish(self) -> SnapshotMeta:
-        self.f.flush()
         if self.store.fsync:
-            os.fsync(self.f.fileno())
+            self.f.sync()
         self.f.close()
         meta = self.store.read_meta(self.tmp, verify=not mutations.enabled("snapshot_apply_unverified"))
         return self.store._install(self.tmp, meta)
@@ -264,11 +262,11 @@ class FileSink:
     def abort(self) -> None:
         """Drop the partial file (idempotent; also after a failed `finish`)."""
         self.f.close()
-        self.tmp.unlink(missing_ok=True)
+        self.store.files.unlink(self.tmp)
 
 
 class BytesSink:
-    """An in-memory sink, for the simulator and tests."""
+    """An in-memory sink, for tests (the simulator runs the FileSink over its simulated disk)."""
 
     def __init__(self) -> None:
         self.buf = bytearray()

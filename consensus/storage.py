@@ -35,11 +35,13 @@ import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgpack
 
 from . import mutations
 from .errors import DiskFailure
+from .files import Files, OsFiles, WritableFile, write_all
 
 ENTRIES, HARD_STATE, COMPACTED, RESET = 1, 2, 3, 4
 _HEADER = struct.Struct(">II")
@@ -89,29 +91,21 @@ def _valid_record_after(data: bytes, pos: int) -> bool:
     return False
 
 
-def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    """Write every byte or raise: a short write (a full disk) is never taken as done."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:
-            raise OSError(f"write returned {n} with {len(view)} bytes left")
-        view = view[n:]
-
-
-def _record(payload: tuple) -> bytes:
-    body = msgpack.packb(payload, use_bin_type=True)
+def _record(payload: tuple[Any, ...]) -> bytes:
+    body: bytes = msgpack.packb(payload, use_bin_type=True)
     return _HEADER.pack(len(body), zlib.crc32(body)) + body
 
 
 class LogStorage:
-    def __init__(self, path: str | os.PathLike, *, fsync: bool = True, segment_bytes: int = 64 << 20) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True, segment_bytes: int = 64 << 20,
+                 files: Files | None = None) -> None:
         self.dir = Path(path)
+        self.files: Files = files or OsFiles()
         self.fsync = fsync
         self.segment_bytes = segment_bytes
         self._lock = threading.Lock()
         self._buf = bytearray()
-        self._fd: int | None = None
+        self._file: WritableFile | None = None
         self._seg_path: Path | None = None
         self._seg_size = 0
         self._seg_seq = 0
@@ -131,8 +125,8 @@ class LogStorage:
 
     # ------------------------------------------------------------------ recovery
     def open(self) -> RecoveredLog:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        segs = sorted(p for p in self.dir.iterdir() if p.suffix == _SUFFIX and p.stem.isdigit())
+        self.files.mkdir(self.dir)
+        segs = sorted(p for p in self.files.listdir(self.dir) if p.suffix == _SUFFIX and p.stem.isdigit())
         rec = RecoveredLog()
         self._gap_until = 0
         for k, seg in enumerate(segs):
@@ -144,14 +138,14 @@ class LogStorage:
         self._snap = (rec.snapshot_index, rec.snapshot_term)
         self._last_index = rec.last_index
         self._seg_seq = int(segs[-1].stem) if segs else 0
-        if segs and segs[-1].stat().st_size < self.segment_bytes:
+        if segs and self.files.size(segs[-1]) < self.segment_bytes:
             self._open_segment(segs[-1], new=False)
         else:
             self._roll()
         return rec
 
     def _replay(self, seg: Path, rec: RecoveredLog, newest: bool) -> None:
-        data = seg.read_bytes()
+        data = self.files.read_bytes(seg)
         pos, n = 0, len(data)
         seg_max = 0
         while pos < n:
@@ -173,10 +167,7 @@ class LogStorage:
                     break  # the deliberate bug: keep the torn bytes; later appends land after them
                 if newest and (all_zero or not _valid_record_after(data, pos)):
                     log.warning("log %s: torn tail at offset %d (%s); dropping %d bytes", seg, pos, problem, n - pos)
-                    with open(seg, "r+b") as f:
-                        f.truncate(pos)
-                        f.flush()
-                        os.fsync(f.fileno())
+                    self.files.truncate(seg, pos)
                     break
                 raise CorruptLogError(f"corrupt Raft log {seg} at offset {pos}: {problem}; refusing to start "
                                       "(restore this node from a peer or a snapshot)")
@@ -190,7 +181,7 @@ class LogStorage:
             pos = end
         self._seg_max[seg] = seg_max
 
-    def _apply_record(self, body: list, rec: RecoveredLog) -> int:
+    def _apply_record(self, body: list[Any], rec: RecoveredLog) -> int:
         kind = body[0]
         if kind == ENTRIES:
             _, first, terms, datas = body
@@ -209,7 +200,7 @@ class LogStorage:
             del rec.datas[cut:]
             rec.terms.extend(terms[skip:])
             rec.datas.extend(datas[skip:])
-            return first + len(terms) - 1
+            return int(first) + len(terms) - 1
         if kind == HARD_STATE:
             _, rec.term, rec.vote, *floor = body
             rec.vote_floor = tuple(floor) if floor else (0, 0)
@@ -245,7 +236,13 @@ class LogStorage:
         with self._lock:
             self._buf += rec
             self._last_index = first_index + len(terms) - 1
-            self._seg_max[self._seg_path] = max(self._seg_max.get(self._seg_path, 0), self._last_index)
+            self._note_segment_max(self._last_index)
+
+    def _note_segment_max(self, index: int) -> None:
+        """The open segment now holds records up to `index` (compaction deletes a segment only below it)."""
+        seg = self._seg_path
+        assert seg is not None  # open() started a segment before anything is written
+        self._seg_max[seg] = max(self._seg_max.get(seg, 0), index)
 
     def save_hard_state(self, term: int, vote: int) -> None:
         with self._lock:
@@ -277,7 +274,7 @@ class LogStorage:
             self._snap = (index, term)
             self._last_index = index
             self._buf += _record((RESET, index, term))
-            self._seg_max[self._seg_path] = max(self._seg_max.get(self._seg_path, 0), index)
+            self._note_segment_max(index)
 
     @property
     def failed(self) -> BaseException | None:
@@ -292,11 +289,12 @@ class LogStorage:
         try:
             with self._lock:
                 buf, self._buf = self._buf, bytearray()
+            assert self._file is not None, "sync() before open()"
             if buf:
-                write_all(self._fd, buf)
+                write_all(self._file, buf)
                 self._seg_size += len(buf)
             if self.fsync:
-                os.fdatasync(self._fd)
+                self._file.sync()
             if self._seg_size >= self.segment_bytes:
                 with self._lock:
                     self._roll()
@@ -306,11 +304,11 @@ class LogStorage:
             raise DiskFailure(f"writing the Raft log in {self.dir} failed: {exc}") from exc
 
     def close(self) -> None:
-        if self._fd is not None:
+        if self._file is not None:
             if self._failed is None:
                 self.sync()
-            os.close(self._fd)
-            self._fd = None
+            self._file.close()
+            self._file = None
 
     # ------------------------------------------------------------------ segments
     def _roll(self) -> None:
@@ -321,24 +319,20 @@ class LogStorage:
         head = self._hard_state_record()
         if self._snap[0]:
             head += _record((RESET if self._last_index == self._snap[0] else COMPACTED, *self._snap))
-        write_all(self._fd, head)
+        assert self._file is not None
+        write_all(self._file, head)
         self._seg_size = len(head)
         self._seg_max[path] = 0
         if self.fsync:
-            os.fdatasync(self._fd)
-            dfd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            self._file.sync()
+            self.files.sync_dir(self.dir)
 
     def _open_segment(self, path: Path, new: bool) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-        flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT | os.O_EXCL if new else 0)
-        self._fd = os.open(path, flags, 0o644)
+        if self._file is not None:
+            self._file.close()
+        self._file = self.files.open_append(path, create=new)
         self._seg_path = path
-        self._seg_size = os.fstat(self._fd).st_size
+        self._seg_size = self.files.size(path)
 
     def _delete_compacted(self) -> None:
         """Delete the oldest segments whose entries all lie in the durable compacted prefix.
@@ -350,7 +344,7 @@ class LogStorage:
         for seg in sorted(self._seg_max):
             if seg == self._seg_path or self._seg_max[seg] > snap:
                 break  # only ever delete a prefix of the segments
-            if seg.exists():
-                seg.unlink()
+            if self.files.exists(seg):
+                self.files.unlink(seg)
                 log.info("deleted compacted log segment %s", seg)
             del self._seg_max[seg]

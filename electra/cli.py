@@ -528,26 +528,58 @@ def cmd_simulate_brokers(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- electra sim
 def cmd_sim(args: argparse.Namespace) -> int:
-    from electra.consensus.simulation import SimConfig, SimulationFailure, run_seed
+    """Seeds of every workload on the node runtime, then each deliberate bug must be caught."""
+    from electra.consensus import mutations
+    from electra.consensus.simulation import WORKLOADS, SimConfig, SimulationFailure, hunt_mutation, run_seed
 
-    seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
-    cfg = SimConfig(nodes=args.nodes, duration_ms=args.duration_ms)
+    workloads = list(WORKLOADS) if args.workload == "all" else [args.workload]
+    if args.mutations in ("all", "none", ""):
+        muts = sorted(mutations.KNOWN) if args.mutations == "all" else []
+    else:
+        muts = [m.strip() for m in args.mutations.split(",") if m.strip()]
+        unknown = set(muts) - mutations.KNOWN.keys()
+        if unknown:
+            print(f"unknown mutation(s) {sorted(unknown)}; known: {sorted(mutations.KNOWN)}", file=sys.stderr)
+            return 2
+    replay = args.seed is not None
+
+    def config(workload: str) -> SimConfig:
+        return SimConfig(workload=workload, nodes=args.nodes, duration_ms=args.duration_ms,
+                         settle_ms=args.settle_ms, trace=replay)
+
+    runs = ([(w, args.seed) for w in workloads] if replay else
+            [(workloads[k % len(workloads)], args.start + k) for k in range(args.seeds)])
     t0 = time.monotonic()
-    failures = 0
-    total = len(seeds)
-    for k, seed in enumerate(seeds, 1):
+    violations = 0
+    for k, (workload, seed) in enumerate(runs, 1):
         try:
-            run_seed(seed, cfg)
+            result = run_seed(seed, config(workload))
+            if replay:
+                print(f"seed {seed} ({workload}) passed: {result}")
         except SimulationFailure as exc:
-            failures += 1
-            print(f"FAIL {exc}", flush=True)
-            print(f"replay with: electra sim --seed {seed} --nodes {args.nodes} --duration-ms {args.duration_ms}")
+            violations += 1
+            print(f"FAIL ({workload}) {exc.reason}" if not replay else f"FAIL ({workload}) {exc}", flush=True)
+            if replay:
+                print("--- full trace ---\n" + "\n".join(exc.trace))
+            else:
+                print(f"replay with: electra sim --seed {seed} --workload {workload} --nodes {args.nodes} "
+                      f"--duration-ms {args.duration_ms} --settle-ms {args.settle_ms} --mutations none")
             if not args.keep_going:
                 break
-        if k % max(1, total // 10) == 0 or k == total:
-            print(f"  {k}/{total} seeds, {failures} failed, {time.monotonic() - t0:.1f}s", flush=True)
-    print(f"{total - failures} passed, {failures} failed")
-    return 1 if failures else 0
+        if not replay and (k % max(1, len(runs) // 10) == 0 or k == len(runs)):
+            print(f"  {k}/{len(runs)} seeds, {violations} failed, {time.monotonic() - t0:.1f}s", flush=True)
+    elapsed = time.monotonic() - t0
+    caught = 0
+    for name in muts:
+        exc = hunt_mutation(name)
+        if exc is not None:
+            caught += 1
+            print(f"mutation {name}: caught by seed {exc.seed}: {exc.reason}")
+        else:
+            print(f"mutation {name}: NOT caught")
+    print(f"RESULT seeds={k if runs else 0} workloads={','.join(workloads)} runtime=node violations={violations} "
+          f"seeds_per_s={(k if runs else 0) / max(elapsed, 1e-9):.1f} mutations_caught={caught}/{len(muts)}")
+    return 1 if violations or caught < len(muts) else 0
 
 
 # --------------------------------------------------------------------------- electra bench
@@ -635,12 +667,16 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--insecure", action="store_true", help="plaintext, no authentication (tests only)")
     ing.set_defaults(fn=cmd_ingest)
 
-    s = sub.add_parser("sim", help="deterministic simulation with fault injection")
-    s.add_argument("--seeds", type=int, default=100)
+    s = sub.add_parser("sim", help="deterministic simulation of the node runtime with fault injection")
+    s.add_argument("--seeds", type=int, default=1000, help="seeds in all, shared by the workloads")
     s.add_argument("--start", type=int, default=0)
-    s.add_argument("--seed", type=int, help="replay exactly one seed")
+    s.add_argument("--seed", type=int, help="replay exactly one seed (per workload) and print its trace on failure")
+    s.add_argument("--workload", choices=("all", "kv", "controller"), default="all")
     s.add_argument("--nodes", type=int, default=3)
-    s.add_argument("--duration-ms", type=int, default=3000)
+    s.add_argument("--duration-ms", type=int, default=500, help="the safety phase (clients and faults)")
+    s.add_argument("--settle-ms", type=int, default=1500, help="the liveness phase's limit (faults healed)")
+    s.add_argument("--mutations", default="all",
+                   help="deliberate bugs the simulator must catch: all, none, or a comma-separated list")
     s.add_argument("--keep-going", action="store_true")
     s.set_defaults(fn=cmd_sim)
 

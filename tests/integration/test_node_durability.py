@@ -28,7 +28,7 @@ def _fail_fsync_of(monkeypatch, bad: list[RaftNode]) -> list[int]:
     real = os.fdatasync
 
     def fdatasync(fd):
-        if any(n.storage._fd == fd for n in bad):
+        if any(getattr(n.storage._file, "fd", None) == fd for n in bad):
             calls.append(fd)
             raise OSError(errno.EIO, "Input/output error")
         return real(fd)
