@@ -40,6 +40,10 @@ $(STAMP): pyproject.toml
 	@test -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 || test -e /usr/lib/faketime/libfaketime.so.1 || \
 		{ command -v apt-get >/dev/null 2>&1 && (apt-get update -qq && apt-get install -y -qq faketime >/dev/null) ; } || \
 		echo "warning: electra chaos will skip clock faults (apt-get install faketime)"
+	@# electra chaos builds its fsync shim (slow disk, power loss) with a C compiler; its CI test needs both.
+	@command -v cc >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null) ; } || \
+		{ echo "error: electra chaos needs a C compiler for its disk shim (apt-get install gcc)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@# A strict editable install: build/__editable__.* is a tree of links to the sources, named as
