@@ -329,7 +329,7 @@ class RaftNode:
 
     @property
     def _live(self) -> _Started:
-        """The core and its loop, for the paths that run only once the node has started."""
+        """The core and its loop, for the paths that run only once the node has started (NodeStopped before)."""
         if self._started is None:
             raise NodeStopped(f"node {self.cfg.node_id} has not started")
         return self._started
