@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from . import mutations
 from .cluster_stamp import check_cluster_stamp
@@ -60,7 +60,7 @@ from .framing import MAX_COMMAND, brief
 from .messages import Heartbeat, Message, SnapChunk, SnapResp
 from .runtime import Cancellable, NodeRuntime
 from .snapshots import CHUNK_SIZE, SnapshotMeta, SnapshotReceiver, SnapshotSender, SnapshotStore
-from .storage import LogStorage
+from .storage import LogStorage, RecoveredLog
 
 READ_MODES = ("linearizable", "lease", "follower", "stale")
 
@@ -70,10 +70,10 @@ log = logging.getLogger("electra.consensus.node")
 class StateMachine(Protocol):
     def apply(self, index: int, command: bytes) -> Any: ...
 
-    def snapshot(self, out) -> None:
+    def snapshot(self, out: BinaryIO) -> None:
         """Stream the whole state into the binary file `out` (deterministic bytes)."""
 
-    def restore(self, inp) -> None:
+    def restore(self, inp: BinaryIO) -> None:
         """Replace the whole state with what `snapshot` wrote."""
 
 
@@ -126,6 +126,15 @@ class NodeConfig:
             return 2 * self.raft.election_ticks * self.tick_s
         return (self.raft.election_ticks - 1) * self.tick_s * (1 - self.max_clock_drift)
 
+
+@dataclass(frozen=True, slots=True)
+class _Started:
+    """What a node has only from `start()` on: the core recovered from disk and the loop it runs on."""
+
+    core: RaftCore
+    loop: asyncio.AbstractEventLoop
+
+
 class RaftNode:
     """One member of a Raft group. Use `await start()`, then `propose()`."""
 
@@ -139,21 +148,20 @@ class RaftNode:
                                        files=rt.files)
         self.cluster_id = check_cluster_stamp(cfg.data_dir, cfg.cluster_id)
         self.transport = rt.transport(cfg, self.cluster_id, self._on_message)
-        self.core: RaftCore | None = None
+        self._started: _Started | None = None  # set by start()
         self.applied = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._kicked = False
         self._queued_cmds: list[bytes] = []
-        self._queued_futs: list[tuple[asyncio.Future, float]] = []
-        self._waiters: dict[int, tuple[int, asyncio.Future, float]] = {}  # index -> (term, fut, deadline)
+        self._queued_futs: list[tuple[asyncio.Future[Any], float]] = []
+        self._waiters: dict[int, tuple[int, asyncio.Future[Any], float]] = {}  # index -> (term, fut, deadline)
         self._persist_queue: list[Ready] = []
         self._persist_wakeup = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._tick_handle: Cancellable | None = None
         self._running = False
         self._stopped = False
         self.failure: DiskFailure | None = None  # set when the node stopped on a disk error
-        self.failed: asyncio.Future | None = None  # resolves with that error: the host's signal to exit
+        self.failed: asyncio.Future[DiskFailure] | None = None  # resolves with that error: the host's signal to exit
         self._role_listeners: list[Callable[[Role, int, int], None]] = []
         self.metrics = {"proposals": 0, "batches": 0, "fsyncs": 0, "entries_persisted": 0,
                         "applied": 0, "max_batch": 0, "reads_readindex": 0, "reads_lease": 0,
@@ -163,13 +171,13 @@ class RaftNode:
         self._read_ids = itertools.count(1)
         # A read waits first for its read index (ctx -> (fut, deadline)), then until that index
         # is applied (a heap of (index, seq, fut, deadline)); one future serves both stages.
-        self._read_waiters: dict[int, tuple[asyncio.Future, float]] = {}
-        self._apply_waiters: list[tuple[int, int, asyncio.Future, float]] = []
+        self._read_waiters: dict[int, tuple[asyncio.Future[None], float]] = {}
+        self._apply_waiters: list[tuple[int, int, asyncio.Future[None], float]] = []
         self._apply_seq = itertools.count()
         self._snap_meta: SnapshotMeta | None = None
         self._snapshotting = False
         self._bytes_since_snap = 0
-        self._senders: dict[int, asyncio.Queue] = {}  # peer -> SNAP_RESP queue of the running transfer
+        self._senders: dict[int, asyncio.Queue[SnapResp | None]] = {}  # peer -> SNAP_RESP queue of the running transfer
         self._receiver = SnapshotReceiver(cfg.node_id, self.snapshots.receive_sink, max_bytes=cfg.max_snapshot_bytes)
         self._receiving_from = 0  # the leader whose snapshot transfer we are receiving
         self._last_chunk_at = 0.0
@@ -180,8 +188,8 @@ class RaftNode:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self.failed = self._loop.create_future()
+        loop = asyncio.get_running_loop()
+        self.failed = loop.create_future()
         if (warning := mutations.banner()) is not None:
             log.critical("node %d: %s", self.cfg.node_id, warning)
         t0 = self.clock.now()
@@ -200,16 +208,17 @@ class RaftNode:
                 self.storage.reset(meta.index, meta.term)
                 self.storage.sync()
                 rec.terms, rec.datas, rec.snapshot_index, rec.snapshot_term = [], [], meta.index, meta.term
-        self.core = RaftCore(
+        core = RaftCore(
             self.cfg.node_id, sorted(self.cfg.peers), replace(self.cfg.raft, lease_s=self.cfg.lease_s()),
             term=rec.term, vote=rec.vote, log_offset=rec.snapshot_index, offset_term=rec.snapshot_term,
             log_terms=rec.terms, log_data=rec.datas, snapshot=snap if meta else None,
             vote_floor=rec.vote_floor, clock=self.clock.now, rng=self.runtime.rng,
         )
+        self._started = _Started(core, loop)
         self.applied = snap[0]
         self.restart_seconds = self.clock.now() - t0
         log.info("node %d starting: term=%d vote=%d snapshot=%d log=[%d..%d] fsync=%s (loaded in %.2fs)",
-                 self.cfg.node_id, rec.term, rec.vote, snap[0], rec.first_index, self.core.last_index(),
+                 self.cfg.node_id, rec.term, rec.vote, snap[0], rec.first_index, core.last_index(),
                  self.cfg.fsync, self.restart_seconds)
         self._running = True
         self.last_tick_at = self.leader_seen_at = self.clock.now()
@@ -217,7 +226,7 @@ class RaftNode:
         self._tasks.append(asyncio.create_task(self._persister(), name=f"raft-persist-{self.cfg.node_id}"))
         self._tick_handle = self.clock.call_later(self.cfg.tick_s, self._on_tick)
 
-    def _recover_lost_snapshot(self, rec, snap: tuple[int, int]) -> None:
+    def _recover_lost_snapshot(self, rec: RecoveredLog, snap: tuple[int, int]) -> None:
         """The log is compacted past the newest snapshot that verifies: its state is lost here.
 
         Keep the hard state (term, vote: still valid), drop the log (useless without the
@@ -314,6 +323,18 @@ class RaftNode:
 
     # ------------------------------------------------------------------ client API
     @property
+    def core(self) -> RaftCore | None:
+        """The Raft core: None until `start()` has recovered it from disk."""
+        return self._started.core if self._started is not None else None
+
+    @property
+    def _live(self) -> _Started:
+        """The core and its loop, for the paths that run only once the node has started (NodeStopped before)."""
+        if self._started is None:
+            raise NodeStopped(f"node {self.cfg.node_id} has not started")
+        return self._started
+
+    @property
     def role(self) -> Role:
         return self.core.role if self.core else Role.FOLLOWER
 
@@ -358,7 +379,7 @@ class RaftNode:
         """
         return await self.propose_future(command, timeout)
 
-    def propose_future(self, command: bytes, timeout: float | None = None) -> asyncio.Future:
+    def propose_future(self, command: bytes, timeout: float | None = None) -> asyncio.Future[Any]:
         """`propose()` without a coroutine: for servers that answer from a done-callback."""
         if not isinstance(command, bytes | bytearray) or not command:
             raise ValueError("a command must be non-empty bytes (empty entries are reserved for no-ops)")
@@ -366,9 +387,10 @@ class RaftNode:
             raise ValueError(f"a command must be at most {MAX_COMMAND} bytes, not {len(command)}")
         if not self._running:
             raise self.failure or NodeStopped("node is not running")
-        if self.core.role != Role.LEADER:
-            raise NotLeader(self.core.lead)
-        fut = self._loop.create_future()
+        live = self._live
+        if live.core.role != Role.LEADER:
+            raise NotLeader(live.core.lead)
+        fut = live.loop.create_future()
         deadline = self.clock.now() + (timeout if timeout is not None else self.cfg.propose_timeout_s)
         self._queued_cmds.append(bytes(command))
         self._queued_futs.append((fut, deadline))
@@ -395,10 +417,11 @@ class RaftNode:
         if mode == "stale":
             m["reads_stale"] += 1
             return fn(self.sm)
-        core = self.core
+        live = self._live
+        core = live.core
         now = self.clock.now()
         deadline = now + (timeout if timeout is not None else self.cfg.read_timeout_s)
-        fut = self._loop.create_future()
+        fut = live.loop.create_future()
         if core.role == Role.LEADER:
             index = core.lease_read_index() if mode in ("lease", "follower") else None
             if index is not None:
@@ -430,13 +453,13 @@ class RaftNode:
             raise FollowerBehind(f"node {self.cfg.node_id} is {lag} entries behind its leader "
                                  f"(limit {self.cfg.follower_max_lag})", core.lead)
 
-    def _start_read_index(self, fut: asyncio.Future, deadline: float) -> None:
+    def _start_read_index(self, fut: asyncio.Future[None], deadline: float) -> None:
         ctx = next(self._read_ids)
-        self.core.read_index(ctx)  # raises NotLeader when no leader is known
+        self._live.core.read_index(ctx)  # raises NotLeader when no leader is known
         self._read_waiters[ctx] = (fut, deadline)
         self._kick()
 
-    def _park(self, index: int, fut: asyncio.Future, deadline: float) -> None:
+    def _park(self, index: int, fut: asyncio.Future[None], deadline: float) -> None:
         """Resolve `fut` once `index` is applied here."""
         if self.applied >= index:
             fut.set_result(None)
@@ -445,11 +468,11 @@ class RaftNode:
 
     async def transfer_leadership(self, target: int, timeout: float = 5.0) -> None:
         """Ask the leader to hand over to `target`; returns once `target` leads."""
-        self.core.transfer_leadership(target)
+        self._live.core.transfer_leadership(target)
         self._kick()
         deadline = self.clock.now() + timeout
         while self.clock.now() < deadline:
-            if self.core.lead == target:
+            if self._live.core.lead == target:
                 return
             await asyncio.sleep(self.cfg.tick_s / 2)
         raise ProposalTimeout(f"leadership did not move to node {target} within {timeout}s")
@@ -465,7 +488,7 @@ class RaftNode:
             if q is not None:
                 q.put_nowait(msg)
         else:
-            self.core.step(msg)
+            self._live.core.step(msg)
         self._kick()
 
     def _on_tick(self) -> None:
@@ -476,8 +499,9 @@ class RaftNode:
             now = self.clock.now()
             if self._tick_due:
                 self.tick_lateness.append(max(0.0, now - self._tick_due))
-            self.core.tick()
-            if self.core.lead:
+            core = self._live.core
+            core.tick()
+            if core.lead:
                 self.leader_seen_at = now
             self._expire_waiters()
             self._abort_stalled_snapshot(now)
@@ -500,21 +524,21 @@ class RaftNode:
         limit = self.cfg.election_timeout_s()
         if now - self.last_tick_at > limit:
             return False, f"no Raft tick for {now - self.last_tick_at:.1f}s"
-        if self.core.lead == 0 and now - self.leader_seen_at > limit:
+        if self._live.core.lead == 0 and now - self.leader_seen_at > limit:
             return False, f"no leader known for {now - self.leader_seen_at:.1f}s"
         return True, "ok"
 
     def _kick(self) -> None:
         if not self._kicked:
             self._kicked = True
-            self._loop.call_soon(self._process)
+            self._live.loop.call_soon(self._process)
 
     def _process(self) -> None:
         self._kicked = False
         if not self._running:
             return
         try:
-            core = self.core
+            core = self._live.core
             if self._queued_cmds:
                 self._propose_queued()
             while core.has_ready():
@@ -526,7 +550,7 @@ class RaftNode:
     def _propose_queued(self) -> None:
         cmds, futs = self._queued_cmds, self._queued_futs
         self._queued_cmds, self._queued_futs = [], []
-        core = self.core
+        core = self._live.core
         for lo in range(0, len(cmds), self.cfg.max_batch):
             chunk = cmds[lo:lo + self.cfg.max_batch]
             try:
@@ -559,7 +583,7 @@ class RaftNode:
             for ctx in rd.reads_dropped:
                 w = self._read_waiters.pop(ctx, None)
                 if w is not None and not w[0].done():
-                    w[0].set_exception(NotLeader(self.core.lead))
+                    w[0].set_exception(NotLeader(self._live.core.lead))
         for peer in rd.snapshot_requests:
             if peer not in self._senders:
                 self._senders[peer] = asyncio.Queue()
@@ -570,7 +594,7 @@ class RaftNode:
         if rd.apply_terms:
             self._apply(rd)
         if rd.role_changed:
-            c = self.core
+            c = self._live.core
             if c.lead != self._receiving_from:
                 self._receiver.abort()  # a transfer from the previous leader will never finish
             log.info("node %d is now %s in term %d (leader %d)", self.cfg.node_id, c.role.name, c.term, c.lead)
@@ -682,7 +706,7 @@ class RaftNode:
                 self.metrics["entries_persisted"] += n_entries
             if not self._running:
                 return
-            core = self.core
+            core = self._live.core
             for rd in batch:
                 if rd.send_after_persist and not early:
                     self.transport.send_many(rd.send_after_persist)
@@ -694,7 +718,7 @@ class RaftNode:
     # ------------------------------------------------------------------ snapshots
     def _take_snapshot(self) -> None:
         """Capture the state at `applied` now; make it durable and compact the log off the loop."""
-        core = self.core
+        core = self._live.core
         index = self.applied
         term = core.term_at(index)
         if term is None or index <= (self._snap_meta.index if self._snap_meta else 0):
@@ -727,7 +751,7 @@ class RaftNode:
             if upto > core.offset:
                 upto_term = core.term_at(upto)
                 core.compact_log(upto)
-                if core.offset == upto:
+                if core.offset == upto and upto_term is not None:  # not None: the log held `upto`
                     self.storage.compact(upto, upto_term)
             log.info("node %d: snapshot at %d (%d bytes); log now starts at %d", self.cfg.node_id,
                      meta.index, meta.size, core.offset + 1)
@@ -739,7 +763,7 @@ class RaftNode:
         rcv = self._receiver
         if rcv.sink is None:
             return
-        if now - self._last_chunk_at > self.cfg.snapshot_stall_s or self.core.role == Role.LEADER:
+        if now - self._last_chunk_at > self.cfg.snapshot_stall_s or self._live.core.role == Role.LEADER:
             log.warning("node %d: abandoning snapshot transfer %s at byte %d (no chunk for %.1fs)",
                         self.cfg.node_id, rcv.key, rcv.expected, now - self._last_chunk_at)
             rcv.abort()
@@ -751,7 +775,7 @@ class RaftNode:
         ok = False
         try:
             meta = self._snap_meta
-            core = self.core
+            core = self._live.core
             if meta is None or core.role != Role.LEADER:
                 return
             sender = SnapshotSender(self.cfg.node_id, peer, core.term, meta,
@@ -785,11 +809,11 @@ class RaftNode:
         finally:
             del self._senders[peer]
             if self._running:
-                self.core.snapshot_done(peer, ok)
+                self._live.core.snapshot_done(peer, ok)
                 self._kick()
 
     def _on_snapshot_chunk(self, m: SnapChunk) -> None:
-        core = self.core
+        core = self._live.core
         if m.term != core.term or core.lead != m.src or core.role != Role.FOLLOWER:
             # Only the leader this node follows, in its term, may install a snapshot here; the
             # leader's heartbeats establish it first, and the sender resends the chunk.
