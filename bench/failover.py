@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import uvloop  # the simulated fleet runs in this process: uvloop's TLS and sockets cost less per heartbeat
@@ -92,30 +94,48 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
                 print(f"  G={groups}: only {full}/{groups} sets reached a sync-state set of 3", flush=True)
                 break
             await asyncio.sleep(1.0)
-        job_pid = stack.procs["streaming"].pid
-        a0, c0, m0 = _ingest_accepted(ingest, observer), process_tree_cpu_s(job_pid), time.monotonic()
+        parts = _components(stack, await client.find_leader())
+        a0, m0 = _ingest_accepted(ingest, observer), time.monotonic()
+        cpu0, polls0, load0 = _cpu_of(parts), fleet.stats["replica_info_polls"], _loadavg()
         await asyncio.sleep(args.measure)
-        accepted, job_cpu = _ingest_accepted(ingest, observer) - a0, process_tree_cpu_s(job_pid) - c0
-        hb_rate = accepted / (time.monotonic() - m0)
+        accepted, cpu = _ingest_accepted(ingest, observer) - a0, _cpu_of(parts)
+        cpu = {k: cpu[k] - cpu0[k] for k in cpu}
+        window = time.monotonic() - m0
+        polls = fleet.stats["replica_info_polls"] - polls0
+        job_cpu = cpu["job"]
+        hb_rate = accepted / window
         out["hb_per_s"] = hb_rate
         out["offered_hb_per_s"] = 3 * groups
-        print(f"  G={groups}: {hb_rate:,.0f} heartbeats/s accepted of {3 * groups:,} offered", flush=True)
+        print(f"  G={groups}: {hb_rate:,.0f} heartbeats/s accepted of {3 * groups:,} offered, {polls / window:,.0f} "
+              f"replica-info polls/s; load average {load0} -> {_loadavg()}", flush=True)
         out["job_cpu_us_per_hb"] = round(job_cpu / max(1.0, accepted) * 1e6, 1)
         print(f"  G={groups}: Spark job CPU {job_cpu:.1f}s for {accepted:,.0f} heartbeats: "
               f"{out['job_cpu_us_per_hb']} us per heartbeat", flush=True)
+        print(f"  G={groups}: CPU (cores) " + ", ".join(f"{k} {v / window:.2f}" for k, v in cpu.items())
+              + f"; ingest {cpu['ingest'] / max(1.0, accepted) * 1e6:.0f} us/heartbeat, bench (fleet) "
+              f"{cpu['bench'] / max(1.0, accepted + polls) * 1e6:.0f} us/request, leader "
+              f"{cpu['leader'] / max(1.0, polls) * 1e6:.0f} us/replica-info poll (all its work / polls)", flush=True)
         epochs0 = {n: max(b.master_epoch for b in fleet.by_set[n]) for n in names}
         eligible = [n for n in names if fleet.master_of(n) is not None
                     and len(fleet.master_of(n).sync_state_set) == 3]
         out["settled"] = len(eligible)
         crash, hang = _victims(eligible, args.crash, args.hang)
+        epochs_at_kill = {n: fleet.master_of(n).master_epoch for n in crash}
         for mode, victims in (("crash", crash), ("hang", hang)):
-            times = await _failovers(fleet, client, mode, victims, args)
+            spans = await _failovers(fleet, client, mode, victims, args)
+            times = sorted(t1 - t0 for t0, t1 in spans.values())
+            if mode == "crash":
+                out["crash_hops"] = _crash_hops(stack.logs / "streaming.log", spans, epochs_at_kill)
             out[f"{mode}_n"], out[f"{mode}_replaced"] = len(victims), len(times)
             out[f"{mode}_p50_s"] = percentile(times, 0.5)
             out[f"{mode}_p99_s"] = percentile(times, 0.99)
             print(f"  G={groups}: {mode}: {len(times)}/{len(victims)} masters replaced; failover p50 "
                   f"{out[f'{mode}_p50_s']:.2f}s p99 {out[f'{mode}_p99_s']:.2f}s max "
                   f"{times[-1] if times else float('nan'):.2f}s (timeout {args.timeout_ms / 1000:.1f}s)", flush=True)
+        hops = out.get("crash_hops") or {}
+        if hops.get("batch_ms"):
+            print(f"  G={groups}: crash hops over {len(hops['batch_ms'])} failovers (p50 / p99 s): " + ", ".join(
+                f"{k} {percentile(v, 0.5):.2f} / {percentile(v, 0.99):.2f}" for k, v in hops.items()), flush=True)
         await asyncio.sleep(fleet.poll_s + 2)  # brokers learn every epoch by polling replica info
         touched = set(crash) | set(hang)
         moved = [n for n in names if n not in touched
@@ -136,6 +156,27 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
             stack.stop_all()
 
 
+def _components(stack, leader_id: int | None) -> dict[str, list[int]]:
+    """The processes whose CPU the bench reports, by role: pids of process trees."""
+    nodes = {i: stack.procs[f"node{i}"].pid for i in stack.endpoints}
+    parts = {"leader": [nodes[leader_id]] if leader_id in nodes else [],
+             "followers": [pid for i, pid in nodes.items() if i != leader_id],
+             "ingest": [stack.procs[f"ingest{i}"].pid for i in stack.ingest_endpoints],
+             "job": [stack.procs["streaming"].pid], "bench": [os.getpid()]}
+    if stack.kafka is not None and stack.kafka.proc is not None:
+        parts["kafka"] = [stack.kafka.proc.pid]
+    return parts
+
+
+def _cpu_of(parts: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds so far of each role's process trees (from /proc)."""
+    return {k: sum(process_tree_cpu_s(pid) for pid in pids) for k, pids in parts.items()}
+
+
+def _loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def _victims(eligible: list[str], crash: int, hang: int) -> tuple[list[str], list[str]]:
     """The sets whose masters crash and hang: as asked, or, with fewer eligible sets, shared in proportion
     (a short supply must not leave one mode unmeasured: `hang_failover_*` came out nan at 9 eligible sets)."""
@@ -145,9 +186,9 @@ def _victims(eligible: list[str], crash: int, hang: int) -> tuple[list[str], lis
     return eligible[:crash], eligible[crash:crash + hang]
 
 
-async def _failovers(fleet, client, mode: str, victims: list[str], args) -> list[float]:
-    """Crash or hang the masters of `victims`; seconds from the kill (crash) or the master's last accepted
-    heartbeat (hang) until replica info shows another master at a higher epoch, sorted.
+async def _failovers(fleet, client, mode: str, victims: list[str], args) -> dict[str, tuple[float, float]]:
+    """Crash or hang the masters of `victims`; for each one replaced: (the kill (crash) or the master's last
+    accepted heartbeat (hang), the moment replica info showed another master at a higher epoch), wall clock.
 
     Replica info is polled from the first kill on, all pending sets at once: polling only after the
     last kill, or one set after another, would add that wait to the measured times.
@@ -158,7 +199,7 @@ async def _failovers(fleet, client, mode: str, victims: list[str], args) -> list
     async def check(name: str, old: int, epoch: int, t0: float) -> None:
         h = (await client.replica_info(name)).get("header") or {}
         if (h.get("masterEpoch") or 0) > epoch and h.get("masterBrokerId") not in (None, old):
-            done[name] = time.time() - t0
+            done[name] = time.time()
 
     async def poll() -> None:
         deadline = time.monotonic() + len(victims) * args.every + args.timeout_ms / 1000 * 3 + 60
@@ -180,7 +221,56 @@ async def _failovers(fleet, client, mode: str, victims: list[str], args) -> list
             started[name] = (m.broker_id, m.master_epoch, m.last_heartbeat_at)
         await asyncio.sleep(args.every)
     await poller
-    return sorted(done.values())
+    return {n: (started[n][2], t) for n, t in done.items()}
+
+
+def _log_time(line: str) -> float | None:
+    """The wall-clock instant of a job log line (`2026-11-23 15:00:00,123 INFO ...`, local time)."""
+    try:
+        return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    except ValueError:
+        return None
+
+
+def _crash_hops(log: Path, spans: dict[str, tuple[float, float]], epochs: dict[str, int]) -> dict[str, list[float]]:
+    """Where each crash failover's time went, from the job's log (proposal and batch lines) and the bench's clocks.
+
+    * `to_batch`: the kill → the start of the micro-batch that proposed (the disconnect record's way to
+      Kafka, then the wait for the next batch to be planned);
+    * `batch_to_judged`: that batch's start → its judging instant (`proposedAtMs`, the data horizon);
+    * `judged_to_answered`: → the job had the leader's answer (the rest of the batch up to `foreachBatch`,
+      the proposal's HTTP request, the Raft commit and apply);
+    * `answered_to_seen`: → the bench's 50 ms replica-info poll saw the new master (negative: it saw the
+      commit before the job's answer arrived);
+    * `batch_ms`: the whole batch (its end is after the answer: liveness records and the progress event).
+    """
+    lines = log.read_text(errors="replace").splitlines()
+    hops: dict[str, list[float]] = {k: [] for k in ("to_batch", "batch_to_judged", "judged_to_answered",
+                                                     "answered_to_seen", "batch_ms")}
+    for name, (t_kill, t_seen) in spans.items():
+        key = f" proposal {name} expectedMasterEpoch={epochs.get(name)} "
+        for i, line in enumerate(lines):
+            t_ans = _log_time(line)
+            if key not in line or t_ans is None or t_ans < t_kill:
+                continue
+            try:
+                detect = float(line.split(" detect_ms=")[1].split()[0])
+                sent = float(line.split(" sent_ms=")[1].split()[0])
+            except (IndexError, ValueError):
+                break
+            judged = t_ans - (sent - detect) / 1000
+            batch = next((x for x in lines[i + 1:] if " batch_ms=" in x), None)
+            t_end = _log_time(batch) if batch else None
+            if t_end is None:
+                break
+            batch_ms = float(batch.split(" batch_ms=")[1].split()[0])
+            start = t_end - batch_ms / 1000
+            for k, v in (("to_batch", start - t_kill), ("batch_to_judged", judged - start),
+                         ("judged_to_answered", t_ans - judged), ("answered_to_seen", t_seen - t_ans),
+                         ("batch_ms", batch_ms / 1000)):
+                hops[k].append(v)
+            break
+    return {k: sorted(v) for k, v in hops.items()}
 
 
 def _batch_ms(log: Path) -> float:

@@ -129,7 +129,7 @@ class BrokerFleet:
         self.on_failover: Callable[[Failover], None] | None = None
         self._stopping = False
         self.stats = {"requests": 0, "errors": 0, "elections": 0, "role_changes": 0, "heartbeats": 0,
-                      "sessions_opened": 0, "heartbeats_skipped": 0}
+                      "sessions_opened": 0, "heartbeats_skipped": 0, "replica_info_polls": 0}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, progress: bool = False) -> None:
@@ -454,6 +454,7 @@ class BrokerFleet:
             if b.alive and not b.hung:
                 if time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + self.poll_s
+                    self.stats["replica_info_polls"] += 1
                     res = await self._call(self.client.replica_info(b.name))
                     if res["code"] == Code.SUCCESS:
                         self._adopt(b, res["header"], res.get("body"))
