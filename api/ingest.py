@@ -25,6 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from kafka.partitioner.default import murmur2
 
@@ -154,19 +155,32 @@ def _body(status: int, payload: dict) -> tuple[int, bytes]:
     return status, json.dumps(payload).encode()
 
 
-def parse_heartbeat(raw: bytes) -> dict:
-    """A request body as a validated heartbeat (records.validate_heartbeat); InvalidHeartbeat names the problem."""
+def decode_body(raw: bytes) -> Any:
+    """A request body's JSON; InvalidHeartbeat if it is not JSON."""
     try:
-        body = json.loads(raw)
+        return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise records.InvalidHeartbeat(f"body: invalid JSON ({exc})") from None
-    return records.validate_heartbeat(body)
 
 
-def handle_heartbeat(producer: HeartbeatProducer, raw: bytes, now_ms: int) -> tuple[int, bytes]:
-    """The whole request logic, free of HTTP plumbing (also used by the controller node's own endpoint)."""
+def parse_heartbeat(raw: bytes) -> dict:
+    """A request body as a validated heartbeat (records.validate_heartbeat); InvalidHeartbeat names the problem."""
+    return records.validate_heartbeat(decode_body(raw))
+
+
+def handle_heartbeat(producer: HeartbeatProducer, raw: bytes | records.InvalidHeartbeat | Any, now_ms: int, *,
+                     decoded: bool = False) -> tuple[int, bytes]:
+    """The whole request logic, free of HTTP plumbing (also used by the controller node's own endpoint).
+
+    With `decoded`, `raw` is the body's JSON already decoded (or the InvalidHeartbeat decoding raised):
+    the ingest server decodes a body once for its credential check and for this."""
     try:
-        hb = parse_heartbeat(raw)
+        if not decoded:
+            hb = parse_heartbeat(raw)
+        elif isinstance(raw, records.InvalidHeartbeat):
+            raise raw
+        else:
+            hb = records.validate_heartbeat(raw)
     except records.InvalidHeartbeat as exc:
         producer.stats["invalid"] += 1
         return _body(422, {"code": 2005, "remark": "invalid heartbeat", "detail": str(exc)})
