@@ -27,6 +27,11 @@ class FakeProducer:
             raise KafkaUnavailable("down")
         self.sent.append(hb)
 
+    def submit_encoded(self, key: bytes, value: bytes) -> None:
+        hb = json.loads(value)
+        assert key == hb["brokerName"].encode()
+        self.submit(hb)
+
 
 class FakeTransport:
     def __init__(self) -> None:
