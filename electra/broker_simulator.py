@@ -134,7 +134,8 @@ class BrokerFleet:
         self.on_failover: Callable[[Failover], None] | None = None
         self._stopping = False
         self.stats = {"requests": 0, "errors": 0, "elections": 0, "role_changes": 0, "heartbeats": 0,
-                      "sessions_opened": 0, "heartbeats_skipped": 0, "replica_info_polls": 0}
+                      "sessions_opened": 0, "heartbeats_skipped": 0, "replica_info_polls": 0,
+                      "heartbeats_refused": 0}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, progress: bool = False) -> None:
@@ -311,6 +312,12 @@ class BrokerFleet:
             self.stats["heartbeats"] += 1
             return
         self.stats["errors"] += 1
+        if status == 503 and session is not None and session.is_open:
+            # Kafka is unavailable behind that worker: keep the session. Ending it would publish
+            # connection_lost (a false crash failover once Kafka answers again) and, for every broker of
+            # that worker at once, cost a TLS reconnect storm; the heartbeat timeout judges a long outage.
+            self.stats["heartbeats_refused"] += 1
+            return
         b.session_skip += 1
         b.session = None
         if session is not None:

@@ -109,35 +109,3 @@ def test_a_connection_the_node_closed_while_idle_is_replaced_without_an_error():
         node.close()
 
     run(main())
-
-
-def test_a_refused_sync_state_set_is_asked_again_a_poll_period_later_not_every_heartbeat():
-    """Before the controllers see the replicas alive, every master's AlterSyncStateSet is refused; asked
-    every second, a 1,000-set fleet spent most of its CPU (and the leader's) on those refused writes."""
-    from electra.broker_simulator import BrokerFleet
-    from electra.state.codes import Code
-
-    class Client:
-        def __init__(self) -> None:
-            self.calls = 0
-
-        async def alter_sync_state_set(self, *args) -> dict:
-            self.calls += 1
-            return {"code": Code.CONTROLLER_BROKER_NOT_ALIVE, "header": {}, "body": None}
-
-    async def main():
-        fleet = BrokerFleet(["127.0.0.1:1"], 1, 3, poll_s=0.3, credentials=ClientCredentials())
-        fleet.client = Client()
-        for i, b in enumerate(fleet.by_set["sim-set-0"], 1):
-            b.broker_id = i
-        master = fleet.by_set["sim-set-0"][0]
-        master.role, master.sync_state_set = "master", [1]
-        for _ in range(5):
-            await fleet._grow_sync_state_set(master)
-        assert fleet.client.calls == 1
-        await asyncio.sleep(0.35)
-        await fleet._grow_sync_state_set(master)
-        assert fleet.client.calls == 2
-        fleet.reads.close()
-
-    run(main())
