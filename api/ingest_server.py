@@ -73,7 +73,13 @@ def _response(status: int, body: bytes, *, content_type: bytes = b"application/j
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
-class IngestProtocol(asyncio.Protocol):
+# Every connection of a worker reads into this one buffer (`get_buffer`): the loop hands the bytes to
+# `buffer_updated` at once, before it reads another socket. A plain Protocol under TLS had uvloop
+# allocate (and shrink) a 256 KiB bytes object for every TLS record, i.e. every heartbeat.
+_READ_BUFFER = memoryview(bytearray(256 << 10))
+
+
+class IngestProtocol(asyncio.BufferedProtocol):
     """One client connection: parse requests, answer each when its body is complete."""
 
     def __init__(self, producer: HeartbeatProducer, limits: HTTPLimits = INGEST_LIMITS,
@@ -120,6 +126,12 @@ class IngestProtocol(asyncio.Protocol):
             self.sessions.closed_by_worker(self)
         else:
             self.sessions.lost(self, int(time.time() * 1000))  # a broker session ended (api/sessions.py)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _READ_BUFFER
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(bytes(_READ_BUFFER[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         if self.in_head:
