@@ -66,7 +66,13 @@ def parse_answer(buf: bytes) -> tuple[int, int, bool] | None:
     return status, end + 4 + length, b"\r\nconnection: close" in head
 
 
-class _SessionProtocol(asyncio.Protocol):
+# Every session of a process reads into this one buffer: the loop hands the bytes to `buffer_updated` at
+# once, before it reads another socket. With a plain Protocol under TLS, uvloop allocated (and shrank) a
+# 256 KiB bytes object for every TLS record, i.e. every answer.
+READ_BUFFER = memoryview(bytearray(256 << 10))
+
+
+class _SessionProtocol(asyncio.BufferedProtocol):
     """Reads the answers of one session's connection; hands each status to the request in flight."""
 
     def __init__(self) -> None:
@@ -78,6 +84,12 @@ class _SessionProtocol(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return READ_BUFFER
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(bytes(READ_BUFFER[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
