@@ -33,7 +33,7 @@ from electra.security.auth import AuthError, TokenStore
 from electra.security.http_auth import check_request
 from electra.streaming import records
 
-from .http_limits import BUSY_REPLY, DEFAULT_LIMITS, TIMEOUT_REPLY, HTTPLimits, RequestDeadline, head_too_large
+from .http_limits import BUSY_REPLY, DEFAULT_LIMITS, TIMEOUT_REPLY, HTTPLimits, LazyDeadline, head_too_large
 from .ingest import HeartbeatProducer, accept_fast, decode_body, fast_heartbeat, handle_heartbeat
 from .sessions import SessionRegistry
 
@@ -93,7 +93,7 @@ class IngestProtocol(asyncio.BufferedProtocol):
         # Containment (api/http_limits.py): connection cap, request deadline, idle timeout, head size.
         self.limits = limits
         self.open = open_connections if open_connections is not None else set()
-        self.deadline = RequestDeadline()
+        self.deadline = LazyDeadline()
         self.head_bytes = 0
         self.in_head = True
         self.content_length = 0
