@@ -35,6 +35,7 @@ from electra.streaming import records
 
 from .http_limits import BUSY_REPLY, DEFAULT_LIMITS, TIMEOUT_REPLY, HTTPLimits, LazyDeadline, head_too_large
 from .ingest import HeartbeatProducer, accept_fast, decode_body, fast_heartbeat, handle_heartbeat
+from .read_buffer import SharedReadBuffer
 from .sessions import SessionRegistry
 
 log = logging.getLogger("electra.api.ingest")
@@ -73,14 +74,11 @@ def _response(status: int, body: bytes, *, content_type: bytes = b"application/j
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
-# Every connection of a worker reads into this one buffer (`get_buffer`): the loop hands the bytes to
-# `buffer_updated` at once, before it reads another socket. A plain Protocol under TLS had uvloop
-# allocate (and shrink) a 256 KiB bytes object for every TLS record, i.e. every heartbeat.
-_READ_BUFFER = memoryview(bytearray(256 << 10))
+class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
+    """One client connection: parse requests, answer each when its body is complete.
 
-
-class IngestProtocol(asyncio.BufferedProtocol):
-    """One client connection: parse requests, answer each when its body is complete."""
+    (Read into the process's one buffer, `read_buffer.py`: under TLS a plain Protocol cost a 256 KiB
+    allocation per record, i.e. per heartbeat.)"""
 
     def __init__(self, producer: HeartbeatProducer, limits: HTTPLimits = INGEST_LIMITS,
                  open_connections: set | None = None, tokens: TokenStore | None = None,
@@ -126,12 +124,6 @@ class IngestProtocol(asyncio.BufferedProtocol):
             self.sessions.closed_by_worker(self)
         else:
             self.sessions.lost(self, int(time.time() * 1000))  # a broker session ended (api/sessions.py)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return _READ_BUFFER
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(bytes(_READ_BUFFER[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         if self.in_head:

@@ -28,6 +28,7 @@ import ssl
 import time
 from collections.abc import Callable
 
+from electra.api.read_buffer import SharedReadBuffer
 from electra.security.credentials import ClientCredentials
 
 
@@ -66,14 +67,9 @@ def parse_answer(buf: bytes) -> tuple[int, int, bool] | None:
     return status, end + 4 + length, b"\r\nconnection: close" in head
 
 
-# Every session of a process reads into this one buffer: the loop hands the bytes to `buffer_updated` at
-# once, before it reads another socket. With a plain Protocol under TLS, uvloop allocated (and shrank) a
-# 256 KiB bytes object for every TLS record, i.e. every answer.
-READ_BUFFER = memoryview(bytearray(256 << 10))
-
-
-class _SessionProtocol(asyncio.BufferedProtocol):
-    """Reads the answers of one session's connection; hands each status to the request in flight."""
+class _SessionProtocol(SharedReadBuffer, asyncio.Protocol):
+    """Reads the answers of one session's connection; hands each status to the request in flight (read into
+    the process's one buffer: under TLS a plain Protocol cost a 256 KiB allocation per answer)."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -84,12 +80,6 @@ class _SessionProtocol(asyncio.BufferedProtocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return READ_BUFFER
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(bytes(READ_BUFFER[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         self.buf += data

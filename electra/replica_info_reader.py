@@ -26,7 +26,8 @@ import json
 import ssl
 from collections import deque
 
-from electra.broker_session import READ_BUFFER, parse_answer
+from electra.api.read_buffer import SharedReadBuffer
+from electra.broker_session import parse_answer
 from electra.security.credentials import ClientCredentials
 
 
@@ -34,7 +35,7 @@ class ReplicaInfoUnavailable(ConnectionError):
     """No controller node answered the read."""
 
 
-class _ReadConnection(asyncio.BufferedProtocol):
+class _ReadConnection(SharedReadBuffer, asyncio.Protocol):
     """One kept-alive connection to a node; the answer of the request in flight resolves `waiter`."""
 
     def __init__(self) -> None:
@@ -45,12 +46,6 @@ class _ReadConnection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return READ_BUFFER  # shared with the sessions: read, then handed over at once
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(bytes(READ_BUFFER[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
