@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import tempfile
 import time
 import urllib.request
@@ -165,15 +164,17 @@ def _components(stack, leader_id: int | None) -> dict[str, list[int]]:
     parts = {"leader": [nodes[leader_id]] if leader_id in nodes else [],
              "followers": [pid for i, pid in nodes.items() if i != leader_id],
              "ingest": [stack.procs[f"ingest{i}"].pid for i in stack.ingest_endpoints],
-             "job": [stack.procs["streaming"].pid], "bench": [os.getpid()]}
+             "job": [stack.procs["streaming"].pid]}
     if stack.kafka is not None and stack.kafka.proc is not None:
         parts["kafka"] = [stack.kafka.proc.pid]
     return parts
 
 
 def _cpu_of(parts: dict[str, list[int]]) -> dict[str, float]:
-    """CPU seconds so far of each role's process trees (from /proc)."""
-    return {k: sum(process_tree_cpu_s(pid) for pid in pids) for k, pids in parts.items()}
+    """CPU seconds so far of each role's process trees (from /proc), and of this process alone as `bench`
+    (the simulated fleet; its tree would hold the whole stack, whose processes it started)."""
+    return {**{k: sum(process_tree_cpu_s(pid) for pid in pids) for k, pids in parts.items()},
+            "bench": time.process_time()}
 
 
 def _loadavg() -> str:
