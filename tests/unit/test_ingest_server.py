@@ -374,6 +374,55 @@ def test_broker_sessions_multiplexed_on_one_loop_speak_to_the_ingest_server():
                      ("disconnected", 2, "connection_lost", None)]
 
 
+def test_sessions_over_tls_with_tokens_read_through_the_shared_buffer_and_a_reset_is_still_a_crash(tmp_path):
+    """The secure default end to end on a real socket: TLS, a broker token checked once per connection,
+    both ends reading into the process's one buffer (read_buffer.py); a reset still publishes
+    connection_lost and a goodbye shutdown, for the right brokers."""
+    import asyncio
+    import ssl
+
+    from electra.api.sessions import SessionRegistry
+    from electra.broker_session import BrokerSession
+    from electra.security.auth import TokenStore
+    from electra.security.local import ensure_local_credentials
+
+    creds = ensure_local_credentials(tmp_path / "certs", [1])
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(*creds.node_files(1))
+    broker = creds.credentials("broker")
+    producer = FakeProducer()
+    registry = SessionRegistry(producer)
+    tokens = TokenStore(creds.tokens_file)
+
+    async def main():
+        server = await asyncio.get_running_loop().create_server(
+            lambda: IngestProtocol(producer, tokens=tokens, sessions=registry), "127.0.0.1", 0, ssl=tls)
+        ep = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        ident = {"clusterName": "sim", "brokerName": "sim-set-1", "brokerAddr": "10.0.0.1:10911",
+                 "heartbeatTimeoutMillis": 3000, "electionPriority": 1}
+        context = broker.ssl_context()
+        try:
+            a = BrokerSession(ep, {**ident, "brokerId": 1}, credentials=broker, ssl_context=context)
+            b = BrokerSession(ep, {**ident, "brokerId": 2}, credentials=broker, ssl_context=context)
+            assert await a.open(1, 10, 10) == 200 and await b.open(1, 5, 5) == 200
+            for i in range(20):
+                assert await a.heartbeat(1, 11 + i, 11 + i) == 200
+            b.abort()
+            await a.goodbye()
+            for _ in range(200):
+                if len(registry) == 0:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    ends = [(r["brokerId"], r["reason"]) for r in producer.sent if r.get("type") == "disconnected"]
+    assert sorted(ends) == [(1, "shutdown"), (2, "connection_lost")]
+    assert [r["maxOffset"] for r in producer.sent if r["brokerId"] == 1 and "type" not in r] == [10, *range(11, 31)]
+
+
 def test_a_slow_answer_keeps_the_session_connection():
     """A session whose answer is late is slow, not crashed: resetting it would publish connection_lost (a
     false crash failover of a healthy broker behind an overloaded ingest worker)."""
