@@ -85,6 +85,7 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
         await fleet.start()
         print(f"  G={groups}: {groups} sets registered in {time.monotonic() - t0:.0f}s; waiting for the job and "
               "full sync-state sets", flush=True)
+        await _first_batch(stack, args.job_start)
         deadline = time.monotonic() + args.settle
         names = sorted(fleet.by_set)
         while True:
@@ -100,6 +101,9 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
         cpu0, polls0, load0 = _cpu_of(parts), fleet.stats["replica_info_polls"], _loadavg()
         await asyncio.sleep(args.measure)
         accepted, cpu = _ingest_accepted(ingest, observer) - a0, _cpu_of(parts)
+        if stack.procs["streaming"].poll() is not None:
+            print(f"  G={groups}: the streaming job exited ({stack.procs['streaming'].returncode}):\n"
+                  f"{stack.log_tail('streaming', 40)}", flush=True)
         cpu = {k: cpu[k] - cpu0[k] for k in cpu}
         window = time.monotonic() - m0
         polls = fleet.stats["replica_info_polls"] - polls0
@@ -122,22 +126,24 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
         out["settled"] = len(eligible)
         crash, hang = _victims(eligible, args.crash, args.hang)
         epochs_at_kill = {n: fleet.master_of(n).master_epoch for n in crash}
+        crash_spans: dict[str, tuple[float, float]] = {}
         for mode, victims in (("crash", crash), ("hang", hang)):
             spans = await _failovers(fleet, reader, mode, victims, args)
             times = sorted(t1 - t0 for t0, t1 in spans.values())
             if mode == "crash":
-                out["crash_hops"] = _crash_hops(stack.logs / "streaming.log", spans, epochs_at_kill)
+                crash_spans = spans
             out[f"{mode}_n"], out[f"{mode}_replaced"] = len(victims), len(times)
             out[f"{mode}_p50_s"] = percentile(times, 0.5)
             out[f"{mode}_p99_s"] = percentile(times, 0.99)
             print(f"  G={groups}: {mode}: {len(times)}/{len(victims)} masters replaced; failover p50 "
                   f"{out[f'{mode}_p50_s']:.2f}s p99 {out[f'{mode}_p99_s']:.2f}s max "
                   f"{times[-1] if times else float('nan'):.2f}s (timeout {args.timeout_ms / 1000:.1f}s)", flush=True)
-        hops = out.get("crash_hops") or {}
+        await asyncio.sleep(fleet.poll_s + 2)  # brokers learn every epoch by polling replica info
+        # (and the job has logged the batches that proposed: their lines come after the commit)
+        hops = out["crash_hops"] = _crash_hops(stack.logs / "streaming.log", crash_spans, epochs_at_kill)
         if hops.get("batch_ms"):
             print(f"  G={groups}: crash hops over {len(hops['batch_ms'])} failovers (p50 / p99 s): " + ", ".join(
                 f"{k} {percentile(v, 0.5):.2f} / {percentile(v, 0.99):.2f}" for k, v in hops.items()), flush=True)
-        await asyncio.sleep(fleet.poll_s + 2)  # brokers learn every epoch by polling replica info
         touched = set(crash) | set(hang)
         moved = [n for n in names if n not in touched
                  and max(b.master_epoch for b in fleet.by_set[n]) != epochs0[n]]
@@ -156,6 +162,24 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
                 await client.close()
         finally:
             stack.stop_all()
+
+
+async def _first_batch(stack, limit_s: float) -> None:
+    """Wait (without blocking the fleet's loop) until the Spark job logged its first micro-batch: before
+    it, the controllers have no liveness and no set can settle (its start-up took 1-5 min on the loaded
+    2-core machine, which a settle clock started at registration spent for nothing). A job that exited
+    is an error, with its log's tail."""
+    log, proc, end = stack.logs / "streaming.log", stack.procs["streaming"], time.monotonic() + limit_s
+    while time.monotonic() < end:
+        try:
+            if " batch=" in log.read_text(errors="replace"):
+                return
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"the streaming job exited ({proc.returncode}):\n{stack.log_tail('streaming', 40)}")
+        await asyncio.sleep(1.0)
+    print(f"  the streaming job logged no batch within {limit_s:.0f}s; settling anyway", flush=True)
 
 
 def _components(stack, leader_id: int | None) -> dict[str, list[int]]:
@@ -246,7 +270,8 @@ def _crash_hops(log: Path, spans: dict[str, tuple[float, float]], epochs: dict[s
 
     * `to_batch`: the kill → the start of the micro-batch that proposed (the disconnect record's way to
       Kafka, then the wait for the next batch to be planned);
-    * `batch_to_judged`: that batch's start → its judging instant (`proposedAtMs`, the data horizon);
+    * `batch_to_judged`: that batch's start → its judging instant (`proposedAtMs`: the data horizon, the
+      newest ingest stamp the batch holds, so it may come slightly before the batch's start);
     * `judged_to_answered`: → the job had the leader's answer (the rest of the batch up to `foreachBatch`,
       the proposal's HTTP request, the Raft commit and apply);
     * `answered_to_seen`: → the bench's 50 ms replica-info poll saw the new master (negative: it saw the
@@ -303,7 +328,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--trigger-ms", type=int, default=1000, help="the Spark job's trigger interval")
     p.add_argument("--ingest-workers", type=int, default=1, help="ingest worker processes per node")
     p.add_argument("--measure", type=float, default=15.0, help="seconds of heartbeat counting")
-    p.add_argument("--settle", type=float, default=180.0, help="max seconds to wait for full sync-state sets")
+    p.add_argument("--settle", type=float, default=180.0,
+                   help="max seconds to wait for full sync-state sets (from the job's first batch on)")
+    p.add_argument("--job-start", type=float, default=300.0,
+                   help="max seconds to wait for the Spark job's first batch after the fleet registered")
     p.add_argument("--out", default=None, help="keep each size's logs under this directory (default: a temp dir)")
     args = p.parse_args(argv)
     sizes = [int(g) for g in args.groups.split(",") if g.strip()]
