@@ -25,10 +25,13 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Annotated, Any
 
+import msgspec
 from kafka.partitioner.default import murmur2
 
 from electra.security.kafka_settings import kafka_client_kwargs
+from electra.state.limits import INT64_MAX, MAX_BROKER_ID
 from electra.streaming import records
 
 log = logging.getLogger("electra.api.ingest")
@@ -100,6 +103,10 @@ class HeartbeatProducer:
 
     def submit(self, hb: dict) -> None:
         """Hand one validated heartbeat to the producer; KafkaUnavailable if Kafka is not reachable."""
+        self.submit_encoded(hb["brokerName"].encode(), records.encode(hb))
+
+    def submit_encoded(self, key: bytes, value: bytes) -> None:
+        """`submit` for a record already encoded (`value`), keyed by its broker set's name (`key`)."""
         producer = self._producer
         if producer is None:
             self.stats["unavailable"] += 1
@@ -110,9 +117,8 @@ class HeartbeatProducer:
                 self.stats["unavailable"] += 1
                 raise KafkaUnavailable("Kafka deliveries are failing")
             self._last_probe = now  # half-open: this one goes through as a probe
-        key = hb["brokerName"].encode()
         try:
-            fut = producer.send(self.topic, key=key, value=records.encode(hb), partition=self._partition(key))
+            fut = producer.send(self.topic, key=key, value=value, partition=self._partition(key))
         except Exception as exc:  # buffer full (KafkaTimeoutError), metadata unavailable, ...
             self.stats["unavailable"] += 1
             self._on_error(exc)
@@ -154,19 +160,76 @@ def _body(status: int, payload: dict) -> tuple[int, bytes]:
     return status, json.dumps(payload).encode()
 
 
-def parse_heartbeat(raw: bytes) -> dict:
-    """A request body as a validated heartbeat (records.validate_heartbeat); InvalidHeartbeat names the problem."""
+def _wire_heartbeat() -> type[msgspec.Struct]:
+    """A msgspec Struct accepting exactly the heartbeats `records.validate_heartbeat` accepts, or fewer.
+
+    Its fields, in the order of `validate_heartbeat`'s result, carry the same limits (names and
+    addresses of 1-255 characters, integers that are not bools nor floats, RocketMQ's ranges, an
+    optional `ts` that may not be null). What it refuses goes the slow way (`validate_heartbeat`),
+    which names the problem; tests/unit/test_ingest_fast_path.py holds the two to the same results.
+    """
+    def text(most: int) -> Any:
+        return Annotated[str, msgspec.Meta(min_length=1, max_length=most)]
+
+    def integer(lo: int, hi: int) -> Any:
+        return Annotated[int, msgspec.Meta(ge=lo, le=hi)]
+
+    fields: list[tuple] = [("clusterName", text(records.MAX_NAME)), ("brokerName", text(records.MAX_NAME)),
+                           ("brokerAddr", text(records.MAX_ADDR)), ("brokerId", integer(1, MAX_BROKER_ID))]
+    fields += [(k, integer(lo, hi), default) for k, (default, lo, hi) in records.HEARTBEAT_INT_FIELDS.items()]
+    fields.append(("ts", integer(1, INT64_MAX) | msgspec.UnsetType, msgspec.UNSET))
+    return msgspec.defstruct("WireHeartbeat", fields, forbid_unknown_fields=False)
+
+
+WireHeartbeat = _wire_heartbeat()
+_decode_wire = msgspec.json.Decoder(WireHeartbeat).decode
+_encode_wire = msgspec.json.Encoder().encode
+
+
+def fast_heartbeat(raw: bytes) -> msgspec.Struct | None:
+    """A valid heartbeat body decoded and checked in C (msgspec), or None: then take the slow way."""
     try:
-        body = json.loads(raw)
+        return _decode_wire(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+
+
+def accept_fast(producer: HeartbeatProducer, hb: msgspec.Struct, now_ms: int) -> tuple[int, bytes]:
+    """`handle_heartbeat` for a `fast_heartbeat`: stamped with `ts` and produced as it was decoded."""
+    hb.ts = now_ms
+    try:
+        producer.submit_encoded(hb.brokerName.encode(), _encode_wire(hb))
+    except KafkaUnavailable as exc:
+        return _body(503, {"code": 1, "remark": f"heartbeat not accepted: Kafka unavailable ({exc})"})
+    return 200, _OK
+
+
+def decode_body(raw: bytes) -> Any:
+    """A request body's JSON; InvalidHeartbeat if it is not JSON."""
+    try:
+        return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise records.InvalidHeartbeat(f"body: invalid JSON ({exc})") from None
-    return records.validate_heartbeat(body)
 
 
-def handle_heartbeat(producer: HeartbeatProducer, raw: bytes, now_ms: int) -> tuple[int, bytes]:
-    """The whole request logic, free of HTTP plumbing (also used by the controller node's own endpoint)."""
+def parse_heartbeat(raw: bytes) -> dict:
+    """A request body as a validated heartbeat (records.validate_heartbeat); InvalidHeartbeat names the problem."""
+    return records.validate_heartbeat(decode_body(raw))
+
+
+def handle_heartbeat(producer: HeartbeatProducer, raw: bytes | records.InvalidHeartbeat | Any, now_ms: int, *,
+                     decoded: bool = False) -> tuple[int, bytes]:
+    """The whole request logic, free of HTTP plumbing (also used by the controller node's own endpoint).
+
+    With `decoded`, `raw` is the body's JSON already decoded (or the InvalidHeartbeat decoding raised):
+    the ingest server decodes a body once for its credential check and for this."""
     try:
-        hb = parse_heartbeat(raw)
+        if not decoded:
+            hb = parse_heartbeat(raw)
+        elif isinstance(raw, records.InvalidHeartbeat):
+            raise raw
+        else:
+            hb = records.validate_heartbeat(raw)
     except records.InvalidHeartbeat as exc:
         producer.stats["invalid"] += 1
         return _body(422, {"code": 2005, "remark": "invalid heartbeat", "detail": str(exc)})

@@ -33,8 +33,9 @@ from electra.security.auth import AuthError, TokenStore
 from electra.security.http_auth import check_request
 from electra.streaming import records
 
-from .http_limits import BUSY_REPLY, DEFAULT_LIMITS, TIMEOUT_REPLY, HTTPLimits, RequestDeadline, head_too_large
-from .ingest import HeartbeatProducer, handle_heartbeat
+from .http_limits import BUSY_REPLY, DEFAULT_LIMITS, TIMEOUT_REPLY, HTTPLimits, LazyDeadline, head_too_large
+from .ingest import HeartbeatProducer, accept_fast, decode_body, fast_heartbeat, handle_heartbeat
+from .read_buffer import SharedReadBuffer
 from .sessions import SessionRegistry
 
 log = logging.getLogger("electra.api.ingest")
@@ -50,6 +51,18 @@ _REASONS = {200: b"OK", 401: b"Unauthorized", 403: b"Forbidden",
             422: b"Unprocessable Entity", 400: b"Bad Request", 503: b"Service Unavailable"}
 
 
+_NOT_DECODED = object()
+
+
+def _scope_of(decoded: object) -> tuple:
+    """What of a body a broker credential's scope is checked against (`http_auth._json_fields`): the body's
+    `clusterName` and `brokerName`, with their types (`1 == 1.0 == True`, but only some of them are kept)."""
+    if not isinstance(decoded, dict):
+        return (None,)
+    c, b = decoded.get("clusterName"), decoded.get("brokerName")
+    return type(c), c, type(b), b
+
+
 def _response(status: int, body: bytes, *, content_type: bytes = b"application/json", close: bool = False,
               retry_after: bool = False) -> bytes:
     head = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"")), b"content-type: " + content_type,
@@ -61,8 +74,11 @@ def _response(status: int, body: bytes, *, content_type: bytes = b"application/j
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
-class IngestProtocol(asyncio.Protocol):
-    """One client connection: parse requests, answer each when its body is complete."""
+class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
+    """One client connection: parse requests, answer each when its body is complete.
+
+    (Read into the process's one buffer, `read_buffer.py`: under TLS a plain Protocol cost a 256 KiB
+    allocation per record, i.e. per heartbeat.)"""
 
     def __init__(self, producer: HeartbeatProducer, limits: HTTPLimits = INGEST_LIMITS,
                  open_connections: set | None = None, tokens: TokenStore | None = None,
@@ -71,10 +87,11 @@ class IngestProtocol(asyncio.Protocol):
         self.sessions = sessions if sessions is not None else SessionRegistry(producer)
         self.tokens = tokens  # None: insecure mode, nobody is asked for a credential
         self.authorization: str | None = None
+        self.verified: tuple | None = None  # what this connection's credential last passed (`_check_caller`)
         # Containment (api/http_limits.py): connection cap, request deadline, idle timeout, head size.
         self.limits = limits
         self.open = open_connections if open_connections is not None else set()
-        self.deadline = RequestDeadline()
+        self.deadline = LazyDeadline()
         self.head_bytes = 0
         self.in_head = True
         self.content_length = 0
@@ -158,10 +175,22 @@ class IngestProtocol(asyncio.Protocol):
         self.deadline.arm(self.transport, self.sessions.idle_limit_s(self, self.limits.idle_timeout_s))
         path = self.url.split(b"?", 1)[0]
         method = self.parser.get_method()
+        raw = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        decoded: object = _NOT_DECODED
+        fast = None
+        if path == b"/v1/heartbeat" and method == b"POST" and not self.too_large:
+            # decoded once, for the credential's scope and the heartbeat itself: a valid one in C
+            # (msgspec), anything else the slow way, whose answers name the problem
+            fast = fast_heartbeat(raw)
+            if fast is None:
+                try:
+                    decoded = decode_body(raw)
+                except records.InvalidHeartbeat as exc:
+                    decoded = exc
         if self.tokens is not None and not self.too_large:
             try:
-                check_request(self.tokens, method.decode("latin-1"), path.decode("latin-1"), self.authorization,
-                              b"".join(self.body))
+                self._check_caller(method, path, raw, decoded if fast is None else
+                                   {"clusterName": fast.clusterName, "brokerName": fast.brokerName})
             except AuthError as err:
                 self._reply(err.status, json.dumps(err.body()).encode(), close=not keep)
                 return
@@ -171,7 +200,9 @@ class IngestProtocol(asyncio.Protocol):
             elif self.too_large:
                 self._reply(413, b'{"code":2005,"remark":"heartbeat too large"}', close=True)
             else:
-                status, body = handle_heartbeat(self.producer, b"".join(self.body), int(time.time() * 1000))
+                now = int(time.time() * 1000)
+                status, body = (accept_fast(self.producer, fast, now) if fast is not None
+                                else handle_heartbeat(self.producer, decoded, now, decoded=True))
                 self._reply(status, body, close=not keep, retry_after=status == 503)
         elif path in (b"/v1/session", b"/v1/session/goodbye"):
             if method != b"POST":
@@ -198,6 +229,22 @@ class IngestProtocol(asyncio.Protocol):
                         close=not keep)
         else:
             self._reply(404, b'{"detail":"not found"}', close=not keep)
+
+    def _check_caller(self, method: bytes, path: bytes, raw: bytes, decoded: object) -> None:
+        """The credential check of `check_request`, skipped when this connection already passed it for the
+        same credential, route and scope (the body's cluster and broker set) and the tokens file did not
+        change since: a session's every heartbeat carries the same token for the same broker, and hashing
+        it and matching its scope each time was CPU for nothing. AuthError as `check_request`."""
+        if decoded is _NOT_DECODED and raw:
+            try:
+                decoded = decode_body(raw)
+            except records.InvalidHeartbeat as exc:
+                decoded = exc
+        key = (self.authorization, method, path, bool(raw), _scope_of(decoded), self.tokens.generation())
+        if key == self.verified:
+            return
+        check_request(self.tokens, method.decode("latin-1"), path.decode("latin-1"), self.authorization, raw)
+        self.verified = key
 
     def _reply(self, status: int, body: bytes, *, close: bool = False, retry_after: bool = False,
                content_type: bytes = b"application/json") -> None:

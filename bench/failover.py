@@ -34,6 +34,7 @@ import asyncio
 import tempfile
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import uvloop  # the simulated fleet runs in this process: uvloop's TLS and sockets cost less per heartbeat
@@ -59,6 +60,7 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
     from electra.api.client import ControllerClient
     from electra.broker_simulator import BrokerFleet
     from electra.local_stack import LocalStack, StackConfig
+    from electra.replica_info_reader import ReplicaInfoReader
 
     ports = free_ports(9)
     stack = LocalStack(StackConfig(data_dir=tmp, trigger_ms=args.trigger_ms, log_level="WARNING",
@@ -75,6 +77,7 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
     stack.start_job()
     observer = stack.creds.credentials("observer")  # the stack is secure: brokers and the bench have their roles
     client = ControllerClient(endpoints, deadline_s=30, max_connections=64, credentials=observer)
+    reader = ReplicaInfoReader(endpoints, credentials=observer, connections_per_node=16)
     fleet = BrokerFleet(endpoints, groups, 3, heartbeat_s=1.0, poll_s=5.0, timeout_ms=args.timeout_ms,
                         credentials=stack.creds.credentials("broker"),
                         ingest_endpoints=ingest)
@@ -82,6 +85,7 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
         await fleet.start()
         print(f"  G={groups}: {groups} sets registered in {time.monotonic() - t0:.0f}s; waiting for the job and "
               "full sync-state sets", flush=True)
+        await _first_batch(stack, args.job_start)
         deadline = time.monotonic() + args.settle
         names = sorted(fleet.by_set)
         while True:
@@ -92,24 +96,42 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
                 print(f"  G={groups}: only {full}/{groups} sets reached a sync-state set of 3", flush=True)
                 break
             await asyncio.sleep(1.0)
-        job_pid = stack.procs["streaming"].pid
-        a0, c0, m0 = _ingest_accepted(ingest, observer), process_tree_cpu_s(job_pid), time.monotonic()
+        parts = _components(stack, await client.find_leader())
+        a0, m0 = _ingest_accepted(ingest, observer), time.monotonic()
+        cpu0, polls0, load0 = _cpu_of(parts), fleet.stats["replica_info_polls"], _loadavg()
         await asyncio.sleep(args.measure)
-        accepted, job_cpu = _ingest_accepted(ingest, observer) - a0, process_tree_cpu_s(job_pid) - c0
-        hb_rate = accepted / (time.monotonic() - m0)
+        accepted, cpu = _ingest_accepted(ingest, observer) - a0, _cpu_of(parts)
+        if stack.procs["streaming"].poll() is not None:
+            print(f"  G={groups}: the streaming job exited ({stack.procs['streaming'].returncode}):\n"
+                  f"{stack.log_tail('streaming', 40)}", flush=True)
+        cpu = {k: cpu[k] - cpu0[k] for k in cpu}
+        window = time.monotonic() - m0
+        polls = fleet.stats["replica_info_polls"] - polls0
+        job_cpu = cpu["job"]
+        hb_rate = accepted / window
         out["hb_per_s"] = hb_rate
         out["offered_hb_per_s"] = 3 * groups
-        print(f"  G={groups}: {hb_rate:,.0f} heartbeats/s accepted of {3 * groups:,} offered", flush=True)
+        print(f"  G={groups}: {hb_rate:,.0f} heartbeats/s accepted of {3 * groups:,} offered, {polls / window:,.0f} "
+              f"replica-info polls/s; load average {load0} -> {_loadavg()}", flush=True)
         out["job_cpu_us_per_hb"] = round(job_cpu / max(1.0, accepted) * 1e6, 1)
         print(f"  G={groups}: Spark job CPU {job_cpu:.1f}s for {accepted:,.0f} heartbeats: "
               f"{out['job_cpu_us_per_hb']} us per heartbeat", flush=True)
+        print(f"  G={groups}: CPU (cores) " + ", ".join(f"{k} {v / window:.2f}" for k, v in cpu.items())
+              + f"; ingest {cpu['ingest'] / max(1.0, accepted) * 1e6:.0f} us/heartbeat, bench (fleet) "
+              f"{cpu['bench'] / max(1.0, accepted + polls) * 1e6:.0f} us/request, leader "
+              f"{cpu['leader'] / max(1.0, polls) * 1e6:.0f} us/replica-info poll (all its work / polls)", flush=True)
         epochs0 = {n: max(b.master_epoch for b in fleet.by_set[n]) for n in names}
         eligible = [n for n in names if fleet.master_of(n) is not None
                     and len(fleet.master_of(n).sync_state_set) == 3]
         out["settled"] = len(eligible)
         crash, hang = _victims(eligible, args.crash, args.hang)
+        epochs_at_kill = {n: fleet.master_of(n).master_epoch for n in crash}
+        crash_spans: dict[str, tuple[float, float]] = {}
         for mode, victims in (("crash", crash), ("hang", hang)):
-            times = await _failovers(fleet, client, mode, victims, args)
+            spans = await _failovers(fleet, reader, mode, victims, args)
+            times = sorted(t1 - t0 for t0, t1 in spans.values())
+            if mode == "crash":
+                crash_spans = spans
             out[f"{mode}_n"], out[f"{mode}_replaced"] = len(victims), len(times)
             out[f"{mode}_p50_s"] = percentile(times, 0.5)
             out[f"{mode}_p99_s"] = percentile(times, 0.99)
@@ -117,6 +139,11 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
                   f"{out[f'{mode}_p50_s']:.2f}s p99 {out[f'{mode}_p99_s']:.2f}s max "
                   f"{times[-1] if times else float('nan'):.2f}s (timeout {args.timeout_ms / 1000:.1f}s)", flush=True)
         await asyncio.sleep(fleet.poll_s + 2)  # brokers learn every epoch by polling replica info
+        # (and the job has logged the batches that proposed: their lines come after the commit)
+        hops = out["crash_hops"] = _crash_hops(stack.logs / "streaming.log", crash_spans, epochs_at_kill)
+        if hops.get("batch_ms"):
+            print(f"  G={groups}: crash hops over {len(hops['batch_ms'])} failovers (p50 / p99 s): " + ", ".join(
+                f"{k} {percentile(v, 0.5):.2f} / {percentile(v, 0.99):.2f}" for k, v in hops.items()), flush=True)
         touched = set(crash) | set(hang)
         moved = [n for n in names if n not in touched
                  and max(b.master_epoch for b in fleet.by_set[n]) != epochs0[n]]
@@ -131,9 +158,51 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
         try:
             async with asyncio.timeout(60):
                 await fleet.stop()
+                reader.close()
                 await client.close()
         finally:
             stack.stop_all()
+
+
+async def _first_batch(stack, limit_s: float) -> None:
+    """Wait (without blocking the fleet's loop) until the Spark job logged its first micro-batch: before
+    it, the controllers have no liveness and no set can settle (its start-up took 1-5 min on the loaded
+    2-core machine, which a settle clock started at registration spent for nothing). A job that exited
+    is an error, with its log's tail."""
+    log, proc, end = stack.logs / "streaming.log", stack.procs["streaming"], time.monotonic() + limit_s
+    while time.monotonic() < end:
+        try:
+            if " batch=" in log.read_text(errors="replace"):
+                return
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"the streaming job exited ({proc.returncode}):\n{stack.log_tail('streaming', 40)}")
+        await asyncio.sleep(1.0)
+    print(f"  the streaming job logged no batch within {limit_s:.0f}s; settling anyway", flush=True)
+
+
+def _components(stack, leader_id: int | None) -> dict[str, list[int]]:
+    """The processes whose CPU the bench reports, by role: pids of process trees."""
+    nodes = {i: stack.procs[f"node{i}"].pid for i in stack.endpoints}
+    parts = {"leader": [nodes[leader_id]] if leader_id in nodes else [],
+             "followers": [pid for i, pid in nodes.items() if i != leader_id],
+             "ingest": [stack.procs[f"ingest{i}"].pid for i in stack.ingest_endpoints],
+             "job": [stack.procs["streaming"].pid]}
+    if stack.kafka is not None and stack.kafka.proc is not None:
+        parts["kafka"] = [stack.kafka.proc.pid]
+    return parts
+
+
+def _cpu_of(parts: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds so far of each role's process trees (from /proc), and of this process alone as `bench`
+    (the simulated fleet; its tree would hold the whole stack, whose processes it started)."""
+    return {**{k: sum(process_tree_cpu_s(pid) for pid in pids) for k, pids in parts.items()},
+            "bench": time.process_time()}
+
+
+def _loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def _victims(eligible: list[str], crash: int, hang: int) -> tuple[list[str], list[str]]:
@@ -145,20 +214,25 @@ def _victims(eligible: list[str], crash: int, hang: int) -> tuple[list[str], lis
     return eligible[:crash], eligible[crash:crash + hang]
 
 
-async def _failovers(fleet, client, mode: str, victims: list[str], args) -> list[float]:
-    """Crash or hang the masters of `victims`; seconds from the kill (crash) or the master's last accepted
-    heartbeat (hang) until replica info shows another master at a higher epoch, sorted.
+async def _failovers(fleet, reader, mode: str, victims: list[str], args) -> dict[str, tuple[float, float]]:
+    """Crash or hang the masters of `victims`; for each one replaced: (the kill (crash) or the master's last
+    accepted heartbeat (hang), the moment replica info showed another master at a higher epoch), wall clock.
 
     Replica info is polled from the first kill on, all pending sets at once: polling only after the
-    last kill, or one set after another, would add that wait to the measured times.
+    last kill, or one set after another, would add that wait to the measured times. The polls (20 sets
+    every 50 ms) go over the fleet's kind of kept-alive connections to every node (a follower read is as
+    fresh as the leader's), not through aiohttp to the leader, which they would load during the run.
     """
     started: dict[str, tuple[int, int, float]] = {}
     done: dict[str, float] = {}
 
     async def check(name: str, old: int, epoch: int, t0: float) -> None:
-        h = (await client.replica_info(name)).get("header") or {}
+        try:
+            h = (await reader.replica_info(name)).get("header") or {}
+        except ConnectionError:
+            return
         if (h.get("masterEpoch") or 0) > epoch and h.get("masterBrokerId") not in (None, old):
-            done[name] = time.time() - t0
+            done[name] = time.time()
 
     async def poll() -> None:
         deadline = time.monotonic() + len(victims) * args.every + args.timeout_ms / 1000 * 3 + 60
@@ -180,7 +254,57 @@ async def _failovers(fleet, client, mode: str, victims: list[str], args) -> list
             started[name] = (m.broker_id, m.master_epoch, m.last_heartbeat_at)
         await asyncio.sleep(args.every)
     await poller
-    return sorted(done.values())
+    return {n: (started[n][2], t) for n, t in done.items()}
+
+
+def _log_time(line: str) -> float | None:
+    """The wall-clock instant of a job log line (`2026-11-23 15:00:00,123 INFO ...`, local time)."""
+    try:
+        return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    except ValueError:
+        return None
+
+
+def _crash_hops(log: Path, spans: dict[str, tuple[float, float]], epochs: dict[str, int]) -> dict[str, list[float]]:
+    """Where each crash failover's time went, from the job's log (proposal and batch lines) and the bench's clocks.
+
+    * `to_batch`: the kill → the start of the micro-batch that proposed (the disconnect record's way to
+      Kafka, then the wait for the next batch to be planned);
+    * `batch_to_judged`: that batch's start → its judging instant (`proposedAtMs`: the data horizon, the
+      newest ingest stamp the batch holds, so it may come slightly before the batch's start);
+    * `judged_to_answered`: → the job had the leader's answer (the rest of the batch up to `foreachBatch`,
+      the proposal's HTTP request, the Raft commit and apply);
+    * `answered_to_seen`: → the bench's 50 ms replica-info poll saw the new master (negative: it saw the
+      commit before the job's answer arrived);
+    * `batch_ms`: the whole batch (its end is after the answer: liveness records and the progress event).
+    """
+    lines = log.read_text(errors="replace").splitlines()
+    hops: dict[str, list[float]] = {k: [] for k in ("to_batch", "batch_to_judged", "judged_to_answered",
+                                                     "answered_to_seen", "batch_ms")}
+    for name, (t_kill, t_seen) in spans.items():
+        key = f" proposal {name} expectedMasterEpoch={epochs.get(name)} "
+        for i, line in enumerate(lines):
+            t_ans = _log_time(line)
+            if key not in line or t_ans is None or t_ans < t_kill:
+                continue
+            try:
+                detect = float(line.split(" detect_ms=")[1].split()[0])
+                sent = float(line.split(" sent_ms=")[1].split()[0])
+            except (IndexError, ValueError):
+                break
+            judged = t_ans - (sent - detect) / 1000
+            batch = next((x for x in lines[i + 1:] if " batch_ms=" in x), None)
+            t_end = _log_time(batch) if batch else None
+            if t_end is None:
+                break
+            batch_ms = float(batch.split(" batch_ms=")[1].split()[0])
+            start = t_end - batch_ms / 1000
+            for k, v in (("to_batch", start - t_kill), ("batch_to_judged", judged - start),
+                         ("judged_to_answered", t_ans - judged), ("answered_to_seen", t_seen - t_ans),
+                         ("batch_ms", batch_ms / 1000)):
+                hops[k].append(v)
+            break
+    return {k: sorted(v) for k, v in hops.items()}
 
 
 def _batch_ms(log: Path) -> float:
@@ -204,7 +328,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--trigger-ms", type=int, default=1000, help="the Spark job's trigger interval")
     p.add_argument("--ingest-workers", type=int, default=1, help="ingest worker processes per node")
     p.add_argument("--measure", type=float, default=15.0, help="seconds of heartbeat counting")
-    p.add_argument("--settle", type=float, default=180.0, help="max seconds to wait for full sync-state sets")
+    p.add_argument("--settle", type=float, default=180.0,
+                   help="max seconds to wait for full sync-state sets (from the job's first batch on)")
+    p.add_argument("--job-start", type=float, default=300.0,
+                   help="max seconds to wait for the Spark job's first batch after the fleet registered")
     p.add_argument("--out", default=None, help="keep each size's logs under this directory (default: a temp dir)")
     args = p.parse_args(argv)
     sizes = [int(g) for g in args.groups.split(",") if g.strip()]

@@ -5,7 +5,8 @@ broker id (GetNextBrokerId, ApplyBrokerId with `address;timestamp` as check
 code), heartbeats every second (to every controller, or to one ingest endpoint
 of the Kafka pipeline) with its epoch, max offset,
 confirm offset and priority, registers, asks for an election when there is no
-master, and polls replica info to learn role changes. A master grows its
+master, and polls replica info to learn role changes (over kept-alive connections to every node,
+`replica_info_reader.py`). A master grows its
 offset, and adds replicas that caught up to its sync-state set; replicas follow
 the master's offset.
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 
 from electra.api.client import ControllerClient
 from electra.broker_session import BrokerSession, SessionError, SessionTimeout
+from electra.replica_info_reader import ReplicaInfoReader
 from electra.security.credentials import ClientCredentials
 from electra.state.codes import Code
 
@@ -81,6 +83,7 @@ class SimBroker:
     session: BrokerSession | None = None  # its session connection to an ingest worker (with the pipeline)
     session_skip: int = 0                 # how many ingest endpoints past its home one it moved on to
     connecting: bool = False              # a (re)connect of its session is under way
+    sync_state_retry_at: float = 0.0      # a refused AlterSyncStateSet is asked again from then on (monotonic)
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ class BrokerFleet:
         self._connects = asyncio.Semaphore(64)      # bounded reconnect storms (an ingest restart cuts thousands)
         self.client = ControllerClient(endpoints, deadline_s=30, ingest_endpoints=ingest_endpoints,
                                        credentials=self.credentials)
+        # replica-info polls (600 a second at 1,000 sets): kept-alive connections to every node, not aiohttp
+        self.reads = ReplicaInfoReader(endpoints, credentials=self.credentials, ssl_context=self._ssl)
         self.ingest_endpoints = list(ingest_endpoints or [])
         self.heartbeat_s, self.poll_s, self.timeout_ms = heartbeat_s, poll_s, timeout_ms
         self.rng = random.Random(seed)
@@ -129,7 +134,8 @@ class BrokerFleet:
         self.on_failover: Callable[[Failover], None] | None = None
         self._stopping = False
         self.stats = {"requests": 0, "errors": 0, "elections": 0, "role_changes": 0, "heartbeats": 0,
-                      "sessions_opened": 0, "heartbeats_skipped": 0}
+                      "sessions_opened": 0, "heartbeats_skipped": 0, "replica_info_polls": 0,
+                      "heartbeats_refused": 0}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, progress: bool = False) -> None:
@@ -174,6 +180,7 @@ class BrokerFleet:
                 b.session.abort()
             b.session = None
         await asyncio.gather(*(s.goodbye() for s in sessions), return_exceptions=True)
+        self.reads.close()
         await self.client.close()
 
     def kill(self, name: str, broker_id: int) -> SimBroker:
@@ -203,7 +210,7 @@ class BrokerFleet:
         async def watch() -> None:
             end = time.monotonic() + limit_s
             while name in self._killed_masters and time.monotonic() < end:
-                res = await self._call(self.client.replica_info(name))
+                res = await self._call(self.reads.replica_info(name))
                 if res.get("code") == Code.SUCCESS:
                     for b in self.by_set[name]:
                         if b.alive:
@@ -305,6 +312,12 @@ class BrokerFleet:
             self.stats["heartbeats"] += 1
             return
         self.stats["errors"] += 1
+        if status == 503 and session is not None and session.is_open:
+            # Kafka is unavailable behind that worker: keep the session. Ending it would publish
+            # connection_lost (a false crash failover once Kafka answers again) and, for every broker of
+            # that worker at once, cost a TLS reconnect storm; the heartbeat timeout judges a long outage.
+            self.stats["heartbeats_refused"] += 1
+            return
         b.session_skip += 1
         b.session = None
         if session is not None:
@@ -418,7 +431,7 @@ class BrokerFleet:
                 self.on_failover(failover)
 
     async def _elect_if_needed(self, b: SimBroker) -> None:
-        res = await self._call(self.client.replica_info(b.name))
+        res = await self._call(self.reads.replica_info(b.name))
         if res["code"] == Code.SUCCESS and res["header"].get("masterBrokerId") is None:
             res = await self._call(self.client.elect_master(b.cluster, b.name, b.broker_id))
             self.stats["elections"] += 1
@@ -454,7 +467,8 @@ class BrokerFleet:
             if b.alive and not b.hung:
                 if time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + self.poll_s
-                    res = await self._call(self.client.replica_info(b.name))
+                    self.stats["replica_info_polls"] += 1
+                    res = await self._call(self.reads.replica_info(b.name))
                     if res["code"] == Code.SUCCESS:
                         self._adopt(b, res["header"], res.get("body"))
                         if res["header"].get("masterBrokerId") is None:
@@ -466,18 +480,26 @@ class BrokerFleet:
             await asyncio.sleep(pause)
 
     async def _grow_sync_state_set(self, b: SimBroker) -> None:
+        """Ask for every live replica in the sync-state set; after a refusal, again one poll period later.
+
+        (Asked every heartbeat period whatever the answer, a 1,000-set fleet whose replicas the
+        controllers did not see alive yet, e.g. before the streaming job's first batch, sent a
+        thousand refused writes a second to the leader and spent most of its own CPU on them.)"""
         want = sorted(p.broker_id for p in self.by_set[b.name] if p.alive and p.broker_id is not None)
-        if want == sorted(b.sync_state_set) or b.broker_id not in want:
+        if want == sorted(b.sync_state_set) or b.broker_id not in want or time.monotonic() < b.sync_state_retry_at:
             return
         res = await self._call(self.client.alter_sync_state_set(b.name, b.broker_id, b.master_epoch, want,
                                                                 b.sync_state_set_epoch))
         if res["code"] == Code.SUCCESS:
             b.sync_state_set, b.sync_state_set_epoch = want, res["header"]["newSyncStateSetEpoch"]
-        elif res["code"] in (Code.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH, Code.CONTROLLER_FENCED_MASTER_EPOCH,
-                             Code.CONTROLLER_INVALID_MASTER):
-            info = await self._call(self.client.replica_info(b.name))
+            return
+        if res["code"] in (Code.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH, Code.CONTROLLER_FENCED_MASTER_EPOCH,
+                           Code.CONTROLLER_INVALID_MASTER):  # stale epochs: learn the current ones, ask again
+            info = await self._call(self.reads.replica_info(b.name))
             if info["code"] == Code.SUCCESS:
                 self._adopt(b, info["header"], info.get("body"))
+        else:  # e.g. a replica not alive yet as the controllers see it
+            b.sync_state_retry_at = time.monotonic() + self.poll_s
 
 
 async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, duration_s: float | None,

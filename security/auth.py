@@ -188,6 +188,13 @@ class TokenStore:
             self._checked = now
             self._load()
 
+    def generation(self) -> int:
+        """Changes whenever the loaded credentials change (checks the file when due, like `authenticate`):
+        a caller may keep a verified token's outcome while this stays the same (a revoked token is refused
+        within `check_interval_s`, as everywhere else)."""
+        self._reload_if_due()
+        return self._mtime
+
     def principal_for_digest(self, digest: str) -> Principal | None:
         """The current holder of a token known by its SHA-256 (a dashboard session): None once revoked."""
         self._reload_if_due()

@@ -71,6 +71,9 @@ _HB_INT_FIELDS = {"epoch": (-1, INT32_MIN, INT32_MAX), "maxOffset": (-1, INT64_M
                   "electionPriority": (LOWEST_PRIORITY, INT32_MIN, INT32_MAX)}
 
 
+HEARTBEAT_INT_FIELDS = _HB_INT_FIELDS  # public: the ingest server's C fast path has the same limits
+
+
 def _name(d: dict, key: str) -> str:
     v = d.get(key)
     if not isinstance(v, str) or not (1 <= len(v) <= MAX_NAME):

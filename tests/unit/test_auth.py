@@ -117,6 +117,36 @@ def test_ingest_server_asks_brokers_for_a_token_scoped_to_the_heartbeat_set(tmp_
     assert proto.transport.data.startswith(b"HTTP/1.1 200")
 
 
+def test_ingest_connection_checks_a_token_once_per_scope_and_again_after_the_tokens_file_changes(tmp_path,
+                                                                                                     monkeypatch):
+    path = tmp_path / "tokens.json"
+    tok = create_token(path, "broker", "a", broker_sets=["set-a"])
+    create_token(path, "broker", "b", broker_sets=["set-b"])
+    hb = {"clusterName": "c", "brokerName": "set-a", "brokerId": 1, "brokerAddr": "10.0.0.1:1", "epoch": 1}
+    store = TokenStore(path, check_interval_s=0)
+    checks = []
+    real = TokenStore.authenticate
+    monkeypatch.setattr(TokenStore, "authenticate", lambda self, auth: checks.append(auth) or real(self, auth))
+    producer = FakeProducer()
+    proto = IngestProtocol(producer, tokens=store)
+    proto.connection_made(FakeTransport())
+
+    def status(body: dict, token: str | None = tok) -> bytes:
+        proto.transport.data = b""
+        return _request(proto, body, token)[9:12]
+
+    assert [status({**hb, "epoch": e}) for e in range(5)] == [b"200"] * 5
+    assert len(checks) == 1  # a session's heartbeats: the token is hashed and its scope matched once
+    assert status({**hb, "brokerName": "set-b"}) == b"403"  # another scope on the same connection: checked
+    assert status({**hb, "brokerId": 0}) == b"422"  # the scope passed already; the heartbeat is invalid
+    assert status(hb, "other") == b"401"  # another token: checked
+    assert status(hb) == b"200" and len(checks) == 3
+    time.sleep(0.01)
+    revoke_tokens(path, "a")  # the tokens file changes: the next request checks the token again
+    assert status(hb) == b"401" and len(checks) == 4
+    assert len(producer.sent) == 6
+
+
 def test_client_credentials_from_env(tmp_path):
     (tmp_path / "t").write_text("tok\n")
     c = ClientCredentials.from_env({"ELECTRA_TOKEN_FILE": str(tmp_path / "t"), "ELECTRA_CA_FILE": "/ca.crt"})

@@ -27,6 +27,11 @@ class FakeProducer:
             raise KafkaUnavailable("down")
         self.sent.append(hb)
 
+    def submit_encoded(self, key: bytes, value: bytes) -> None:
+        hb = json.loads(value)
+        assert key == hb["brokerName"].encode()
+        self.submit(hb)
+
 
 class FakeTransport:
     def __init__(self) -> None:
@@ -170,6 +175,64 @@ def test_slow_requests_idle_connections_and_too_many_connections_are_cut_off_on_
             await server.wait_closed()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+def test_a_busy_connection_outlives_the_idle_timeout_and_a_slow_request_on_it_is_still_cut():
+    """The deadline moves with every request without re-arming a timer (LazyDeadline): a timer set for an
+    older deadline must neither cut a connection that kept busy, nor let a later slow request run long."""
+    import asyncio
+    import time
+
+    from electra.api.http_limits import HTTPLimits
+
+    limits = HTTPLimits(request_timeout_s=0.3, idle_timeout_s=2, max_connections=3)
+
+    async def main():
+        server = await asyncio.get_running_loop().create_server(
+            lambda: IngestProtocol(FakeProducer(), limits), "127.0.0.1", 0)
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+            for i in range(7):  # 3 s of requests 0.5 s apart: past the idle timeout, never idle that long
+                if i:
+                    await asyncio.sleep(0.5)
+                w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert (await asyncio.wait_for(r.readuntil(b"}"), 5)).startswith(b"HTTP/1.1 200")
+            t0 = time.monotonic()  # right after an answer: the idle timer is due in 2 s, this request's in 0.3
+            w.write(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\n")  # a head that never ends
+            reply = await asyncio.wait_for(r.read(65536), 5)
+            assert reply.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 1.5
+            w.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_lazy_deadline_moved_earlier_fires_then_and_one_moved_later_waits():
+    import asyncio
+
+    from electra.api.http_limits import LazyDeadline
+
+    async def main():
+        early, late = FakeTransport(), FakeTransport()
+        d1, d2 = LazyDeadline(), LazyDeadline()
+        d1.arm(early, 30)
+        d1.arm(early, 0.05, b"timeout")  # a new request's deadline, before the idle one: it counts
+        d2.arm(late, 0.05)
+        d2.arm(late, 0.6)  # moved on: the timer set for 0.05 s must not close it then
+        for _ in range(100):
+            if early.closed:
+                break
+            await asyncio.sleep(0.02)
+        assert early.closed and early.data == b"timeout" and not late.closed
+        for _ in range(200):
+            if late.closed:
+                break
+            await asyncio.sleep(0.02)
+        assert late.closed
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
 def test_a_session_lost_without_goodbye_publishes_disconnected_and_a_goodbye_publishes_shutdown():
     from electra.api.sessions import SessionRegistry
 
@@ -309,6 +372,55 @@ def test_broker_sessions_multiplexed_on_one_loop_speak_to_the_ingest_server():
     assert kinds == [("hb", 1, None, 10), ("hb", 2, None, 5), ("hb", 1, None, 11), ("hb", 1, None, 12),
                      ("hb", 1, None, 13), ("disconnected", 1, "shutdown", None),
                      ("disconnected", 2, "connection_lost", None)]
+
+
+def test_sessions_over_tls_with_tokens_read_through_the_shared_buffer_and_a_reset_is_still_a_crash(tmp_path):
+    """The secure default end to end on a real socket: TLS, a broker token checked once per connection,
+    both ends reading into the process's one buffer (read_buffer.py); a reset still publishes
+    connection_lost and a goodbye shutdown, for the right brokers."""
+    import asyncio
+    import ssl
+
+    from electra.api.sessions import SessionRegistry
+    from electra.broker_session import BrokerSession
+    from electra.security.auth import TokenStore
+    from electra.security.local import ensure_local_credentials
+
+    creds = ensure_local_credentials(tmp_path / "certs", [1])
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(*creds.node_files(1))
+    broker = creds.credentials("broker")
+    producer = FakeProducer()
+    registry = SessionRegistry(producer)
+    tokens = TokenStore(creds.tokens_file)
+
+    async def main():
+        server = await asyncio.get_running_loop().create_server(
+            lambda: IngestProtocol(producer, tokens=tokens, sessions=registry), "127.0.0.1", 0, ssl=tls)
+        ep = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        ident = {"clusterName": "sim", "brokerName": "sim-set-1", "brokerAddr": "10.0.0.1:10911",
+                 "heartbeatTimeoutMillis": 3000, "electionPriority": 1}
+        context = broker.ssl_context()
+        try:
+            a = BrokerSession(ep, {**ident, "brokerId": 1}, credentials=broker, ssl_context=context)
+            b = BrokerSession(ep, {**ident, "brokerId": 2}, credentials=broker, ssl_context=context)
+            assert await a.open(1, 10, 10) == 200 and await b.open(1, 5, 5) == 200
+            for i in range(20):
+                assert await a.heartbeat(1, 11 + i, 11 + i) == 200
+            b.abort()
+            await a.goodbye()
+            for _ in range(200):
+                if len(registry) == 0:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    ends = [(r["brokerId"], r["reason"]) for r in producer.sent if r.get("type") == "disconnected"]
+    assert sorted(ends) == [(1, "shutdown"), (2, "connection_lost")]
+    assert [r["maxOffset"] for r in producer.sent if r["brokerId"] == 1 and "type" not in r] == [10, *range(11, 31)]
 
 
 def test_a_slow_answer_keeps_the_session_connection():
