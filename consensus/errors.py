@@ -37,6 +37,14 @@ class ProposalTimeout(RaftError):
     outcome_known = False
 
 
+class LeaderChanged(RaftError):
+    """This node stopped leading before the entry committed: a later leader may still commit it
+    or drop it, so the outcome is unknown. Answered at once (as etcd does on a leader change)
+    rather than when the proposal times out, so the caller can look for the new leader sooner."""
+
+    outcome_known = False
+
+
 class NodeStopped(RaftError):
     """The node shut down before the result was known; the command may have committed."""
 

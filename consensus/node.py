@@ -49,6 +49,7 @@ from .core import RaftConfig, RaftCore, Ready, Role
 from .errors import (
     DiskFailure,
     FollowerBehind,
+    LeaderChanged,
     LeadershipLost,
     NodeStopped,
     NotLeader,
@@ -83,7 +84,10 @@ class NodeConfig:
     peers: dict[int, tuple[str, int]]  # raft address of every member, this node included
     data_dir: Path
     tick_s: float = 0.1
-    raft: RaftConfig = field(default_factory=lambda: RaftConfig(election_ticks=10, heartbeat_ticks=1))
+    # Election timeouts of 1.0-1.4 s at the default tick: a lost leader is replaced about 1 s after
+    # it was last heard from (docs/chaos.md, "Failover").
+    raft: RaftConfig = field(default_factory=lambda: RaftConfig(election_ticks=10, heartbeat_ticks=1,
+                                                                election_jitter_ticks=4))
     fsync: bool = True
     propose_timeout_s: float = 10.0
     max_batch: int = 16384  # commands per core.propose() call
@@ -582,6 +586,7 @@ class RaftNode:
                         fut.set_exception(NotLeader(c.lead))
                 self._queued_futs.clear()
                 self._queued_cmds.clear()
+                self._fail_uncommitted_waiters()
             for fn in self._role_listeners:
                 try:
                     fn(c.role, c.term, c.lead)
@@ -618,6 +623,18 @@ class RaftNode:
             fut = heapq.heappop(w)[2]
             if not fut.done():
                 fut.set_result(None)
+
+    def _fail_uncommitted_waiters(self) -> None:
+        """This node stopped leading: its proposals not yet committed have an unknown outcome (a later
+        leader may commit or drop them), and their callers learn so now instead of at their deadline.
+        Committed ones still apply here and answer with their result."""
+        commit = self.core.commit
+        lost = [idx for idx in self._waiters if idx > commit]
+        for idx in lost:
+            _, fut, _ = self._waiters.pop(idx)
+            if not fut.done():
+                fut.set_exception(LeaderChanged(f"node {self.cfg.node_id} stopped leading before entry {idx} "
+                                                f"committed; a new leader may still commit it"))
 
     def _expire_waiters(self) -> None:
         if not self._waiters and not self._read_waiters and not self._apply_waiters:

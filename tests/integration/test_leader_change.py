@@ -1,0 +1,46 @@
+"""A leader that loses its quorum answers its pending proposals at once (outcome unknown), not at their deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from electra.bench.common import free_ports
+from electra.consensus.core import RaftConfig
+from electra.consensus.errors import LeaderChanged
+from electra.consensus.kv import KVStateMachine, encode_put
+from electra.consensus.node import NodeConfig, RaftNode
+
+pytestmark = pytest.mark.integration
+
+
+def test_pending_proposals_fail_as_unknown_when_their_leader_steps_down(tmp_path):
+    async def main():
+        ports = free_ports(3)
+        peers = {i + 1: ("127.0.0.1", p) for i, p in enumerate(ports)}
+        nodes = {i: RaftNode(NodeConfig(node_id=i, peers=peers, data_dir=tmp_path / f"n{i}", tick_s=0.05,
+                                        raft=RaftConfig(election_ticks=10, heartbeat_ticks=1)), KVStateMachine())
+                 for i in peers}
+        for n in nodes.values():
+            await n.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not any(n.is_leader and n.core.committed_in_term() for n in nodes.values()):
+                assert time.monotonic() < deadline, "no leader"
+                await asyncio.sleep(0.02)
+            leader = next(n for n in nodes.values() if n.is_leader)
+            await leader.propose(encode_put("k", 1))
+            for n in nodes.values():
+                if n is not leader:
+                    await n.stop()  # the leader can no longer commit, and steps down (CheckQuorum)
+            with pytest.raises(LeaderChanged) as caught:
+                await leader.propose(encode_put("k", 2), timeout=8.0)  # else ProposalTimeout at 8 s
+            assert not caught.value.outcome_known  # a later leader could still commit it
+            assert not leader.is_leader
+        finally:
+            for n in nodes.values():
+                await n.stop()
+
+    asyncio.run(main())
