@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 
 from . import mutations
-from .errors import NotLeader, ProposalDropped
+from .errors import NoQuorum, NotLeader, ProposalDropped
 from .log import RaftLog
 from .messages import (
     MAX_TERM,
@@ -403,28 +403,36 @@ class RaftCore:
             self.transfer_elapsed += 1
             if self.transfer_elapsed >= self.cfg.election_ticks:
                 self.transferee = NONE  # give up; resume accepting proposals
+        for pid, pr in self.progress.items():
+            if pid != self.id:
+                pr.silent_ticks += 1
         if self.elapsed >= self.cfg.election_ticks:
-            self.elapsed = 0  # a leader's elapsed stays below election_ticks: it refuses votes while it leads
-        if self.cfg.check_quorum and not self._quorum_active():
-            self._become_follower(self.term, NONE)
+            self.elapsed = 0
+            if self.cfg.check_quorum and not self._quorum_active():
+                self._become_follower(self.term, NONE)
 
     def _quorum_active(self) -> bool:
-        """CheckQuorum, every tick: has a quorum been heard from within the last `election_ticks` ticks?
-
-        Counting each follower's silence per tick (rather than one flag per election-timeout window)
-        makes a cut-off leader step down exactly one election timeout after it last heard from a
-        quorum, instead of anywhere up to two, so its clients stop waiting on it sooner.
-        """
         active = 0
-        limit = self.cfg.election_ticks
         for pid, pr in self.progress.items():
-            if pr.recent_active:
-                pr.silent_ticks, pr.recent_active = 0, False
-            else:
-                pr.silent_ticks += 1
-            if pid == self.id or pr.silent_ticks < limit:
+            if pid == self.id or pr.recent_active:
                 active += 1
+            pr.recent_active = False
         return active >= self.quorum
+
+    @property
+    def quorum_silent(self) -> bool:
+        """A leader that has heard from no quorum for a whole election timeout (counted every tick).
+
+        By then the others may be electing a new leader. It keeps its role until CheckQuorum, whose
+        window ends up to one more election timeout later, but takes no new proposals (ProposalDropped:
+        certainly not appended, so a client tries another node) and the runtime answers the uncommitted
+        ones as of unknown outcome, instead of letting their callers wait on a leader that cannot commit.
+        """
+        if self.role != Role.LEADER or len(self.peers) == 1:
+            return False
+        limit = self.cfg.election_ticks
+        heard = sum(1 for pid, pr in self.progress.items() if pid == self.id or pr.silent_ticks < limit)
+        return heard < self.quorum
 
     def propose(self, commands: list[bytes]) -> int:
         """Append commands as the leader; returns the index of the first one."""
@@ -432,6 +440,8 @@ class RaftCore:
             raise NotLeader(self.lead)
         if self.transferee != NONE:
             raise ProposalDropped(f"leadership transfer to node {self.transferee} in progress")
+        if self.quorum_silent:
+            raise NoQuorum(f"leader {self.id} has heard from no quorum for an election timeout")
         first = self.log.last_index() + 1
         self._append_as_leader(commands)
         return first
@@ -647,6 +657,7 @@ class RaftCore:
     def _handle_append_resp(self, m: AppendResp) -> None:
         pr = self.progress[m.src]
         pr.recent_active = True
+        pr.silent_ticks = 0
         if m.reject:
             if pr.state == ProgressState.SNAPSHOT:
                 return
@@ -689,6 +700,7 @@ class RaftCore:
     def _handle_heartbeat_resp(self, m: HeartbeatResp) -> None:
         pr = self.progress[m.src]
         pr.recent_active = True
+        pr.silent_ticks = 0
         pr.probe_sent = False
         if m.round > pr.acked_round:
             pr.acked_round = m.round

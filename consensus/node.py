@@ -49,11 +49,11 @@ from .core import RaftConfig, RaftCore, Ready, Role
 from .errors import (
     DiskFailure,
     FollowerBehind,
-    LeaderChanged,
     LeadershipLost,
     NodeStopped,
     NotLeader,
     ProposalTimeout,
+    QuorumLost,
     RaftError,
     ReadTimeout,
 )
@@ -483,6 +483,8 @@ class RaftNode:
             self.core.tick()
             if self.core.lead:
                 self.leader_seen_at = now
+            if self._waiters and self.core.quorum_silent:
+                self._fail_uncommitted_waiters()
             self._expire_waiters()
             self._abort_stalled_snapshot(now)
             self._process()
@@ -625,16 +627,17 @@ class RaftNode:
                 fut.set_result(None)
 
     def _fail_uncommitted_waiters(self) -> None:
-        """This node stopped leading: its proposals not yet committed have an unknown outcome (a later
-        leader may commit or drop them), and their callers learn so now instead of at their deadline.
-        Committed ones still apply here and answer with their result."""
+        """This node stopped leading, or heard from no quorum for an election timeout: its proposals not
+        yet committed have an unknown outcome (a later leader may commit or drop them), and their callers
+        learn so now instead of at their deadline. Committed ones still apply here and answer with their
+        result."""
         commit = self.core.commit
         lost = [idx for idx in self._waiters if idx > commit]
         for idx in lost:
             _, fut, _ = self._waiters.pop(idx)
             if not fut.done():
-                fut.set_exception(LeaderChanged(f"node {self.cfg.node_id} stopped leading before entry {idx} "
-                                                f"committed; a new leader may still commit it"))
+                fut.set_exception(QuorumLost(f"node {self.cfg.node_id} lost its quorum before entry {idx} "
+                                             f"committed; a new leader may still commit it"))
 
     def _expire_waiters(self) -> None:
         if not self._waiters and not self._read_waiters and not self._apply_waiters:

@@ -59,8 +59,8 @@ class Progress:
         self.state = ProgressState.PROBE
         self.inflight = Inflights(max_inflight)
         self.probe_sent = False
-        self.recent_active = False  # heard from since the last tick
-        self.silent_ticks = 0  # leader ticks since it last heard from this follower (CheckQuorum)
+        self.recent_active = False  # heard from since the last CheckQuorum
+        self.silent_ticks = 0  # leader ticks since it last heard from this follower (`RaftCore.quorum_silent`)
         self.match_at_hb = -1  # match at the previous heartbeat answer: no change means lost appends
         self.sent_commit = 0  # highest commit index this follower has been told
         self.acked_round = 0  # newest heartbeat round (read/lease confirmation) it answered

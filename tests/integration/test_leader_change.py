@@ -1,4 +1,5 @@
-"""A leader that loses its quorum answers its pending proposals at once (outcome unknown), not at their deadline."""
+"""A leader that loses its quorum answers its pending proposals at once (outcome unknown), not at their deadline,
+and refuses new ones (certainly not appended: the client tries another node)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ import pytest
 
 from electra.bench.common import free_ports
 from electra.consensus.core import RaftConfig
-from electra.consensus.errors import LeaderChanged
+from electra.consensus.errors import NotLeader, ProposalDropped, QuorumLost
 from electra.consensus.kv import KVStateMachine, encode_put
 from electra.consensus.node import NodeConfig, RaftNode
 
 pytestmark = pytest.mark.integration
 
 
-def test_pending_proposals_fail_as_unknown_when_their_leader_steps_down(tmp_path):
+def test_pending_proposals_fail_as_unknown_when_their_leader_loses_its_quorum(tmp_path):
     async def main():
         ports = free_ports(3)
         peers = {i + 1: ("127.0.0.1", p) for i, p in enumerate(ports)}
@@ -34,11 +35,12 @@ def test_pending_proposals_fail_as_unknown_when_their_leader_steps_down(tmp_path
             await leader.propose(encode_put("k", 1))
             for n in nodes.values():
                 if n is not leader:
-                    await n.stop()  # the leader can no longer commit, and steps down (CheckQuorum)
-            with pytest.raises(LeaderChanged) as caught:
+                    await n.stop()  # the leader can no longer commit
+            with pytest.raises(QuorumLost) as caught:
                 await leader.propose(encode_put("k", 2), timeout=8.0)  # else ProposalTimeout at 8 s
             assert not caught.value.outcome_known  # a later leader could still commit it
-            assert not leader.is_leader
+            with pytest.raises((ProposalDropped, NotLeader)):  # NotLeader once CheckQuorum stepped it down
+                await leader.propose(encode_put("k", 3), timeout=8.0)
         finally:
             for n in nodes.values():
                 await n.stop()

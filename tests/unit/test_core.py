@@ -409,15 +409,22 @@ def test_election_timeouts_are_drawn_from_the_configured_jitter():
     assert {classic._random_timeout() for _ in range(400)} == set(range(10, 20))
 
 
-def test_an_isolated_leader_steps_down_one_election_timeout_after_it_last_heard_from_a_quorum():
+def test_a_leader_that_heard_from_no_quorum_for_an_election_timeout_takes_no_new_proposals():
+    """It keeps its role until CheckQuorum's window ends (up to another timeout later: the lease is
+    not shortened), but refuses proposals it could not commit, so clients go elsewhere at once."""
     net = Net()
     leader = net.elect()
-    net.tick(3)  # mid-way through what used to be one CheckQuorum window
+    net.tick(3)  # mid-way through a CheckQuorum window
     net.cut = {leader.id}
-    net.tick(10, only=[leader.id])  # the first of these ticks still counts the answers of the last round
-    assert leader.role == Role.LEADER
-    net.tick(1, only=[leader.id])  # not up to another whole window later
-    assert leader.role == Role.FOLLOWER
+    net.tick(9, only=[leader.id])
+    assert leader.propose([b"x"]) > 0 and not leader.quorum_silent
+    net.tick(1, only=[leader.id])
+    assert leader.role == Role.LEADER and leader.quorum_silent
+    with pytest.raises(ProposalDropped, match="no quorum"):
+        leader.propose([b"y"])
+    net.cut = set()
+    net.tick(1)  # heard from again: proposals are welcome
+    assert not leader.quorum_silent and leader.propose([b"z"]) > 0
 
 
 def test_a_pre_candidate_asks_again_each_tick_a_peer_that_dropped_its_request_in_lease():
