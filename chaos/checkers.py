@@ -180,7 +180,9 @@ def unavailability(log: HistoryLog, ops: list[dict[str, Any]]) -> list[tuple[str
         # From when the fault is in force (the nemesis's `injected` stamp): a write invoked while the
         # injection was still under way could be answered by a node it was about to cut off.
         t0 = f.get("injected", f["mono"])
-        first = next((o["ret"] for o in writes if o["call"] >= t0), None)
+        # The earliest acknowledgement among them (not the one invoked first: that one may have spent
+        # seconds in its client's retries while later ones already went through).
+        first = min((o["ret"] for o in writes if o["call"] >= t0), default=None)
         if first is not None:
             what = f["kind"] if f.get("mode", "node") in ("node", "any") else f"{f['kind']}({f['mode']})"
             out.append((what, first - t0))

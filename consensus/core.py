@@ -426,7 +426,8 @@ class RaftCore:
         By then the others may be electing a new leader. It keeps its role until CheckQuorum, whose
         window ends up to one more election timeout later, but takes no new proposals (ProposalDropped:
         certainly not appended, so a client tries another node) and the runtime answers the uncommitted
-        ones as of unknown outcome, instead of letting their callers wait on a leader that cannot commit.
+        ones as of unknown outcome, instead of letting their callers wait on a leader that cannot commit;
+        ReadIndex reads likewise (its lease, while it holds, still answers lease reads).
         """
         if self.role != Role.LEADER or len(self.peers) == 1:
             return False
@@ -788,6 +789,8 @@ class RaftCore:
         all reads queued before the next heartbeat round share that round.
         """
         if self.role == Role.LEADER:
+            if self.quorum_silent:  # its round would not be answered
+                raise NoQuorum(f"leader {self.id} has heard from no quorum for an election timeout")
             self.reads.queue(ctx, self.id)
         elif self.lead != NONE:
             self.reads.queue_follower(ctx)

@@ -28,8 +28,8 @@ class ProposalDropped(RaftError):
 
 
 class NoQuorum(ProposalDropped):
-    """This leader has heard from no quorum for an election timeout and took no new proposal (never
-    appended): the others may be electing a new leader, so try another node."""
+    """This leader has heard from no quorum for an election timeout: it took no new proposal (never
+    appended) and cannot confirm a read; the others may be electing a new leader, so try another node."""
 
 
 class LeadershipLost(RaftError):

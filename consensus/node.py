@@ -51,6 +51,7 @@ from .errors import (
     FollowerBehind,
     LeadershipLost,
     NodeStopped,
+    NoQuorum,
     NotLeader,
     ProposalTimeout,
     QuorumLost,
@@ -483,8 +484,10 @@ class RaftNode:
             self.core.tick()
             if self.core.lead:
                 self.leader_seen_at = now
-            if self._waiters and self.core.quorum_silent:
+            if (self._waiters or self._read_waiters) and self.core.quorum_silent:
                 self._fail_uncommitted_waiters()
+                self._fail_read_waiters(NoQuorum(f"leader {self.cfg.node_id} has heard from no quorum for an "
+                                                 f"election timeout: read not confirmed"))
             self._expire_waiters()
             self._abort_stalled_snapshot(now)
             self._process()
@@ -625,6 +628,13 @@ class RaftNode:
             fut = heapq.heappop(w)[2]
             if not fut.done():
                 fut.set_result(None)
+
+    def _fail_read_waiters(self, exc: RaftError) -> None:
+        """Reads waiting for a confirmation this node cannot get (they change nothing: safe to retry)."""
+        waiting, self._read_waiters = self._read_waiters, {}
+        for fut, _ in waiting.values():
+            if not fut.done():
+                fut.set_exception(exc)
 
     def _fail_uncommitted_waiters(self) -> None:
         """This node stopped leading, or heard from no quorum for an election timeout: its proposals not

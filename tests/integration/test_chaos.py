@@ -110,7 +110,7 @@ def test_a_build_that_grants_two_votes_in_a_term_elects_two_leaders_under_split_
     first failure and allows 10 episodes (about 10 s each).
     """
     code, out, r = _chaos(tmp_path, "--nodes", "5", "--faults", "split-vote", "--episodes", "10", "--seed", "8",
-                          "--stop-on-failure", "--insecure", mutation="double_vote", timeout=600)
+                          "--sets", "2", "--stop-on-failure", "--insecure", mutation="double_vote", timeout=600)
     assert code == 1, out[-4000:]
     assert int(r["invariant_violations"]) > 0, out[-4000:]  # one leader per term, at the least
     assert "one-leader-per-term: term" in out
@@ -118,8 +118,8 @@ def test_a_build_that_grants_two_votes_in_a_term_elects_two_leaders_under_split_
 
 
 def test_split_votes_elect_one_leader_per_term_on_a_correct_build(tmp_path):
-    code, out, r = _chaos(tmp_path, "--nodes", "5", "--faults", "split-vote", "--episodes", "3", "--seed", "8",
-                          "--insecure", timeout=600)
+    code, out, r = _chaos(tmp_path, "--nodes", "5", "--faults", "split-vote", "--episodes", "2", "--seed", "8",
+                          "--sets", "2", "--insecure", timeout=600)
     assert code == 0, out[-4000:]
     assert r["lin_violations"] == r["invariant_violations"] == r["lost_acked"] == "0"
 

@@ -10,7 +10,7 @@ import pytest
 
 from electra.bench.common import free_ports
 from electra.consensus.core import RaftConfig
-from electra.consensus.errors import NotLeader, ProposalDropped, QuorumLost
+from electra.consensus.errors import NoQuorum, NotLeader, ProposalDropped, QuorumLost
 from electra.consensus.kv import KVStateMachine, encode_put
 from electra.consensus.node import NodeConfig, RaftNode
 
@@ -36,8 +36,11 @@ def test_pending_proposals_fail_as_unknown_when_their_leader_loses_its_quorum(tm
             for n in nodes.values():
                 if n is not leader:
                     await n.stop()  # the leader can no longer commit
+            read = asyncio.ensure_future(leader.read(lambda sm: sm.data.get("k"), timeout=8.0))  # ReadIndex
             with pytest.raises(QuorumLost) as caught:
                 await leader.propose(encode_put("k", 2), timeout=8.0)  # else ProposalTimeout at 8 s
+            with pytest.raises((NoQuorum, NotLeader)):  # else ReadTimeout at 8 s; NotLeader if it stepped down first
+                await read
             assert not caught.value.outcome_known  # a later leader could still commit it
             with pytest.raises((ProposalDropped, NotLeader)):  # NotLeader once CheckQuorum stepped it down
                 await leader.propose(encode_put("k", 3), timeout=8.0)

@@ -269,3 +269,14 @@ def test_unavailability_starts_once_the_fault_is_in_force():
     h.log.records.sort(key=lambda r: r["mono"])
     [(what, seconds)] = checkers.unavailability(h.log, operations(h.log))
     assert what == "partition(isolate-leader)" and seconds == pytest.approx(1.2)
+
+
+def test_unavailability_ends_at_the_earliest_acknowledgement_not_at_the_first_invoked_write():
+    h = H()
+    _created(h)
+    h.log.records.append({"type": "fault-start", "mono": 4.0, "wall": 4.0, "kind": "kill", "mode": "leader",
+                          "fault": "kill(leader:n1)", "injected": 4.0})
+    h.op(1, "a", "register", {"bid": 1}, 4.1, 7.0, out={"code": OK, "master": None, "sss": [1], "sse": 1})
+    h.op(2, "a", "apply_broker_id", {"bid": 2}, 4.5, 5.5, out={"code": OK})  # retried less, answered first
+    h.log.records.sort(key=lambda r: r["mono"])
+    assert checkers.unavailability(h.log, operations(h.log)) == [("kill(leader)", 1.5)]

@@ -422,6 +422,8 @@ def test_a_leader_that_heard_from_no_quorum_for_an_election_timeout_takes_no_new
     assert leader.role == Role.LEADER and leader.quorum_silent
     with pytest.raises(ProposalDropped, match="no quorum"):
         leader.propose([b"y"])
+    with pytest.raises(ProposalDropped, match="no quorum"):  # nor a ReadIndex read it could not confirm
+        leader.read_index(1)
     net.cut = set()
     net.tick(1)  # heard from again: proposals are welcome
     assert not leader.quorum_silent and leader.propose([b"z"]) > 0
