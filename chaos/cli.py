@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--mixed", action="store_true", help="up to three overlapping fault kinds per episode")
     c.add_argument("--sets", type=int, default=3, help="broker sets per episode (independent keys)")
     c.add_argument("--tick-ms", type=int, default=100,
-                   help="Raft tick of the nodes (default 100 as electra up; election timeout 10-20 ticks)")
+                   help="Raft tick of the nodes (default 100 as electra up; election timeout 10-13 ticks)")
     c.add_argument("--out", default=".electra/chaos", help="history files, report.html and the cluster's data")
     c.add_argument("--insecure", action="store_true", help="plaintext nodes (default: mutual TLS, as electra up)")
     c.add_argument("--stop-on-failure", action="store_true")
