@@ -70,13 +70,12 @@ def _credentials(cluster: ChaosCluster, role: str) -> ClientCredentials:
 
 
 async def _leader(wl: Workload, cluster: ChaosCluster) -> int | None:
-    for i, ep in cluster.endpoints.items():
-        if not cluster.alive(i) or i in cluster.paused:
-            continue
-        leads, _ = await wl.leader_term(ep)
-        if leads:
-            return i
-    return None
+    """The node leading the newest term: a cut-off leader of an older term may still claim to lead,
+    and a fault aimed at "the leader" must hit the one the others follow."""
+    ids = [i for i in cluster.endpoints if cluster.alive(i) and i not in cluster.paused]
+    claims = await asyncio.gather(*(wl.leader_term(cluster.endpoints[i]) for i in ids))
+    leaders = [(term, i) for i, (leads, term) in zip(ids, claims, strict=True) if leads]
+    return max(leaders)[1] if leaders else None
 
 
 async def _wait_leader(wl: Workload, cluster: ChaosCluster, timeout: float) -> int | None:

@@ -129,12 +129,13 @@ def test_a_lease_without_its_drift_margin_serves_stale_reads_at_a_cut_off_leader
     """lease_without_margin: the leader's lease lasts the longest election timeout (2.0 s at 100 ms ticks)
     instead of 0.81 s, so a cut-off leader still answers lease reads after the others elected a new
     leader and changed a set. The workload's pinned readers keep reading with `consistency=lease` at
-    the node that led when the fault started; with 200 ms ticks the window is about a second. Measured
-    here: caught in 2 of 8 episodes (stale replica info, not linearizable), so the run allows 16 and
-    stops at the first failure: too uncertain for CI, hence --slow. The correct build is under the same
+    the node that led when the fault started; with 200 ms ticks the window is up to a second, and only
+    when the old leader's CheckQuorum window happens to end late. Measured here: caught in 1 of 10 to
+    2 of 8 episodes (stale replica info, not linearizable), so the run allows 24 and stops at the
+    first failure: too uncertain for CI, hence --slow. The correct build is under the same
     faults (and pinned lease reads, and clock-rate faults) in CI's thirty-episode run.
     """
-    code, out, r = _chaos(tmp_path, "--faults", "partition:isolate-leader", "--tick-ms", "200", "--episodes", "16",
+    code, out, r = _chaos(tmp_path, "--faults", "partition:isolate-leader", "--tick-ms", "200", "--episodes", "24",
                           "--seed", "4", "--stop-on-failure", "--insecure", mutation="lease_without_margin",
                           timeout=900)
     assert code == 1, out[-4000:]
