@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -247,8 +247,12 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
             name, req.masterBrokerId, req.masterEpoch, req.syncStateSet, req.syncStateSetEpoch))
 
     @app.get("/v1/broker-sets/{name}/replica-info", tags=["broker"])
-    async def replica_info(name: Name, request: Request):
-        return await run("replica_info", request, svc.get_replica_info(name))
+    async def replica_info(name: Name, request: Request,
+                           consistency: Literal["linearizable", "lease"] = "linearizable"):
+        """`consistency=lease`: the leader answers from its lease, without a heartbeat round
+        (linearizable while clocks drift less than the lease's margin, docs/reads-and-snapshots.md)."""
+        read = svc.get_replica_info(name, lease=True) if consistency == "lease" else svc.get_replica_info(name)
+        return await run("replica_info", request, read)
 
     @app.get("/v1/broker-sets/{name}/watch", tags=["broker"])
     async def watch(name: Name, request: Request):

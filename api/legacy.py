@@ -126,7 +126,8 @@ class LegacyControllerService(ControllerService):
     async def get_next_broker_id(self, cluster: str, name: str) -> dict:
         return await self._append_event(self._read_event(lambda sm: sm.get_next_broker_id(cluster, name)))
 
-    async def get_replica_info(self, name: str) -> dict:
+    async def get_replica_info(self, name: str, lease: bool = False) -> dict:
+        # RocketMQ 5's controller has no leases: every read goes through its event queue.
         return await self._append_event(self._read_event(lambda sm: sm.get_replica_info(name)))
 
     async def apply_broker_id(self, cluster: str, name: str, broker_id: int, check_code: str) -> dict:

@@ -2,9 +2,9 @@
 
 An outcome is either RocketMQ's response dict (status from its code) or an engine error:
 `NotLeader` becomes a 307 to the leader's API (or a 503 when no leader is known),
-`FollowerBehind`/`ReadTimeout` a 503, any error whose outcome is unknown (`ProposalTimeout`, `NodeStopped`,
-`DiskFailure`) a 504, any other `RaftError` a 503 (not applied: safe to retry). Every answer is
-counted in the same Prometheus metrics.
+`FollowerBehind`/`ReadTimeout`/`NoQuorum` a 503 with the not-leader code, any error whose outcome is
+unknown (`ProposalTimeout`, `NodeStopped`, `DiskFailure`, `QuorumLost`) a 504, any other `RaftError` a 503
+(not applied: safe to retry). Every answer is counted in the same Prometheus metrics.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from electra.consensus.errors import FollowerBehind, NotLeader, RaftError, ReadTimeout
+from electra.consensus.errors import FollowerBehind, NoQuorum, NotLeader, RaftError, ReadTimeout
 from electra.state.codes import Code
 
 _STATUS = {Code.SUCCESS: 200, Code.CONTROLLER_BROKER_METADATA_NOT_EXIST: 404,
@@ -70,6 +70,10 @@ def refused(metrics: RequestMetrics, endpoint: str, exc: RaftError, leader_addre
         if addr:
             return Reply(307, body, {"location": url_on(addr)})
         return Reply(503, body, {"retry-after": "1"})
+    if isinstance(exc, NoQuorum):  # a leader cut off from its quorum: as good as no leader here, try another node
+        metrics.count(endpoint, _NOT_LEADER)
+        return Reply(503, {"code": _NOT_LEADER, "remark": str(exc), "leader": None, "leaderAddress": None},
+                     {"retry-after": "1"})
     if isinstance(exc, FollowerBehind | ReadTimeout):
         metrics.count(endpoint, _NOT_LEADER)
         return Reply(503, {"code": _NOT_LEADER, "remark": str(exc),

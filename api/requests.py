@@ -69,8 +69,8 @@ class BrokerRequests(Protocol):
         """ALTER_SYNC_STATE_SET (1001): a write."""
         ...
 
-    async def get_replica_info(self, name: str) -> dict:
-        """GET_REPLICA_INFO (1004): a consistent read."""
+    async def get_replica_info(self, name: str, lease: bool = False) -> dict:
+        """GET_REPLICA_INFO (1004): a consistent read (`lease`: the leader may answer from its lease)."""
         ...
 
     def get_sync_state_data(self, names: list[str]) -> dict:

@@ -81,15 +81,16 @@ class ControllerService:
                                    priority=priority)
         return {"code": 0, "remark": "Heart beat success"}
 
-    async def _read(self, fn: Callable[[ControllerStateMachine], Result]) -> dict:
-        mode = "linearizable" if self.node.role == Role.LEADER else "follower"
+    async def _read(self, fn: Callable[[ControllerStateMachine], Result], lease: bool = False) -> dict:
+        # On the leader: ReadIndex, or its lease when asked (docs/reads-and-snapshots.md); elsewhere a follower read.
+        mode = ("lease" if lease else "linearizable") if self.node.role == Role.LEADER else "follower"
         return await self.node.read(lambda sm: fn(sm).to_response(), mode=mode)
 
     async def get_next_broker_id(self, cluster: str, name: str) -> dict:
         return await self._read(lambda sm: sm.get_next_broker_id(cluster, name))
 
-    async def get_replica_info(self, name: str) -> dict:
-        return await self._read(lambda sm: sm.get_replica_info(name))
+    async def get_replica_info(self, name: str, lease: bool = False) -> dict:
+        return await self._read(lambda sm: sm.get_replica_info(name), lease)
 
     def get_sync_state_data(self, names: list[str]) -> dict:
         return self.sm.get_sync_state_data(names, self.liveness.group_by_name, self.now_ms()).to_response()

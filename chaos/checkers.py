@@ -171,16 +171,21 @@ def lost_acknowledged(ops: list[dict[str, Any]], final: dict[str, dict[str, Any]
 
 
 def unavailability(log: HistoryLog, ops: list[dict[str, Any]]) -> list[tuple[str, float]]:
-    """Per fault: seconds from its start to the first acknowledged write invoked after it, labelled by kind
-    and, where it says whom the fault hit (`kill(leader)`, `partition(isolate-leader)`), its mode."""
+    """Per fault: seconds from its start (once injected) to the first acknowledged write invoked after it,
+    labelled by kind and, where it says whom the fault hit (`kill(leader)`, `partition(isolate-leader)`), its mode."""
     writes = sorted((o for o in ops if o["status"] == "ok" and o["op"] in controller_model.WRITES),
                     key=lambda o: o["call"])
     out = []
     for f in log.of_type("fault-start"):
-        first = next((o["ret"] for o in writes if o["call"] >= f["mono"]), None)
+        # From when the fault is in force (the nemesis's `injected` stamp): a write invoked while the
+        # injection was still under way could be answered by a node it was about to cut off.
+        t0 = f.get("injected", f["mono"])
+        # The earliest acknowledgement among them (not the one invoked first: that one may have spent
+        # seconds in its client's retries while later ones already went through).
+        first = min((o["ret"] for o in writes if o["call"] >= t0), default=None)
         if first is not None:
             what = f["kind"] if f.get("mode", "node") in ("node", "any") else f"{f['kind']}({f['mode']})"
-            out.append((what, first - f["mono"]))
+            out.append((what, first - t0))
     return out
 
 

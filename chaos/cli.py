@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .nemesis import KINDS
 
-DEFAULT_KINDS = "kill,pause,partition,delay,loss,clock,disk-full,torn-tail,slow-disk,power-loss"
+DEFAULT_KINDS = "kill,pause,partition,delay,loss,clock,clock-rate,disk-full,torn-tail,slow-disk,power-loss"
 LONG_EPISODES = 1000
 
 
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--mixed", action="store_true", help="up to three overlapping fault kinds per episode")
     c.add_argument("--sets", type=int, default=3, help="broker sets per episode (independent keys)")
     c.add_argument("--tick-ms", type=int, default=100,
-                   help="Raft tick of the nodes (default 100 as electra up; election timeout 10-20 ticks)")
+                   help="Raft tick of the nodes (default 100 as electra up; election timeout 10-13 ticks)")
     c.add_argument("--out", default=".electra/chaos", help="history files, report.html and the cluster's data")
     c.add_argument("--insecure", action="store_true", help="plaintext nodes (default: mutual TLS, as electra up)")
     c.add_argument("--stop-on-failure", action="store_true")
@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a write must be acknowledged this soon after the faults heal (default 30)")
     c.add_argument("--fsync-delay-ms", type=int, default=0,
                    help="every fsync of every node waits this long, the whole run (a slow disk everywhere)")
+    c.add_argument("--election-jitter-ticks", type=int,
+                   help="the nodes' election timeout spread in ticks (default: the node's, 4); 1 makes every "
+                        "follower time out in the same tick, so split votes (and double votes) are likely")
     c.add_argument("--time-budget-s", type=float, help="start no episode after this many seconds (then report)")
     c.set_defaults(fn=cmd_chaos)
 
@@ -52,7 +55,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
                     seed=args.seed, nodes=args.nodes, kinds=kinds, mixed=args.mixed, sets=args.sets,
                     tick_ms=args.tick_ms, secure=not args.insecure, stop_on_failure=args.stop_on_failure,
                     time_budget_s=args.time_budget_s, recovery_bound_s=args.recovery_bound_s,
-                    fsync_delay_ms=args.fsync_delay_ms)
+                    fsync_delay_ms=args.fsync_delay_ms, election_jitter_ticks=args.election_jitter_ticks)
     if args.long:
         cfg.episodes, cfg.mixed, cfg.fault_s = max(args.episodes, LONG_EPISODES), True, (1.0, 6.0)
     if args.episode is not None:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from electra.bench.common import free_ports
+from electra.consensus.runtime import CLOCK_RATE_ENV
 from electra.local_stack import LocalStack, StackConfig
 
 from .proxy import ProxyHub
@@ -68,7 +69,8 @@ def last_synced_sizes(sync_log: Path) -> dict[str, int]:
 class ChaosCluster(LocalStack):
     def __init__(self, data_dir: Path, *, nodes: int = 3, seed: int = 0, tick_ms: int = 50, secure: bool = True,
                  tmpfs: bool = False, faketime: bool = False, disk_shim: bool = False,
-                 fsync_delay_ms: int = 0) -> None:
+                 fsync_delay_ms: int = 0, election_jitter_ticks: int | None = None,
+                 clock_rate: bool = False) -> None:
         ports = free_ports(2 * nodes + nodes * (nodes - 1) // 2)
         super().__init__(StackConfig(data_dir=Path(data_dir), nodes=nodes, raft_port=0, http_port=0,
                                      tier_uri=None, tick_ms=tick_ms, secure=secure))
@@ -84,10 +86,13 @@ class ChaosCluster(LocalStack):
                     self.hub.add(lo, hi, next(proxy_ports), self.raft_ports[hi])
         self.faketime_lib = faketime_library() if faketime else None
         self.clock_files = {i: Path(data_dir) / f"clock-node{i}" for i in self.ids}
+        # The test-only monotonic clock rate of each node (consensus/runtime.py's RatedClock), None: real time.
+        self.rate_files = {i: Path(data_dir) / f"clock-rate-node{i}" for i in self.ids} if clock_rate else None
         self.disk_shim = build_disk_shim(Path(data_dir)) if disk_shim else None
         self.disk_delay_files = {i: Path(data_dir) / f"fsync-delay-ms-node{i}" for i in self.ids}
         self.sync_logs = {i: Path(data_dir) / f"synced-node{i}.log" for i in self.ids}
         self.fsync_delay_ms = fsync_delay_ms  # every node's disk, the whole run (0: as fast as it is)
+        self.election_jitter_ticks = election_jitter_ticks  # None: the node's default
         if self.disk_shim is not None:
             for i in self.ids:
                 self.set_fsync_delay(i, fsync_delay_ms)
@@ -114,7 +119,10 @@ class ChaosCluster(LocalStack):
     def node_args(self, i: int) -> list[str]:
         # Liveness-triggered elections would change the state without a client operation in the
         # history; the workload drives every election itself.
-        return ["--inactive-master-scan-ms", "0"]
+        args = ["--inactive-master-scan-ms", "0"]
+        if self.election_jitter_ticks is not None:
+            args += ["--election-jitter-ticks", str(self.election_jitter_ticks)]
+        return args
 
     def node_env(self, i: int) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -135,7 +143,17 @@ class ChaosCluster(LocalStack):
                         "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_DONT_RESET": "1"})
         if preload:
             env["LD_PRELOAD"] = " ".join(preload)
+        if self.rate_files is not None:
+            if not self.rate_files[i].exists():
+                self.set_clock_rate(i, 1.0)
+            env[CLOCK_RATE_ENV] = str(self.rate_files[i])
         return env
+
+    def set_clock_rate(self, i: int, rate: float) -> None:
+        """Node i's monotonic clock (its leases and its timers) runs at `rate` from now on (seen within 50 ms)."""
+        assert self.rate_files is not None, "the cluster was started without clock rates"
+        self.rate_files[i].parent.mkdir(parents=True, exist_ok=True)
+        self.rate_files[i].write_text(f"{rate}\n")
 
     # ------------------------------------------------------------------ lifecycle
     def data_dir(self, i: int) -> Path:

@@ -6,8 +6,10 @@ running cluster ("the leader") are resolved when the fault starts and recorded.
 
 Kinds and what they need on this machine (`supported()` says which are skipped):
 kill, pause (SIGSTOP/SIGCONT), partition, delay, loss (the peer-link proxies),
-torn-tail (kill, cut the newest log segment's tail, restart): always;
+torn-tail (kill, cut the newest log segment's tail, restart), split-vote (5 nodes): always;
 clock (wall-clock skew and jumps on one node): libfaketime (Debian `faketime`);
+clock-rate (one node's monotonic clock, leases and timers, 8 % fast or slow): a test-only hook in the
+node (consensus/runtime.py, RatedClock), always;
 disk-full (ENOSPC on one node): root, for a tmpfs under each data dir;
 slow-disk (every fsync of one node delayed) and power-loss (SIGKILL, then every
 file loses what it gained since its last fsync): a C compiler for the LD_PRELOAD
@@ -17,19 +19,24 @@ shim chaos/diskshim.c (no dm-delay in this container's kernel, no FUSE layer her
 from __future__ import annotations
 
 import random
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .cluster import ChaosCluster, c_compiler, can_mount, faketime_library
 
-KINDS = ("kill", "pause", "partition", "delay", "loss", "clock", "disk-full", "torn-tail", "slow-disk", "power-loss")
+KINDS = ("kill", "pause", "partition", "delay", "loss", "clock", "clock-rate", "disk-full", "torn-tail", "slow-disk",
+         "power-loss", "split-vote")
+SPLIT_VOTE_PAUSE_S = 1.2  # how long split-vote keeps the shared voters stopped
 TARGETS = ("any", "leader", "minority", "majority", "all")  # "all": the whole group crashes (a power cut)
-PARTITIONS = ("isolate-leader", "halves", "bridge", "ring", "one-way")
-EXCLUSIVE = ("torn-tail",)  # loses unsynced bytes of one node: never combined with other crashes
+PARTITIONS = ("isolate-leader", "halves", "bridge", "ring", "one-way", "stalled-leader")
+STALL_S = 0.6  # stalled-leader stops the cut-off leader this long: its ticks lag its clock by as much
+EXCLUSIVE = ("torn-tail", "split-vote")  # loses unsynced bytes of one node: never combined with other crashes
 
 
-MODES = {"kill": TARGETS, "pause": TARGETS, "power-loss": TARGETS, "partition": PARTITIONS}
+MODES = {"kill": TARGETS, "pause": TARGETS, "power-loss": TARGETS, "partition": PARTITIONS, "split-vote": ("leader",)}
 NODE_MODES = ("any", "leader")  # the kinds that hit one node
 
 
@@ -44,7 +51,7 @@ def parse_kind(entry: str) -> tuple[str, str | None]:
     return kind, mode or None
 
 
-def supported(kinds: list[str]) -> tuple[list[str], dict[str, str]]:
+def supported(kinds: list[str], nodes: int = 3) -> tuple[list[str], dict[str, str]]:
     """The kinds (entries of `--faults`) this machine can inject, and why each other one is skipped."""
     skipped: dict[str, str] = {}
     for entry in kinds:
@@ -53,6 +60,8 @@ def supported(kinds: list[str]) -> tuple[list[str], dict[str, str]]:
             skipped[k] = "needs libfaketime (apt-get install faketime)"
         elif k == "disk-full" and not can_mount():
             skipped[k] = "needs root to mount a small tmpfs under each node's data dir"
+        elif k == "split-vote" and nodes < 5:
+            skipped[k] = "needs 5 nodes (--nodes 5): two candidates and the voters they share"
         elif k in ("slow-disk", "power-loss") and c_compiler() is None:
             skipped[k] = "needs a C compiler (cc) to build the disk shim chaos/diskshim.c"
     return [e for e in kinds if parse_kind(e)[0] not in skipped], skipped
@@ -96,10 +105,14 @@ def schedule(seed: int, episode: int, kinds: list[str], nodes: int, mixed: bool,
             f.param = rng.choice((0.02, 0.1, 0.3))
         elif kind == "clock":
             f.param = rng.choice((-1, 1)) * rng.choice((2.0, 30.0, 600.0))
+        elif kind == "clock-rate":  # within the 10 % the lease assumes (NodeConfig.max_clock_drift)
+            f.param = rng.choice((0.92, 0.96, 1.04, 1.08))
         elif kind == "torn-tail":
             f.param = rng.choice((1, 17, 200, 4096))
         elif kind == "slow-disk":
             f.param = rng.choice((20, 100, 500, 1500))  # milliseconds per fsync
+        elif kind == "split-vote":  # the voters stop, then refuse for an election timeout: room for both
+            f.end = max(f.end, f.start + SPLIT_VOTE_PAUSE_S + 2.5)
         if pinned:
             f.mode = pinned
         faults.append(f)
@@ -142,6 +155,9 @@ class Nemesis:
         elif f.kind == "clock":
             c.set_clock_offset(f.targets[0], f.param)
             f.detail = f"wall clock {f.param:+.0f}s"
+        elif f.kind == "clock-rate":
+            c.set_clock_rate(f.targets[0], f.param)
+            f.detail = f"monotonic clock x{f.param}"
         elif f.kind == "slow-disk":
             c.set_fsync_delay(f.targets[0], int(f.param))
             f.detail = f"fsync +{f.param:.0f} ms"
@@ -159,6 +175,39 @@ class Nemesis:
             f.detail = f"{f.param * 1000:.0f} ms each way" if f.kind == "delay" else f"reset p={f.param}"
         elif f.kind == "partition":
             self._partition(f, rng, leader)
+        elif f.kind == "split-vote":
+            self._split_vote(f, leader)
+
+    def _split_vote(self, f: Fault, leader: int | None) -> None:
+        """Two candidates in one term, each with a quorum through the same voters: the worst case for a vote
+        granted twice. The leader is killed; the two lowest-id survivors (whom the PreVote tie-break favours)
+        are cut from each other; the other survivors, which had just heard from the leader, are stopped for
+        a while. The two campaign and keep asking; the voters, continued, still refuse while their election
+        timeout since the leader runs, then hear both within one tick. One vote each is a split vote (Raft
+        retries), a vote granted twice is two leaders in one term. Needs 5 nodes."""
+        c = self.cluster
+        lead = leader if leader is not None else c.ids[-1]
+        survivors = sorted(i for i in c.ids if i != lead)
+        pair, voters = survivors[:2], survivors[2:]
+        c.kill(lead)
+        for v in voters:
+            c.pause(v)
+        c.hub.cut(pair[0], pair[1])
+        c.hub.cut(pair[1], pair[0])
+
+        def align() -> None:
+            # The two candidates, already campaigning, are stopped for a moment too, and all four continue
+            # together: each node's overdue tick then fires at once, so their ticks (and the candidates'
+            # repeated asks) fall within milliseconds of each other from here on.
+            for i in pair:
+                c.pause(i)
+            time.sleep(0.1)
+            for i in [*voters, *pair]:
+                c.resume(i)
+
+        threading.Timer(SPLIT_VOTE_PAUSE_S - 0.1, align).start()
+        f.targets = [lead]
+        f.detail = f"n{lead} killed; n{pair[0]} - {voters} (stopped {SPLIT_VOTE_PAUSE_S}s) - n{pair[1]}"
 
     def _partition(self, f: Fault, rng: random.Random, leader: int | None) -> None:
         c, ids = self.cluster, list(self.cluster.ids)
@@ -169,9 +218,16 @@ class Nemesis:
             cuts.update((y, x) for x in a for y in b)
 
         lead = leader if leader is not None else rng.choice(ids)
-        if f.mode == "isolate-leader":
+        if f.mode in ("isolate-leader", "stalled-leader"):
             apart([lead], [i for i in ids if i != lead])
             f.targets, f.detail = [lead], f"n{lead} | rest"
+            if f.mode == "stalled-leader":
+                # Also stopped for a while (a GC pause, a VM stall): it wakes after the others may have
+                # elected a new leader, with its ticks (CheckQuorum) behind but its clock on time, which is
+                # what its lease is measured on.
+                c.pause(lead)
+                threading.Timer(STALL_S, c.resume, (lead,)).start()
+                f.detail += f", n{lead} stopped {STALL_S}s"
         elif f.mode == "halves":
             rng.shuffle(ids)
             small = ids[: (len(ids) - 1) // 2 or 1]
@@ -210,6 +266,9 @@ class Nemesis:
         if c.faketime_lib:
             for i in c.ids:
                 c.set_clock_offset(i, 0.0)
+        if c.rate_files is not None:
+            for i in c.ids:
+                c.set_clock_rate(i, 1.0)
         if c.disk_shim:
             for i in c.ids:
                 c.set_fsync_delay(i, c.fsync_delay_ms)

@@ -37,7 +37,8 @@ class RunConfig:
     first_episode: int = 0
     nodes: int = 3
     kinds: list[str] = field(default_factory=lambda: ["kill", "pause", "partition", "delay", "loss", "clock",
-                                                       "disk-full", "torn-tail", "slow-disk", "power-loss"])
+                                                       "clock-rate", "disk-full", "torn-tail", "slow-disk",
+                                                       "power-loss"])
     mixed: bool = False
     sets: int = 3
     procs_per_set: int = 2
@@ -47,6 +48,7 @@ class RunConfig:
     stop_on_failure: bool = False
     recovery_bound_s: float = RECOVERY_BOUND_S
     fsync_delay_ms: int = 0  # every fsync of every node waits this long, all run (a slow disk everywhere)
+    election_jitter_ticks: int | None = None  # the nodes' election timeout spread (None: their default)
     time_budget_s: float | None = None  # no new episode starts after this long (a soak cut to the time there is)
 
 
@@ -68,13 +70,12 @@ def _credentials(cluster: ChaosCluster, role: str) -> ClientCredentials:
 
 
 async def _leader(wl: Workload, cluster: ChaosCluster) -> int | None:
-    for i, ep in cluster.endpoints.items():
-        if not cluster.alive(i) or i in cluster.paused:
-            continue
-        leads, _ = await wl.leader_term(ep)
-        if leads:
-            return i
-    return None
+    """The node leading the newest term: a cut-off leader of an older term may still claim to lead,
+    and a fault aimed at "the leader" must hit the one the others follow."""
+    ids = [i for i in cluster.endpoints if cluster.alive(i) and i not in cluster.paused]
+    claims = await asyncio.gather(*(wl.leader_term(cluster.endpoints[i]) for i in ids))
+    leaders = [(term, i) for i, (leads, term) in zip(ids, claims, strict=True) if leads]
+    return max(leaders)[1] if leaders else None
 
 
 async def _wait_leader(wl: Workload, cluster: ChaosCluster, timeout: float) -> int | None:
@@ -173,6 +174,7 @@ async def run_episode(cfg: RunConfig, cluster: ChaosCluster, n: int, kinds: list
         background = [asyncio.create_task(wl.observer_loop()), asyncio.create_task(wl.heartbeat_loop())]
         background += [asyncio.create_task(wl.watch_loop(s)) for s in sets]
         clients = [asyncio.create_task(wl.client_loop(s)) for s in sets for _ in range(cfg.procs_per_set)]
+        clients += [asyncio.create_task(wl.pinned_reader_loop(s)) for s in sets]
         tasks = background + clients
         t0 = log.now()
         heal_due = 0.0
@@ -181,6 +183,7 @@ async def run_episode(cfg: RunConfig, cluster: ChaosCluster, n: int, kinds: list
             if f.kind == "power-loss":
                 await _just_after_an_acknowledged_change(log, timeout=8.0)
             leader = await _leader(wl, cluster)
+            wl.pinned = cluster.endpoints[leader] if leader is not None else None
             rec = log.add("fault-start", fault=f.kind, kind=f.kind, mode=f.mode, leader=leader)
             await asyncio.to_thread(nemesis.start, f, leader)
             rec.update(fault=f.label(), target=f.targets, detail=f.detail, injected=log.now())
@@ -242,12 +245,13 @@ def replay_command(cfg: RunConfig, n: int) -> str:
     return (f"{'ELECTRA_TEST_MUTATION=' + muts + ' ' if muts else ''}electra chaos --seed {cfg.seed} --episode {n} "
             f"--nodes {cfg.nodes} --faults {','.join(cfg.kinds)}{' --mixed' if cfg.mixed else ''}"
             f"{f' --fsync-delay-ms {cfg.fsync_delay_ms}' if cfg.fsync_delay_ms else ''}"
+            f"{f' --election-jitter-ticks {cfg.election_jitter_ticks}' if cfg.election_jitter_ticks else ''}"
             f"{' --insecure' if not cfg.secure else ''}")
 
 
 async def run(cfg: RunConfig) -> tuple[int, str]:
     """Run the episodes; returns (exit code, RESULT line)."""
-    kinds, skipped = supported(cfg.kinds)
+    kinds, skipped = supported(cfg.kinds, cfg.nodes)
     for k, why in skipped.items():
         print(f"skipped fault kind {k}: {why}", flush=True)
     if not kinds:
@@ -257,7 +261,8 @@ async def run(cfg: RunConfig) -> tuple[int, str]:
     cluster = ChaosCluster(cfg.out_dir / "cluster", nodes=cfg.nodes, seed=cfg.seed, tick_ms=cfg.tick_ms,
                            secure=cfg.secure, tmpfs="disk-full" in base, faketime="clock" in base,
                            disk_shim=bool(base & {"slow-disk", "power-loss"}) or cfg.fsync_delay_ms > 0,
-                           fsync_delay_ms=cfg.fsync_delay_ms)
+                           fsync_delay_ms=cfg.fsync_delay_ms, election_jitter_ticks=cfg.election_jitter_ticks,
+                           clock_rate="clock-rate" in base)
     for kind, failed in (("disk-full", not cluster.mounted), ("slow-disk", cluster.disk_shim is None),
                          ("power-loss", cluster.disk_shim is None)):
         if kind in base and failed:

@@ -114,6 +114,10 @@ class Workload:
         self.procs_per_set = procs_per_set
         self.op_timeout_s = op_timeout_s
         self.broker = ChaosClient(endpoints, credentials=creds["broker"], timeout=op_timeout_s)
+        # Lease reads pinned to the node that led when the last fault started ("readers that keep reading at
+        # a cut-off leader"): a lease that outlives the leader's term shows as a stale read there.
+        self.pinned_reads = ChaosClient(endpoints, credentials=creds["broker"], timeout=op_timeout_s)
+        self.pinned: str | None = None
         self.admin = ChaosClient(endpoints, credentials=creds["admin"], timeout=op_timeout_s)
         self.meta = ControllerClient(endpoints, credentials=creds["admin"], timeout=1.0)
         self.creds = creds
@@ -124,7 +128,7 @@ class Workload:
         self.applied_ids: dict[str, set[int]] = {}  # set -> broker ids whose apply was acknowledged
 
     async def close(self) -> None:
-        for c in (self.broker, self.admin, self.meta):
+        for c in (self.broker, self.admin, self.meta, self.pinned_reads):
             await c.close()
 
     # ------------------------------------------------------------------ operations
@@ -146,13 +150,21 @@ class Workload:
                 others = [b for b in BROKERS if b != seen["master"] and self.rng.random() < 0.6]
                 return "alter_sss", {"master": seen["master"], "mepoch": seen["mepoch"],
                                      "sss": sorted([seen["master"], *others]), "sse": seen["sse"]}
-            return "replica_info", {}
+            return "replica_info", self._read_args()
         if r < 0.95:
-            return "replica_info", {}
+            return "replica_info", self._read_args()
         return "next_broker_id", {}
+
+    def _read_args(self) -> dict[str, Any]:
+        """Half the replica-info reads ask the leader for a lease read: the lease is then checked too."""
+        return {"lease": True} if self.rng.random() < 0.5 else {}
 
     async def _request(self, s: str, kind: str, a: dict[str, Any]) -> tuple[str, dict]:
         base = f"/v1/broker-sets/{s}"
+        if a.get("pinned"):
+            node, _, res = await self.pinned_reads.attempt("GET", f"{base}/replica-info",
+                                                           params={"consistency": "lease"}, deadline_s=0.5)
+            return node, res
         if kind == "apply_broker_id":
             node, _, res = await self.broker.attempt("POST", f"{base}/apply-broker-id", {
                 "clusterName": CLUSTER, "brokerId": a["bid"], "registerCheckCode": check_code(s, a["bid"])})
@@ -168,7 +180,8 @@ class Workload:
                 "masterBrokerId": a["master"], "masterEpoch": a["mepoch"], "syncStateSet": a["sss"],
                 "syncStateSetEpoch": a["sse"]})
         elif kind == "replica_info":
-            node, _, res = await self.broker.attempt("GET", f"{base}/replica-info")
+            node, _, res = await self.broker.attempt("GET", f"{base}/replica-info",
+                                                     params={"consistency": "lease"} if a.get("lease") else None)
         else:
             node, _, res = await self.broker.attempt("GET", f"{base}/next-broker-id", params={"cluster": CLUSTER})
         return node, res
@@ -185,8 +198,11 @@ class Workload:
         self.log.add("invoke", id=op_id, proc=proc, set=s, op=kind, args=a)
         read = kind in ("replica_info", "next_broker_id")
         before = None
-        if read and self.broker.preferred:
-            before = (self.broker.preferred, await self.leader_term(self.broker.preferred))
+        client = self.pinned_reads if a.get("pinned") else self.broker
+        if a.get("pinned"):
+            client.preferred = self.pinned
+        if read and client.preferred:
+            before = (client.preferred, await self.leader_term(client.preferred))
         try:
             node, res = await asyncio.wait_for(self._request(s, kind, a), timeout=self.op_timeout_s + 1.0)
         except (_Unknown, TimeoutError) as exc:
@@ -226,6 +242,17 @@ class Workload:
             if await self.run_op(proc, s, kind, a) == "unknown":
                 proc = next(self._procs)  # a process with an op in doubt is retired
             await asyncio.sleep(self.rng.uniform(*THINK_S))
+
+    async def pinned_reader_loop(self, s: str) -> None:
+        """Lease reads of set `s` at the pinned node, one at a time (see `pinned`)."""
+        proc = next(self._procs)
+        while not self.stop.is_set():
+            if self.pinned is None:
+                await asyncio.sleep(0.05)
+                continue
+            if await self.run_op(proc, s, "replica_info", {"lease": True, "pinned": True}) == "unknown":
+                proc = next(self._procs)
+            await asyncio.sleep(self.rng.uniform(0.02, 0.08))
 
     async def setup_sets(self) -> None:
         """Create every set with its three brokers and its first master (recorded ops; sets in parallel)."""

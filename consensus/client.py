@@ -20,7 +20,7 @@ from .framing import pack_frame, read_frame
 
 _ERRORS: dict[str, type[errors.RaftError]] = {
     c.__name__: c for c in (errors.NotLeader, errors.ProposalDropped, errors.LeadershipLost, errors.ProposalTimeout,
-                            errors.NodeStopped)}
+                            errors.QuorumLost, errors.NodeStopped)}
 
 
 class _Conn:

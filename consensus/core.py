@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 
 from . import mutations
-from .errors import NotLeader, ProposalDropped
+from .errors import NoQuorum, NotLeader, ProposalDropped
 from .log import RaftLog
 from .messages import (
     MAX_TERM,
@@ -80,7 +80,11 @@ class _Poll(Enum):
 class RaftConfig:
     """Timing is counted in ticks; the runtime decides how long a tick is."""
 
-    election_ticks: int = 10  # timeouts are drawn from [election_ticks, 2 * election_ticks)
+    election_ticks: int = 10  # timeouts are drawn from [election_ticks, election_ticks + election_jitter_ticks)
+    # How widely election timeouts are spread (None: election_ticks, the classic [e, 2e)). A narrower
+    # spread elects sooner after a leader is lost; two followers still rarely fire within one
+    # message round trip, because each node's ticks run on its own phase (docs/raft-engine.md).
+    election_jitter_ticks: int | None = None
     heartbeat_ticks: int = 1
     max_entries_per_msg: int = 8192
     max_bytes_per_msg: int = 4 << 20
@@ -192,6 +196,7 @@ class RaftCore:
         self.timeout = self._random_timeout()
         self.heartbeat_elapsed = 0
         self.votes: dict[int, bool] = {}
+        self.campaign_force = False  # the running campaign is a leadership transfer's (TimeoutNow)
         self.progress: dict[int, Progress] = {}
         self.transferee = NONE
         self.transfer_elapsed = 0
@@ -286,7 +291,8 @@ class RaftCore:
 
     def _random_timeout(self) -> int:
         e = self.cfg.election_ticks
-        return e + self.rng.randrange(e)
+        jitter = self.cfg.election_jitter_ticks
+        return e + self.rng.randrange(max(1, e if jitter is None else jitter))
 
     def _set_term(self, term: int) -> None:
         if term != self.term:
@@ -336,33 +342,42 @@ class RaftCore:
             self.elapsed = 0
             self.timeout = self._random_timeout()
             return
-        request: type[VoteRequest]
         if pre:
             self._set_role(Role.PRE_CANDIDATE)
-            vote_term = self.term + 1
-            request = PreVote
         else:
             self._set_role(Role.CANDIDATE)
             self._set_term(self.term + 1)
             self.vote = self.id
             self._hard_dirty = True
-            vote_term = self.term
-            request = Vote
         self._role_changed = True
         self.lead = NONE
         self.elapsed = 0
         self.timeout = self._random_timeout()
         self.votes = {self.id: True}
+        self.campaign_force = force
         if self._tally() >= self.quorum:
             if pre:
                 self._campaign(pre=False, force=force)
             else:
                 self._become_leader()
             return
+        self._request_votes()
+
+    def _request_votes(self) -> None:
+        """Ask every peer that has not answered this campaign for its (pre-)vote.
+
+        Called when the campaign starts and again on every tick while it runs: a peer that still
+        heard from the old leader within its election timeout drops the request without an answer
+        (the lease rule), and may be free to answer one tick later. Asking again costs one small
+        message per tick and spares the candidate a whole new election timeout."""
+        pre = self.role == Role.PRE_CANDIDATE
+        request: type[VoteRequest] = PreVote if pre else Vote
+        vote_term = self.term + 1 if pre else self.term
         li, lt = self.log.last_index(), self.log.last_term()
         for p in self.peers:
-            if p != self.id:
-                self._msgs.append(request(self.id, p, vote_term, last_index=li, last_term=lt, force=force))
+            if p != self.id and p not in self.votes:
+                self._msgs.append(request(self.id, p, vote_term, last_index=li, last_term=lt,
+                                          force=self.campaign_force))
 
     def _tally(self) -> int:
         return sum(1 for v in self.votes.values() if v)
@@ -376,6 +391,8 @@ class RaftCore:
     def _tick_election(self) -> None:
         if self.elapsed >= self.timeout:
             self._campaign(pre=self.cfg.pre_vote)
+        elif self.role in (Role.PRE_CANDIDATE, Role.CANDIDATE):
+            self._request_votes()
 
     def _tick_leader(self) -> None:
         self.heartbeat_elapsed += 1
@@ -386,6 +403,9 @@ class RaftCore:
             self.transfer_elapsed += 1
             if self.transfer_elapsed >= self.cfg.election_ticks:
                 self.transferee = NONE  # give up; resume accepting proposals
+        for pid, pr in self.progress.items():
+            if pid != self.id:
+                pr.silent_ticks += 1
         if self.elapsed >= self.cfg.election_ticks:
             self.elapsed = 0
             if self.cfg.check_quorum and not self._quorum_active():
@@ -399,12 +419,30 @@ class RaftCore:
             pr.recent_active = False
         return active >= self.quorum
 
+    @property
+    def quorum_silent(self) -> bool:
+        """A leader that has heard from no quorum for a whole election timeout (counted every tick).
+
+        By then the others may be electing a new leader. It keeps its role until CheckQuorum, whose
+        window ends up to one more election timeout later, but takes no new proposals (ProposalDropped:
+        certainly not appended, so a client tries another node) and the runtime answers the uncommitted
+        ones as of unknown outcome, instead of letting their callers wait on a leader that cannot commit;
+        ReadIndex reads likewise (its lease, while it holds, still answers lease reads).
+        """
+        if self.role != Role.LEADER or len(self.peers) == 1:
+            return False
+        limit = self.cfg.election_ticks
+        heard = sum(1 for pid, pr in self.progress.items() if pid == self.id or pr.silent_ticks < limit)
+        return heard < self.quorum
+
     def propose(self, commands: list[bytes]) -> int:
         """Append commands as the leader; returns the index of the first one."""
         if self.role != Role.LEADER:
             raise NotLeader(self.lead)
         if self.transferee != NONE:
             raise ProposalDropped(f"leadership transfer to node {self.transferee} in progress")
+        if self.quorum_silent:
+            raise NoQuorum(f"leader {self.id} has heard from no quorum for an election timeout")
         first = self.log.last_index() + 1
         self._append_as_leader(commands)
         return first
@@ -561,6 +599,10 @@ class RaftCore:
                 self.vote = m.src
                 self._hard_dirty = True
                 self.elapsed = 0
+            elif self.role == Role.PRE_CANDIDATE and m.term == self.term + 1 and m.src < self.id:
+                # Two pre-candidates for the same term would both pass PreVote and split the real
+                # vote; the one with the higher id steps back (its log is no newer), the other wins.
+                self._become_follower(self.term, NONE)
         else:
             self._msgs.append(answer(self.id, m.src, self.term, reject=True))
 
@@ -616,6 +658,7 @@ class RaftCore:
     def _handle_append_resp(self, m: AppendResp) -> None:
         pr = self.progress[m.src]
         pr.recent_active = True
+        pr.silent_ticks = 0
         if m.reject:
             if pr.state == ProgressState.SNAPSHOT:
                 return
@@ -658,6 +701,7 @@ class RaftCore:
     def _handle_heartbeat_resp(self, m: HeartbeatResp) -> None:
         pr = self.progress[m.src]
         pr.recent_active = True
+        pr.silent_ticks = 0
         pr.probe_sent = False
         if m.round > pr.acked_round:
             pr.acked_round = m.round
@@ -745,6 +789,8 @@ class RaftCore:
         all reads queued before the next heartbeat round share that round.
         """
         if self.role == Role.LEADER:
+            if self.quorum_silent:  # its round would not be answered
+                raise NoQuorum(f"leader {self.id} has heard from no quorum for an election timeout")
             self.reads.queue(ctx, self.id)
         elif self.lead != NONE:
             self.reads.queue_follower(ctx)

@@ -27,12 +27,26 @@ class ProposalDropped(RaftError):
     """The leader refused the proposal before appending it (e.g. leadership transfer)."""
 
 
+class NoQuorum(ProposalDropped):
+    """This leader has heard from no quorum for an election timeout: it took no new proposal (never
+    appended) and cannot confirm a read; the others may be electing a new leader, so try another node."""
+
+
 class LeadershipLost(RaftError):
     """The entry was overwritten by a new leader: it was definitely not committed."""
 
 
 class ProposalTimeout(RaftError):
     """No result within the deadline; the command may still commit later."""
+
+    outcome_known = False
+
+
+class QuorumLost(RaftError):
+    """The leader stepped down, or has heard from no quorum for an election timeout, before the entry
+    committed: a later leader may still commit it or drop it, so the outcome is unknown. Answered at
+    once (as etcd answers a leader change) rather than at the proposal's deadline, so the caller can
+    look for the new leader sooner."""
 
     outcome_known = False
 

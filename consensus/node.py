@@ -51,8 +51,10 @@ from .errors import (
     FollowerBehind,
     LeadershipLost,
     NodeStopped,
+    NoQuorum,
     NotLeader,
     ProposalTimeout,
+    QuorumLost,
     RaftError,
     ReadTimeout,
 )
@@ -83,7 +85,10 @@ class NodeConfig:
     peers: dict[int, tuple[str, int]]  # raft address of every member, this node included
     data_dir: Path
     tick_s: float = 0.1
-    raft: RaftConfig = field(default_factory=lambda: RaftConfig(election_ticks=10, heartbeat_ticks=1))
+    # Election timeouts of 1.0-1.4 s at the default tick: a lost leader is replaced about 1 s after
+    # it was last heard from (docs/chaos.md, "Failover").
+    raft: RaftConfig = field(default_factory=lambda: RaftConfig(election_ticks=10, heartbeat_ticks=1,
+                                                                election_jitter_ticks=4))
     fsync: bool = True
     propose_timeout_s: float = 10.0
     max_batch: int = 16384  # commands per core.propose() call
@@ -503,6 +508,10 @@ class RaftNode:
             core.tick()
             if core.lead:
                 self.leader_seen_at = now
+            if (self._waiters or self._read_waiters) and self.core.quorum_silent:
+                self._fail_uncommitted_waiters()
+                self._fail_read_waiters(NoQuorum(f"leader {self.cfg.node_id} has heard from no quorum for an "
+                                                 f"election timeout: read not confirmed"))
             self._expire_waiters()
             self._abort_stalled_snapshot(now)
             self._process()
@@ -606,6 +615,7 @@ class RaftNode:
                         fut.set_exception(NotLeader(c.lead))
                 self._queued_futs.clear()
                 self._queued_cmds.clear()
+                self._fail_uncommitted_waiters()
             for fn in self._role_listeners:
                 try:
                     fn(c.role, c.term, c.lead)
@@ -642,6 +652,26 @@ class RaftNode:
             fut = heapq.heappop(w)[2]
             if not fut.done():
                 fut.set_result(None)
+
+    def _fail_read_waiters(self, exc: RaftError) -> None:
+        """Reads waiting for a confirmation this node cannot get (they change nothing: safe to retry)."""
+        waiting, self._read_waiters = self._read_waiters, {}
+        for fut, _ in waiting.values():
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _fail_uncommitted_waiters(self) -> None:
+        """This node stopped leading, or heard from no quorum for an election timeout: its proposals not
+        yet committed have an unknown outcome (a later leader may commit or drop them), and their callers
+        learn so now instead of at their deadline. Committed ones still apply here and answer with their
+        result."""
+        commit = self.core.commit
+        lost = [idx for idx in self._waiters if idx > commit]
+        for idx in lost:
+            _, fut, _ = self._waiters.pop(idx)
+            if not fut.done():
+                fut.set_exception(QuorumLost(f"node {self.cfg.node_id} lost its quorum before entry {idx} "
+                                             f"committed; a new leader may still commit it"))
 
     def _expire_waiters(self) -> None:
         if not self._waiters and not self._read_waiters and not self._apply_waiters:

@@ -50,7 +50,7 @@ class Inflights:
 class Progress:
     """One follower, as its leader sees it."""
 
-    __slots__ = ("match", "next", "state", "inflight", "probe_sent", "recent_active", "match_at_hb",
+    __slots__ = ("match", "next", "state", "inflight", "probe_sent", "recent_active", "silent_ticks", "match_at_hb",
                  "sent_commit", "acked_round", "pending_snapshot")
 
     def __init__(self, next_index: int, max_inflight: int) -> None:
@@ -60,6 +60,7 @@ class Progress:
         self.inflight = Inflights(max_inflight)
         self.probe_sent = False
         self.recent_active = False  # heard from since the last CheckQuorum
+        self.silent_ticks = 0  # leader ticks since it last heard from this follower (`RaftCore.quorum_silent`)
         self.match_at_hb = -1  # match at the previous heartbeat answer: no change means lost appends
         self.sent_commit = 0  # highest commit index this follower has been told
         self.acked_round = 0  # newest heartbeat round (read/lease confirmation) it answered

@@ -12,6 +12,8 @@ lease and follower-read checks.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import random
 import time
 from collections.abc import Callable
@@ -26,6 +28,11 @@ if TYPE_CHECKING:
     from .node import NodeConfig
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# Test only (`electra chaos`'s clock-rate fault): a file holding the rate at which this node's
+# monotonic clock runs (1.0 = real time). Never set in a deployment; a node using it says so at start.
+CLOCK_RATE_ENV = "ELECTRA_TEST_CLOCK_RATE_FILE"
 
 
 class Cancellable(Protocol):
@@ -76,8 +83,12 @@ class NodeRuntime:
     @staticmethod
     def system(node_id: int) -> NodeRuntime:
         """Real time, real files, a disk thread, TCP peers: what `electra node` runs."""
-        return NodeRuntime(SystemClock(), OsFiles(), ThreadExecutor(f"raft-disk-{node_id}"), LoopExecutor(),
-                           _tcp_transport)
+        rate_file = os.environ.get(CLOCK_RATE_ENV)
+        clock: Clock = SystemClock() if not rate_file else RatedClock(rate_file)
+        if rate_file:
+            log.warning("TEST BUILD: node %d's monotonic clock runs at the rate in %s (%s). NEVER run this in "
+                        "production.", node_id, rate_file, CLOCK_RATE_ENV)
+        return NodeRuntime(clock, OsFiles(), ThreadExecutor(f"raft-disk-{node_id}"), LoopExecutor(), _tcp_transport)
 
 
 class SystemClock:
@@ -86,6 +97,43 @@ class SystemClock:
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> Cancellable:
         return asyncio.get_running_loop().call_later(delay, callback)
+
+
+class RatedClock:
+    """Monotonic time running at a rate read from a file (test only: a host whose clock runs fast or slow).
+
+    Both what the node reads (`now`: leases, follower freshness) and its timers (`call_later`: ticks) follow
+    the rate, as they would on such a host. The rate is re-read at most every 50 ms; a change bends the clock,
+    never steps it, so it stays monotonic.
+    """
+
+    def __init__(self, rate_file: str) -> None:
+        self.rate_file = rate_file
+        self._real0 = self._fake0 = time.monotonic()
+        self._checked = self._real0 - 1.0
+        self._rate = 1.0
+        self._refresh(self._real0)
+
+    def _refresh(self, real: float) -> None:
+        if real - self._checked < 0.05:
+            return
+        self._checked = real
+        try:
+            with open(self.rate_file) as f:
+                rate = float(f.read().strip() or "1")
+        except (OSError, ValueError):
+            return
+        if rate > 0 and rate != self._rate:
+            self._fake0 += (real - self._real0) * self._rate
+            self._real0, self._rate = real, rate
+
+    def now(self) -> float:
+        real = time.monotonic()
+        self._refresh(real)
+        return self._fake0 + (real - self._real0) * self._rate
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Cancellable:
+        return asyncio.get_running_loop().call_later(delay / self._rate, callback)
 
 
 class ThreadExecutor:

@@ -54,7 +54,8 @@ NODE_OPTIONS = [
     ("--http-addr", parse_addr, "controller HTTP API address (default 127.0.0.1:7301)"),
     ("--http-peers", parse_http_peers, "ID=HOST:PORT,... HTTP API of every member (for redirects to the leader)"),
     ("--client-addr", parse_addr, "binary client protocol address for kv/counter nodes (default: any port)"),
-    ("--tick-ms", int, "Raft tick (default 100 ms; election timeout 10-20 ticks)"),
+    ("--tick-ms", int, "Raft tick (default 100 ms; election timeout 10-13 ticks)"),
+    ("--election-jitter-ticks", int, "spread of the election timeouts, in ticks (default 4: 10-13 ticks)"),
     ("--snapshot-entries", int, "snapshot every N applied entries (default 100000)"),
     ("--compaction-slack", int, "log entries kept behind a snapshot (default 5000)"),
     ("--inactive-master-scan-ms", int, "how often the leader looks for dead masters (default 5000, as RocketMQ; "
@@ -72,7 +73,8 @@ NODE_OPTIONS = [
                           "data dir and every peer)"),
 ]
 NODE_DEFAULTS = {"state_machine": "controller", "http_addr": ("127.0.0.1", 7301), "client_addr": ("127.0.0.1", 0),
-                 "http_peers": None, "tick_ms": 100, "snapshot_entries": 100_000, "compaction_slack": 5000,
+                 "http_peers": None, "tick_ms": 100, "election_jitter_ticks": 4, "snapshot_entries": 100_000,
+                 "compaction_slack": 5000,
                  "inactive_master_scan_ms": None, "kafka_bootstrap": None, "topic_prefix": "",
                  "tier_uri": None, "tier_options": None, "bootstrap_from_tier": False,
                  "unsafe_no_fsync": False, "certs_dir": None, "tokens_file": None, "cluster_id": None,
@@ -129,6 +131,8 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from electra.consensus.kv import CounterStateMachine, KVStateMachine
     from electra.consensus.node import NodeConfig, RaftNode
     from electra.consensus.service import ClientService
@@ -160,6 +164,10 @@ def cmd_node(args: argparse.Namespace) -> int:
                      cluster_id=security.cluster_id,
                      peer_server_ssl=security.tls.peer_server_context() if security.tls else None,
                      peer_client_ssl=security.tls.peer_client_context() if security.tls else None)
+    if args.election_jitter_ticks < 1:
+        print("error: --election-jitter-ticks must be at least 1", file=sys.stderr)
+        return 2
+    cfg.raft = replace(cfg.raft, election_jitter_ticks=args.election_jitter_ticks)
     raft = f"{args.peers[args.id][0]}:{args.peers[args.id][1]}"
     if args.state_machine == "controller":
         from electra.api.server import start_controller_node

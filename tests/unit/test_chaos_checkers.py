@@ -256,3 +256,27 @@ def test_a_fault_entry_may_pin_its_mode():
     assert {f.mode for n in range(10) for f in schedule(1, n, ["kill:leader"], 3, mixed=False)} == {"leader"}
     with pytest.raises(ValueError, match="no mode"):
         parse_kind("delay:majority")
+
+
+def test_unavailability_starts_once_the_fault_is_in_force():
+    """A write invoked while the nemesis was still cutting the leader off, and answered by it, is no recovery."""
+    h = H()
+    _created(h)
+    h.log.records.append({"type": "fault-start", "mono": 4.0, "wall": 4.0, "kind": "partition",
+                          "mode": "isolate-leader", "fault": "partition(isolate-leader:n1)", "injected": 4.05})
+    h.op(1, "a", "register", {"bid": 1}, 4.01, 4.03, out={"code": OK, "master": None, "sss": [1], "sse": 1})
+    h.op(2, "a", "apply_broker_id", {"bid": 2}, 4.5, 5.25, out={"code": OK})
+    h.log.records.sort(key=lambda r: r["mono"])
+    [(what, seconds)] = checkers.unavailability(h.log, operations(h.log))
+    assert what == "partition(isolate-leader)" and seconds == pytest.approx(1.2)
+
+
+def test_unavailability_ends_at_the_earliest_acknowledgement_not_at_the_first_invoked_write():
+    h = H()
+    _created(h)
+    h.log.records.append({"type": "fault-start", "mono": 4.0, "wall": 4.0, "kind": "kill", "mode": "leader",
+                          "fault": "kill(leader:n1)", "injected": 4.0})
+    h.op(1, "a", "register", {"bid": 1}, 4.1, 7.0, out={"code": OK, "master": None, "sss": [1], "sse": 1})
+    h.op(2, "a", "apply_broker_id", {"bid": 2}, 4.5, 5.5, out={"code": OK})  # retried less, answered first
+    h.log.records.sort(key=lambda r: r["mono"])
+    assert checkers.unavailability(h.log, operations(h.log)) == [("kill(leader)", 1.5)]

@@ -397,3 +397,61 @@ def test_the_lease_runs_on_the_injected_clock_from_the_rounds_send_time():
     clock.now = 101.5
     leader.transfer_leadership(follower.id)
     assert leader.lease_read_index() is None  # a transfer ends the lease at once
+
+
+# ------------------------------------------------------------------ failover speed (docs/chaos.md, "Failover")
+def test_election_timeouts_are_drawn_from_the_configured_jitter():
+    core = RaftCore(1, [1, 2, 3], RaftConfig(election_ticks=10, election_jitter_ticks=4), rng=random.Random(7),
+                    clock=frozen_clock)
+    drawn = {core._random_timeout() for _ in range(400)}
+    assert drawn == {10, 11, 12, 13}
+    classic = RaftCore(1, [1, 2, 3], RaftConfig(election_ticks=10), rng=random.Random(7), clock=frozen_clock)
+    assert {classic._random_timeout() for _ in range(400)} == set(range(10, 20))
+
+
+def test_a_leader_that_heard_from_no_quorum_for_an_election_timeout_takes_no_new_proposals():
+    """It keeps its role until CheckQuorum's window ends (up to another timeout later: the lease is
+    not shortened), but refuses proposals it could not commit, so clients go elsewhere at once."""
+    net = Net()
+    leader = net.elect()
+    net.tick(3)  # mid-way through a CheckQuorum window
+    net.cut = {leader.id}
+    net.tick(9, only=[leader.id])
+    assert leader.propose([b"x"]) > 0 and not leader.quorum_silent
+    net.tick(1, only=[leader.id])
+    assert leader.role == Role.LEADER and leader.quorum_silent
+    with pytest.raises(ProposalDropped, match="no quorum"):
+        leader.propose([b"y"])
+    with pytest.raises(ProposalDropped, match="no quorum"):  # nor a ReadIndex read it could not confirm
+        leader.read_index(1)
+    net.cut = set()
+    net.tick(1)  # heard from again: proposals are welcome
+    assert not leader.quorum_silent and leader.propose([b"z"]) > 0
+
+
+def test_a_pre_candidate_asks_again_each_tick_a_peer_that_dropped_its_request_in_lease():
+    net = Net()
+    leader = net.elect()
+    net.tick(2)
+    a, b = (c for c in net.cores.values() if c is not leader)
+    net.cut = {leader.id}  # the leader is gone
+    b.timeout = 1000  # b will not campaign itself
+    while a.role != Role.PRE_CANDIDATE:
+        net.tick(1, only=[a.id])
+    assert b.role == Role.FOLLOWER and b.lead == leader.id  # b heard from the leader lately: it dropped the ask
+    net.tick(10, only=[b.id])  # b's election timeout since the leader's last message runs out
+    net.tick(1, only=[a.id])  # a asks again, without waiting for a whole new election timeout
+    assert a.role == Role.LEADER and a.term == leader.term + 1
+
+
+def test_two_pre_candidates_of_one_term_do_not_split_the_vote():
+    net = Net()
+    leader = net.elect()
+    net.cut = {leader.id}
+    a, b = sorted((c for c in net.cores.values() if c is not leader), key=lambda c: c.id)
+    for c in (a, b):  # both time out in the same tick: their PreVotes cross
+        c.elapsed = c.timeout
+        c.tick()
+    net.drain()
+    assert a.role == Role.LEADER and b.role == Role.FOLLOWER and b.lead == a.id
+    assert a.term == leader.term + 1
