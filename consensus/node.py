@@ -508,7 +508,7 @@ class RaftNode:
             core.tick()
             if core.lead:
                 self.leader_seen_at = now
-            if (self._waiters or self._read_waiters) and self.core.quorum_silent:
+            if (self._waiters or self._read_waiters) and core.quorum_silent:
                 self._fail_uncommitted_waiters()
                 self._fail_read_waiters(NoQuorum(f"leader {self.cfg.node_id} has heard from no quorum for an "
                                                  f"election timeout: read not confirmed"))
@@ -665,7 +665,7 @@ class RaftNode:
         yet committed have an unknown outcome (a later leader may commit or drop them), and their callers
         learn so now instead of at their deadline. Committed ones still apply here and answer with their
         result."""
-        commit = self.core.commit
+        commit = self._live.core.commit
         lost = [idx for idx in self._waiters if idx > commit]
         for idx in lost:
             _, fut, _ = self._waiters.pop(idx)
