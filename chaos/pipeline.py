@@ -289,9 +289,11 @@ async def run_episode(cfg: PipelineConfig, cluster: PipelineCluster, fleet: Brok
         heal_at = log.now()
         log.add("fault-end", fault=f.label(), kind=f.kind, target=f.targets, detail=f.detail, restarted=restarted)
         if f.kind in ("spark-kill", "kafka-restart"):
-            ready = await _wait_job_batch(cluster, batches, JOB_READY_S)
-            log.add("job-ready" if ready else "error", where="pipeline", after=log.now() - heal_at,
-                    error=None if ready else f"the Spark job logged no batch within {JOB_READY_S:.0f}s of healing")
+            if await _wait_job_batch(cluster, batches, JOB_READY_S):
+                log.add("job-ready", after=log.now() - heal_at)  # its first micro-batch since healing
+            else:
+                log.add("error", where="pipeline", error=f"the Spark job logged no batch within {JOB_READY_S:.0f}s "
+                                                         "of healing")
         deadline = time.monotonic() + cfg.recovery_bound_s + 2
         while recovery is None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
