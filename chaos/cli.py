@@ -90,7 +90,7 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
                          seed=args.seed, nodes=args.nodes, kinds=kinds, tick_ms=args.tick_ms,
                          secure=not args.insecure, stop_on_failure=args.stop_on_failure,
                          time_budget_s=args.time_budget_s, recovery_bound_s=args.recovery_bound_s,
-                         broker_sets=args.broker_sets, broker_timeout_ms=args.broker_timeout_ms,
+                         mixed=args.mixed, broker_sets=args.broker_sets, broker_timeout_ms=args.broker_timeout_ms,
                          failover_bound_s=args.failover_bound_s)
     if args.episode is not None:
         cfg.first_episode, cfg.episodes = args.episode, 1

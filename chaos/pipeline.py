@@ -112,17 +112,23 @@ def supported(kinds: list[str]) -> tuple[list[str], dict[str, str]]:
     return [e for e in kinds if parse_entry(e)[0] not in skipped], skipped
 
 
-def pipeline_schedule(seed: int, episode: int, kinds: list[str], nodes: int,
-                      duration: tuple[float, float] = (1.0, 2.5)) -> Fault:
-    """Episode `episode`'s fault: the kinds in turn, node kinds scheduled by the node nemesis itself."""
+def pipeline_schedule(seed: int, episode: int, kinds: list[str], nodes: int, mixed: bool = False,
+                      duration: tuple[float, float] = (1.0, 2.5)) -> list[Fault]:
+    """Episode `episode`'s faults: the kinds in turn, node kinds scheduled by the node nemesis itself. With
+    `mixed`, a broker fault gets a node fault of the list on top half of the time (a failover during a
+    leader election or a partition)."""
     entry = kinds[episode % len(kinds)]
     kind, _ = parse_entry(entry)
     if kind not in PIPELINE_KINDS:
-        return schedule(seed, episode, [entry], nodes, False, duration)[0]
+        return schedule(seed, episode, [entry], nodes, False, duration)
     rng = random.Random(f"{seed}/{episode}")
     start = rng.uniform(0.3, 1.0)
     mode = {"kafka-restart": "kafka", "spark-kill": "job", "ingest-kill": "any"}.get(kind, "master")
-    return Fault(kind, mode, start, start + rng.uniform(*duration), seed=rng.randrange(1 << 30))
+    faults = [Fault(kind, mode, start, start + rng.uniform(*duration), seed=rng.randrange(1 << 30))]
+    node_entries = [e for e in kinds if parse_entry(e)[0] not in PIPELINE_KINDS]
+    if mixed and kind in BROKER_FAULTS and node_entries and rng.random() < 0.5:
+        faults += schedule(seed, episode, [rng.choice(node_entries)], nodes, False, duration)
+    return faults
 
 
 class PipelineCluster(ChaosCluster):
@@ -260,7 +266,7 @@ async def run_episode(cfg: PipelineConfig, cluster: PipelineCluster, fleet: Brok
                   procs_per_set=cfg.procs_per_set)
     watchers = Workload(endpoints, creds, log, sorted(fleet.by_set), seed=hash((cfg.seed, n, "fleet")) & 0xFFFFFFFF)
     nemesis = PipelineNemesis(cluster, fleet)
-    f = pipeline_schedule(cfg.seed, n, kinds, cfg.nodes, cfg.fault_s)
+    faults = pipeline_schedule(cfg.seed, n, kinds, cfg.nodes, cfg.mixed, cfg.fault_s)
     clients: list[asyncio.Task] = []
     tasks: list[asyncio.Task] = []
     heal_at, recovery = 0.0, None
@@ -273,22 +279,31 @@ async def run_episode(cfg: PipelineConfig, cluster: PipelineCluster, fleet: Brok
         tasks += [asyncio.create_task(wl.watch_loop(s)) for s in sets]
         clients = [asyncio.create_task(wl.client_loop(s)) for s in sets for _ in range(cfg.procs_per_set)]
         t0 = log.now()
-        await asyncio.sleep(max(0.0, t0 + f.start - log.now()))
-        leader = await _leader(wl, cluster)
-        rec = log.add("fault-start", fault=f.kind, kind=f.kind, mode=f.mode, leader=leader)
-        await nemesis.start(f, leader, rec)
-        rec.update(fault=f.label(), target=f.targets, detail=f.detail, injected=log.now())
-        await asyncio.sleep(max(0.0, rec["mono"] + (f.end - f.start) - log.now()))
-        if "set" in rec:  # a broker fault holds until its master is replaced (or the bound passes)
-            deadline = rec["mono"] + cfg.failover_bound_s
-            while log.now() < deadline and failover_seen(log, rec["set"], rec["broker"], rec["mepoch"],
-                                                         rec["mono"]) is None:
-                await asyncio.sleep(0.1)
+        heal_due, started = 0.0, []
+        for f in sorted(faults, key=lambda f: f.start):
+            await asyncio.sleep(max(0.0, t0 + f.start - log.now()))
+            leader = await _leader(wl, cluster)
+            rec = log.add("fault-start", fault=f.kind, kind=f.kind, mode=f.mode, leader=leader)
+            await nemesis.start(f, leader, rec)
+            rec.update(fault=f.label(), target=f.targets, detail=f.detail, injected=log.now())
+            heal_due = max(heal_due, rec["mono"] + (f.end - f.start))
+            started.append(rec)
+        await asyncio.sleep(max(0.0, heal_due - log.now()))
+        for rec in started:
+            if "set" in rec:  # a broker fault holds until its master is replaced (or the bound passes)
+                deadline = rec["mono"] + cfg.failover_bound_s
+                while log.now() < deadline and failover_seen(log, rec["set"], rec["broker"], rec["mepoch"],
+                                                             rec["mono"]) is None:
+                    await asyncio.sleep(0.1)
         batches = cluster.job_batches()
-        restarted = await nemesis.heal(f)
+        restarted = []
+        for f in faults:
+            restarted += await nemesis.heal(f)
         heal_at = log.now()
-        log.add("fault-end", fault=f.label(), kind=f.kind, target=f.targets, detail=f.detail, restarted=restarted)
-        if f.kind in ("spark-kill", "kafka-restart"):
+        for f in faults:
+            log.add("fault-end", fault=f.label(), kind=f.kind, target=f.targets, detail=f.detail,
+                    restarted=restarted)
+        if {f.kind for f in faults} & {"spark-kill", "kafka-restart"}:
             if await _wait_job_batch(cluster, batches, JOB_READY_S):
                 log.add("job-ready", after=log.now() - heal_at)  # its first micro-batch since healing
             else:
@@ -329,13 +344,14 @@ async def run_episode(cfg: PipelineConfig, cluster: PipelineCluster, fleet: Brok
     path = cfg.out_dir / f"episode-{n:04d}.jsonl"
     log.write(path)
     ops = sum(1 for r in log.records if r["type"] == "invoke")
-    return PipelineEpisode(n, [f], findings, ops, path, log, heal_at, failovers=times, false_failovers=n_false)
+    return PipelineEpisode(n, faults, findings, ops, path, log, heal_at, failovers=times, false_failovers=n_false)
 
 
 def replay_command(cfg: PipelineConfig, n: int) -> str:
     muts = ",".join(sorted(mutations.active()))
     return (f"{'ELECTRA_TEST_MUTATION=' + muts + ' ' if muts else ''}electra chaos --pipeline --seed {cfg.seed} "
             f"--episode {n} --faults {','.join(cfg.kinds)} --broker-sets {cfg.broker_sets}"
+            f"{' --mixed' if cfg.mixed else ''}"
             f"{' --insecure' if not cfg.secure else ''}")
 
 

@@ -123,10 +123,18 @@ def test_pipeline_schedules_are_seeded_round_robin_and_delegate_node_kinds():
              "partition:isolate-leader"]
     a = [pipeline_schedule(5, n, kinds, 3) for n in range(14)]
     b = [pipeline_schedule(5, n, kinds, 3) for n in range(14)]
-    assert [(f.kind, f.mode, f.start, f.end) for f in a] == [(f.kind, f.mode, f.start, f.end) for f in b]
-    assert [f.kind for f in a[:7]] == [parse_entry(k)[0] for k in kinds]
-    assert a[5].mode == "leader" and a[6].mode == "isolate-leader"
-    assert all(f.start < f.end for f in a)
+    assert [[(f.kind, f.mode, f.start, f.end) for f in fs] for fs in a] == \
+           [[(f.kind, f.mode, f.start, f.end) for f in fs] for fs in b]
+    assert all(len(fs) == 1 for fs in a)
+    assert [fs[0].kind for fs in a[:7]] == [parse_entry(k)[0] for k in kinds]
+    assert a[5][0].mode == "leader" and a[6][0].mode == "isolate-leader"
+    assert all(f.start < f.end for fs in a for f in fs)
+    # Mixed: a broker fault sometimes gets a node fault on top; the others stay alone.
+    mixed = [pipeline_schedule(5, n, kinds, 3, mixed=True) for n in range(70)]
+    assert {tuple(f.kind for f in fs) for fs in mixed if len(fs) > 1} <= {
+        (b, n) for b in ("broker-kill", "broker-hang") for n in ("kill", "partition")}
+    assert any(len(fs) == 2 for fs in mixed)
+    assert all(len(fs) == 1 for fs in mixed if fs[0].kind not in ("broker-kill", "broker-hang"))
     ok, skipped = supported([*PIPELINE_KINDS, "kill", "clock", "disk-full"])
     assert ok == [*PIPELINE_KINDS, "kill"] and set(skipped) == {"clock", "disk-full"}
     with pytest.raises(ValueError):
