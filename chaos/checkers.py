@@ -222,14 +222,17 @@ FAILOVER_BOUND_S = 60.0
 
 
 def _master_views(log: HistoryLog) -> list[tuple[str, int, int, str, float]]:
-    """(set, master epoch, master, who, mono) for every master a simulated broker or a fleet watcher was told of."""
+    """(set, master epoch, master, who, mono) for every master a simulated broker or a fleet watcher was told of
+    (the fleet's sets are those with `role` records; the controller workload's are checked by
+    check_one_master_per_epoch)."""
     seen = []
+    fleet = {r["set"] for r in log.of_type("role")}
     for r in log.of_type("role"):
         if r.get("master") is not None and r.get("mepoch") is not None:
             seen.append((r["set"], r["mepoch"], r["master"], f"broker {r['broker']}", r["mono"]))
     for w in log.of_type("watch"):
         ev = w["event"]
-        if ev.get("type") == "ElectMaster" and ev.get("newMasterElected"):
+        if w["set"] in fleet and ev.get("type") == "ElectMaster" and ev.get("newMasterElected"):
             seen.append((w["set"], ev["masterEpoch"], ev["newMasterBrokerId"], f"watch {w['conn']}", w["mono"]))
     return seen
 

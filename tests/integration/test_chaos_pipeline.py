@@ -45,3 +45,20 @@ def test_a_crashed_and_a_hung_master_are_replaced_and_an_ingest_kill_fails_no_ma
     assert any(rec["type"] == "role" and rec["set"] == start["set"] and rec["role"] == "master"
                and rec["broker"] != start["broker"] and rec["mepoch"] > start["mepoch"] for rec in records)
     assert (run / "report.html").exists()
+
+
+def test_a_build_that_elects_without_a_new_master_epoch_is_caught_by_the_brokers_views(tmp_path):
+    """elect_keeps_epoch (consensus/mutations.py): a failover leaves the master epoch where it was, so the
+    crashed master and its successor both act as master under one epoch. The run must fail, naming the
+    two-masters checker on the simulated brokers' views, and print the replay command."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "ELECTRA_TEST_MUTATION": "elect_keeps_epoch"}
+    proc = subprocess.run([sys.executable, "-m", "electra.cli", "chaos", "--pipeline", "--episodes", "1", "--seed", "3",
+                           "--faults", "broker-kill", "--failover-bound-s", "20", "--stop-on-failure",
+                           "--out", str(tmp_path / "chaos")], capture_output=True, text=True, timeout=420, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-6000:]
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("episode 0 ")]
+    assert "one-acting-master-per-epoch: set pipe-set-" in line, line
+    assert "ELECTRA_TEST_MUTATION=elect_keeps_epoch electra chaos --pipeline --seed 3 --episode 0" in out
+    r = dict(kv.split("=", 1) for kv in RESULT.findall(proc.stdout)[-1].split())
+    assert int(r["invariant_violations"]) > 0

@@ -68,6 +68,15 @@ def test_two_brokers_acting_as_master_under_one_epoch_are_caught():
     assert not v.ok and v.violations == 1 and "p-0 epoch 2" in v.detail and "[2, 3]" in v.detail
 
 
+def test_watch_events_of_sets_without_simulated_brokers_are_left_to_the_controller_checkers():
+    log = HistoryLog()
+    _fleet(log)
+    _watch(log, 2.0, "e0-s0", 2, 1)
+    _watch(log, 2.5, "e0-s0", 3, 1)  # a workload set: one-master-per-epoch's business, not the brokers'
+    assert checkers.check_one_acting_master(log).ok
+    assert not checkers.check_one_master_per_epoch(log, []).ok
+
+
 def test_brokers_told_different_masters_for_one_epoch_are_caught():
     log = HistoryLog()
     _fleet(log)
