@@ -182,7 +182,7 @@ class PipelineNemesis:
         if f.kind in BROKER_FAULTS:
             s = self.victim(rng)
             if s is None:
-                f.detail = "no set with a live master and a full sync-state set: not injected"
+                f.detail = "no set with every broker up and a replica in sync: not injected"
                 return
             m = self.fleet.master_of(s)
             assert m is not None and m.broker_id is not None
