@@ -280,7 +280,9 @@ def check_broker_failover(log: HistoryLog, bound_s: float = FAILOVER_BOUND_S
             times.append((f["kind"], at - f["mono"]))
     if late:
         return Verdict("broker-failover", False, len(late), late[0]), times
-    return Verdict("broker-failover", True, 0, f"{len(times)} masters replaced within {bound_s:.0f}s"), times
+    took = ", ".join(f"{k} {t:.1f}s" for k, t in times)
+    return Verdict("broker-failover", True, 0, f"{len(times)} masters replaced within {bound_s:.0f}s"
+                   + (f" ({took})" if took else "")), times
 
 
 def check_no_false_failover(log: HistoryLog) -> tuple[Verdict, int]:
