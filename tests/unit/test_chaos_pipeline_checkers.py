@@ -150,3 +150,32 @@ def test_pipeline_schedules_are_seeded_round_robin_and_delegate_node_kinds():
         parse_entry("broker-kill:leader")
     with pytest.raises(ValueError):
         parse_entry("kafka-explode")
+
+
+def test_the_role_recorder_writes_each_brokers_view_once_per_change():
+    import asyncio
+    from types import SimpleNamespace
+
+    from electra.broker_simulator import SimBroker
+    from electra.chaos.pipeline import record_roles
+
+    brokers = [SimBroker("c", "p-0", k, f"10.0.0.{k}:1", broker_id=k + 1, role="slave", master_id=1, master_epoch=1)
+               for k in range(3)]
+    brokers[0].role = "master"
+    log = HistoryLog()
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(record_roles(SimpleNamespace(brokers=brokers), log, stop))
+        await asyncio.sleep(0.2)
+        brokers[0].alive = False  # killed
+        brokers[1].role, brokers[1].master_id, brokers[1].master_epoch = "master", 2, 2
+        await asyncio.sleep(0.2)
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(scenario())
+    roles = [(r["broker"], r["role"], r["master"], r["mepoch"], r["alive"]) for r in log.of_type("role")]
+    assert roles == [(1, "master", 1, 1, True), (2, "slave", 1, 1, True), (3, "slave", 1, 1, True),
+                     (1, "master", 1, 1, False), (2, "master", 2, 2, True)]
+    assert checkers.check_one_acting_master(log).ok
