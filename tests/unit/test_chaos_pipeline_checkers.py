@@ -179,3 +179,38 @@ def test_the_role_recorder_writes_each_brokers_view_once_per_change():
     assert roles == [(1, "master", 1, 1, True), (2, "slave", 1, 1, True), (3, "slave", 1, 1, True),
                      (1, "master", 1, 1, False), (2, "master", 2, 2, True)]
     assert checkers.check_one_acting_master(log).ok
+
+
+def test_the_elect_keeps_epoch_mutation_makes_a_failover_keep_the_master_epoch():
+    """The deliberate bug `electra chaos --pipeline` must catch: a failover without a new master epoch."""
+    from electra.consensus import mutations
+    from electra.state import commands as C
+    from electra.state.liveness import BrokerLiveInfo
+    from electra.state.machine import ControllerStateMachine
+
+    now = 1_000_000
+    live = {i: BrokerLiveInfo(i, f"10.0.0.{i}:1", now - 100) for i in (1, 2)}
+    master_dead = {**live, 1: BrokerLiveInfo(1, "10.0.0.1:1", now - 20_000)}
+
+    def failover() -> tuple[int, int]:
+        sm, index = ControllerStateMachine(), 0
+
+        def run(cmd: bytes):
+            nonlocal index
+            index += 1
+            return sm.apply(index, cmd)
+
+        for bid in (1, 2):
+            run(C.apply_broker_id("c", "b", bid, f"10.0.0.{bid}:1;{bid}"))
+            run(C.register_broker("c", "b", bid, f"10.0.0.{bid}:1", now, live))
+        first = run(C.elect_master("c", "b", 1, now, live)).header()["masterEpoch"]
+        run(C.alter_sync_state_set("b", 1, first, [1, 2], 1, now, live))
+        h = run(C.elect_master("c", "b", C.CONTROLLER_TRIGGER, now, master_dead)).header()
+        assert h["masterBrokerId"] == 2
+        return first, h["masterEpoch"]
+
+    first, second = failover()
+    assert second == first + 1
+    with mutations.forced("elect_keeps_epoch"):
+        first, second = failover()
+    assert second == first  # the bug: the old and the new master share an epoch
