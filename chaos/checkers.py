@@ -212,3 +212,99 @@ def check_episode(log: HistoryLog, final: dict[str, dict[str, Any] | None], reco
         fnd.verdicts.append(Verdict("harness", False, 0, f"{len(errors)} errors, first: {errors[0]['error']}"))
     fnd.unavailable = unavailability(log, ops)
     return fnd
+
+
+# ---------------------------------------------------------------------- the pipeline (`electra chaos --pipeline`)
+# History records of a pipeline run (chaos/pipeline.py), besides the controller operations:
+# - `role`: a simulated broker's view changed (`set`, `broker`, `role`, `master`, `mepoch`, `alive`, `hung`),
+#   from its replica-info polls; `watch` records on the fleet's sets come from the SSE stream;
+# - `fleet-baseline`: every fleet set's master and master epoch (replica info) when the episode starts;
+# - `fault-start` of a broker fault names its victim: `set`, `broker` (the master) and its `mepoch`.
+BROKER_FAULTS = ("broker-kill", "broker-hang")
+# Failover is a liveness property of the whole pipeline: a crash is about two Spark micro-batches, a hang
+# the heartbeat timeout plus those (docs/failover-signal.md: 5-10 s batches on this loaded machine).
+FAILOVER_BOUND_S = 60.0
+
+
+def _master_views(log: HistoryLog) -> list[tuple[str, int, int, str, float]]:
+    """(set, master epoch, master, who, mono) for every master a simulated broker or a fleet watcher was told of
+    (the fleet's sets are those with `role` records; the controller workload's are checked by
+    check_one_master_per_epoch)."""
+    seen = []
+    fleet = {r["set"] for r in log.of_type("role")}
+    for r in log.of_type("role"):
+        if r.get("master") is not None and r.get("mepoch") is not None:
+            seen.append((r["set"], r["mepoch"], r["master"], f"broker {r['broker']}", r["mono"]))
+    for w in log.of_type("watch"):
+        ev = w["event"]
+        if w["set"] in fleet and ev.get("type") == "ElectMaster" and ev.get("newMasterElected"):
+            seen.append((w["set"], ev["masterEpoch"], ev["newMasterBrokerId"], f"watch {w['conn']}", w["mono"]))
+    return seen
+
+
+def check_one_acting_master(log: HistoryLog) -> Verdict:
+    """Never two simulated brokers of a set acting as master under one master epoch, and every broker and
+    watcher of a set agreeing on who the master of each epoch is (a broker acting as master is one told
+    it is the master: two acting under one epoch are two masters told for it)."""
+    acting: dict[tuple[str, int], set[int]] = {}
+    told: dict[tuple[str, int], dict[int, str]] = {}
+    for r in log.of_type("role"):
+        if r.get("role") == "master":
+            acting.setdefault((r["set"], r["mepoch"]), set()).add(r["broker"])
+    for s, epoch, master, who, _ in _master_views(log):
+        told.setdefault((s, epoch), {}).setdefault(master, who)
+    bad = sorted(k for k, v in told.items() if len(v) > 1)
+    if not bad:
+        return Verdict("one-acting-master-per-epoch", True, 0, f"{len(told)} (set, epoch) pairs seen by brokers")
+    s, e = bad[0]
+    return Verdict("one-acting-master-per-epoch", False, len(bad),
+                   f"set {s} epoch {e}: acting as master {sorted(acting.get((s, e), ()))}, "
+                   f"told {told.get((s, e), {})}")
+
+
+def failover_seen(log: HistoryLog, s: str, old_master: int, epoch: int, since: float) -> float | None:
+    """When (mono) a broker or watcher of `s` first learned of a master other than `old_master` above `epoch`."""
+    return min((mono for set_, e, m, _, mono in _master_views(log)
+                if set_ == s and e > epoch and m != old_master and mono >= since), default=None)
+
+
+def check_broker_failover(log: HistoryLog, bound_s: float = FAILOVER_BOUND_S
+                          ) -> tuple[Verdict, list[tuple[str, float]]]:
+    """Every killed or hung master replaced within `bound_s` of its fault (OpenChaos's recovery checker);
+    returns the verdict and (fault kind, seconds to the replacement) per broker fault."""
+    times, late = [], []
+    for f in log.of_type("fault-start"):
+        if f["kind"] not in BROKER_FAULTS or f.get("set") is None:
+            continue  # no eligible victim: nothing was injected
+        at = failover_seen(log, f["set"], f["broker"], f["mepoch"], f["mono"])
+        if at is None or at - f["mono"] > bound_s:
+            late.append(f"{f['kind']} of {f['set']} master {f['broker']} (epoch {f['mepoch']}): "
+                        + ("not replaced" if at is None else f"replaced after {at - f['mono']:.1f}s")
+                        + f", bound {bound_s:.0f}s")
+        if at is not None:
+            times.append((f["kind"], at - f["mono"]))
+    if late:
+        return Verdict("broker-failover", False, len(late), late[0]), times
+    took = ", ".join(f"{k} {t:.1f}s" for k, t in times)
+    return Verdict("broker-failover", True, 0, f"{len(times)} masters replaced within {bound_s:.0f}s"
+                   + (f" ({took})" if took else "")), times
+
+
+def check_no_false_failover(log: HistoryLog) -> tuple[Verdict, int]:
+    """No master failed over in a set no broker fault hit: ingest, Kafka and Spark restarts and controller
+    faults must not fail a healthy master over (an ingest restart cuts sessions without a `disconnected`
+    record). Returns the verdict and the number of sets failed over falsely."""
+    base = next(log.of_type("fleet-baseline"), None)
+    if base is None:
+        return Verdict("no-false-failover", True, 0, "no fleet in this history"), 0
+    victims = {f["set"] for f in log.of_type("fault-start") if f["kind"] in BROKER_FAULTS and f.get("set")}
+    moved: dict[str, str] = {}
+    for s, epoch, master, who, _ in _master_views(log):
+        start = base["sets"].get(s)
+        if start is not None and s not in victims and epoch > start["mepoch"] and s not in moved:
+            moved[s] = f"set {s}: master {start['master']} (epoch {start['mepoch']}) -> {master} (epoch {epoch}), " \
+                       f"seen by {who}"
+    if not moved:
+        return Verdict("no-false-failover", True, 0, f"{len(base['sets']) - len(victims)} healthy sets kept their "
+                                                     "masters"), 0
+    return Verdict("no-false-failover", False, len(moved), next(iter(moved.values()))), len(moved)

@@ -40,6 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the nodes' election timeout spread in ticks (default: the node's, 4); 1 makes every "
                         "follower time out in the same tick, so split votes (and double votes) are likely")
     c.add_argument("--time-budget-s", type=float, help="start no episode after this many seconds (then report)")
+    c.add_argument("--pipeline", action="store_true",
+                   help="also run tansu, ingest workers, the Spark job and simulated brokers, with pipeline faults "
+                        "(kafka-restart, spark-kill, ingest-kill, broker-kill, broker-hang; docs/chaos.md)")
+    c.add_argument("--broker-sets", type=int, default=4, help="--pipeline: simulated broker sets (3 brokers each)")
+    c.add_argument("--broker-timeout-ms", type=int, default=10_000,
+                   help="--pipeline: the simulated brokers' heartbeat timeout (default 10000, RocketMQ's)")
+    c.add_argument("--failover-bound-s", type=float, default=60.0,
+                   help="--pipeline: a killed or hung master must be replaced this soon after its fault")
     c.set_defaults(fn=cmd_chaos)
 
 
@@ -50,6 +58,8 @@ def _interrupt(signum, frame) -> None:
 def cmd_chaos(args: argparse.Namespace) -> int:
     from .runner import RunConfig, run
 
+    if args.pipeline:
+        return _cmd_pipeline(args)
     kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
     cfg = RunConfig(out_dir=Path(args.out) / time.strftime("%Y%m%d-%H%M%S"), episodes=args.episodes,
                     seed=args.seed, nodes=args.nodes, kinds=kinds, mixed=args.mixed, sets=args.sets,
@@ -61,6 +71,32 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     if args.episode is not None:
         cfg.first_episode, cfg.episodes = args.episode, 1
     # A SIGTERM unwinds like Ctrl-C, so the nodes, proxies and tmpfs mounts are cleaned up.
+    signal.signal(signal.SIGTERM, _interrupt)
+    t0 = time.monotonic()
+    code, line = asyncio.run(run(cfg))
+    print(f"run took {time.monotonic() - t0:.0f}s", flush=True)
+    print(line, flush=True)
+    return code
+
+
+def _cmd_pipeline(args: argparse.Namespace) -> int:
+    from .pipeline import DEFAULT_FAULTS, PipelineConfig, parse_entry, run
+
+    faults = DEFAULT_FAULTS if args.faults == DEFAULT_KINDS else args.faults
+    kinds = [k.strip() for k in faults.split(",") if k.strip()]
+    for k in kinds:
+        try:
+            parse_entry(k)
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
+    cfg = PipelineConfig(out_dir=Path(args.out) / time.strftime("%Y%m%d-%H%M%S"), episodes=args.episodes,
+                         seed=args.seed, nodes=args.nodes, kinds=kinds, tick_ms=args.tick_ms,
+                         secure=not args.insecure, stop_on_failure=args.stop_on_failure,
+                         time_budget_s=args.time_budget_s, recovery_bound_s=args.recovery_bound_s,
+                         mixed=args.mixed, broker_sets=args.broker_sets, broker_timeout_ms=args.broker_timeout_ms,
+                         failover_bound_s=args.failover_bound_s)
+    if args.episode is not None:
+        cfg.first_episode, cfg.episodes = args.episode, 1
     signal.signal(signal.SIGTERM, _interrupt)
     t0 = time.monotonic()
     code, line = asyncio.run(run(cfg))

@@ -26,6 +26,8 @@ from typing import Any, BinaryIO, TypeAlias
 
 import msgspec
 
+from electra.consensus import mutations
+
 from . import commands as C
 from .codes import Code
 from .elect_policy import elect
@@ -223,7 +225,8 @@ class ControllerStateMachine:
                                      remark="The old master is still alive, no need to elect new master")
         if new is not None:
             bs.master_id = new
-            bs.master_epoch += 1
+            if not mutations.enabled("elect_keeps_epoch"):  # the deliberate bug: two masters under one epoch
+                bs.master_epoch += 1
             bs.sync_state_set = {new}
             bs.sync_state_set_epoch += 1
             ev = ElectMasterEvent(name, True, new, bs.master_epoch, bs.sync_state_set_epoch)
