@@ -84,7 +84,10 @@ class RaftConfig:
     heartbeat_ticks: int = 1
     max_entries_per_msg: int = 8192
     max_bytes_per_msg: int = 4 << 20
-    max_inflight: int = 32  # AppendEntries in flight per follower (flow-control window)
+    # AppendEntries carrying entries in flight per follower: the flow-control window and the batching
+    # window. Entries proposed while it is full go out together when an ack frees it, so a busy leader
+    # sends a few large appends per follower round trip instead of one small one per loop turn.
+    max_inflight: int = 2
     pre_vote: bool = True
     check_quorum: bool = True
     # Lease reads: how long after a heartbeat round's *send* time a quorum ack keeps this

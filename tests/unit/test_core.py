@@ -397,3 +397,23 @@ def test_the_lease_runs_on_the_injected_clock_from_the_rounds_send_time():
     clock.now = 101.5
     leader.transfer_leadership(follower.id)
     assert leader.lease_read_index() is None  # a transfer ends the lease at once
+
+
+def test_proposals_made_while_a_followers_window_is_full_go_in_one_append():
+    """The default inflight window is the batching window: while two appends to a follower await
+    its ack, further proposals (one per loop turn here) are held, and the ack frees a slot for one
+    append carrying them all, rather than one append per proposal."""
+    net = Net()
+    leader = net.elect()
+    net.tick(2)
+    peer = next(p for p in net.cores if p != leader.id)
+    apps = []
+    for k in range(10):  # ten loop turns of proposals with no ack coming back
+        leader.propose([b"c%d" % k])
+        rd = leader.ready()
+        apps += [m for m in rd.send_now if isinstance(m, Append) and m.dst == peer and m.ent_terms]
+    assert len(apps) == RaftConfig().max_inflight == 2
+    leader.step(AppendResp(peer, leader.id, leader.term, index=apps[0].prev_index + len(apps[0].ent_terms)))
+    rd = leader.ready()
+    held = [m for m in rd.send_now if isinstance(m, Append) and m.dst == peer]
+    assert len(held) == 1 and held[0].ent_data == [b"c%d" % k for k in range(2, 10)]
