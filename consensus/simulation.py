@@ -95,7 +95,7 @@ class SimConfig:
     snapshot_chunk: int = 48  # bytes per InstallSnapshot chunk: small, so transfers take several
     follower_max_lag: int = 20
     raft: RaftConfig = field(default_factory=lambda: RaftConfig(election_ticks=10, heartbeat_ticks=2,
-                                                                max_entries_per_msg=16, max_inflight=4))
+                                                                max_entries_per_msg=16, max_inflight=2))
     trace: bool = True
 
 
