@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 
 import pytest
@@ -67,6 +68,17 @@ def test_journal_holds_events_with_index_time_and_resulting_state():
                                                                        "2": "10.0.0.2:10911"}}
     assert j.since(last.index) == [] and j.since(entries[0].index) == entries[1:]
     assert j.since(0, limit=1) == entries[:1]
+
+
+def test_journal_entries_are_out_of_the_cyclic_collectors_sight():
+    """The journal keeps up to 200,000 entries: tracked, each full collection walked them all (about
+    100 ms of CPU for a full journal, a pause every request in flight waited for: the write p99)."""
+    c = Controller()
+    j = _journal_for(c)
+    c.register("b", 2)
+    c(C.elect_master("c", "b", 1, NOW + 5, live(1, 2)))
+    for e in j.since(0):
+        assert not gc.is_tracked(e) and not gc.is_tracked(e.state)
 
 
 def test_journal_gap_after_capacity_and_after_restore():
