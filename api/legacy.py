@@ -51,6 +51,7 @@ class LegacyControllerService(ControllerService):
     """`ControllerService`'s request methods, served the RocketMQ 5 way: one queue, one request at a time."""
 
     architecture = "legacy"
+    scan_elections_in_flight = 1  # RocketMQ's triggerElectMaster waits for each election before the next
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

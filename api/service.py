@@ -42,6 +42,8 @@ class ControllerService:
     (`api/watchers.py`, `api/inactive_scan.py`), and `api.controller.Controller` builds them all.
     """
 
+    scan_elections_in_flight = 64  # the inactive-master scan's elections, proposed together (group commit)
+
     def __init__(self, node: RaftNode, sm: ControllerStateMachine, liveness: LivenessTable, cfg: ControllerConfig,
                  heartbeat_producer: HeartbeatProducer | None = None) -> None:
         self.node = node

@@ -1,23 +1,31 @@
 """The performance report's load generator: thousands of simulated RocketMQ brokers in one process.
 
 It must cost less than the controllers it measures (the machine has 2 cores), so it is not
-`BrokerFleet` (aiohttp, a JSON encode and a client-side redirect check per request): as
-`broker_session.py` does for heartbeats, every request is HTTP/1.1 bytes encoded once and sent
-over a kept-alive connection to the leader, and only the replies the broker acts on (replica
-info, elections) are decoded. The broker side of the protocol is the same as the simulator's
-(reference §4): ids 1..3 applied per set, heartbeats every second, register, the first replica
+`BrokerFleet` (aiohttp, a JSON encode and a client-side redirect check per request): like the
+simulator's sessions (`electra/broker_session.py`, whose HTTP answer parser it shares), every
+connection is an asyncio `Protocol` with one request in flight, every request is HTTP/1.1 bytes
+encoded once, and only the replies a broker acts on (replica info, elections) are decoded. The
+broker side of the protocol is the same as the simulator's (reference §4): ids 1..3 applied per
+set, heartbeats every second to every controller (as RocketMQ brokers and `ControllerClient`
+send them: whichever node leads next already knows who is alive), register, the first replica
 asks for the election, the master grows its sync-state set to the live replicas, replicas poll
-their replica info and adopt a new master.
+their replica info every 5 s and adopt a new master; a broker whose set has no master asks for
+an election.
 
-Two phases run on the same brokers:
+The phases the report runs on the same brokers (bench/performance_report.py):
 
-* `measure`: heartbeats keep their real period (1 s), while every broker repeats its controller
-  requests (GetReplicaInfo, AlterSyncStateSet when its set changed) back to back: the controller's
-  throughput for N concurrent brokers. Brokers share 256 kept-alive connections to the leader for
-  requests and 256 for heartbeats (a node accepts 1,000); a redirect moves them to a new leader;
-* `storm`: brokers go back to their real periods (replica info every 5 s), 20% of the masters
-  die at once (no more heartbeats or requests), and a watcher polls the affected sets until
-  each has a new master committed.
+* **real mix** (open loop): the brokers at their real periods, nothing else. Every request has an
+  intended send time on its broker's schedule and its latency runs from that time, so a slow
+  answer that delays the broker's next request counts against the controller (no coordinated
+  omission); how late the generator itself sent (`send_lag`) is kept apart to show it kept up;
+* **capacity** (closed loop): the real mix continues and `saturate()` adds `connections` kept-alive
+  connections that repeat GetReplicaInfo back to back over all sets: the controller's throughput;
+* **storm**: 20% of the masters die at once (no more heartbeats or requests), and a watcher polls
+  the affected sets until each has a new master committed.
+
+Requests that follow the leader (everything but heartbeats) share 256 kept-alive connections; the
+heartbeats of each controller have 256 more (a node accepts 1,000). A redirect moves them to the
+new leader.
 """
 
 from __future__ import annotations
@@ -29,49 +37,93 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from electra.broker_session import parse_answer
+
 HEARTBEAT_PERIOD_S = 1.0  # BrokerConfig.brokerHeartbeatInterval
 REPLICA_INFO_PERIOD_S = 5.0  # syncBrokerMetadataPeriod / checkSyncStateSetPeriod
-BROKERS_PER_HEARTBEAT_TASK = 4  # heartbeats of a task's brokers go one after another
 REQUEST_CONNECTIONS = 256  # to the leader, shared by all brokers' controller requests
-HEARTBEAT_CONNECTIONS = 256  # to the leader, for heartbeats (separate: a slow queue must not delay them)
+HEARTBEAT_CONNECTIONS = 256  # to each controller, for heartbeats (a slow request queue must not delay them)
+REQUEST_TIMEOUT_S = 10.0  # a broker gives up on a controller request (legacy answers 504 after 5 s itself)
+CONTROLLER_KINDS = ("replica_info", "alter_sync_state_set", "elect_master")  # what legacy's event queue serves
+
+
+class _Answers(asyncio.Protocol):
+    """The reading side of one connection: hands (status, body) of each answer to the request in flight."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.waiter: asyncio.Future | None = None
+        self.closed = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        got = parse_answer(self.buf)
+        if got is None:
+            return
+        status, used, close = got
+        body = self.buf[self.buf.find(b"\r\n\r\n") + 4:used]
+        self.buf = self.buf[used:]
+        if close:
+            self._close()
+        w, self.waiter = self.waiter, None
+        if w is not None and not w.done():
+            w.set_result((status, body))
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        w, self.waiter = self.waiter, None
+        if w is not None and not w.done():
+            w.set_exception(ConnectionResetError("connection closed"))
+
+    def _close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
 
 
 class HttpConn:
     """One kept-alive HTTP/1.1 connection; `call(raw, endpoint)` sends pre-encoded bytes, returns (status, body).
 
-    It reconnects when asked for another endpoint (the leader moved) or after the server closed it."""
+    It reconnects when asked for another endpoint (the leader moved) or after the server closed it. No
+    answer within `timeout_s` (a stopped or partitioned controller) closes it and raises TimeoutError."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
         self.endpoint: str | None = None
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._proto: _Answers | None = None
 
     async def call(self, raw: bytes, endpoint: str) -> tuple[int, bytes]:
         if endpoint != self.endpoint:
             self.close()
             self.endpoint = endpoint
         for attempt in (0, 1):  # a connection the server closed (idle timeout) is reopened once
-            if self._writer is None:
-                host, _, port = endpoint.rpartition(":")
-                self._reader, self._writer = await asyncio.open_connection(host, int(port), limit=1 << 20)
             try:
-                self._writer.write(raw)
-                head = await self._reader.readuntil(b"\r\n\r\n")
-                status = int(head[9:12])
-                lower = head.lower()
-                i = lower.find(b"content-length:")
-                n = int(lower[i + 15:lower.index(b"\r\n", i)]) if i >= 0 else 0
-                return status, (await self._reader.readexactly(n)) if n else b""
-            except (ConnectionError, asyncio.IncompleteReadError):
+                async with asyncio.timeout(self.timeout_s):
+                    if self._proto is None or self._proto.closed:
+                        host, _, port = endpoint.rpartition(":")
+                        _, self._proto = await asyncio.get_running_loop().create_connection(_Answers, host,
+                                                                                            int(port))
+                    proto = self._proto
+                    proto.waiter = asyncio.get_running_loop().create_future()
+                    proto.transport.write(raw)
+                    return await proto.waiter
+            except TimeoutError:
+                self.close()
+                raise
+            except ConnectionError:
                 self.close()
                 if attempt:
                     raise
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        self._reader = self._writer = None
+        if self._proto is not None:
+            self._proto._close()
+        self._proto = None
 
 
 class ConnPool:
@@ -123,15 +175,17 @@ class Broker:
 
 @dataclass
 class Samples:
-    """Completed requests of one phase: (completion time, latency s) by kind, and failures by kind."""
+    """Completed requests of one phase: (completion time, latency s) by kind, failures by kind, and how
+    late the generator sent open-loop requests (s after their intended time)."""
 
     t0: float
     done: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     failed: dict[str, int] = field(default_factory=dict)
     failure_statuses: dict[str, int] = field(default_factory=dict)  # "kind status" -> count (0: no connection)
+    send_lag: list[float] = field(default_factory=list)
 
     def add(self, kind: str, started: float, status: int, code: int | None = None) -> None:
-        now = time.perf_counter()
+        now = time.monotonic()
         if status == 200:
             self.done.setdefault(kind, []).append((now - self.t0, now - started))
         else:
@@ -140,12 +194,72 @@ class Samples:
             self.failure_statuses[key] = self.failure_statuses.get(key, 0) + 1
 
 
-class BrokerLoad:
-    """`brokers` simulated brokers (sets of `replicas`) against the leader's HTTP endpoint."""
+async def saturate(endpoint_of, raws: list[bytes], connections: int, stop: asyncio.Event, samples_of,
+                   kind: str) -> None:
+    """A closed loop: `connections` kept-alive connections repeat `raws` (round robin) back to back until
+    `stop`; each answer goes to `samples_of()` under `kind`. `endpoint_of()` names the target per request."""
 
-    def __init__(self, leader: str, brokers: int, *, replicas: int = 3, cluster: str = "perf",
-                 heartbeat_timeout_ms: int = 10_000, seed: int = 0) -> None:
+    async def worker(i: int) -> None:
+        conn = HttpConn()
+        n = i
+        try:
+            while not stop.is_set():
+                raw = raws[n % len(raws)]
+                n += connections
+                t = time.monotonic()
+                try:
+                    status, _ = await conn.call(raw, endpoint_of())
+                except OSError:
+                    samples_of().add(kind, t, 0)
+                    await asyncio.sleep(0.05)
+                    continue
+                samples_of().add(kind, t, status)
+        finally:
+            conn.close()
+
+    await asyncio.gather(*(worker(i) for i in range(connections)))
+
+
+async def open_loop(endpoint: str, raws: list[bytes], period_s: float, stop: asyncio.Event, samples_of,
+                    kind: str, rng: random.Random) -> None:
+    """Each of `raws` sent once every `period_s` on its own schedule (random phase) until `stop`, latency
+    from the intended send time; connections pooled as the brokers' are."""
+    pool = ConnPool(min(len(raws), REQUEST_CONNECTIONS))
+
+    async def one(raw: bytes) -> None:
+        due = time.monotonic() + rng.uniform(0, period_s)
+        while not stop.is_set():
+            wait = due - time.monotonic()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), wait)
+                continue
+            s = samples_of()
+            s.send_lag.append(-wait)
+            try:
+                status, _ = await pool.call(raw, endpoint)
+            except OSError:
+                status = 0
+            s.add(kind, due, status)
+            due += period_s
+
+    try:
+        await asyncio.gather(*(one(r) for r in raws))
+    finally:
+        pool.close()
+
+
+class BrokerLoad:
+    """`brokers` simulated brokers (sets of `replicas`) against a controller group's HTTP endpoints."""
+
+    def __init__(self, leader: str, brokers: int, *, endpoints: list[str] | None = None, replicas: int = 3,
+                 cluster: str = "perf", heartbeat_timeout_ms: int = 10_000, heartbeats_to: str = "all",
+                 seed: int = 0) -> None:
+        """`heartbeats_to`: "all" controllers (RocketMQ's brokers, `ControllerClient`) or only the "leader"
+        (the report's first version: a new leader's liveness table then starts empty)."""
         self.leader = leader
+        self.endpoints = list(endpoints or [leader])
+        self.heartbeat_targets: list[str | None] = list(self.endpoints) if heartbeats_to == "all" else [None]
         self.timeout_ms = heartbeat_timeout_ms
         self.rng = random.Random(seed)
         sets = max(1, brokers // replicas)
@@ -156,29 +270,30 @@ class BrokerLoad:
                                for r in range(replicas)]
         self.brokers = [b for bs in self.sets.values() for b in bs]
         for b in self.brokers:
-            b.replica_info = get(leader, f"/v1/broker-sets/{b.name}/replica-info")
+            b.replica_info = get("controller", f"/v1/broker-sets/{b.name}/replica-info")
             self._encode_heartbeat(b)
         self.requests = ConnPool(min(len(self.brokers), REQUEST_CONNECTIONS))
-        self.heartbeats = ConnPool(min(-(-len(self.brokers) // BROKERS_PER_HEARTBEAT_TASK), HEARTBEAT_CONNECTIONS))
+        self.heartbeats = {ep: ConnPool(min(len(self.brokers), HEARTBEAT_CONNECTIONS)) for ep in self.endpoints}
         self.leader_changes = 0
-        self.samples = Samples(time.perf_counter())
-        self.closed_loop = False
+        self.samples = Samples(time.monotonic())
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
     def _encode_heartbeat(self, b: Broker) -> None:
-        b.heartbeat = post(self.leader, "/v1/heartbeat", {
+        b.heartbeat = post("controller", "/v1/heartbeat", {
             "clusterName": b.cluster, "brokerName": b.name, "brokerAddr": b.addr, "brokerId": b.broker_id,
             "epoch": b.master_epoch, "maxOffset": 1000, "confirmOffset": 1000,
             "heartbeatTimeoutMillis": self.timeout_ms, "electionPriority": b.broker_id})
 
-    async def _call(self, kind: str, raw: bytes) -> dict | None:
-        """One request to the leader; a redirect or a 503 naming another leader moves every later request."""
-        pool = self.heartbeats if kind == "heartbeat" else self.requests
-        t = time.perf_counter()
+    async def _call(self, kind: str, raw: bytes, started: float | None = None, endpoint: str | None = None
+                    ) -> dict | None:
+        """One request (to the leader unless `endpoint`); a redirect or a 503 naming another leader moves every
+        later request. `started`: the intended send time (open loop), else now."""
+        pool = self.heartbeats.get(endpoint or self.leader, self.requests) if kind == "heartbeat" else self.requests
+        t = time.monotonic() if started is None else started
         try:
-            status, body = await pool.call(raw, self.leader)
-        except (OSError, asyncio.IncompleteReadError):
+            status, body = await pool.call(raw, endpoint or self.leader)
+        except OSError:
             self.samples.add(kind, t, 0)
             return None
         res = None
@@ -191,29 +306,35 @@ class BrokerLoad:
         if status == 200:
             return res
         leader = (res or {}).get("leaderAddress")
-        if leader and leader != self.leader:
+        if leader and leader != self.leader and kind != "heartbeat":
             self.leader = leader
             self.leader_changes += 1
         return res or {"code": -1, "httpStatus": status}
 
     # ------------------------------------------------------------------ following the leader
     def follow_leader(self, every_s: float = 0.5) -> None:
-        """Ask the current target for its metadata and move to the leader it names: heartbeats and
-        follower reads are answered by any node (200), so only this notices a new leader in time."""
+        """Ask the current target for its metadata and move to the leader it names: follower reads are
+        answered by any node (200), so only this notices a new leader in time."""
 
         async def follow() -> None:
-            conn = HttpConn()
+            conn = HttpConn(timeout_s=1.0)
+            ask = self.leader
             try:
                 while not self._stop.is_set():
                     try:
-                        status, body = await conn.call(get(self.leader, "/v1/admin/metadata"), self.leader)
+                        status, body = await conn.call(get("controller", "/v1/admin/metadata"), ask)
                         md = json.loads(body) if status == 200 else {}
-                    except (OSError, ValueError, asyncio.IncompleteReadError):
+                    except (OSError, ValueError):
                         md = {}
-                    moved = md.get("leader_address")
-                    if not md.get("is_leader") and moved and moved != self.leader:
+                    moved = ask if md.get("is_leader") else md.get("leader_address")
+                    if moved and moved != self.leader:
                         self.leader = moved
                         self.leader_changes += 1
+                    if moved:
+                        ask = self.leader
+                    else:  # no answer (a stopped node) or no leader known there: ask the next controller
+                        i = self.endpoints.index(ask) if ask in self.endpoints else -1
+                        ask = self.endpoints[(i + 1) % len(self.endpoints)]
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stop.wait(), every_s)
             finally:
@@ -221,20 +342,65 @@ class BrokerLoad:
 
         self._tasks.append(asyncio.create_task(follow()))
 
-    # ------------------------------------------------------------------ heartbeats: always at their real period
-    def start_heartbeats(self) -> None:
-        k = BROKERS_PER_HEARTBEAT_TASK
-        for lo in range(0, len(self.brokers), k):
-            self._tasks.append(asyncio.create_task(self._beat(self.brokers[lo:lo + k])))
+    # ------------------------------------------------------------------ open-loop schedules
+    async def _every(self, period_s: float, first_s: float, step) -> None:
+        """Run `step(intended_time)` every `period_s` from `first_s` on, at a fixed rate as the broker's
+        scheduleAtFixedRate: a late step delays the next ones (they catch up) and its lateness counts in
+        their latency. Ends when `step` returns False; `stop()` cancels it."""
+        due = time.monotonic() + first_s
+        while True:
+            wait = due - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            self.samples.send_lag.append(-wait)
+            if await step(due) is False:
+                return
+            due += period_s
 
-    async def _beat(self, brokers: list[Broker]) -> None:
-        await asyncio.sleep(self.rng.uniform(0, HEARTBEAT_PERIOD_S))
-        while not self._stop.is_set():
-            start = time.monotonic()
-            for b in brokers:
-                if b.alive:
-                    await self._call("heartbeat", b.heartbeat)
-            await asyncio.sleep(max(0.0, HEARTBEAT_PERIOD_S - (time.monotonic() - start)))
+    def start_heartbeats(self) -> None:
+        """Every broker heartbeats every controller (or the leader, see `heartbeats_to`) once a second."""
+        for b in self.brokers:
+            for ep in self.heartbeat_targets:
+                async def beat(due: float, b=b, ep=ep) -> bool:
+                    if not b.alive:
+                        return False
+                    await self._call("heartbeat", b.heartbeat, due, ep)
+                    return True
+
+                self._tasks.append(asyncio.create_task(
+                    self._every(HEARTBEAT_PERIOD_S, self.rng.uniform(0, HEARTBEAT_PERIOD_S), beat)))
+
+    def start_brokers(self) -> None:
+        """Every broker's GetReplicaInfo every 5 s, with what follows from its answer."""
+        for b in self.brokers:
+            self._tasks.append(asyncio.create_task(
+                self._every(REPLICA_INFO_PERIOD_S, self.rng.uniform(0, REPLICA_INFO_PERIOD_S),
+                            lambda due, b=b: self._sync(b, due))))
+
+    async def _sync(self, b: Broker, due: float) -> bool:
+        """One GetReplicaInfo; adopt; a broker whose set has no master asks for an election; the master grows
+        its sync-state set. False once the broker is dead (its schedule ends)."""
+        if not b.alive:
+            return False
+        res = await self._call("replica_info", b.replica_info, due)
+        if res is not None and res.get("code") == 0:
+            self._adopt(b, res["header"], res.get("body"))
+            if res["header"].get("masterBrokerId") is None:
+                elected = await self._call("elect_master", post(
+                    "controller", f"/v1/broker-sets/{b.name}/elect-master",
+                    {"clusterName": b.cluster, "brokerId": b.broker_id}))
+                if elected is not None and elected.get("code") in (0, 2011):
+                    self._adopt(b, elected["header"], elected.get("body"))
+            if b.master_id == b.broker_id:
+                await self._grow(self.sets[b.name])
+        return True
+
+    def saturate(self, connections: int, stop: asyncio.Event) -> asyncio.Task:
+        """The capacity phase's closed loop: GetReplicaInfo over every set, back to back, at the leader."""
+        raws = [bs[0].replica_info for bs in self.sets.values()]
+        return asyncio.create_task(saturate(lambda: self.leader, raws, connections, stop, lambda: self.samples,
+                                            "replica_info_saturating"))
 
     # ------------------------------------------------------------------ register at start
     async def register_all(self, parallel_sets: int = 64) -> float:
@@ -242,11 +408,11 @@ class BrokerLoad:
         t0 = time.monotonic()
         sem = asyncio.Semaphore(parallel_sets)
 
-        async def until(kind: str, raw_of, accept=(0,)) -> dict | None:
+        async def until(kind: str, raw, accept=(0,)) -> dict | None:
             """A start-up step, retried as a broker retries it (a leader change, a busy queue), 20 times at most."""
             res = None
             for _ in range(20):
-                res = await self._call(kind, raw_of())
+                res = await self._call(kind, raw)
                 if res is not None and res.get("code") in accept:
                     return res
                 await asyncio.sleep(0.2)
@@ -255,19 +421,20 @@ class BrokerLoad:
         async def one(brokers: list[Broker]) -> None:
             async with sem:
                 for b in brokers:
-                    await until("apply_broker_id", lambda b=b: post(
-                        self.leader, f"/v1/broker-sets/{b.name}/apply-broker-id",
+                    await until("apply_broker_id", post(
+                        "controller", f"/v1/broker-sets/{b.name}/apply-broker-id",
                         {"clusterName": b.cluster, "brokerId": b.broker_id,
                          "registerCheckCode": f"{b.addr};{b.broker_id}"}))
                 for b in brokers:  # alive before the master asks to add it to the sync-state set
-                    await self._call("heartbeat", b.heartbeat)
+                    await asyncio.gather(*(self._call("heartbeat", b.heartbeat, endpoint=ep)
+                                           for ep in self.heartbeat_targets))
                 for b in brokers:
-                    await until("register", lambda b=b: post(
-                        self.leader, f"/v1/broker-sets/{b.name}/register",
+                    await until("register", post(
+                        "controller", f"/v1/broker-sets/{b.name}/register",
                         {"clusterName": b.cluster, "brokerId": b.broker_id, "brokerAddress": b.addr}))
                 first = brokers[0]
-                res = await until("elect_master", lambda: post(
-                    self.leader, f"/v1/broker-sets/{first.name}/elect-master",
+                res = await until("elect_master", post(
+                    "controller", f"/v1/broker-sets/{first.name}/elect-master",
                     {"clusterName": first.cluster, "brokerId": first.broker_id}), accept=(0, 2011))
                 if res is not None and res.get("code") in (0, 2011):
                     for b in brokers:
@@ -303,7 +470,7 @@ class BrokerLoad:
         if want == sorted(master.sync_state_set):
             return True
         res = await self._call("alter_sync_state_set", post(
-            self.leader, f"/v1/broker-sets/{master.name}/sync-state-set",
+            "controller", f"/v1/broker-sets/{master.name}/sync-state-set",
             {"masterBrokerId": master.broker_id, "masterEpoch": master.master_epoch, "syncStateSet": want,
              "syncStateSetEpoch": master.sync_state_set_epoch}))
         if res is not None and res.get("code") == 0:
@@ -317,72 +484,59 @@ class BrokerLoad:
                     self._adopt(b, info["header"], info.get("body"))
         return False
 
-    # ------------------------------------------------------------------ the brokers' controller requests
-    def start_brokers(self) -> None:
-        for b in self.brokers:
-            self._tasks.append(asyncio.create_task(self._sync(b)))
-
-    async def _sync(self, b: Broker) -> None:
-        """GetReplicaInfo (closed loop while measuring, every 5 s otherwise); adopt; the master grows its set."""
-        next_poll = time.monotonic() + self.rng.uniform(0, REPLICA_INFO_PERIOD_S)
-        while not self._stop.is_set():
-            if not b.alive:
-                break
-            if not self.closed_loop:
-                wait = next_poll - time.monotonic()
-                if wait > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), min(wait, 0.5))
-                    continue
-                next_poll = time.monotonic() + REPLICA_INFO_PERIOD_S
-            res = await self._call("replica_info", b.replica_info)
-            if res is None:
-                await asyncio.sleep(0.05)
-                continue
-            if res.get("code") == 0:
-                self._adopt(b, res["header"], res.get("body"))
-                if res["header"].get("masterBrokerId") is None:  # no master: the broker asks for an election
-                    elected = await self._call("elect_master", post(
-                        self.leader, f"/v1/broker-sets/{b.name}/elect-master",
-                        {"clusterName": b.cluster, "brokerId": b.broker_id}))
-                    if elected is not None and elected.get("code") in (0, 2011):
-                        self._adopt(b, elected["header"], elected.get("body"))
-                if b.master_id == b.broker_id:
-                    await self._grow(self.sets[b.name])
-
     # ------------------------------------------------------------------ the failover storm
     async def storm(self, fraction: float, limit_s: float, poll_s: float = 0.25) -> dict:
-        """Kill `fraction` of the masters at once; returns the kill time and each set's recovery (s or None)."""
+        """Kill `fraction` of the masters at once; returns the kill time, each set's recovery (s) and, for a
+        set that did not recover, what the leader finally said about it (master, epochs, sync-state set)."""
         victims = [bs for bs in self.sets.values() if any(b.master_id == b.broker_id for b in bs)]
         victims = victims[::max(1, round(1 / fraction))] if fraction > 0 else []
         killed: dict[str, tuple[int, int]] = {}
-        t_kill = time.perf_counter() - self.samples.t0
+        t_kill = time.monotonic() - self.samples.t0
         kill_clock = time.monotonic()
         for bs in victims:
             master = next(b for b in bs if b.master_id == b.broker_id)
             master.alive = False
             killed[master.name] = (master.broker_id, master.master_epoch)
         recovered: dict[str, float] = {}
+        last: dict[str, dict] = {}
+        conns = [HttpConn(timeout_s=2.0) for _ in range(min(16, len(killed)))]
 
-        async def watch(names: list[str]) -> None:
+        async def watch(names: list[str], conn: HttpConn) -> None:
             while names and time.monotonic() - kill_clock < limit_s:
                 for name in list(names):
                     old_id, old_epoch = killed[name]
-                    res = await self._call("replica_info", get(self.leader, f"/v1/broker-sets/{name}/replica-info"))
-                    h = (res or {}).get("header") or {}
-                    if (res or {}).get("code") == 0 and h.get("masterBrokerId") not in (None, old_id) \
+                    try:
+                        status, body = await conn.call(get("controller", f"/v1/broker-sets/{name}/replica-info"),
+                                                       self.leader)
+                        res = json.loads(body) if status == 200 else {}
+                    except (OSError, ValueError):
+                        res = {}
+                    h = res.get("header") or {}
+                    if res.get("code") == 0:
+                        last[name] = {"master": h.get("masterBrokerId"), "master_epoch": h.get("masterEpoch"),
+                                      "sync_state_set": (res.get("body") or {}).get("syncStateSet")}
+                    if res.get("code") == 0 and h.get("masterBrokerId") not in (None, old_id) \
                             and h.get("masterEpoch", 0) > old_epoch:
                         recovered[name] = time.monotonic() - kill_clock
                         names.remove(name)
                 await asyncio.sleep(poll_s)
 
         names = list(killed)
-        await asyncio.gather(*(watch(names[i::16]) for i in range(min(16, len(names)))))
-        return {"t_kill": t_kill, "sets": len(killed), "recovered": recovered,
-                "unrecovered": sorted(set(killed) - set(recovered))}
+        try:
+            await asyncio.gather(*(watch(names[i::len(conns)], c) for i, c in enumerate(conns)))
+        finally:
+            for c in conns:
+                c.close()
+        unrecovered = sorted(set(killed) - set(recovered))
+        return {"t_kill": t_kill, "sets": len(killed), "recovered": recovered, "unrecovered": unrecovered,
+                "unrecovered_state": {n: {"killed_master": killed[n][0], "killed_epoch": killed[n][1],
+                                          **last.get(n, {})} for n in unrecovered}}
 
     async def stop(self) -> None:
         self._stop.set()
+        for t in self._tasks:
+            t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.requests.close()
-        self.heartbeats.close()
+        for pool in self.heartbeats.values():
+            pool.close()

@@ -1,26 +1,38 @@
-"""`electra report performance`: the old (RocketMQ 5) and the new architecture, side by side.
+"""`electra report performance`: the old (RocketMQ 5) and the new architecture, side by side, and etcd.
 
 For each architecture (`electra node --architecture legacy|new`, docs/architectures.md) and each
 broker count of the sweep, three fresh controller processes (fsync on, plaintext loopback HTTP:
-TLS would cost both the same) serve one load-generator process (bench/broker_load.py): the
-brokers register, heartbeat every second, and repeat their controller requests back to back for
-`--duration` seconds. At the largest count a failover storm follows: 20% of the masters die at
-once and the report times how long until every affected set has a new master committed.
+TLS would cost both the same) serve one load-generator process (bench/broker_load.py). The
+brokers register, then two phases of `--duration` seconds run:
+
+* real mix (open loop): every broker at its real periods (heartbeats every second to every
+  controller, GetReplicaInfo every 5 s, AlterSyncStateSet when its set changed); latency from
+  each request's intended send time. RESULT's new_p99_ms and old_p99_ms come from here;
+* capacity (closed loop): the real mix goes on, plus 64 connections repeating GetReplicaInfo back
+  to back. RESULT's new_per_s, old_per_s and new_vs_old come from here.
+
+At the RESULT point (the largest broker count every architecture ran; the legacy one stops at
+`--legacy-max-brokers`) a failover storm follows: 20% of the masters die at once and the report
+times how long until every affected set has a new master committed (storm_recovery_s, new
+architecture). etcd (when installed) runs the one request with a KV equivalent, GetReplicaInfo as
+a linearizable `kv/range`, at the same rates with the same generator.
 
 Writes `performance.html` (self-contained: inline SVG, no script, no network), `performance.md`
 and `performance.json` into `--out`, and ends with one line
 `RESULT brokers=<n> new_per_s=<n> old_per_s=<n> new_vs_old=<x> new_p99_ms=<x> old_p99_ms=<x> storm_recovery_s=<x>`.
-etcd is left out: no etcd launcher exists in this project yet, and etcd has no equivalent of
-the broker requests beyond a plain KV put/range (see `electra bench api` when it lands).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import platform
+import random
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,12 +41,24 @@ from datetime import UTC, datetime
 from importlib import metadata as pkg
 from pathlib import Path
 
+import uvloop  # the generator's sockets, timers and callbacks in C: it must cost less than the servers
+
 from . import report_html as R
-from .broker_load import BrokerLoad, HttpConn, Samples, get
+from .broker_load import (
+    CONTROLLER_KINDS,
+    REPLICA_INFO_PERIOD_S,
+    BrokerLoad,
+    HttpConn,
+    Samples,
+    get,
+    open_loop,
+    post,
+    saturate,
+)
 from .common import percentile, process_tree_cpu_s, result_line, start_controller_processes, stop_processes
 
 ARCHS = ("new", "legacy")
-CONTROLLER_KINDS = ("replica_info", "alter_sync_state_set")  # the measured phase's controller requests
+SATURATING = "replica_info_saturating"  # the capacity phase's closed-loop GetReplicaInfo
 
 
 def _parse_sweep(text: str) -> list[int]:
@@ -73,39 +97,80 @@ def _stats(samples: Samples, kinds: tuple[str, ...], seconds: float) -> dict:
                     for q in [i / 200 for i in range(200)]] if lat else []}
 
 
-async def _drive(leader: str, brokers: int, args, storm: bool, server_pids: list[int]) -> dict:
-    load = BrokerLoad(leader, brokers, heartbeat_timeout_ms=args.heartbeat_timeout_ms)
+class _Cpu:
+    """CPU seconds of this process (the load generator) and of the servers' process trees over one phase."""
+
+    def __init__(self, server_pids: list[int]) -> None:
+        self.pids = server_pids
+        self.t0, self.gen0, self.srv0 = time.monotonic(), time.process_time(), self._servers()
+
+    def _servers(self) -> float:
+        return sum(process_tree_cpu_s(p) for p in self.pids)
+
+    def done(self) -> dict:
+        wall = time.monotonic() - self.t0
+        gen, srv = time.process_time() - self.gen0, self._servers() - self.srv0
+        return {"load_cpu_s": gen, "server_cpu_s": srv, "load_cores": gen / wall, "server_cores": srv / wall}
+
+
+def _mix_stats(s: Samples, seconds: float) -> dict:
+    lag = sorted(s.send_lag)
+    return {"controller": _stats(s, CONTROLLER_KINDS, seconds), "heartbeat": _stats(s, ("heartbeat",), seconds),
+            "send_lag_p99_ms": 1000 * percentile(lag, 0.99), "failures": dict(s.failure_statuses)}
+
+
+async def _drive(endpoints: list[str], brokers: int, args, storm: bool, server_pids: list[int]) -> dict:
+    leader = await _find_leader(endpoints)
+    load = BrokerLoad(leader, brokers, endpoints=endpoints, heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+                      heartbeats_to=args.heartbeats_to)
     load.follow_leader()
     load.start_heartbeats()
     register_s = await load.register_all()
-    load.closed_loop = True
-    load.samples = Samples(time.perf_counter())
-    cpu = (time.process_time(), sum(process_tree_cpu_s(p) for p in server_pids))
+    print(f"    {len(load.brokers):,} brokers registered in {register_s:.1f} s; real mix, then capacity, "
+          f"{args.duration:.0f} s each" + (", then the storm" if storm else ""), flush=True)
     load.start_brokers()
+    await asyncio.sleep(min(REPLICA_INFO_PERIOD_S, args.duration))  # (most) brokers' schedules have started
+    # real mix: the brokers at their real periods, open loop
+    load.samples, cpu = Samples(time.monotonic()), _Cpu(server_pids)
     await asyncio.sleep(args.duration)
-    cpu = (time.process_time() - cpu[0], sum(process_tree_cpu_s(p) for p in server_pids) - cpu[1])
-    measured = load.samples
     out = {"brokers": len(load.brokers), "sets": len(load.sets), "register_s": register_s,
-           "controller": _stats(measured, CONTROLLER_KINDS, args.duration),
-           "heartbeat": _stats(measured, ("heartbeat",), args.duration),
-           "load_cpu_s": cpu[0], "server_cpu_s": cpu[1], "failures": dict(measured.failure_statuses),
-           "leader_changes": load.leader_changes}
+           "mix": _mix_stats(load.samples, args.duration) | cpu.done()}
+    # capacity: the real mix goes on, plus a saturating closed loop of GetReplicaInfo
+    stop = asyncio.Event()
+    load.samples, cpu = Samples(time.monotonic()), _Cpu(server_pids)
+    task = load.saturate(args.capacity_connections, stop)
+    await asyncio.sleep(args.duration)
+    stop.set()
+    await task
+    s = load.samples
+    out["capacity"] = _stats(s, (SATURATING, *CONTROLLER_KINDS), args.duration) | cpu.done() | {
+        "saturating": _stats(s, (SATURATING,), args.duration), "failures": dict(s.failure_statuses)}
+    out["leader_changes"] = load.leader_changes
     if storm:
-        load.closed_loop = False  # brokers back to their real periods, then the storm
         await asyncio.sleep(2.0)
-        load.samples = Samples(time.perf_counter())
-        result = await load.storm(args.storm_fraction, args.storm_limit_s)
+        load.samples = Samples(time.monotonic())
+        paused = None
+        if args.storm_pause_leader_s > 0:  # a controller leader change in the middle of the storm
+            paused = server_pids[endpoints.index(load.leader)]
+            os.kill(paused, signal.SIGSTOP)
+            asyncio.get_running_loop().call_later(args.storm_pause_leader_s, os.kill, paused, signal.SIGCONT)
+        try:
+            result = await load.storm(args.storm_fraction, args.storm_limit_s)
+        finally:
+            if paused is not None:
+                os.kill(paused, signal.SIGCONT)
         s = load.samples
-        timeline = {}
-        for kind in ("heartbeat", "replica_info", "alter_sync_state_set", "elect_master"):
+        timeline: dict[float, int] = {}
+        for kind in ("heartbeat", *CONTROLLER_KINDS):
             for t, _ in s.done.get(kind, ()):
                 b = int((t - result["t_kill"]) * 2) / 2
                 timeline[b] = timeline.get(b, 0) + 1
         rec = sorted(result["recovered"].values())
-        out["failures"].update({f"storm {k}": v for k, v in s.failure_statuses.items()})
         out["storm"] = {"sets": result["sets"], "unrecovered": len(result["unrecovered"]),
                         "recovery_s": round(max(rec), 2) if rec and not result["unrecovered"] else None,
-                        "recovered_at": rec, "requests_per_s": sorted((t, 2 * n) for t, n in timeline.items())}
+                        "recovered_at": rec, "requests_per_s": sorted((t, 2 * n) for t, n in timeline.items()),
+                        "unrecovered_state": result["unrecovered_state"], "failures": dict(s.failure_statuses),
+                        "leader_changes": load.leader_changes - out["leader_changes"]}
     await load.stop()
     return out
 
@@ -114,10 +179,71 @@ def _run_point(arch: str, brokers: int, args, storm: bool, tmp: Path) -> dict:
     extra = ("--architecture", arch, "--inactive-master-scan-ms", str(args.scan_ms))
     procs, endpoints = start_controller_processes(tmp / f"{arch}-{brokers}", extra, secure=False)
     try:
-        leader = asyncio.run(_find_leader(endpoints))
-        return asyncio.run(_drive(leader, brokers, args, storm, [p.pid for p in procs]))
+        return uvloop.run(_drive(endpoints, brokers, args, storm, [p.pid for p in procs]))
     finally:
         stop_processes(procs)
+
+
+def _run_etcd_point(brokers: int, args, tmp: Path) -> dict:
+    """etcd beside them, for the one request with a KV equivalent: GetReplicaInfo ~ a linearizable
+    `kv/range` of the set's key (RocketMQ's other requests are conditional updates of several fields,
+    heartbeats are not replicated at all). Same generator, same rates: the brokers' reads at their real
+    period (open loop), then the same saturating closed loop."""
+    from .api import etcd_leader, start_etcd
+
+    d = tmp / f"etcd-{brokers}"
+    d.mkdir(parents=True)
+    procs, clients = start_etcd(d)
+    try:
+        leader = etcd_leader(clients).removeprefix("http://")
+        sets = max(1, brokers // 3)
+
+        def kv(op: str, body: dict) -> bytes:
+            return post(leader, f"/v3/kv/{op}", body)
+
+        key = [base64.b64encode(f"perf-{g}".encode()).decode() for g in range(sets)]
+        reads = [kv("range", {"key": key[g]}) for g in range(sets)]
+
+        async def drive() -> dict:
+            stop = asyncio.Event()
+            seed = Samples(time.monotonic())
+            await saturate(lambda: leader, [kv("put", {"key": k, "value": "AAAAAAAA"}) for k in key],
+                           min(64, sets), _Once(sets, seed), lambda: seed, "put")
+            pids = [p.pid for p in procs]
+            rng = random.Random(0)
+            mix, cpu = Samples(time.monotonic()), _Cpu(pids)
+            per_broker = [reads[i // 3] for i in range(3 * sets)]  # every broker reads its set's key
+            t = asyncio.create_task(open_loop(leader, per_broker, REPLICA_INFO_PERIOD_S, stop, lambda: mix,
+                                              "range", rng))
+            await asyncio.sleep(args.duration)
+            out = {"mix": {"controller": _stats(mix, ("range",), args.duration),
+                           "send_lag_p99_ms": 1000 * percentile(sorted(mix.send_lag), 0.99),
+                           "failures": dict(mix.failure_statuses)} | cpu.done()}
+            cap, cpu, stop2 = Samples(time.monotonic()), _Cpu(pids), asyncio.Event()
+            sat = asyncio.create_task(saturate(lambda: leader, reads, args.capacity_connections, stop2,
+                                               lambda: cap, "range_saturating"))
+            await asyncio.sleep(args.duration)
+            stop.set()
+            stop2.set()
+            await asyncio.gather(t, sat)
+            out["capacity"] = _stats(cap, ("range_saturating", "range"), args.duration) | cpu.done() | {
+                "failures": dict(cap.failure_statuses)}
+            return out
+
+        return {"brokers": 3 * sets, "sets": sets} | uvloop.run(drive())
+    finally:
+        stop_processes(procs)
+
+
+class _Once(asyncio.Event):
+    """A stop event that sets itself once `n` answers are in `samples` (seeding: every key put once)."""
+
+    def __init__(self, n: int, samples: Samples) -> None:
+        super().__init__()
+        self.n, self.samples = n, samples
+
+    def is_set(self) -> bool:
+        return sum(len(v) for v in self.samples.done.values()) >= self.n
 
 
 def _machine() -> dict:
@@ -150,26 +276,42 @@ def _machine() -> dict:
             "uvicorn": version("uvicorn"), "fastapi": version("fastapi"), "msgpack": version("msgpack")}
 
 
+def _fmt_rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 10 else f"{x:.1f}"
+
+
 def _write(out_dir: Path, report: dict) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "performance.json").write_text(json.dumps(report, indent=1))
     pts, settings, machine = report["points"], report["settings"], report["machine"]
-    rows = []
-    for arch in ARCHS:
+    systems = [a for a in (*ARCHS, "etcd") if pts.get(a)]
+    mix_rows, cap_rows = [], []
+    for arch in systems:
         for p in pts[arch]:
-            c, h = p["controller"], p["heartbeat"]
-            rate = f"{c['per_s']:,.0f}" if c["per_s"] >= 10 else f"{c['per_s']:.1f}"
-            rows.append([arch, p["brokers"], rate, f"{c['p50_ms']:.1f}", f"{c['p99_ms']:.1f}",
-                         c["failed"], f"{h['per_s']:,.0f}", f"{h['p99_ms']:.1f}", f"{p['register_s']:.1f}",
-                         f"{p['load_cpu_s']:.1f} / {p['server_cpu_s']:.1f}"])
-    header = ["architecture", "brokers", "controller req/s", "p50 ms", "p99 ms", "failed", "heartbeats/s",
-              "heartbeat p99 ms", "register all (s)", "CPU s: load gen / servers"]
-    storms = [[arch, p["storm"]["sets"], p["storm"]["unrecovered"],
-               "-" if p["storm"]["recovery_s"] is None else f"{p['storm']['recovery_s']:.1f}"]
+            m, c = p["mix"], p["capacity"]
+            hb = m.get("heartbeat")
+            mc = m["controller"]
+            mix_rows.append([arch, p["brokers"], _fmt_rate(mc["per_s"]), f"{mc['p50_ms']:.1f}",
+                             f"{mc['p99_ms']:.1f}", mc["failed"],
+                             _fmt_rate(hb["per_s"]) if hb else "-", f"{hb['p99_ms']:.1f}" if hb else "-",
+                             f"{m['send_lag_p99_ms']:.1f}", f"{p['register_s']:.1f}" if "register_s" in p else "-",
+                             f"{m['load_cores']:.2f} / {m['server_cores']:.2f}"])
+            cap_rows.append([arch, p["brokers"], _fmt_rate(c["per_s"]), f"{c['p50_ms']:.1f}", f"{c['p99_ms']:.1f}",
+                             c["failed"], f"{c['load_cores']:.2f} / {c['server_cores']:.2f}",
+                             f"{c['per_s'] * report['settings']['measured seconds per phase'] / c['server_cpu_s']:,.0f}"
+                             if c["server_cpu_s"] > 0 else "-"])
+    mix_header = ["system", "brokers", "controller req/s", "p50 ms", "p99 ms", "failed", "heartbeats/s",
+                  "heartbeat p99 ms", "send lag p99 ms", "register all (s)", "cores: load gen / servers"]
+    cap_header = ["system", "brokers", "controller req/s", "p50 ms", "p99 ms", "failed",
+                  "cores: load gen / servers", "req per server CPU-s"]
+    storms = [[arch, p["brokers"], p["storm"]["sets"], p["storm"]["unrecovered"],
+               "-" if p["storm"]["recovery_s"] is None else f"{p['storm']['recovery_s']:.1f}",
+               p["storm"]["leader_changes"]]
               for arch in ARCHS for p in pts[arch] if "storm" in p]
-    storm_header = ["architecture", "sets whose master died", "not recovered", "recovery s (all sets)"]
+    storm_header = ["architecture", "brokers", "sets whose master died", "not recovered", "recovery s (all sets)",
+                    "controller leader changes"]
     res = report["result"]
-    storm = next((p["storm"] for a in ARCHS for p in pts[a] if "storm" in p), None)
+    storm = next((p["storm"] for a in ARCHS for p in pts[a] if "storm" in p and p["brokers"] == res["brokers"]), None)
     if storm is None:
         storm_text = ""
     elif storm["unrecovered"]:
@@ -179,42 +321,66 @@ def _write(out_dir: Path, report: dict) -> None:
     else:
         storm_text = (f" After {settings['storm_fraction']:.0%} of the masters died at once, every affected set "
                       f"had a new master after {res['storm_recovery_s']} s.")
-    old_rate = next((p["controller"]["per_s"] for p in pts["legacy"][-1:]), 0.0)
+    at = {a: next((p for p in pts[a] if p["brokers"] == res["brokers"]), None) for a in systems}
+    old_rate = at["legacy"]["capacity"]["per_s"] if at.get("legacy") else 0.0
     summary = (f"At {res['brokers']:,} brokers the new architecture served {res['new_per_s']:,} controller "
-               f"requests/s against {old_rate:,.1f} for the old one ({res['new_vs_old']}x); p99 "
-               f"{res['new_p99_ms']} ms against {res['old_p99_ms']} ms.{storm_text} Storm figures: "
-               f"{ARCHS[0] if pts[ARCHS[0]] else ARCHS[1]} architecture.")
+               f"requests/s at saturation against {_fmt_rate(old_rate)} for the old one ({res['new_vs_old']}x); "
+               f"at the brokers' real request mix its p99 was {res['new_p99_ms']} ms against {res['old_p99_ms']} ms."
+               f"{storm_text} Storm figures: new architecture.")
     kv = [[k, v] for k, v in machine.items()]
     st = [[k, v] for k, v in settings.items() if k != "notes"]
     first = (f"<section class='first-page'><h1>Electra performance report: old vs new architecture</h1>"
              f"<p>{report['generated']}</p><p>{summary}</p><h2>Machine and versions</h2>{R.table(['', ''], kv)}"
              f"<h2>Settings</h2>{R.table(['', ''], st)}<p>{settings['notes']}</p></section>")
-    tput = {a: [(p["brokers"], p["controller"]["per_s"]) for p in pts[a]] for a in ARCHS}
-    lat = {f"{a} {q}": [(p["brokers"], p["controller"][f"{q}_ms"]) for p in pts[a]] for a in ARCHS
+    tput = {a: [(p["brokers"], p["capacity"]["per_s"]) for p in pts[a]] for a in systems}
+    lat = {f"{a} {q}": [(p["brokers"], p["mix"]["controller"][f"{q}_ms"]) for p in pts[a]] for a in systems
            for q in ("p50", "p99")}
-    cdf = {a: [(ms, q) for ms, q in pts[a][-1]["controller"]["cdf"]] for a in ARCHS if pts[a]}
+    cdf = {a: list(at[a]["mix"]["controller"]["cdf"]) for a in systems if at.get(a)}
     storm_rec = {a: [(0.0, 0.0)] + [(t, i + 1) for i, t in enumerate(p["storm"]["recovered_at"])]
                  for a in ARCHS for p in pts[a] if "storm" in p}
     storm_rps = {a: [(t, n) for t, n in p["storm"]["requests_per_s"]] for a in ARCHS for p in pts[a] if "storm" in p}
-    charts = [R.line_chart("Controller requests per second against concurrent brokers", tput, "brokers",
-                           "requests/s", logx=True),
-              R.line_chart("Controller request latency p50 and p99 against brokers", lat, "brokers", "ms",
-                           logx=True, logy=True),
-              R.line_chart(f"Latency CDF at {pts['new'][-1]['brokers'] if pts['new'] else '?'} brokers", cdf,
+    charts = [R.line_chart("Capacity: controller requests per second at saturation against brokers", tput,
+                           "brokers", "requests/s", logx=True),
+              R.line_chart("Real request mix: controller request latency p50 and p99 against brokers", lat,
+                           "brokers", "ms", logx=True, logy=True),
+              R.line_chart(f"Real request mix: latency CDF at {res['brokers']:,} brokers", cdf,
                            "latency (ms)", "fraction of requests", logx=True),
               R.line_chart("Failover storm: sets with a new master committed, seconds after the kill", storm_rec,
                            "seconds after the kill", "sets recovered", step=True),
               R.line_chart("Failover storm: broker requests completed per second", storm_rps,
                            "seconds after the kill", "requests/s")]
-    body = [first, "<h2>Results</h2>", R.table(header, rows), "<h2>Failover storm</h2>",
-            R.table(storm_header, storms), *charts, f"<pre>{report['result_line']}</pre>"]
+    skipped = "".join(f"<p>{t}</p>" for t in report["skipped"])
+    body = [first, "<h2>Real request mix (open loop): latency</h2>", R.table(mix_header, mix_rows),
+            "<h2>Capacity (saturating closed loop): throughput</h2>", R.table(cap_header, cap_rows), skipped,
+            "<h2>Failover storm</h2>", R.table(storm_header, storms), *charts, f"<pre>{report['result_line']}</pre>"]
     (out_dir / "performance.html").write_text(R.page("Electra performance report", body))
     md = [f"# Electra performance report: old vs new architecture\n\n{report['generated']}\n\n{summary}\n",
           "## Machine and versions\n", R.markdown_table(["", ""], kv), "\n## Settings\n",
-          R.markdown_table(["", ""], st), f"\n{settings['notes']}\n\n## Results\n", R.markdown_table(header, rows),
+          R.markdown_table(["", ""], st), f"\n{settings['notes']}\n\n## Real request mix (open loop): latency\n",
+          R.markdown_table(mix_header, mix_rows), "\n## Capacity (saturating closed loop): throughput\n",
+          R.markdown_table(cap_header, cap_rows), *(f"\n{t}" for t in report["skipped"]),
           "\n## Failover storm\n", R.markdown_table(storm_header, storms),
           f"\nPlots: performance.html. Raw data: performance.json.\n\n    {report['result_line']}\n"]
     (out_dir / "performance.md").write_text("\n".join(md))
+
+
+def _point_line(system: str, pt: dict) -> str:
+    m, c = pt["mix"], pt["capacity"]
+    line = (f"  {system:>6} {pt['brokers']:>5} brokers: mix {m['controller']['per_s']:,.0f} req/s p99 "
+            f"{m['controller']['p99_ms']:.1f} ms (send lag p99 {m['send_lag_p99_ms']:.0f} ms, load gen "
+            f"{m['load_cores']:.2f} cores); capacity {c['per_s']:,.0f} req/s p99 {c['p99_ms']:.1f} ms "
+            f"(load gen {c['load_cores']:.2f} cores, servers {c['server_cores']:.2f})")
+    if "heartbeat" in m:
+        line += f"; heartbeats {m['heartbeat']['per_s']:,.0f}/s p99 {m['heartbeat']['p99_ms']:.1f} ms"
+    failures = {**m["failures"], **{f"capacity {k}": v for k, v in c["failures"].items()}}
+    if failures:
+        line += f"  failures {failures}"
+    if "storm" in pt:
+        st = pt["storm"]
+        line += (f"\n         storm {st['sets']} sets, recovered in {st['recovery_s'] or 'not all'} s, "
+                 f"{st['leader_changes']} leader changes" + (f", unrecovered {st['unrecovered_state']}"
+                                                             if st["unrecovered"] else ""))
+    return line
 
 
 def main(argv: list[str]) -> int:
@@ -222,13 +388,25 @@ def main(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--brokers", type=_parse_sweep, default=_parse_sweep("10,100,1000,5000"),
                    help="concurrent brokers per point, comma-separated (default 10,100,1000,5000)")
-    p.add_argument("--duration", type=float, default=10.0, help="measured seconds per point (default 10)")
+    p.add_argument("--duration", type=float, default=10.0,
+                   help="measured seconds of each phase (real mix, capacity) per point (default 10)")
     p.add_argument("--architectures", default="new,legacy", help="which to run (default new,legacy)")
+    p.add_argument("--legacy-max-brokers", type=int, default=1000,
+                   help="run the legacy architecture only up to this many brokers (default 1000: it registers "
+                        "one broker request at a time)")
+    p.add_argument("--etcd", choices=("auto", "on", "off"), default="auto",
+                   help="etcd beside them for GetReplicaInfo ~ kv/range (auto: when `etcd` is installed)")
+    p.add_argument("--capacity-connections", type=int, default=64,
+                   help="connections of the capacity phase's closed loop (default 64, as bench api's wrk)")
     p.add_argument("--storm-fraction", type=float, default=0.2, help="masters killed at once (default 0.2)")
     p.add_argument("--storm-limit-s", type=float, default=90.0, help="give up waiting for recovery after this")
     p.add_argument("--heartbeat-timeout-ms", type=int, default=10_000,
                    help="heartbeatTimeoutMillis the brokers send (RocketMQ default 10000)")
     p.add_argument("--scan-ms", type=int, default=5000, help="the leader's inactive-master scan (RocketMQ: 5000)")
+    p.add_argument("--heartbeats-to", choices=("all", "leader"), default="all",
+                   help="brokers heartbeat every controller, as RocketMQ's do (default), or only the leader")
+    p.add_argument("--storm-pause-leader-s", type=float, default=0.0,
+                   help="SIGSTOP the controller leader this long when the masters die (a leader change mid-storm)")
     p.add_argument("--out", default=None, help="report directory (default reports/performance-<UTC time>)")
     args = p.parse_args(argv)
     archs = [a.strip() for a in args.architectures.split(",") if a.strip()]
@@ -236,60 +414,91 @@ def main(argv: list[str]) -> int:
         p.error(f"--architectures: choose among {', '.join(ARCHS)}")
     if not 0 < args.storm_fraction <= 1:
         p.error("--storm-fraction must be in (0, 1]")
+    with_etcd = args.etcd == "on" or (args.etcd == "auto" and shutil.which("etcd") is not None)
+    if args.etcd == "on" and shutil.which("etcd") is None:
+        p.error("--etcd on: no `etcd` on PATH (Debian package etcd-server; `make setup` installs it)")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(args.out or f"reports/performance-{stamp}")
     machine = _machine()
-    print(f"report performance: {', '.join(archs)} x {args.brokers} brokers, {args.duration:.0f}s each, "
-          f"storm at {args.brokers[-1]} brokers; output {out_dir}", flush=True)
-    points: dict[str, list[dict]] = {a: [] for a in ARCHS}
+
+    def runs(arch: str, n: int) -> bool:
+        return arch in archs and (arch != "legacy" or n <= args.legacy_max_brokers)
+
+    both = [n for n in args.brokers if all(runs(a, n) for a in archs)]
+    result_at = both[-1] if both else args.brokers[-1]  # the RESULT line's point: every architecture ran there
+    print(f"report performance: {', '.join(archs)}{' and etcd' if with_etcd else ''} x {args.brokers} brokers, "
+          f"{args.duration:.0f}s per phase, RESULT and storm at {result_at} brokers; output {out_dir}", flush=True)
+    points: dict[str, list[dict]] = {a: [] for a in (*ARCHS, "etcd")}
+    skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="report-performance-") as tmp:
         for n in args.brokers:
             for arch in archs:
-                storm = n == args.brokers[-1]
-                pt = _run_point(arch, n, args, storm, Path(tmp))
+                if not runs(arch, n):
+                    last = points[arch][-1] if points[arch] else None
+                    why = (f"; registering {last['brokers']:,} brokers took it {last['register_s']:.0f} s, one "
+                           f"request at a time, so {n:,} would take about "
+                           f"{last['register_s'] * n / last['brokers']:.0f} s" if last else "")
+                    skipped.append(f"{arch} at {n:,} brokers: not run (--legacy-max-brokers "
+                                   f"{args.legacy_max_brokers}{why}).")
+                    print("  " + skipped[-1], flush=True)
+                    continue
+                pt = _run_point(arch, n, args, n == result_at, Path(tmp))
                 points[arch].append(pt)
-                c = pt["controller"]
-                print(f"  {arch:>6} {pt['brokers']:>5} brokers: {c['per_s']:>8,.0f} req/s  p50 {c['p50_ms']:7.1f} ms"
-                      f"  p99 {c['p99_ms']:7.1f} ms  failed {c['failed']}  heartbeats {pt['heartbeat']['per_s']:,.0f}/s"
-                      f"  cpu load/servers {pt['load_cpu_s']:.1f}/{pt['server_cpu_s']:.1f}s  {pt['failures'] or ''}"
-                      + (f"  storm {pt['storm']['sets']} sets, recovered in {pt['storm']['recovery_s'] or 'not all'}s"
-                         if storm else ""), flush=True)
+                print(_point_line(arch, pt), flush=True)
+            if with_etcd:
+                pt = _run_etcd_point(n, args, Path(tmp))
+                points["etcd"].append(pt)
+                print(_point_line("etcd", pt), flush=True)
 
-    def at_largest(arch: str) -> dict | None:
-        return points[arch][-1] if points[arch] else None
+    def at(arch: str) -> dict | None:
+        return next((q for q in points[arch] if q["brokers"] // 3 == result_at // 3), None)
 
-    new, old = at_largest("new"), at_largest("legacy")
-    new_c = new["controller"] if new else {"per_s": 0.0, "p99_ms": float("nan")}
-    old_c = old["controller"] if old else {"per_s": 0.0, "p99_ms": float("nan")}
+    new, old = at("new"), at("legacy")
+    nan = float("nan")
+    new_cap = new["capacity"]["per_s"] if new else 0.0
+    old_cap = old["capacity"]["per_s"] if old else 0.0
     storm_of = (new or old or {}).get("storm") or {}
     recovery = storm_of.get("recovery_s")
-    result = {"brokers": (new or old)["brokers"], "new_per_s": round(new_c["per_s"]),
-              "old_per_s": round(old_c["per_s"]),
-              "new_vs_old": round(new_c["per_s"] / old_c["per_s"], 2) if old_c["per_s"] else float("nan"),
-              "new_p99_ms": round(new_c["p99_ms"], 1), "old_p99_ms": round(old_c["p99_ms"], 1),
+    result = {"brokers": (new or old or {}).get("brokers", result_at), "new_per_s": round(new_cap),
+              "old_per_s": round(old_cap), "new_vs_old": round(new_cap / old_cap, 2) if old_cap else nan,
+              "new_p99_ms": round(new["mix"]["controller"]["p99_ms"], 1) if new else nan,
+              "old_p99_ms": round(old["mix"]["controller"]["p99_ms"], 1) if old else nan,
               "storm_recovery_s": round(recovery if recovery is not None else args.storm_limit_s, 1)}
     line = result_line(**result)
-    settings = {"architectures": ", ".join(archs), "sweep (brokers)": ", ".join(map(str, args.brokers)),
-                "measured seconds per point": args.duration, "controllers": "3 processes, fsync on, loopback, "
+    settings = {"architectures": ", ".join(archs) + (", etcd (reads only)" if with_etcd else ""),
+                "sweep (brokers)": ", ".join(map(str, args.brokers)),
+                "measured seconds per phase": args.duration, "controllers": "3 processes, fsync on, loopback, "
                 "plaintext HTTP", "replicas per broker set": 3, "heartbeat period s": 1.0,
+                "replica info period s": REPLICA_INFO_PERIOD_S, "capacity connections": args.capacity_connections,
                 "heartbeatTimeoutMillis": args.heartbeat_timeout_ms, "inactive-master scan ms": args.scan_ms,
                 "storm_fraction": args.storm_fraction, "storm limit s": args.storm_limit_s,
-                "notes": ("Controller requests: every broker repeats GetReplicaInfo (and AlterSyncStateSet when its "
-                          "set changed) back to back on its own kept-alive connection, after registering (apply id, "
-                          "register, elect, sync-state set) at start; heartbeats keep their real 1 s period in both "
-                          "architectures and go to the leader's liveness table (no Kafka: the comparison isolates "
-                          "the request architecture). The storm runs at the largest point with the brokers back at "
-                          "their real periods (replica info every 5 s). One load-generator process on the same "
-                          "machine as the controllers; its CPU is in the results table. The machine may be shared: "
-                          "see the load average above. etcd is not included (no launcher in this project yet).")}
+                "notes": NOTES}
     report = {"generated": f"generated {datetime.now(UTC).isoformat(timespec='seconds')} by `electra report "
                            f"performance {' '.join(argv)}`",
-              "machine": machine, "settings": settings, "points": points, "result": result, "result_line": line}
+              "machine": machine, "settings": settings, "points": points, "result": result, "result_line": line,
+              "skipped": skipped}
     _write(out_dir, report)
     print(f"wrote {out_dir / 'performance.html'}, {out_dir / 'performance.md'}, {out_dir / 'performance.json'}",
           flush=True)
     print(line, flush=True)
     return 0
+
+
+NOTES = ("Each point starts three fresh controller processes; the brokers register (apply id, heartbeat, "
+         "register, the first asks for the election, the master grows its sync-state set), then two phases "
+         "of the measured length run. Real mix (open loop): every broker heartbeats every controller once a "
+         "second (as RocketMQ brokers do; no Kafka: the comparison isolates the request architecture), asks "
+         "for its replica info every 5 s, and the master alters its sync-state set when its set changed; "
+         "latency runs from each request's intended send time, so a slow answer that delays a broker's next "
+         "request counts (send lag: how late the generator itself sent). Capacity: the real mix goes on and "
+         "64 more kept-alive connections repeat GetReplicaInfo back to back over all sets. RESULT: new_per_s, "
+         "old_per_s and new_vs_old are the capacity phase's controller requests per second; new_p99_ms and "
+         "old_p99_ms are the controller requests' p99 (replica info, sync-state set, elections) in the real "
+         "mix; storm_recovery_s is the new architecture's time until every set whose master died has a new "
+         "master. One load-generator process (asyncio protocols, pre-encoded requests) on the same machine; "
+         "its CPU is in the tables. etcd: a linearizable kv/range per broker's set key stands for GetReplicaInfo "
+         "(same rates, same generator); RocketMQ's other requests have no KV equivalent (conditional updates "
+         "of several fields; heartbeats are not replicated). The machine may be shared: see the load average.")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """`electra report performance` on a tiny sweep: the report files and the RESULT line are well formed.
 
 The numbers are not checked (they depend on the machine); the shape is: both architectures
-ran every point, the storm ran at the largest one, the HTML stands alone (inline SVG, no
-script and no outside address), and the last line carries every RESULT key with a number.
+and etcd ran both phases (real mix, capacity) at every point, the storm ran at the largest one,
+the HTML stands alone (inline SVG, no script and no outside address), and the last line carries
+every RESULT key with a number.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def test_tiny_sweep_writes_the_report_and_a_result_line(tmp_path):
     out = tmp_path / "report"
     proc = subprocess.run([sys.executable, "-m", "electra.cli", "--log-level", "WARNING", "report", "performance",
                            "--brokers", "6,15", "--duration", "2", "--heartbeat-timeout-ms", "2000",
-                           "--scan-ms", "1000", "--storm-limit-s", "30", "--out", str(out)],
+                           "--scan-ms", "1000", "--storm-limit-s", "30", "--etcd", "on", "--out", str(out)],
                           capture_output=True, text=True, timeout=400, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
@@ -33,13 +34,20 @@ def test_tiny_sweep_writes_the_report_and_a_result_line(tmp_path):
     assert values["brokers"] == 15
 
     report = json.loads((out / "performance.json").read_text())
+    for system in ("new", "legacy", "etcd"):
+        points = report["points"][system]
+        assert [p["brokers"] for p in points] == [6, 15]
+        for p in points:
+            assert p["capacity"]["count"] > 0 and p["capacity"]["load_cpu_s"] > 0, (system, p)
+        assert points[-1]["mix"]["controller"]["count"] > 0, (system, points[-1])
     for arch in ("new", "legacy"):
-        assert [p["brokers"] for p in report["points"][arch]] == [6, 15]
-        assert "storm" in report["points"][arch][-1] and "storm" not in report["points"][arch][0]
+        points = report["points"][arch]
+        assert "storm" in points[-1] and "storm" not in points[0]
+        assert points[0]["mix"]["heartbeat"]["count"] > 0
     page = (out / "performance.html").read_text()
     assert page.count("<svg") == 5 and "<script" not in page
     assert not re.search(r"(src|href)=['\"]?https?://", page)  # nothing fetched from the network
-    for heading in ("Machine and versions", "Settings", "Failover storm"):
+    for heading in ("Machine and versions", "Settings", "Real request mix", "Capacity", "Failover storm"):
         assert heading in page
     md = (out / "performance.md").read_text()
     assert md.startswith("# Electra performance report") and "| architecture | brokers |" in md
