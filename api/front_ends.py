@@ -130,6 +130,20 @@ class FrontEnds:
             log.warning("front-end %d (pid %d) exited with %s; restarting in %.1fs", slot, proc.pid, rc, delay)
             await asyncio.sleep(delay)
 
+    def collect(self):
+        """Prometheus: front-ends linked, restarts, and calls answered per front-end process (`/metrics`)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        yield GaugeMetricFamily("electra_front_ends_linked", "front-end processes linked to this Raft process",
+                                value=len(self.links))
+        yield CounterMetricFamily("electra_front_end_restarts", "front-end processes restarted after they exited",
+                                  value=self.stats["restarts"])
+        calls = CounterMetricFamily("electra_front_end_calls", "broker requests answered over each front-end link",
+                                    labels=["pid"])
+        for link in list(self.links):
+            calls.add_metric([str(link.peer_pid)], link.stats["calls"])
+        yield calls
+
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p is not None and p.returncode is None]
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -249,6 +250,17 @@ class LinkClient(asyncio.Protocol):
 Execute = Callable[[Call], Any]  # a Call -> Answer, or an awaitable Answer
 
 
+def _peer_pid(transport) -> int:
+    """The process at the other end of a unix socket (SO_PEERCRED), 0 when unknown."""
+    sock = transport.get_extra_info("socket")
+    try:
+        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                               struct.calcsize("3i")))
+    except (OSError, AttributeError):
+        return 0
+    return pid
+
+
 class LinkServerProtocol(asyncio.Protocol):
     """The Raft process's end of one front-end's link: runs each frame's calls in one turn, batches answers."""
 
@@ -262,10 +274,12 @@ class LinkServerProtocol(asyncio.Protocol):
         self._out = _Batcher()
         self._reader = FrameReader(Call)
         self.transport: asyncio.Transport | None = None
+        self.peer_pid = 0
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self._out.transport = transport
+        self.peer_pid = _peer_pid(transport)
         self.links.add(self)
 
     def connection_lost(self, exc) -> None:

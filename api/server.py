@@ -113,6 +113,7 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
                            if security and security.tls else None,
                            tokens_file=str(tokens.path) if tokens is not None else None,
                            log_level=logging.getLevelName(logging.getLogger().level))
+        app.state.request_metrics.registry.register(fronts)  # electra_front_end_* in /metrics
         config = uvicorn.Config(app, uds=fronts.app_socket, log_level="warning", lifespan="off", access_log=False,
                                 http=lean_protocol(lean, http_limits), timeout_keep_alive=http_limits.idle_timeout_s,
                                 proxy_headers=True, forwarded_allow_ips="*")
