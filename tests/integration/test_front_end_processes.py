@@ -95,6 +95,7 @@ def test_front_ends_serve_each_node_and_are_replaced_when_killed(tmp_path):
                 assert r["code"] == Code.SUCCESS, r
             leader_ep = endpoints[leader - 1]
             fronts = {ep: _front_end_pids(p.pid) for ep, p in zip(endpoints, procs, strict=True)}
+            seen.update(*fronts.values())
             assert all(len(pids) == 2 for pids in fronts.values()), fronts
             # A write and a read through every front-end of every node, each pair on a new connection.
             # A follower's front-end answers the write with a 307 to the leader (then sent there) and
@@ -105,9 +106,14 @@ def test_front_ends_serve_each_node_and_are_replaced_when_killed(tmp_path):
                 n += CONNECTIONS
                 calls = _calls_by_pid(await metrics(ep))
                 assert set(calls) == fronts[ep] and all(v >= 2 for v in calls.values()), (ep, calls, fronts[ep])
-            # SIGKILL one front-end of the leader: new connections keep being served meanwhile.
+            # SIGKILL one front-end of the leader: new connections keep being served meanwhile (a client
+            # connecting in the instant the process dies may be reset, as with any server process dying).
             victim = min(fronts[leader_ep])
             os.kill(victim, signal.SIGKILL)
+
+            async def victim_dead() -> bool:  # its listening socket is closed once it is a zombie or reaped
+                return _state(victim) in ("Z", "X")
+            await _until(victim_dead, "the SIGKILLed front-end to die", 10)
             for k in range(10):
                 n += 1
                 await write_and_read(leader_ep, f"s{k % 3}", n)
@@ -119,6 +125,7 @@ def test_front_ends_serve_each_node_and_are_replaced_when_killed(tmp_path):
                         and "electra_front_end_restarts_total 1.0" in text)
             await _until(replaced, "the killed front-end replaced", 60)
             newcomer = (_front_end_pids(procs[leader - 1].pid) - fronts[leader_ep]).pop()
+            seen.add(newcomer)
 
             async def newcomer_serves() -> bool:
                 nonlocal n
@@ -141,10 +148,14 @@ def test_front_ends_serve_each_node_and_are_replaced_when_killed(tmp_path):
             await client.close()
             await obs.close()
 
+    seen: set[int] = set()  # every front-end pid seen, so that a failed run leaves none behind
     try:
         asyncio.run(asyncio.wait_for(scenario(), 240))
     finally:
         stop_processes(procs)
+        for pid in seen:
+            if _state(pid) not in ("Z", "X"):
+                os.kill(pid, signal.SIGKILL)
     for p in procs:  # a stopped node leaves no front-end behind
         assert not _front_end_pids(p.pid)
 
