@@ -14,6 +14,10 @@ Content-Length body). Everything else — every 422, any coercion pydantic's lax
 do, odd encodings — returns `None` from `prepare` and is handed to the FastAPI application,
 which then answers it. tests/integration/test_lean_parity.py sends one table of requests,
 valid and invalid, through both paths and compares status, body and headers.
+
+`serve` is two halves: admission (auth, decoding) and `execute` (the controller's answer). In a
+front-end process (`electra node --front-ends N`, api/front_end.py) `forward` carries admitted
+requests over the link to the Raft process, which runs `execute` (api/front_ends.py).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -32,6 +33,7 @@ import urllib.request
 from pathlib import Path
 
 from .common import (
+    _stat_fields,
     bench_credentials,
     free_ports,
     process_tree_cpu_s,
@@ -218,9 +220,10 @@ def _electra_runs(tmp: Path, duration: float, secure: bool, spread: bool, work: 
                                      ("spread_read", ELECTRA_READ, endpoints)):
             if key == "spread_read" and not spread:
                 continue
-            cpu0, all0 = process_tree_cpu_s(leader_pid), _cpu(pids)
+            cpu0, all0, own0 = process_tree_cpu_s(leader_pid), _cpu(pids), _own_cpu_s(leader_pid)
             res = run_wrk([f"{scheme}://{ep}" for ep in targets], script, duration, work, headers)
             res["leader_cpu_s"], res["cluster_cpu_s"] = process_tree_cpu_s(leader_pid) - cpu0, _cpu(pids) - all0
+            res["leader_raft_cpu_s"] = _own_cpu_s(leader_pid) - own0  # the Raft process alone (no front-ends)
             out[key] = res
         return out
     finally:
@@ -244,6 +247,12 @@ def _etcd_runs(tmp: Path, duration: float, work: Path) -> dict:
         return out
     finally:
         stop_processes(procs)
+
+
+def _own_cpu_s(pid: int) -> float:
+    """CPU seconds of one process itself (user + system), without its children."""
+    f = _stat_fields(pid)
+    return sum(int(x) for x in f[11:13]) / os.sysconf("SC_CLK_TCK") if f is not None else 0.0
 
 
 def _cpu(pids: list[int]) -> float:
@@ -284,6 +293,18 @@ def _print_front_end_scaling(by_count: dict[int, dict], duration: float) -> None
         line = f"    {key:<11} " + " | ".join(cells)
         if 1 in by_count and 2 in by_count and by_count[1][key]["rps"]:
             line += f"  scaling 1->2: {by_count[2][key]['rps'] / by_count[1][key]['rps']:.2f}x"
+        if key != "spread_read":  # where a request's CPU goes at the leader: Raft process vs front-ends
+            costs = []
+            for n, runs in by_count.items():
+                r = runs[key]
+                done = r["rps"] * duration
+                if n and done:
+                    raft_us = r["leader_raft_cpu_s"] / done * 1e6
+                    costs.append(f"fe={n}: Raft process {raft_us:.0f} us + front-ends "
+                                 f"{(r['leader_cpu_s'] - r['leader_raft_cpu_s']) / done * 1e6:.0f} us per request")
+                elif done:
+                    costs.append(f"fe=0: {r['leader_cpu_s'] / done * 1e6:.0f} us per request")
+            line += "\n" + " " * 16 + " | ".join(costs)
         print(line, flush=True)
 
 
