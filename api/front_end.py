@@ -162,7 +162,7 @@ async def run(opts: dict) -> None:
     lean = LeanPath(None, metrics, tokens, forward=link.forward)
     http_ssl = tls.http_server_context() if tls else None
     config = uvicorn.Config(RaftProcessProxy(opts["app_socket"]), log_level="warning", lifespan="off",
-                            access_log=False, http=lean_protocol(lean, limits),
+                            access_log=False, http=lean_protocol(lean, limits), proxy_headers=False,
                             timeout_keep_alive=limits.idle_timeout_s,
                             ssl_context_factory=(lambda _cfg, _default: http_ssl) if http_ssl else None)
     server = uvicorn.Server(config)

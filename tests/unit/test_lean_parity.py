@@ -223,10 +223,10 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-async def _serve(app, protocol) -> tuple[uvicorn.Server, asyncio.Task, int]:
+async def _serve(app, protocol, proxy_headers: bool = True) -> tuple[uvicorn.Server, asyncio.Task, int]:
     port = _port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-                                           access_log=False, http=protocol))
+                                           access_log=False, http=protocol, proxy_headers=proxy_headers))
     server.install_signal_handlers = lambda: None
     task = asyncio.create_task(server.serve())
     for _ in range(200):
@@ -358,6 +358,9 @@ def test_pipelined_requests_are_answered_in_order_across_both_paths(tmp_path, sl
 async def _front_end(tmp_path, app, lean_backend: LeanPath, tokens: TokenStore | None):
     """The front-end arrangement in one process: a front-end server on TCP, the node's link and app on unix sockets.
 
+    The front-end server is configured as api/front_end.py configures it (no trust in callers'
+    X-Forwarded-* headers).
+
     The same classes as `electra node --front-ends N` (api/front_ends.py, api/front_end.py), minus the
     process boundary: the front-end's lean path forwards over a real link to the backend's `execute`,
     and everything else is relayed to the backend's FastAPI app on its unix socket.
@@ -382,7 +385,7 @@ async def _front_end(tmp_path, app, lean_backend: LeanPath, tokens: TokenStore |
     stop = asyncio.Event()
     linked = asyncio.create_task(link.keep_linked(stop))
     front_lean = LeanPath(None, RequestMetrics(), tokens, forward=link.forward)
-    front = await _serve(RaftProcessProxy(app_path), lean_protocol(front_lean))
+    front = await _serve(RaftProcessProxy(app_path), lean_protocol(front_lean), proxy_headers=False)
     for _ in range(200):  # bounded: until the link is up and the backend listens
         if links and backend.started:
             break
@@ -429,6 +432,25 @@ def test_front_end_processes_answer_every_request_like_fastapi(tmp_path, secure)
         finally:
             fast[0].should_exit = True
             await asyncio.wait_for(fast[1], 10)
+            await close()
+
+    asyncio.run(main())
+
+
+def test_a_front_end_relays_its_own_scheme_not_the_callers_forwarded_headers(tmp_path):
+    """X-Forwarded-* are trusted on the Raft process's socket: the relay must replace what a caller sent."""
+    async def main():
+        svc, app = _build(None)
+        node_lean = LeanPath(svc, app.state.request_metrics, None)
+        front_lean, port, close = await _front_end(tmp_path, app, node_lean, None)
+        try:
+            row = _post("not leader, through the relay", f"{S}/follower/register", REG,
+                        headers={"Content-Type": "application/json; charset=utf-8", "X-Forwarded-Proto": "https",
+                                 "X-Forwarded-For": "203.0.113.9"})
+            status, headers, _ = await _exchange(port, _raw(row, None))
+            assert front_lean.stats["served"] == 0  # the relay answered, not the lean path
+            assert status == 307 and headers["location"].startswith("http://127.0.0.1:7002/"), headers
+        finally:
             await close()
 
     asyncio.run(main())
