@@ -70,7 +70,7 @@ class FrontEndLink:
                 closed.cancel()
                 stopping.cancel()
                 if stop.is_set():
-                    link._out.transport.close()
+                    link.close()
                     return
                 log.warning("front-end %d: the link to the Raft process broke; re-dialling", os.getpid())
             await asyncio.sleep(RECONNECT_S)

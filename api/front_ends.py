@@ -116,8 +116,14 @@ class FrontEnds:
     async def _supervise(self, slot: int) -> None:
         failures = 0
         while not self._stopping:  # ends with the node (stop() cancels it)
-            proc = await asyncio.create_subprocess_exec(*self._argv(), pass_fds=(self._pipe_r,),
-                                                        stdin=asyncio.subprocess.DEVNULL)
+            try:
+                proc = await asyncio.create_subprocess_exec(*self._argv(), pass_fds=(self._pipe_r,),
+                                                            stdin=asyncio.subprocess.DEVNULL)
+            except OSError as exc:  # out of processes or descriptors: try again after a back-off
+                failures += 1
+                log.error("cannot start front-end %d: %s", slot, exc)
+                await asyncio.sleep(min(MAX_BACKOFF_S, 0.1 * 2 ** failures))
+                continue
             self.procs[slot] = proc
             self.stats["started"] += 1
             began = time.monotonic()
@@ -154,7 +160,7 @@ class FrontEnds:
         for p in running:
             p.send_signal(signal.SIGTERM)
         if running:
-            _, late = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in running], timeout=STOP_GRACE_S)
+            await asyncio.wait([asyncio.ensure_future(p.wait()) for p in running], timeout=STOP_GRACE_S)
             for p in running:
                 if p.returncode is None:
                     p.kill()

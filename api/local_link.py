@@ -172,6 +172,10 @@ class LinkClient(asyncio.Protocol):
     def in_flight(self) -> int:
         return len(self._open)
 
+    def close(self) -> None:
+        if self._out.transport is not None:
+            self._out.transport.close()
+
     def has_room(self) -> bool:
         return len(self._open) < self.max_in_flight
 

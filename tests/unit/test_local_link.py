@@ -93,7 +93,7 @@ def test_calls_of_one_loop_turn_go_as_one_frame_and_their_answers_come_back_as_o
         assert client.stats["frames_in"] <= 2  # the 5 immediate answers, then the 30 that took a turn
         assert [a.id for a in answers] == list(range(1, 36))
         assert [a.status for a in answers] == [200] * 30 + [201] * 5
-        client._out.transport.close()
+        client.close()
         server.close()
 
     asyncio.run(main())
@@ -123,7 +123,7 @@ def test_a_front_end_over_its_in_flight_bound_waits_and_the_raft_side_stops_read
         answers = await asyncio.wait_for(asyncio.gather(*tasks), 10)
         assert len({a.id for a in answers}) == 20 and len(started) == 20
         assert not end.reading_paused
-        client._out.transport.close()
+        client.close()
         server.close()
 
     asyncio.run(main())
