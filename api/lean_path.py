@@ -14,6 +14,10 @@ Content-Length body). Everything else — every 422, any coercion pydantic's lax
 do, odd encodings — returns `None` from `prepare` and is handed to the FastAPI application,
 which then answers it. tests/integration/test_lean_parity.py sends one table of requests,
 valid and invalid, through both paths and compares status, body and headers.
+
+`serve` is two halves: admission (auth, decoding) and `execute` (the controller's answer). In a
+front-end process (`electra node --front-ends N`, api/front_end.py) `forward` carries admitted
+requests over the link to the Raft process, which runs `execute` (api/front_ends.py).
 """
 
 from __future__ import annotations
@@ -124,6 +128,7 @@ def _routes() -> dict[str, Route]:
 
 
 ROUTES = _routes()
+ROUTES_BY_ENDPOINT = {r.endpoint: r for r in ROUTES.values()}
 _SET_ROUTE = re.compile(rb"/v1/broker-sets/([^/?#%]+)/([a-z-]+)")
 _CLUSTER_QUERY = re.compile(rb"cluster=([^&;%+#=]{1,255})")  # a single, plain value (else FastAPI parses it)
 _NAME = lean_scalar(models.Name)
@@ -142,12 +147,16 @@ class LeanRequest:
     t0: float
 
 
+Forward = Callable[["LeanRequest", "msgspec.Struct | None", str], Awaitable[Reply]]
+
+
 class LeanPath:
     """Serves the hot broker routes of one node; `prepare` says which requests are its own."""
 
-    def __init__(self, svc: BrokerRequests, metrics: RequestMetrics, tokens: TokenStore | None,
-                 heartbeat_producer=None) -> None:
-        self.svc = svc
+    def __init__(self, svc: BrokerRequests | None, metrics: RequestMetrics, tokens: TokenStore | None,
+                 heartbeat_producer=None, forward: Forward | None = None) -> None:
+        self.svc = svc  # None in a front-end process: `forward` sends admitted requests to the Raft process
+        self.forward = forward
         self.metrics = metrics
         self.tokens = tokens  # None: insecure mode
         self.heartbeat_producer = heartbeat_producer  # with the Kafka pipeline: heartbeats go there
@@ -225,6 +234,12 @@ class LeanPath:
                 obj = self._decoders[req.route.struct].decode(body)
             except (msgspec.ValidationError, msgspec.DecodeError):
                 return None
+        if self.forward is not None:
+            return self.forward(req, obj, scheme)
+        return self.execute(req, obj, scheme)
+
+    def execute(self, req: LeanRequest, obj: msgspec.Struct | None, scheme: str) -> Reply | Awaitable[Reply]:
+        """Answer an admitted request (authenticated, its body decoded) from this process's controller."""
         if req.route.endpoint == "heartbeat" and self.heartbeat_producer is not None:
             return pipeline_heartbeat(self.metrics, self.heartbeat_producer, self._encode(obj), self.svc.now_ms())
         try:

@@ -17,6 +17,7 @@ from electra.streaming.records import Topics
 
 from .app import create_app
 from .controller import Controller, ControllerConfig
+from .front_ends import FrontEnds
 from .http_limits import DEFAULT_LIMITS, HTTPLimits
 from .lean_http import lean_protocol
 from .lean_path import LeanPath
@@ -41,12 +42,15 @@ class ControllerNode:
     audit: AuditLog | None = None
     tls_watch: asyncio.Task | None = field(default=None, repr=False)
     lean: LeanPath | None = field(default=None, repr=False)  # the broker routes' lean path (its stats)
+    front_ends: FrontEnds | None = field(default=None, repr=False)  # with --front-ends N: the API processes
 
     @property
     def tier(self) -> TierUploader | None:
         return self.service.tier
 
     async def stop(self) -> None:
+        if self.front_ends is not None:
+            await self.front_ends.stop()
         self.server.should_exit = True
         await asyncio.gather(self.task, return_exceptions=True)
         if self.tls_watch is not None:
@@ -62,7 +66,8 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
                                 kafka_bootstrap: str | None = None, topics: Topics | None = None,
                                 tier: TierConfig | None = None, bootstrap_from_tier: bool = False,
                                 http_limits: HTTPLimits = DEFAULT_LIMITS,
-                                security: NodeSecurity | None = None, architecture: str = "new") -> ControllerNode:
+                                security: NodeSecurity | None = None, architecture: str = "new",
+                                front_ends: int = 0) -> ControllerNode:
     """Start Raft, the controller service and the HTTP API; with `kafka_bootstrap`, also the pipeline links.
 
     With Kafka, heartbeats sent to this node go to the heartbeats topic, applied events are
@@ -72,7 +77,11 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
     With `security` (TLS files and tokens), the API serves HTTPS and asks every caller for a token;
     without it the node is in insecure mode. Admin actions go to `<data_dir>/audit.log` either way.
     `architecture="legacy"` serves requests the RocketMQ 5 way, for comparisons only (api/legacy.py).
+    With `front_ends=N` (N >= 1), N front-end processes serve the API port and this process only
+    their link and relayed requests (api/front_ends.py); 0 serves the port from this process.
     """
+    if front_ends < 0:
+        raise ValueError(f"front_ends must be 0 (none) or more, not {front_ends}")
     if architecture not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {architecture!r}; expected one of {', '.join(ARCHITECTURES)}")
     if architecture == "legacy" and kafka_bootstrap:
@@ -97,10 +106,22 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
     # The broker routes' lean path shares the port with the FastAPI app (api/lean_http.py).
     lean = LeanPath(controller.requests, app.state.request_metrics, tokens, controller.heartbeat_producer)
     http_ssl = security.tls.http_server_context() if security and security.tls else None
-    config = uvicorn.Config(app, host=http_host, port=http_port, log_level="warning", lifespan="off",
-                            access_log=False, http=lean_protocol(lean, http_limits),
-                            timeout_keep_alive=http_limits.idle_timeout_s,
-                            ssl_context_factory=(lambda _cfg, _default: http_ssl) if http_ssl else None)
+    fronts = None
+    if front_ends:  # the API port belongs to the front-ends; this process serves them on unix sockets
+        fronts = FrontEnds(front_ends, http_host, http_port, lean, limits=http_limits,
+                           tls_files=(security.tls.cert, security.tls.key, security.tls.ca)
+                           if security and security.tls else None,
+                           tokens_file=str(tokens.path) if tokens is not None else None,
+                           log_level=logging.getLevelName(logging.getLogger().level))
+        app.state.request_metrics.registry.register(fronts)  # electra_front_end_* in /metrics
+        config = uvicorn.Config(app, uds=fronts.app_socket, log_level="warning", lifespan="off", access_log=False,
+                                http=lean_protocol(lean, http_limits), timeout_keep_alive=http_limits.idle_timeout_s,
+                                proxy_headers=True, forwarded_allow_ips="*")
+    else:
+        config = uvicorn.Config(app, host=http_host, port=http_port, log_level="warning", lifespan="off",
+                                access_log=False, http=lean_protocol(lean, http_limits),
+                                timeout_keep_alive=http_limits.idle_timeout_s,
+                                ssl_context_factory=(lambda _cfg, _default: http_ssl) if http_ssl else None)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # the caller owns signals
     task = asyncio.create_task(server.serve())
@@ -108,12 +129,23 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
         if server.started or task.done():
             break
         await asyncio.sleep(0.01)
+    failure = None
     if task.done():
+        failure = f"HTTP server on {http_host}:{http_port} failed to start: {task.exception()!r}"
+    elif fronts is not None:
+        try:
+            await fronts.start()
+        except (OSError, RuntimeError) as exc:
+            failure = f"front-end processes on {http_host}:{http_port} failed to start: {exc}"
+            await fronts.stop()
+            server.should_exit = True
+            await asyncio.gather(task, return_exceptions=True)
+    if failure is not None:
         await controller.stop()
         await node.stop()
         audit.close()
-        raise RuntimeError(f"HTTP server on {http_host}:{http_port} failed to start: {task.exception()!r}")
+        raise RuntimeError(failure)
     scheme = "https" if http_ssl else "http"
     log.info("controller node %d: %s://%s:%d", cfg.node_id, scheme, http_host, http_port)
     watch = asyncio.create_task(security.tls.watch()) if security and security.tls else None
-    return ControllerNode(node, controller, server, task, audit, watch, lean)
+    return ControllerNode(node, controller, server, task, audit, watch, lean, fronts)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -32,6 +33,7 @@ import urllib.request
 from pathlib import Path
 
 from .common import (
+    _stat_fields,
     bench_credentials,
     free_ports,
     process_tree_cpu_s,
@@ -184,7 +186,7 @@ async def _seed_electra(endpoints: list[str], creds) -> str:
     observer = ControllerClient(endpoints, credentials=creds.credentials("observer") if creds else none)
     try:
         leader = None
-        for _ in range(150):  # bounded: 30 s
+        for _ in range(300):  # bounded: 60 s (a loaded machine: nodes and their front-ends import for seconds)
             leader = await observer.find_leader()
             if leader is not None:
                 break
@@ -202,8 +204,9 @@ async def _seed_electra(endpoints: list[str], creds) -> str:
         await observer.close()
 
 
-def _electra_runs(tmp: Path, duration: float, secure: bool, spread: bool, work: Path) -> dict:
-    procs, endpoints = start_controller_processes(tmp, secure=secure)
+def _electra_runs(tmp: Path, duration: float, secure: bool, spread: bool, work: Path, front_ends: int = 0) -> dict:
+    extra = ("--front-ends", str(front_ends)) if front_ends else ()
+    procs, endpoints = start_controller_processes(tmp, extra, secure=secure)
     creds = bench_credentials(tmp) if secure else None
     try:
         time.sleep(2.0)
@@ -217,9 +220,10 @@ def _electra_runs(tmp: Path, duration: float, secure: bool, spread: bool, work: 
                                      ("spread_read", ELECTRA_READ, endpoints)):
             if key == "spread_read" and not spread:
                 continue
-            cpu0, all0 = process_tree_cpu_s(leader_pid), _cpu(pids)
+            cpu0, all0, own0 = process_tree_cpu_s(leader_pid), _cpu(pids), _own_cpu_s(leader_pid)
             res = run_wrk([f"{scheme}://{ep}" for ep in targets], script, duration, work, headers)
             res["leader_cpu_s"], res["cluster_cpu_s"] = process_tree_cpu_s(leader_pid) - cpu0, _cpu(pids) - all0
+            res["leader_raft_cpu_s"] = _own_cpu_s(leader_pid) - own0  # the Raft process alone (no front-ends)
             out[key] = res
         return out
     finally:
@@ -245,6 +249,12 @@ def _etcd_runs(tmp: Path, duration: float, work: Path) -> dict:
         stop_processes(procs)
 
 
+def _own_cpu_s(pid: int) -> float:
+    """CPU seconds of one process itself (user + system), without its children."""
+    f = _stat_fields(pid)
+    return sum(int(x) for x in f[11:13]) / os.sysconf("SC_CLK_TCK") if f is not None else 0.0
+
+
 def _cpu(pids: list[int]) -> float:
     return sum(process_tree_cpu_s(p) for p in pids)
 
@@ -259,11 +269,54 @@ def _line(system: str, key: str, r: dict, duration: float) -> str:
             f"failed {r['non_2xx'] + r['socket_errors']}")
 
 
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or N,M,... front-end counts, not {text!r}") from None
+    if not counts or any(n < 0 or n > 16 for n in counts):
+        raise argparse.ArgumentTypeError(f"front-end counts are 0..16, not {text!r}")
+    return counts
+
+
+def _print_front_end_scaling(by_count: dict[int, dict], duration: float) -> None:
+    """Per workload: requests/s and requests per CPU-second of the serving node's processes, per front-end count."""
+    print("  front-ends: requests/s, and requests per CPU-second of the serving node's processes "
+          "(Raft process + its front-ends; spread: all three nodes)", flush=True)
+    for key in ("write", "read", "spread_read"):
+        cells = []
+        for n, runs in by_count.items():
+            r = runs[key]
+            cpu = r["cluster_cpu_s"] if key == "spread_read" else r["leader_cpu_s"]
+            per_cpu = r["rps"] * duration / cpu if cpu > 0 else float("nan")
+            cells.append(f"fe={n}: {r['rps']:,.0f}/s {per_cpu:,.0f}/CPU-s {cpu / duration:.2f} cores")
+        line = f"    {key:<11} " + " | ".join(cells)
+        if 1 in by_count and 2 in by_count and by_count[1][key]["rps"]:
+            line += f"  scaling 1->2: {by_count[2][key]['rps'] / by_count[1][key]['rps']:.2f}x"
+        if key != "spread_read":  # where a request's CPU goes at the leader: Raft process vs front-ends
+            costs = []
+            for n, runs in by_count.items():
+                r = runs[key]
+                done = r["rps"] * duration
+                if n and done:
+                    raft_us = r["leader_raft_cpu_s"] / done * 1e6
+                    costs.append(f"fe={n}: Raft process {raft_us:.0f} us + front-ends "
+                                 f"{(r['leader_cpu_s'] - r['leader_raft_cpu_s']) / done * 1e6:.0f} us per request")
+                elif done:
+                    costs.append(f"fe=0: {r['leader_cpu_s'] / done * 1e6:.0f} us per request")
+            line += "\n" + " " * 16 + " | ".join(costs)
+        print(line, flush=True)
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="electra bench api", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run (default 10)")
     p.add_argument("--no-tls-run", action="store_true", help="skip the extra Electra run with TLS and tokens")
+    p.add_argument("--front-ends", default="0", type=_counts,
+                   help="front-end processes per Electra node (`electra node --front-ends`); a list such as 0,1,2 "
+                        "measures each, prints requests per CPU-second of a node's processes and the 1->2 scaling; "
+                        "the RESULT line and the TLS run use the first (default 0)")
     args = p.parse_args(argv)
     missing = _tools_missing()
     if missing:
@@ -279,11 +332,18 @@ def main(argv: list[str]) -> int:
         etcd = _etcd_runs(root / "etcd", args.duration, root / "wrk")
         for key, r in etcd.items():
             print(_line("etcd", key, r, args.duration), flush=True)
-        electra = _electra_runs(root / "electra", args.duration, False, True, root / "wrk")
-        for key, r in electra.items():
-            print(_line("electra", key, r, args.duration), flush=True)
+        by_count = {}
+        for n in args.front_ends:
+            (root / f"electra-fe{n}").mkdir()
+            by_count[n] = _electra_runs(root / f"electra-fe{n}", args.duration, False, True, root / "wrk", n)
+            for key, r in by_count[n].items():
+                print(_line(f"electra fe={n}" if len(args.front_ends) > 1 else "electra", key, r, args.duration),
+                      flush=True)
+        electra = by_count[args.front_ends[0]]
+        if len(args.front_ends) > 1:
+            _print_front_end_scaling(by_count, args.duration)
         if not args.no_tls_run:
-            tls = _electra_runs(root / "electra-tls", args.duration, True, False, root / "wrk")
+            tls = _electra_runs(root / "electra-tls", args.duration, True, False, root / "wrk", args.front_ends[0])
             for key, r in tls.items():
                 print(_line("electra TLS+token", key, r, args.duration), flush=True)
             print(f"  electra with TLS and tokens: write_per_s={tls['write']['rps']:.0f} "

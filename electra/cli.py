@@ -70,6 +70,8 @@ NODE_OPTIONS = [
     ("--tokens-file", str, "hashed client tokens (default <certs-dir>/tokens.json); re-read when it changes"),
     ("--architecture", str, "new (default) or legacy: RocketMQ 5's single event queue, for comparisons only "
                             "(docs/architectures.md; no Kafka)"),
+    ("--front-ends", int, "HTTP front-end processes sharing the API port, linked to this Raft process "
+                          "(default 0: the API in the Raft process; docs/controller-api.md#scaling-across-cores)"),
     ("--cluster-id", str, "expected cluster id (default: the one in this node's certificate; checked against the "
                           "data dir and every peer)"),
 ]
@@ -79,7 +81,7 @@ NODE_DEFAULTS = {"state_machine": "controller", "http_addr": ("127.0.0.1", 7301)
                  "inactive_master_scan_ms": None, "kafka_bootstrap": None, "topic_prefix": "",
                  "tier_uri": None, "tier_options": None, "bootstrap_from_tier": False,
                  "unsafe_no_fsync": False, "certs_dir": None, "tokens_file": None, "cluster_id": None,
-                 "insecure": False, "architecture": "new"}
+                 "insecure": False, "architecture": "new", "front_ends": 0}
 _NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} | {"unsafe_no_fsync": bool,
                                                                                    "insecure": bool}
 _NODE_TYPES["bootstrap_from_tier"] = bool
@@ -126,6 +128,8 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
         raise SystemExit(f"error: --architecture must be new or legacy, not {args.architecture!r}")
     if args.architecture == "legacy" and args.kafka_bootstrap:
         raise SystemExit("error: --architecture legacy keeps liveness on the leader: drop --kafka-bootstrap")
+    if args.front_ends < 0:
+        raise SystemExit(f"error: --front-ends must be 0 or more, not {args.front_ends}")
     if args.state_machine not in ("controller", "kv", "counter"):
         raise SystemExit(f"error: --state-machine must be controller, kv or counter, not {args.state_machine!r}")
     return args
@@ -190,7 +194,7 @@ def cmd_node(args: argparse.Namespace) -> int:
                                               topics=Topics.prefixed(args.topic_prefix),
                                               tier=tier, bootstrap_from_tier=args.bootstrap_from_tier,
                                               security=None if security.insecure else security,
-                                              architecture=args.architecture)
+                                              architecture=args.architecture, front_ends=args.front_ends)
             scheme = "http" if security.insecure else "https"
             print(f"controller node {args.id} raft={raft} http={scheme}://{host}:{port} data={args.data_dir} "
                   f"cluster-id={ctl.node.cluster_id}", flush=True)

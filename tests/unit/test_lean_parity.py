@@ -223,10 +223,10 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-async def _serve(app, protocol) -> tuple[uvicorn.Server, asyncio.Task, int]:
+async def _serve(app, protocol, proxy_headers: bool = True) -> tuple[uvicorn.Server, asyncio.Task, int]:
     port = _port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-                                           access_log=False, http=protocol))
+                                           access_log=False, http=protocol, proxy_headers=proxy_headers))
     server.install_signal_handlers = lambda: None
     task = asyncio.create_task(server.serve())
     for _ in range(200):
@@ -351,5 +351,106 @@ def test_pipelined_requests_are_answered_in_order_across_both_paths(tmp_path, sl
         finally:
             server.should_exit = True
             await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
+
+
+async def _front_end(tmp_path, app, lean_backend: LeanPath, tokens: TokenStore | None):
+    """The front-end arrangement in one process: a front-end server on TCP, the node's link and app on unix sockets.
+
+    The front-end server is configured as api/front_end.py configures it (no trust in callers'
+    X-Forwarded-* headers).
+
+    The same classes as `electra node --front-ends N` (api/front_ends.py, api/front_end.py), minus the
+    process boundary: the front-end's lean path forwards over a real link to the backend's `execute`,
+    and everything else is relayed to the backend's FastAPI app on its unix socket.
+    """
+    from electra.api.front_end import FrontEndLink
+    from electra.api.front_ends import link_executor
+    from electra.api.local_link import LinkServerProtocol
+    from electra.api.raft_process_proxy import RaftProcessProxy
+    from electra.api.replies import RequestMetrics
+
+    loop = asyncio.get_running_loop()
+    links: set = set()
+    link_path, app_path = str(tmp_path / "link.sock"), str(tmp_path / "app.sock")
+    link_server = await loop.create_unix_server(lambda: LinkServerProtocol(link_executor(lean_backend), links),
+                                                path=link_path)
+    backend = uvicorn.Server(uvicorn.Config(app, uds=app_path, log_level="warning", lifespan="off", access_log=False,
+                                            http=lean_protocol(lean_backend), proxy_headers=True,
+                                            forwarded_allow_ips="*"))
+    backend.install_signal_handlers = lambda: None
+    backend_task = asyncio.create_task(backend.serve())
+    link = FrontEndLink(link_path, RequestMetrics())
+    stop = asyncio.Event()
+    linked = asyncio.create_task(link.keep_linked(stop))
+    front_lean = LeanPath(None, RequestMetrics(), tokens, forward=link.forward)
+    front = await _serve(RaftProcessProxy(app_path), lean_protocol(front_lean), proxy_headers=False)
+    for _ in range(200):  # bounded: until the link is up and the backend listens
+        if links and backend.started:
+            break
+        await asyncio.sleep(0.01)
+    assert links and backend.started
+
+    async def close() -> None:
+        stop.set()
+        for server, task in ((front[0], front[1]), (backend, backend_task)):
+            server.should_exit = True
+            await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(linked, 10)
+        link_server.close()
+
+    return front_lean, front[2], close
+
+
+@pytest.mark.parametrize("secure", [True, False], ids=["tokens", "insecure"])
+def test_front_end_processes_answer_every_request_like_fastapi(tmp_path, secure):
+    """`electra node --front-ends N`: a front-end's lean path, its link and its relay answer as FastAPI does."""
+    async def main():
+        tokens, tok = _tokens(tmp_path) if secure else (None, {})
+        node_svc, node_app = _build(tokens)
+        node_lean = LeanPath(node_svc, node_app.state.request_metrics, tokens)
+        fast_svc, fast_app = _build(tokens)
+        front_lean, front_port, close = await _front_end(tmp_path, node_app, node_lean, tokens)
+        fast = await _serve(fast_app, guarded_protocol())
+        try:
+            for row in ROWS:
+                if not secure and (row.secure_only or row.token not in ("broker", "wide")):
+                    continue
+                value = ({"bogus": "Bearer not-a-token", "basic": "Basic dXNlcjpwYXNz", None: None}.get(row.token)
+                         or f"Bearer {tok[row.token]}") if secure and row.token else None
+                before = dict(front_lean.stats)
+                node_calls, fast_calls = len(node_svc.calls), len(fast_svc.calls)
+                got = await _exchange(front_port, _raw(row, value))
+                want = await _exchange(fast[2], _raw(row, value))
+                assert got[0] == want[0], (row.what, got, want)
+                assert got[2] == want[2], (row.what, got[2], want[2])
+                for h in HEADERS_THAT_MATTER:
+                    assert got[1].get(h) == want[1].get(h), (row.what, h, got[1], want[1])
+                assert node_svc.calls[node_calls:] == fast_svc.calls[fast_calls:], row.what
+                assert front_lean.stats["served"] - before["served"] == (1 if row.lean else 0), (row.what, got)
+        finally:
+            fast[0].should_exit = True
+            await asyncio.wait_for(fast[1], 10)
+            await close()
+
+    asyncio.run(main())
+
+
+def test_a_front_end_relays_its_own_scheme_not_the_callers_forwarded_headers(tmp_path):
+    """X-Forwarded-* are trusted on the Raft process's socket: the relay must replace what a caller sent."""
+    async def main():
+        svc, app = _build(None)
+        node_lean = LeanPath(svc, app.state.request_metrics, None)
+        front_lean, port, close = await _front_end(tmp_path, app, node_lean, None)
+        try:
+            row = _post("not leader, through the relay", f"{S}/follower/register", REG,
+                        headers={"Content-Type": "application/json; charset=utf-8", "X-Forwarded-Proto": "https",
+                                 "X-Forwarded-For": "203.0.113.9"})
+            status, headers, _ = await _exchange(port, _raw(row, None))
+            assert front_lean.stats["served"] == 0  # the relay answered, not the lean path
+            assert status == 307 and headers["location"].startswith("http://127.0.0.1:7002/"), headers
+        finally:
+            await close()
 
     asyncio.run(main())

@@ -1,0 +1,148 @@
+"""A front-end's path for everything but the lean broker requests: relay it to the Raft process's own HTTP socket.
+
+Admin, dashboard, watch (SSE), metrics, OpenAPI pages, and every broker request the lean path
+hands to FastAPI (422s, 405s, 413s, coercions) are answered by the node's FastAPI application in
+the Raft process, where the audit log, dashboard sign-in sessions and watchers live. This ASGI
+app relays such a request as raw HTTP/1.1 over the Raft process's unix socket (one connection per
+request): the request body streams up while the answer streams back (so a 413 can come before
+the body, and SSE streams flow), hop-by-hop headers are dropped, and the caller's address and
+scheme go in `X-Forwarded-For` / `X-Forwarded-Proto` (the Raft process trusts them only on that
+socket, in a directory only the node's user can open).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httptools
+
+log = logging.getLogger("electra.api.raft_process_proxy")
+
+_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-connection",
+        b"x-forwarded-for", b"x-forwarded-proto", b"expect"}
+_DROP_FROM_ANSWER = {b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"}
+_UNAVAILABLE = b'{"detail":"the node\'s Raft process is not reachable from this front-end"}'
+_READ_CHUNK = 64 << 10
+
+
+class _Answer:
+    """httptools response callbacks collected as ASGI messages."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.events: list[dict] = []
+        self.complete = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.events.append({"type": "http.response.start", "status": self.parser.get_status_code(),
+                            "headers": [(k, v) for k, v in self.headers if k not in _DROP_FROM_ANSWER]})
+
+    def on_body(self, body: bytes) -> None:
+        self.events.append({"type": "http.response.body", "body": bytes(body), "more_body": True})
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+class RaftProcessProxy:
+    """ASGI app: relay each HTTP request to the FastAPI application behind `socket_path`."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.socket_path), 5)
+        except (TimeoutError, OSError):
+            await _send_simple(send, 503, _UNAVAILABLE)
+            return
+        pump = None
+        try:
+            chunked = self._write_head(scope, writer)
+            pump = asyncio.ensure_future(self._pump_body(receive, writer, chunked))
+            await self._relay_answer(reader, send)
+        finally:
+            if pump is not None:
+                pump.cancel()
+            writer.close()
+
+    def _write_head(self, scope, writer: asyncio.StreamWriter) -> bool:
+        target = scope["raw_path"] + (b"?" + scope["query_string"] if scope["query_string"] else b"")
+        lines = [b"%s %s HTTP/1.1" % (scope["method"].encode("ascii"), target)]
+        has_length = False
+        for k, v in scope["headers"]:
+            if k in _HOP:
+                continue
+            has_length = has_length or k == b"content-length"
+            lines.append(k + b": " + v)
+        client = scope.get("client")
+        if client:
+            lines.append(b"x-forwarded-for: " + client[0].encode("latin-1"))
+        lines.append(b"x-forwarded-proto: " + scope["scheme"].encode("ascii"))
+        chunked = not has_length and scope["method"] in ("POST", "PUT", "PATCH")
+        if chunked:
+            lines.append(b"transfer-encoding: chunked")
+        lines.append(b"connection: close")
+        writer.write(b"\r\n".join(lines) + b"\r\n\r\n")
+        return chunked
+
+    @staticmethod
+    async def _pump_body(receive, writer: asyncio.StreamWriter, chunked: bool) -> None:
+        """The caller's body, up to the Raft process as it comes; a caller that goes away closes the relay."""
+        more = True
+        while more:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                writer.close()
+                return
+            body, more = msg.get("body", b""), msg.get("more_body", False)
+            if chunked and body:
+                writer.write(b"%x\r\n%s\r\n" % (len(body), body))
+            elif body:
+                writer.write(body)
+            await writer.drain()
+        if chunked:
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        msg = await receive()  # after the body only a disconnect comes: stop the relay then
+        if msg["type"] == "http.disconnect":
+            writer.close()
+
+    @staticmethod
+    async def _relay_answer(reader: asyncio.StreamReader, send) -> None:
+        ans = _Answer()
+        started = False
+        while not ans.complete:
+            try:
+                data = await reader.read(_READ_CHUNK)
+            except OSError:
+                data = b""
+            if not data:
+                if not started:
+                    await _send_simple(send, 502, b'{"detail":"the Raft process closed the connection"}')
+                    return
+                break
+            try:
+                ans.parser.feed_data(data)
+            except httptools.HttpParserError:
+                log.error("malformed answer from the Raft process")
+                break
+            for ev in ans.events:
+                started = True
+                await send(ev)
+            ans.events.clear()
+        if started:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _send_simple(send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,168 @@
+"""`electra node --front-ends 2`: three secure nodes whose API port is served by front-end processes.
+
+Real processes throughout: each node's Raft process spawns two front-ends that share its HTTPS
+port (SO_REUSEPORT). The test writes and reads through every front-end (the node's /metrics counts
+calls per front-end pid), SIGKILLs one front-end of the leader while requests keep succeeding,
+sees the node replace it and the new one serve, and SIGKILLs a node to see its front-ends go too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+
+import httpx
+import pytest
+
+from electra.api.client import ControllerClient
+from electra.bench.common import bench_credentials, start_controller_processes, stop_processes
+from electra.state.codes import Code
+
+pytestmark = pytest.mark.integration
+CONNECTIONS = 16  # per node: the kernel hashes each to one of the two front-ends
+
+
+def _front_end_pids(node_pid: int) -> set[int]:
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == node_pid and b"electra.api.front_end" in cmd:
+            out.add(int(entry))
+    return out
+
+
+def _calls_by_pid(metrics_text: str) -> dict[int, float]:
+    return {int(pid): float(v) for pid, v in
+            re.findall(r'^electra_front_end_calls_total\{pid="(\d+)"\} ([\d.e+]+)$', metrics_text, re.M)}
+
+
+async def _until(cond, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not await cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.2)
+
+
+def test_front_ends_serve_each_node_and_are_replaced_when_killed(tmp_path):
+    procs, endpoints = start_controller_processes(tmp_path, ("--front-ends", "2", "--tick-ms", "50"))
+    creds = bench_credentials(tmp_path)
+    broker, observer = creds.credentials("broker"), creds.credentials("observer")
+
+    async def write_and_read(ep: str, name: str, n: int) -> None:
+        """On one new connection: a write (register with a new address) and a read (replica info)."""
+        async with httpx.AsyncClient(verify=broker.ssl_context(), headers=broker.headers(), timeout=10) as c:
+            addr = f"10.0.{n // 250}.{n % 250}:1"
+            r = await c.post(f"https://{ep}/v1/broker-sets/{name}/register",
+                             json={"clusterName": "bench", "brokerId": 1, "brokerAddress": addr})
+            if r.status_code == 307:  # a follower's answer: the same request at the leader, over HTTPS
+                assert r.headers["location"].startswith("https://") and ep not in r.headers["location"], r.headers
+                r = await c.post(r.headers["location"],
+                                 json={"clusterName": "bench", "brokerId": 1, "brokerAddress": addr})
+            assert r.status_code == 200 and r.json()["code"] == Code.SUCCESS, r.text
+            r = await c.get(f"https://{ep}/v1/broker-sets/{name}/replica-info")
+            assert r.status_code == 200 and r.json()["code"] == Code.SUCCESS, r.text
+
+    async def metrics(ep: str) -> str:
+        async with httpx.AsyncClient(verify=observer.ssl_context(), headers=observer.headers(), timeout=10) as c:
+            r = await c.get(f"https://{ep}/metrics")
+            assert r.status_code == 200, r.text
+            return r.text
+
+    async def scenario() -> None:
+        client = ControllerClient(endpoints, credentials=broker, deadline_s=20)
+        obs = ControllerClient(endpoints, credentials=observer)
+        try:
+            leader = None
+            for _ in range(450):  # bounded: 90 s (each node and front-end imports the HTTP stack)
+                leader = await obs.find_leader()
+                if leader is not None:
+                    break
+                await asyncio.sleep(0.2)
+            assert leader is not None
+            for i in range(3):
+                r = await client.apply_broker_id("bench", f"s{i}", 1, "10.0.0.1:1;1")
+                assert r["code"] == Code.SUCCESS, r
+            leader_ep = endpoints[leader - 1]
+            fronts = {ep: _front_end_pids(p.pid) for ep, p in zip(endpoints, procs, strict=True)}
+            seen.update(*fronts.values())
+            assert all(len(pids) == 2 for pids in fronts.values()), fronts
+            # A write and a read through every front-end of every node, each pair on a new connection.
+            # A follower's front-end answers the write with a 307 to the leader (then sent there) and
+            # serves the read; the node's /metrics counts the calls of each front-end pid.
+            n = 0
+            for ep in endpoints:
+                await asyncio.gather(*(write_and_read(ep, f"s{k % 3}", n + k) for k in range(CONNECTIONS)))
+                n += CONNECTIONS
+                calls = _calls_by_pid(await metrics(ep))
+                assert set(calls) == fronts[ep] and all(v >= 2 for v in calls.values()), (ep, calls, fronts[ep])
+            # SIGKILL one front-end of the leader: new connections keep being served meanwhile (a client
+            # connecting in the instant the process dies may be reset, as with any server process dying).
+            victim = min(fronts[leader_ep])
+            os.kill(victim, signal.SIGKILL)
+
+            async def victim_dead() -> bool:  # its listening socket is closed once it is a zombie or reaped
+                return _state(victim) in ("Z", "X")
+            await _until(victim_dead, "the SIGKILLed front-end to die", 10)
+            for k in range(10):
+                n += 1
+                await write_and_read(leader_ep, f"s{k % 3}", n)
+
+            async def replaced() -> bool:
+                pids = _front_end_pids(procs[leader - 1].pid)
+                text = await metrics(leader_ep)
+                return (len(pids) == 2 and victim not in pids and "electra_front_ends_linked 2.0" in text
+                        and "electra_front_end_restarts_total 1.0" in text)
+            await _until(replaced, "the killed front-end replaced", 60)
+            newcomer = (_front_end_pids(procs[leader - 1].pid) - fronts[leader_ep]).pop()
+            seen.add(newcomer)
+
+            async def newcomer_serves() -> bool:
+                nonlocal n
+                n += 1
+                await write_and_read(leader_ep, "s0", n)
+                return _calls_by_pid(await metrics(leader_ep)).get(newcomer, 0) >= 2
+            await _until(newcomer_serves, "the new front-end serving", 30)
+            # SIGKILL a follower node: its front-ends end with it (they hold a pipe from it).
+            follower = next(i for i in range(3) if i != leader - 1)
+            orphans = fronts[endpoints[follower]]
+            procs[follower].send_signal(signal.SIGKILL)
+            procs[follower].wait(timeout=10)
+
+            async def gone() -> bool:
+                return not any(os.path.exists(f"/proc/{p}") and _state(p) != "Z" for p in orphans)
+            await _until(gone, "the killed node's front-ends to exit", 20)
+            n += 1
+            await write_and_read(leader_ep, "s1", n)  # the other two nodes still serve
+        finally:
+            await client.close()
+            await obs.close()
+
+    seen: set[int] = set()  # every front-end pid seen, so that a failed run leaves none behind
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 240))
+    finally:
+        stop_processes(procs)
+        for pid in seen:
+            if _state(pid) not in ("Z", "X"):
+                os.kill(pid, signal.SIGKILL)
+    for p in procs:  # a stopped node leaves no front-end behind
+        assert not _front_end_pids(p.pid)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "X"

@@ -1,0 +1,175 @@
+"""The front-end link (api/local_link.py): frame codec, batching per loop turn, bounds, link loss."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import msgspec
+import pytest
+
+from electra.api.local_link import (
+    Answer,
+    Call,
+    FrameError,
+    FrameReader,
+    LinkClient,
+    LinkDown,
+    LinkLost,
+    LinkServerProtocol,
+    encode_frames,
+)
+
+
+def _call(i: int, **kw) -> Call:
+    base = dict(id=i, endpoint="register_broker", name=f"s{i}", cluster=None, args=["c", "s", 1, "10.0.0.1:1"],
+                scheme="https", path=f"/v1/broker-sets/s{i}/register", query="")
+    return Call(**{**base, **kw})
+
+
+# ------------------------------------------------------------------ codec
+def test_frames_round_trip_through_any_split_of_the_byte_stream():
+    calls = [_call(i) for i in range(50)] + [_call(99, args=None, cluster="c", query="cluster=c")]
+    raw = b"".join(encode_frames(calls))
+    for step in (1, 7, 4096, len(raw)):
+        reader, got = FrameReader(Call), []
+        for lo in range(0, len(raw), step):
+            for frame in reader.feed(raw[lo:lo + step]):
+                got.extend(frame)
+        assert got == calls
+
+
+def test_a_batch_over_the_frame_limit_is_split_into_frames_under_it():
+    answers = [Answer(i, 200, b"x" * 1000, {"retry-after": "1"}) for i in range(100)]
+    frames = encode_frames(answers, max_frame=10_000)
+    assert len(frames) > 10 and all(len(f) <= 10_000 for f in frames)
+    reader = FrameReader(Answer, max_frame=10_000)
+    assert [a for f in frames for fr in reader.feed(f) for a in fr] == answers
+
+
+def test_one_item_over_the_frame_limit_is_refused():
+    with pytest.raises(FrameError):
+        encode_frames([Answer(1, 200, b"x" * 2000, {})], max_frame=1000)
+
+
+def test_a_frame_announcing_more_than_the_limit_is_refused_before_it_is_buffered():
+    with pytest.raises(FrameError, match="exceeds"):
+        FrameReader(Call, max_frame=1000).feed(struct.pack(">I", 5000) + b"\x90")
+
+
+def test_an_undecodable_frame_is_refused():
+    bad = msgspec.msgpack.encode([[1, "x"]])  # a Call of two fields
+    with pytest.raises(FrameError, match="undecodable"):
+        FrameReader(Call).feed(struct.pack(">I", len(bad)) + bad)
+
+
+# ------------------------------------------------------------------ both ends over a real unix socket
+async def _pair(tmp_path, execute, *, server_max: int = 4096, client_max: int = 4096):
+    loop = asyncio.get_running_loop()
+    links: set = set()
+    path = str(tmp_path / "link.sock")
+    server = await loop.create_unix_server(lambda: LinkServerProtocol(execute, links, server_max), path=path)
+    _, client = await loop.create_unix_connection(lambda: LinkClient(client_max), path)
+    for _ in range(100):  # bounded: until the server side has the link
+        if links:
+            break
+        await asyncio.sleep(0.01)
+    return server, client, next(iter(links))
+
+
+def test_calls_of_one_loop_turn_go_as_one_frame_and_their_answers_come_back_as_one(tmp_path):
+    async def main():
+        def execute(c: Call):
+            async def later():
+                await asyncio.sleep(0)
+                return Answer(c.id, 200, b'{"n":%d}' % c.id, {})
+            return Answer(c.id, 201, b"{}", {}) if c.endpoint == "heartbeat" else later()
+
+        server, client, end = await _pair(tmp_path, execute)
+        futs = [client.submit(_call(0), write=True) for _ in range(30)]
+        futs += [client.submit(_call(0, endpoint="heartbeat"), write=False) for _ in range(5)]
+        answers = await asyncio.wait_for(asyncio.gather(*futs), 10)
+        assert end.stats["frames_in"] == 1 and end.stats["calls"] == 35
+        assert client.stats["frames_in"] <= 2  # the 5 immediate answers, then the 30 that took a turn
+        assert [a.id for a in answers] == list(range(1, 36))
+        assert [a.status for a in answers] == [200] * 30 + [201] * 5
+        client.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_front_end_over_its_in_flight_bound_waits_and_the_raft_side_stops_reading(tmp_path):
+    async def main():
+        gate = asyncio.Event()
+        started = []
+
+        def execute(c: Call):
+            async def held():
+                started.append(c.id)
+                await gate.wait()
+                return Answer(c.id, 200, b"{}", {})
+            return held()
+
+        server, client, end = await _pair(tmp_path, execute, server_max=3, client_max=4)
+        most = 0
+        tasks = [asyncio.ensure_future(client.call(_call(0), write=True)) for _ in range(20)]
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+            most = max(most, client.in_flight, end.in_flight)
+        assert most <= 4 and client.stats["waited_for_room"] > 0
+        assert end.reading_paused and end.stats["reading_paused"] == 1
+        gate.set()
+        answers = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert len({a.id for a in answers}) == 20 and len(started) == 20
+        assert not end.reading_paused
+        client.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_when_the_link_breaks_sent_writes_are_unknown_and_reads_or_unsent_calls_are_not(tmp_path):
+    async def main():
+        never = asyncio.get_running_loop().create_future()
+
+        def execute(c: Call):
+            async def hang():
+                await never
+            return hang()
+
+        server, client, end = await _pair(tmp_path, execute)
+        write = client.submit(_call(0), write=True)
+        read = client.submit(_call(0, endpoint="replica_info", args=None), write=False)
+        for _ in range(100):  # bounded: until the server holds both
+            if end.in_flight == 2:
+                break
+            await asyncio.sleep(0.01)
+        unsent = client.submit(_call(0), write=True)  # queued for this turn's frame, never sent
+        end.transport.close()
+        client._out.transport.abort()
+        with pytest.raises(LinkLost) as lost:
+            await asyncio.wait_for(write, 5)
+        assert not lost.value.outcome_known
+        for fut in (read, unsent):
+            with pytest.raises(LinkDown) as down:
+                await asyncio.wait_for(fut, 5)
+            assert down.value.outcome_known
+        with pytest.raises(LinkDown):
+            client.submit(_call(0), write=True)
+        server.close()
+        never.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_peer_sending_an_oversized_frame_is_cut_off(tmp_path):
+    async def main():
+        server, client, end = await _pair(tmp_path, lambda c: Answer(c.id, 200, b"{}", {}))
+        fut = client.submit(_call(0), write=True)
+        await asyncio.wait_for(fut, 5)
+        client._out.transport.write(struct.pack(">I", 1 << 30))
+        await asyncio.wait_for(client.closed.wait(), 5)
+        server.close()
+
+    asyncio.run(main())
