@@ -118,8 +118,10 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
                                 http=lean_protocol(lean, http_limits), timeout_keep_alive=http_limits.idle_timeout_s,
                                 proxy_headers=True, forwarded_allow_ips="*")
     else:
+        # proxy_headers off: no proxy stands in front of a node, so X-Forwarded-* from a client (uvicorn
+        # believes them from 127.0.0.1 by default) must not change the address audited or the scheme redirected to.
         config = uvicorn.Config(app, host=http_host, port=http_port, log_level="warning", lifespan="off",
-                                access_log=False, http=lean_protocol(lean, http_limits),
+                                access_log=False, http=lean_protocol(lean, http_limits), proxy_headers=False,
                                 timeout_keep_alive=http_limits.idle_timeout_s,
                                 ssl_context_factory=(lambda _cfg, _default: http_ssl) if http_ssl else None)
     server = uvicorn.Server(config)
