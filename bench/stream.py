@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import statistics
@@ -35,7 +36,59 @@ from kafka import KafkaProducer
 from electra.streaming import kafka_io, records
 from electra.streaming.embedded_kafka import EmbeddedKafka, free_port
 
-from .common import process_tree_cpu_s, result_line
+from .common import _stat_fields, process_tree_cpu_s, result_line
+
+
+def _role(pid: int, root: int) -> str:
+    """Which part of the job a process is: the driver, the JVM, or a kind of Python worker."""
+    if pid == root:
+        return "driver"
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "gone"
+    if "java" in cmd.split(" ", 1)[0]:
+        return "jvm"
+    m = re.search(r"pyspark\.([\w.]+)", cmd)
+    return f"py:{m.group(1)}" if m else "py:other"
+
+
+def cpu_by_role(root: int) -> dict[str, float]:
+    """CPU seconds of the job's process tree by role (as `process_tree_cpu_s`, split by `_role`)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            f = _stat_fields(int(entry.name))
+            if f is not None:
+                children.setdefault(int(f[1]), []).append(int(entry.name))
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        f = _stat_fields(pid)
+        if f is None:
+            continue
+        role = _role(pid, root)
+        out[role] = out.get(role, 0.0) + sum(int(x) for x in f[11:15]) / tick
+        todo += children.get(pid, [])
+    return out
+
+
+def phase_medians(lines: list[str]) -> dict[str, float]:
+    """The median of each batch phase (`phases=` in the job's per-batch log line), in ms."""
+    seen: dict[str, list[int]] = {}
+    for line in lines:
+        m = re.search(r" phases=(\S+)", line)
+        for kv in (m.group(1).split(",") if m else []):
+            k, _, v = kv.partition(":")
+            if v.isdigit():
+                seen.setdefault(k, []).append(int(v))
+        for k in ("collect_ms", "sink_ms"):
+            m = re.search(rf" {k}=([\d.]+)", line)
+            if m:
+                seen.setdefault(k, []).append(round(float(m.group(1))))
+    return {k: statistics.median(v) for k, v in sorted(seen.items())}
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -156,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(a.warmup_s)
         n_lines = len(log_path.read_text().splitlines())
         cpu0, t_cpu0, produced0 = process_tree_cpu_s(job.pid), time.monotonic(), produced[0]
+        roles0 = cpu_by_role(job.pid)
         victims = names[: a.kill]
         stopped.update(victims)
         time.sleep(a.hb_interval_ms / 1000 + 0.1)
@@ -168,9 +222,17 @@ def main(argv: list[str] | None = None) -> int:
         hbs = max(1, produced[0] - produced0)
         summary["produced_hb_per_s"] = round(hbs / (time.monotonic() - t_cpu0))
         summary["job_cpu_us_per_hb"] = round((process_tree_cpu_s(job.pid) - cpu0) / hbs * 1e6, 1)
+        roles1 = cpu_by_role(job.pid)  # a worker that exited in between is counted in its parent's cutime
+        summary["cpu_us_per_hb_by_role"] = {r: round((roles1[r] - roles0.get(r, 0.0)) / hbs * 1e6, 1)
+                                            for r in sorted(roles1) if roles1[r] - roles0.get(r, 0.0) > 0}
+        summary["measured_s"] = round(time.monotonic() - t_cpu0, 1)
         lines = log_path.read_text().splitlines()[n_lines:]
         batch_ms = [int(m.group(1)) for m in (re.search(r" batch_ms=(\d+)", x) for x in lines) if m]
         rows = [int(m.group(1)) for m in (re.search(r" rows=(\d+)", x) for x in lines) if m]
+        summary["phase_ms_p50"] = phase_medians(lines)
+        if batch_ms:  # what a batch costs, whatever it holds: the lever when batches run back to back
+            cpu_s = sum(summary["cpu_us_per_hb_by_role"].values()) * hbs / 1e6
+            summary["cpu_core_s_per_batch"] = round(cpu_s / len(batch_ms), 3)
         first = {}
         for t, n, _ in posts:
             first.setdefault(n, t)
