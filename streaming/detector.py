@@ -37,6 +37,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from electra.state.liveness import DEFAULT_TIMEOUT_MS, BrokerLiveInfo
 from electra.streaming import records
 
@@ -58,7 +60,7 @@ class Output:
     payload: dict
 
     def row(self) -> tuple[str, str, str]:
-        return (self.kind, self.broker_name, json.dumps(self.payload, separators=(",", ":")))
+        return (self.kind, self.broker_name, msgspec.json.encode(self.payload).decode())
 
 
 @dataclass
