@@ -37,8 +37,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from electra.state.liveness import DEFAULT_TIMEOUT_MS, BrokerLiveInfo
 from electra.streaming import records
 
@@ -60,7 +58,7 @@ class Output:
     payload: dict
 
     def row(self) -> tuple[str, str, str]:
-        return (self.kind, self.broker_name, msgspec.json.encode(self.payload).decode())
+        return (self.kind, self.broker_name, records.dumps(self.payload))
 
 
 @dataclass

@@ -43,7 +43,7 @@ def bucket_of(group: str, buckets: int = DEFAULT_BUCKETS) -> str:
 
 
 def _dump(d: dict) -> str:
-    return json.dumps(d, separators=(",", ":"))
+    return records.dumps(d)
 
 
 def dead_letter(error: str, topic: str, partition: int, offset: int, raw: Any) -> dict:

@@ -195,6 +195,24 @@ def encode(value: dict) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
+def loads(raw: bytes | str) -> Any:
+    """JSON text to Python, with msgspec (several times faster than `json.loads`, and the streaming job
+    decodes every record it handles); text msgspec refuses but `json` reads (a lone surrogate escape,
+    NaN, a number past float range) is read by `json`, so nothing readable before becomes a failure."""
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return json.loads(raw)
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text, with msgspec; what msgspec cannot encode (a lone surrogate) goes through `json`."""
+    try:
+        return msgspec.json.encode(value).decode()
+    except (UnicodeEncodeError, TypeError):
+        return json.dumps(value, separators=(",", ":"))
+
+
 def decode(raw: bytes | str) -> Any:
     return json.loads(raw)
 
