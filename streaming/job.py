@@ -1,7 +1,7 @@
 """The streaming job: heartbeats + controller events from Kafka → per-set liveness state → ElectMaster proposals.
 
     python -m electra.streaming.job --bootstrap HOST:PORT --controllers h:p,h:p,h:p --checkpoint DIR \
-        [--trigger-ms 1000] [--spark-master local[2]] [--topic-prefix ''] [--shuffle-partitions 2] [--read-tasks 1] \
+        [--trigger-ms 1000] [--spark-master local[2]] [--topic-prefix ''] [--shuffle-partitions 1] [--read-tasks 1] \
         [--source auto|kafka|python] [--no-hwm-fix] [--starting-offsets earliest|latest] \
         [--proposal-retries 3] [--http-deadline-s 10] [--disconnect-grace-ms 0] [--log-level INFO]
 
@@ -19,7 +19,6 @@ SIGTERM/SIGINT stop the query and Spark cleanly (exit code 0).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -71,8 +70,9 @@ class JobConfig:
     trigger_ms: int = 1000
     spark_master: str | None = None     # None: spark-submit's master, or local[2] when run with plain python
     topic_prefix: str = ""
-    shuffle_partitions: int = 2          # state store partitions: one task each per batch (2 = this machine's cores)
-    buckets: int = 8                     # operator keys (sets are hashed into them); pinned per checkpoint
+    shuffle_partitions: int = 1          # state store partitions: one stateful task each per batch
+    buckets: int | None = None           # operator keys (sets are hashed into them; default 2 per shuffle
+                                         # partition); pinned per checkpoint
     read_tasks: int = 1                  # Spark tasks reading one batch from Kafka (0: one per Kafka partition)
     source: str = "auto"                 # auto | kafka | python
     hwm_fix: bool = True
@@ -209,38 +209,49 @@ class BatchSink:
         self.output.close()
 
 
-def _progress_listener(sink: BatchSink, stats_topic: str | None = None):
-    from pyspark.sql.streaming import StreamingQueryListener
+class ProgressLog:
+    """One log line and one job-stats record per finished micro-batch, read by the driver's own loop.
 
-    from electra.streaming.job_stats import batch_record
+    Not a `StreamingQueryListener`: PySpark calls a Python listener back over py4j and builds each event
+    with dozens of py4j calls, several of them class look-ups that search every jar on the classpath (a
+    JFR profile of the job here put about a quarter of the JVM's sampled CPU in that path at 1,000 sets).
+    `query.lastProgress` is one call and one JSON document; `recentProgress` fills in batches that
+    finished between two polls.
+    """
 
-    class ProgressLog(StreamingQueryListener):
-        def onQueryStarted(self, event) -> None:
-            log.info("query started: id=%s run=%s", event.id, event.runId)
+    def __init__(self, sink: BatchSink, stats_topic: str | None = None) -> None:
+        self.sink, self.stats_topic, self.last = sink, stats_topic, -1
 
-        def onQueryProgress(self, event) -> None:
-            p = event.progress
-            st = sink.take(p.batchId) or {"proposals": 0, "dead_letters": 0, "liveness": 0, "sink_ms": 0.0,
-                                          "collect_ms": 0.0}
-            phases = ",".join(f"{k}:{v}" for k, v in sorted((p.durationMs or {}).items()) if v)
-            for op in p.stateOperators or []:
-                phases += (f",state_update:{op.allUpdatesTimeMs},state_commit:{op.commitTimeMs},"
-                           f"state_rows:{op.numRowsTotal}")
-            log.info("batch=%d rows=%d proposals=%d dead_letters=%d liveness=%d batch_ms=%d collect_ms=%.1f "
-                     "sink_ms=%.1f dead_letters_total=%d proposals_total=%d phases=%s", p.batchId, p.numInputRows,
-                     st["proposals"], st["dead_letters"], st["liveness"], p.batchDuration, st["collect_ms"],
-                     st["sink_ms"], sink.dead_letters_total, sink.proposals_total, phases)
-            if stats_topic and hasattr(sink.output, "send_stats"):  # for the controllers' dashboards
-                sink.output.send_stats(stats_topic, batch_record(p, st, sink.dead_letters_total, sink.proposals_total,
-                                                                 int(time.time() * 1000)))
+    def poll(self, query) -> None:
+        p = query.lastProgress
+        if not p or p["batchId"] <= self.last:
+            return
+        done = [p]
+        if self.last >= 0 and p["batchId"] > self.last + 1:  # batches finished between two polls
+            done = sorted((r for r in query.recentProgress if r["batchId"] > self.last), key=lambda r: r["batchId"])
+        for r in done:
+            if r["batchId"] > self.last:
+                self.report(r)
+                self.last = r["batchId"]
 
-        def onQueryIdle(self, event) -> None:
-            pass
+    def report(self, p: dict) -> None:
+        from electra.streaming.job_stats import batch_record
 
-        def onQueryTerminated(self, event) -> None:
-            log.info("query terminated: %s", event.exception or "stopped")
-
-    return ProgressLog()
+        sink = self.sink
+        st = sink.take(p["batchId"]) or {"proposals": 0, "dead_letters": 0, "liveness": 0, "sink_ms": 0.0,
+                                         "collect_ms": 0.0}
+        phases = ",".join(f"{k}:{v}" for k, v in sorted((p.get("durationMs") or {}).items()) if v)
+        for op in p.get("stateOperators") or []:
+            phases += (f",state_update:{op.get('allUpdatesTimeMs')},state_commit:{op.get('commitTimeMs')},"
+                       f"state_rows:{op.get('numRowsTotal')}")
+        log.info("batch=%d rows=%d proposals=%d dead_letters=%d liveness=%d batch_ms=%d collect_ms=%.1f "
+                 "sink_ms=%.1f dead_letters_total=%d proposals_total=%d phases=%s", p["batchId"],
+                 p.get("numInputRows", 0), st["proposals"], st["dead_letters"], st["liveness"],
+                 p.get("batchDuration", 0), st["collect_ms"], st["sink_ms"], sink.dead_letters_total,
+                 sink.proposals_total, phases)
+        if self.stats_topic and hasattr(sink.output, "send_stats"):  # for the controllers' dashboards
+            sink.output.send_stats(self.stats_topic, batch_record(p, st, sink.dead_letters_total,
+                                                                  sink.proposals_total, int(time.time() * 1000)))
 
 
 # ---------------------------------------------------------------------- query
@@ -250,7 +261,8 @@ def build_query(spark, cfg: JobConfig, sink: BatchSink):
     from electra.streaming.processor import OUTPUT_SCHEMA, MasterWatchProcessor
 
     t = cfg.topics
-    hb_topic, ev_topic, buckets = t.heartbeats, t.events, pinned_buckets(cfg.checkpoint, cfg.buckets)
+    buckets = pinned_buckets(cfg.checkpoint, cfg.buckets or 2 * cfg.shuffle_partitions)
+    hb_topic, ev_topic = t.heartbeats, t.events
     raw, used = load_kafka_stream(spark, cfg.bootstrap, [t.heartbeats, t.events], cfg.source, cfg.hwm_fix,
                                   cfg.starting_offsets, parse=(hb_topic, ev_topic, buckets), read_tasks=cfg.read_tasks)
     log.info("Kafka source: %s (%s, %s) on %s", used, t.heartbeats, t.events, cfg.bootstrap)
@@ -295,15 +307,17 @@ def run_job(cfg: JobConfig, stop: threading.Event | None = None) -> int:
     spark = build_spark(cfg)
     log.info("Spark %s up in %.1fs (master %s)", spark.version, time.monotonic() - t0, spark.sparkContext.master)
     sink = BatchSink(cfg)
-    listener = _progress_listener(sink, cfg.topics.job_stats)
-    spark.streams.addListener(listener)
+    progress = ProgressLog(sink, cfg.topics.job_stats)
     query = None
     code = 0
     try:
         query = build_query(spark, cfg, sink)
+        log.info("query started: id=%s run=%s", query.id, query.runId)
         while not stop.is_set():
-            if query.awaitTermination(0.5):
+            if query.awaitTermination(0.2):
                 break
+            progress.poll(query)
+        progress.poll(query)
         if query.exception() is not None:
             log.error("streaming query failed: %s", query.exception())
             code = 1
@@ -319,8 +333,6 @@ def run_job(cfg: JobConfig, stop: threading.Event | None = None) -> int:
             except Exception:  # noqa: BLE001
                 log.exception("query.stop() failed")
         sink.close()
-        with contextlib.suppress(Exception):
-            spark.streams.removeListener(listener)
         spark.stop()
         log.info("stopped")
     return code
@@ -334,13 +346,16 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     ap.add_argument("--trigger-ms", type=int, default=1000)
     ap.add_argument("--spark-master", default=None, help="default: spark-submit's master, else local[2]")
     ap.add_argument("--topic-prefix", default="")
-    ap.add_argument("--shuffle-partitions", type=int, default=2,
-                    help="state store partitions, one task each per batch (size it to the executors' cores)")
+    ap.add_argument("--shuffle-partitions", type=int, default=1,
+                    help="state store partitions, one stateful task each per batch (1 on one machine: every task "
+                         "and every operator key costs hand-offs between the JVM and Python per batch; a cluster: "
+                         "its cores)")
     ap.add_argument("--read-tasks", type=int, default=1,
                     help="tasks reading a batch from Kafka with the Python source (0: one per Kafka partition)")
-    ap.add_argument("--buckets", type=int, default=8,
-                    help="stateful operator keys; broker sets are hashed into them (pinned once a checkpoint exists: "
-                         "every key costs state round trips to the JVM per batch, so few is fast)")
+    ap.add_argument("--buckets", type=int, default=None,
+                    help="stateful operator keys; broker sets are hashed into them (default: 2 per shuffle partition; "
+                         "pinned once a checkpoint exists: every key costs state round trips to the JVM per batch, so "
+                         "few is fast)")
     ap.add_argument("--source", choices=("auto", "kafka", "python"), default="auto")
     ap.add_argument("--no-hwm-fix", action="store_true", help="real Kafka: trust ListOffsets (tansu needs the fix)")
     ap.add_argument("--starting-offsets", choices=("earliest", "latest"), default="earliest")
