@@ -329,6 +329,7 @@ def run_job(cfg: JobConfig, stop: threading.Event | None = None) -> int:
             log.info("stopping the streaming query")
             _wait_batch_done(query, timeout_s=10.0)
             try:
+                progress.poll(query)  # the batch that finished while stopping
                 query.stop()
             except Exception:  # noqa: BLE001
                 log.exception("query.stop() failed")
