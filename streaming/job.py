@@ -19,6 +19,7 @@ SIGTERM/SIGINT stop the query and Spark cleanly (exit code 0).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -328,8 +329,9 @@ def run_job(cfg: JobConfig, stop: threading.Event | None = None) -> int:
         if query is not None and query.isActive:
             log.info("stopping the streaming query")
             _wait_batch_done(query, timeout_s=10.0)
+            with contextlib.suppress(Exception):  # the batch that finished while stopping
+                progress.poll(query)
             try:
-                progress.poll(query)  # the batch that finished while stopping
                 query.stop()
             except Exception:  # noqa: BLE001
                 log.exception("query.stop() failed")
