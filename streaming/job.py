@@ -221,19 +221,26 @@ class ProgressLog:
     """
 
     def __init__(self, sink: BatchSink, stats_topic: str | None = None) -> None:
-        self.sink, self.stats_topic, self.last = sink, stats_topic, -1
+        self.sink, self.stats_topic = sink, stats_topic
+        self.last: tuple[int, str] = (-1, "")  # (batchId, timestamp) of the last progress reported
+
+    @staticmethod
+    def _key(p) -> tuple[int, str]:
+        # A trigger that found no new records reports the id of the batch still to run (0 rows); that batch
+        # then reports under the same id: the timestamp tells them apart.
+        return p["batchId"], str(p.get("timestamp") or "")
 
     def poll(self, query) -> None:
         p = query.lastProgress
-        if not p or p["batchId"] <= self.last:
+        if not p or self._key(p) <= self.last:
             return
         done = [p]
-        if self.last >= 0 and p["batchId"] > self.last + 1:  # batches finished between two polls
-            done = sorted((r for r in query.recentProgress if r["batchId"] > self.last), key=lambda r: r["batchId"])
+        if self.last[0] >= 0 and p["batchId"] > self.last[0] + 1:  # batches finished between two polls
+            done = sorted((r for r in query.recentProgress if self._key(r) > self.last), key=self._key)
         for r in done:
-            if r["batchId"] > self.last:
+            if self._key(r) > self.last:
                 self.report(r)
-                self.last = r["batchId"]
+                self.last = self._key(r)
 
     def report(self, p: dict) -> None:
         from electra.streaming.job_stats import batch_record

@@ -82,3 +82,27 @@ def test_the_job_reports_every_finished_batch_once_and_in_order(caplog):
     assert "phases=addBatch:60,state_update:5,state_commit:7,state_rows:1" in lines[0]
     assert [r["batchId"] for r in sink.output.sent] == [0, 1, 2, 3]
     assert sink.output.sent[3]["consumed"] == {"electra.heartbeats:0": 3}
+
+
+def test_a_batch_reported_after_an_idle_trigger_with_its_id_is_not_lost(caplog):
+    """Spark reports a trigger without new records under the id of the batch still to run; that batch's own
+    report (same id, later timestamp) must still be logged and sent, with what the batch's sink did."""
+    import logging
+    from types import SimpleNamespace
+
+    from electra.streaming.job import ProgressLog
+
+    sink = SimpleNamespace(output=_Output(), dead_letters_total=0, proposals_total=3,
+                           take=lambda b: {"proposals": 3, "dead_letters": 0, "liveness": 4, "sink_ms": 1.0,
+                                           "collect_ms": 1.0})
+    progress, query = ProgressLog(sink, "stats"), _Query()
+    query.recentProgress.append({"batchId": 5, "timestamp": "2026-11-23T16:50:41.000Z", "numInputRows": 0})
+    with caplog.at_level(logging.INFO, logger="electra.streaming.job"):
+        progress.poll(query)
+        query.recentProgress.append({"batchId": 5, "timestamp": "2026-11-23T16:50:58.000Z", "numInputRows": 15,
+                                     "batchDuration": 4000})
+        progress.poll(query)
+        progress.poll(query)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch=5 ")]
+    assert len(lines) == 2 and "rows=15 proposals=3 " in lines[1]
+    assert [r["rows"] for r in sink.output.sent] == [0, 15]
