@@ -1,7 +1,7 @@
 """The streaming job: heartbeats + controller events from Kafka → per-set liveness state → ElectMaster proposals.
 
     python -m electra.streaming.job --bootstrap HOST:PORT --controllers h:p,h:p,h:p --checkpoint DIR \
-        [--trigger-ms 1000] [--spark-master local[2]] [--topic-prefix ''] [--shuffle-partitions 1] [--read-tasks 1] \
+        [--trigger-ms 1000] [--spark-master local[2]] [--topic-prefix ''] [--shuffle-partitions 2] [--read-tasks 1] \
         [--source auto|kafka|python] [--no-hwm-fix] [--starting-offsets earliest|latest] \
         [--proposal-retries 3] [--http-deadline-s 10] [--disconnect-grace-ms 0] [--log-level INFO]
 
@@ -71,9 +71,8 @@ class JobConfig:
     trigger_ms: int = 1000
     spark_master: str | None = None     # None: spark-submit's master, or local[2] when run with plain python
     topic_prefix: str = ""
-    shuffle_partitions: int = 1          # state store partitions: one stateful task each per batch
-    buckets: int | None = None           # operator keys (sets are hashed into them; default 2 per shuffle
-                                         # partition); pinned per checkpoint
+    shuffle_partitions: int = 2          # state store partitions: one task each per batch (2 = this machine's cores)
+    buckets: int = 8                     # operator keys (sets are hashed into them); pinned per checkpoint
     read_tasks: int = 1                  # Spark tasks reading one batch from Kafka (0: one per Kafka partition)
     source: str = "auto"                 # auto | kafka | python
     hwm_fix: bool = True
@@ -114,10 +113,6 @@ def build_spark(cfg: JobConfig):
         # State checkpoint format v2: the commit log carries each state store's checkpoint id, so a batch's
         # commit does not list or look up RocksDB's files by version (applies to new checkpoints).
         "spark.sql.streaming.stateStore.checkpointFormatVersion": "2",
-        # No micro-batch without new records: the operator judges liveness only at the data horizon (the
-        # newest ingest time a batch holds), so a batch without records only re-arms the timers that fired
-        # in it; it still cost a whole batch (~0.45 s here) that the next batch with data waited behind.
-        "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.session.timeZone": "UTC",
@@ -269,7 +264,7 @@ def build_query(spark, cfg: JobConfig, sink: BatchSink):
     from electra.streaming.processor import OUTPUT_SCHEMA, MasterWatchProcessor
 
     t = cfg.topics
-    buckets = pinned_buckets(cfg.checkpoint, cfg.buckets or 2 * cfg.shuffle_partitions)
+    buckets = pinned_buckets(cfg.checkpoint, cfg.buckets)
     hb_topic, ev_topic = t.heartbeats, t.events
     raw, used = load_kafka_stream(spark, cfg.bootstrap, [t.heartbeats, t.events], cfg.source, cfg.hwm_fix,
                                   cfg.starting_offsets, parse=(hb_topic, ev_topic, buckets), read_tasks=cfg.read_tasks)
@@ -356,16 +351,13 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     ap.add_argument("--trigger-ms", type=int, default=1000)
     ap.add_argument("--spark-master", default=None, help="default: spark-submit's master, else local[2]")
     ap.add_argument("--topic-prefix", default="")
-    ap.add_argument("--shuffle-partitions", type=int, default=1,
-                    help="state store partitions, one stateful task each per batch (1 on one machine: every task "
-                         "and every operator key costs hand-offs between the JVM and Python per batch; a cluster: "
-                         "its cores)")
+    ap.add_argument("--shuffle-partitions", type=int, default=2,
+                    help="state store partitions, one task each per batch (size it to the executors' cores)")
     ap.add_argument("--read-tasks", type=int, default=1,
                     help="tasks reading a batch from Kafka with the Python source (0: one per Kafka partition)")
-    ap.add_argument("--buckets", type=int, default=None,
-                    help="stateful operator keys; broker sets are hashed into them (default: 2 per shuffle partition; "
-                         "pinned once a checkpoint exists: every key costs state round trips to the JVM per batch, so "
-                         "few is fast)")
+    ap.add_argument("--buckets", type=int, default=8,
+                    help="stateful operator keys; broker sets are hashed into them (pinned once a checkpoint exists: "
+                         "every key costs state round trips to the JVM per batch, so few is fast)")
     ap.add_argument("--source", choices=("auto", "kafka", "python"), default="auto")
     ap.add_argument("--no-hwm-fix", action="store_true", help="real Kafka: trust ListOffsets (tansu needs the fix)")
     ap.add_argument("--starting-offsets", choices=("earliest", "latest"), default="earliest")

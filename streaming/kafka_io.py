@@ -83,12 +83,7 @@ def end_offsets(consumer: KafkaConsumer, tps: list[TopicPartition], hwm_fix: boo
         for tp, msgs in got.items():
             if msgs:
                 out[tp] = max(out[tp], msgs[-1].offset + 1)
-                # A fetch from the last batch's base offset returns that whole batch: its last record is
-                # the end. (Waiting for a fetch that brings nothing more cost the fetch wait, ~100 ms, on
-                # every streaming micro-batch; records appended since are simply left for the next one.)
-                pending.discard(tp)
-        # A partition whose position passed the probe point without records (compacted or control
-        # records only) is done too.
+        # A partition is done once its position passed the probe point and nothing more arrived.
         for tp in list(pending):
             if tp not in got and consumer.position(tp) > probe[tp]:
                 pending.discard(tp)
