@@ -6,8 +6,9 @@
 
 Starts tansu, a recording controller stand-in (stdlib HTTP server; answers 200 and publishes the
 ElectMaster event), and the real job in local mode; all brokers heartbeat (produced straight to
-Kafka, no HTTP; each broker's record is encoded once and only its `ts` is filled in per beat, so one
-producer thread can offer tens of thousands a second), then the masters of `--kill` sets stop. Prints a
+Kafka, no HTTP; each broker's record is encoded once and only its `ts` is filled in per beat, and each
+round goes out as whole record batches (`heartbeat_load.py`, ~2 us a record), so one thread offers the
+30,000 a second of 10,000 sets), then the masters of `--kill` sets stop. Prints a
 JSON summary (time to the first batch, batch_ms percentiles after warm-up, detection latency = master's
 last heartbeat -> proposal received, duplicate proposals), then `RESULT sets=<n> batch_ms_p50=<n>
 detect_p50_s=<x> detect_p99_s=<x> ... job_cpu_us_per_hb=<x>` (the job's whole process tree, from /proc,
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import statistics
@@ -35,7 +37,60 @@ from kafka import KafkaProducer
 from electra.streaming import kafka_io, records
 from electra.streaming.embedded_kafka import EmbeddedKafka, free_port
 
-from .common import process_tree_cpu_s, result_line
+from .common import _stat_fields, process_tree_cpu_s, result_line
+from .heartbeat_load import RoundProducer, partition_of
+
+
+def _role(pid: int, root: int) -> str:
+    """Which part of the job a process is: the driver, the JVM, or a kind of Python worker."""
+    if pid == root:
+        return "driver"
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "gone"
+    if "java" in cmd.split(" ", 1)[0]:
+        return "jvm"
+    m = re.search(r"pyspark\.([\w.]+)", cmd)
+    return f"py:{m.group(1)}" if m else "py:other"
+
+
+def cpu_by_role(root: int) -> dict[str, float]:
+    """CPU seconds of the job's process tree by role (as `process_tree_cpu_s`, split by `_role`)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            f = _stat_fields(int(entry.name))
+            if f is not None:
+                children.setdefault(int(f[1]), []).append(int(entry.name))
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        f = _stat_fields(pid)
+        if f is None:
+            continue
+        role = _role(pid, root)
+        out[role] = out.get(role, 0.0) + sum(int(x) for x in f[11:15]) / tick
+        todo += children.get(pid, [])
+    return out
+
+
+def phase_medians(lines: list[str]) -> dict[str, float]:
+    """The median of each batch phase (`phases=` in the job's per-batch log line), in ms."""
+    seen: dict[str, list[int]] = {}
+    for line in lines:
+        m = re.search(r" phases=(\S+)", line)
+        for kv in (m.group(1).split(",") if m else []):
+            k, _, v = kv.partition(":")
+            if v.isdigit():
+                seen.setdefault(k, []).append(int(v))
+        for k in ("collect_ms", "sink_ms"):
+            m = re.search(rf" {k}=([\d.]+)", line)
+            if m:
+                seen.setdefault(k, []).append(round(float(m.group(1))))
+    return {k: statistics.median(v) for k, v in sorted(seen.items())}
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -71,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     index = [0]
     posts: list[tuple[float, str, dict]] = []
 
-    def event(name: str, master: int, epoch: int) -> None:
+    def event(name: str, master: int, epoch: int, flush: bool = True) -> None:
         with lock:
             index[0] += 1
             state = {"clusterName": "c", "masterBrokerId": master, "masterEpoch": epoch, "syncStateSet": [master],
@@ -79,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             ev = records.event_record(index[0], 1, int(time.time() * 1000), {"type": "ElectMaster",
                                                                              "brokerName": name}, state, "c")
             producer.send(records.EVENTS, key=name.encode(), value=records.encode(ev))
-            producer.flush()
+            if flush:
+                producer.flush()
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:
@@ -108,34 +164,39 @@ def main(argv: list[str] | None = None) -> int:
 
     names = [f"set-{i:04d}" for i in range(a.sets)]
     for n in names:
-        event(n, 1, 1)
+        event(n, 1, 1, flush=False)
+    producer.flush()
+    summary_load = {"rounds": 0, "late_rounds": 0}
     stopped: set[str] = set()
     last_master_hb: dict[str, int] = {}
     quit_ = threading.Event()
 
-    # Every broker's heartbeat encoded once, up to its "ts" value (the last field).
-    templates = [(n, b, n.encode(), records.encode({
+    # Every broker's heartbeat encoded once, up to its "ts" value (the last field), with its partition.
+    parts = records.DEFAULT_PARTITIONS[records.HEARTBEATS]
+    templates = [(n, b, partition_of(n.encode(), parts), n.encode(), records.encode({
         "clusterName": "c", "brokerName": n, "brokerAddr": f"{n}-{b}:10911", "brokerId": b, "epoch": 1, "maxOffset": 1,
         "confirmOffset": 1, "heartbeatTimeoutMillis": a.timeout_ms, "electionPriority": b, "ts": 0})[:-2])
         for n in names for b in range(1, a.brokers + 1)]
     produced = [0]
+    load = RoundProducer(kafka.bootstrap, records.HEARTBEATS)
 
     def beat() -> None:
+        """One round a heartbeat interval: every live broker's heartbeat, as whole record batches."""
         while not quit_.is_set():
             t0 = time.monotonic()
             ts = int(time.time() * 1000)
             tail = b"%d}" % ts
-            sent = 0
-            for n, b, key, head in templates:
-                if b == 1 and n in stopped:
-                    continue
-                producer.send(records.HEARTBEATS, key=key, value=head + tail)
-                sent += 1
-                if b == 1:
+            gone = set(stopped)
+            load.send_round([(p, key, head + tail) for n, b, p, key, head in templates
+                             if not (b == 1 and n in gone)], ts)
+            for n in names:
+                if n not in gone:
                     last_master_hb[n] = ts
-            produced[0] += sent
-            producer.flush()
-            quit_.wait(max(0.0, a.hb_interval_ms / 1000 - (time.monotonic() - t0)))
+            produced[0] += len(templates) - len(gone)
+            late = time.monotonic() - t0
+            summary_load["rounds"] += 1
+            summary_load["late_rounds"] += late > a.hb_interval_ms / 1000
+            quit_.wait(max(0.0, a.hb_interval_ms / 1000 - late))
 
     threading.Thread(target=beat, daemon=True).start()
     log_path = out / "job.log"
@@ -156,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(a.warmup_s)
         n_lines = len(log_path.read_text().splitlines())
         cpu0, t_cpu0, produced0 = process_tree_cpu_s(job.pid), time.monotonic(), produced[0]
+        roles0 = cpu_by_role(job.pid)
         victims = names[: a.kill]
         stopped.update(victims)
         time.sleep(a.hb_interval_ms / 1000 + 0.1)
@@ -167,10 +229,20 @@ def main(argv: list[str] | None = None) -> int:
         # CPU of the job's whole process tree (driver, JVM, Python workers) per heartbeat produced meanwhile.
         hbs = max(1, produced[0] - produced0)
         summary["produced_hb_per_s"] = round(hbs / (time.monotonic() - t_cpu0))
+        summary.update(load_rounds=summary_load["rounds"], load_rounds_late=summary_load["late_rounds"],
+                       load_partition_errors=load.errors)
         summary["job_cpu_us_per_hb"] = round((process_tree_cpu_s(job.pid) - cpu0) / hbs * 1e6, 1)
+        roles1 = cpu_by_role(job.pid)  # a worker that exited in between is counted in its parent's cutime
+        summary["cpu_us_per_hb_by_role"] = {r: round((roles1[r] - roles0.get(r, 0.0)) / hbs * 1e6, 1)
+                                            for r in sorted(roles1) if roles1[r] - roles0.get(r, 0.0) > 0}
+        summary["measured_s"] = round(time.monotonic() - t_cpu0, 1)
         lines = log_path.read_text().splitlines()[n_lines:]
         batch_ms = [int(m.group(1)) for m in (re.search(r" batch_ms=(\d+)", x) for x in lines) if m]
         rows = [int(m.group(1)) for m in (re.search(r" rows=(\d+)", x) for x in lines) if m]
+        summary["phase_ms_p50"] = phase_medians(lines)
+        if batch_ms:  # what a batch costs, whatever it holds: the lever when batches run back to back
+            cpu_s = sum(summary["cpu_us_per_hb_by_role"].values()) * hbs / 1e6
+            summary["cpu_core_s_per_batch"] = round(cpu_s / len(batch_ms), 3)
         first = {}
         for t, n, _ in posts:
             first.setdefault(n, t)
@@ -192,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             job.kill()
             summary["job_exit"] = "killed"
         httpd.shutdown()
+        load.close()
         kafka.stop()
     print(json.dumps(summary))
     detect = [summary.get("detect_ms_p50"), summary.get("detect_ms_max"), summary.get("detect_ms_p99")]

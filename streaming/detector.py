@@ -58,7 +58,7 @@ class Output:
     payload: dict
 
     def row(self) -> tuple[str, str, str]:
-        return (self.kind, self.broker_name, json.dumps(self.payload, separators=(",", ":")))
+        return (self.kind, self.broker_name, records.dumps(self.payload))
 
 
 @dataclass

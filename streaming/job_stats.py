@@ -13,6 +13,11 @@ import json
 from typing import Any
 
 
+def _get(obj: Any, name: str) -> Any:
+    """A progress field, from Spark's progress JSON (a dict) or from PySpark's progress objects."""
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
 def consumed_offsets(sources: list[Any]) -> dict[str, int]:
     """`{"topic:partition": next offset}` the batch read up to, summed over the query's sources.
 
@@ -22,7 +27,8 @@ def consumed_offsets(sources: list[Any]) -> dict[str, int]:
     out: dict[str, int] = {}
     for src in sources or []:
         try:
-            end = json.loads(src.endOffset) if isinstance(src.endOffset, str) else src.endOffset
+            end = _get(src, "endOffset")
+            end = json.loads(end) if isinstance(end, str) else end
         except (TypeError, ValueError):
             continue
         for key, value in (end or {}).items():
@@ -35,8 +41,9 @@ def consumed_offsets(sources: list[Any]) -> dict[str, int]:
 
 def batch_record(progress: Any, sink_stats: dict, dead_letters_total: int, proposals_total: int,
                  now_ms: int) -> dict:
-    """The job-stats record of one finished batch (`progress`: Spark's StreamingQueryProgress)."""
-    return {"batchId": progress.batchId, "rows": progress.numInputRows, "batchMs": progress.batchDuration,
+    """The job-stats record of one finished batch (`progress`: Spark's StreamingQueryProgress, as JSON or object)."""
+    return {"batchId": _get(progress, "batchId"), "rows": _get(progress, "numInputRows"),
+            "batchMs": _get(progress, "batchDuration"),
             "proposals": sink_stats.get("proposals", 0), "liveness": sink_stats.get("liveness", 0),
             "deadLetters": sink_stats.get("dead_letters", 0), "deadLettersTotal": dead_letters_total,
-            "proposalsTotal": proposals_total, "consumed": consumed_offsets(progress.sources), "ts": now_ms}
+            "proposalsTotal": proposals_total, "consumed": consumed_offsets(_get(progress, "sources")), "ts": now_ms}

@@ -43,7 +43,7 @@ def bucket_of(group: str, buckets: int = DEFAULT_BUCKETS) -> str:
 
 
 def _dump(d: dict) -> str:
-    return json.dumps(d, separators=(",", ":"))
+    return records.dumps(d)
 
 
 def dead_letter(error: str, topic: str, partition: int, offset: int, raw: Any) -> dict:
@@ -57,6 +57,12 @@ def _parse(topic: str, partition: int, offset: int, value: str | None, kafka_ts_
     try:
         if value is None:
             raise ValueError("value: missing")
+        if topic == heartbeats_topic:
+            hb = records.fast_heartbeat(value)
+            if hb is not None:
+                if "ts" not in hb:
+                    hb["ts"] = int(kafka_ts_ms) if kafka_ts_ms and kafka_ts_ms > 0 else 0
+                return hb["brokerName"], HEARTBEAT, hb
         try:
             d = json.loads(value)
         except ValueError as exc:

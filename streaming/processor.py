@@ -16,7 +16,6 @@ dead letters through unchanged (no state), so the job needs one Kafka read.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
-from electra.streaming import detector
+from electra.streaming import detector, records
 from electra.streaming.parsing import DISCONNECTED, DLQ_GROUP, EVENT, HEARTBEAT
 
 log = logging.getLogger("electra.streaming.processor")
@@ -32,6 +31,12 @@ log = logging.getLogger("electra.streaming.processor")
 OUTPUT_SCHEMA = "kind string, brokerName string, payload string"
 BUCKET_SCHEMA = "watches string, armed long"  # armed: the registered timer, -1 for none
 OUTPUT_COLUMNS = ["kind", "brokerName", "payload"]
+
+
+# msgspec's JSON (records.loads/dumps): the operator decodes every heartbeat it is handed and encodes each
+# bucket's state every batch; measured offline at 1,000 sets, the standard library's json was ~60% of its Python.
+_decode = records.loads
+_encode = records.dumps
 
 
 def _frame(rows: list[tuple[str, str, str]]) -> pd.DataFrame:
@@ -83,7 +88,7 @@ class MasterWatchProcessor(StatefulProcessor):
         if cached is not None and cached[0] == row[0]:
             watches = cached[1]
         else:
-            watches = {name: detector.SetWatch.from_dict(d) for name, d in json.loads(row[0]).items()}
+            watches = {name: detector.SetWatch.from_dict(d) for name, d in _decode(row[0]).items()}
         return watches, (row[1] if row[1] is not None and row[1] >= 0 else None)
 
     def _store(self, bucket: str, watches: dict[str, detector.SetWatch], armed: int | None) -> None:
@@ -100,7 +105,7 @@ class MasterWatchProcessor(StatefulProcessor):
                 self.handle.deleteTimer(armed)
             self.handle.registerTimer(want)
             armed = want
-        body = json.dumps({n: w.to_dict() for n, w in watches.items()}, separators=(",", ":"))
+        body = _encode({n: w.to_dict() for n, w in watches.items()})
         self.bucket_state.update((body, -1 if armed is None else armed))
         _DECODED[bucket] = (body, watches)
 
@@ -125,17 +130,17 @@ class MasterWatchProcessor(StatefulProcessor):
                     continue
                 evs, hbs, dcs = by_set.setdefault(group, ([], [], []))
                 if kind == EVENT:
-                    evs.append(json.loads(payload))
+                    evs.append(_decode(payload))
                 elif kind == HEARTBEAT:
                     hbs.append(((part, off), payload))
                 elif kind == DISCONNECTED:
-                    dcs.append(json.loads(payload))
+                    dcs.append(_decode(payload))
         if dead:  # dead letters pass through
             yield _frame([(detector.DEAD_LETTER, "", p) for p in dead])
         if not by_set:
             return
         now = timerValues.getCurrentProcessingTimeInMs()
-        collapsed = {name: _one_per_broker([json.loads(p) for _, p in sorted(hbs)])
+        collapsed = {name: _one_per_broker([_decode(p) for _, p in sorted(hbs)])
                      for name, (_, hbs, _) in by_set.items()}
         # Disconnected records are stamped by the ingest clock too: they move the data horizon.
         newest = max((r["ts"] for name, (_, _, dcs) in by_set.items() for r in collapsed[name] + dcs

@@ -341,3 +341,49 @@ def test_the_source_hands_on_one_folded_heartbeat_per_broker_per_read():
         for want in collapse_heartbeats([b for b in beats if b["brokerName"] == name]):
             assert got[(name, want["brokerId"])] == want
     assert got[("bs", 1)]["epoch"] == 2 and got[("bs", 1)]["maxOffset"] == 500 and got[("bs", 1)]["ts"] == T0 + 2000
+
+
+def _heartbeat_variants() -> list[str]:
+    """Valid and invalid heartbeat values: every field at, inside and past its bound, wrong types, extras."""
+    from electra.streaming.records import MAX_NAME
+
+    base = {"clusterName": "c", "brokerName": "set-1", "brokerAddr": "10.0.0.1:10911", "brokerId": 2, "epoch": 3,
+            "maxOffset": 4, "confirmOffset": 5, "heartbeatTimeoutMillis": 3000, "electionPriority": 1, "ts": T0}
+    odd = [None, True, 1.5, "1", -1, 0, 2**31, -(2**31) - 1, 2**63, -(2**63) - 1, 2**62 + 1, 99, 100, 3_600_001,
+           "", "é" * MAX_NAME, "é" * (MAX_NAME + 1), [], {}]
+    values = [json.dumps(base), json.dumps({k: v for k, v in base.items() if k in
+                                            ("clusterName", "brokerName", "brokerAddr", "brokerId")})]
+    for key in base:
+        values.append(json.dumps({k: v for k, v in base.items() if k != key}))
+        values += [json.dumps({**base, key: v}) for v in odd]
+    values += [json.dumps({**base, "extra": [1, 2]}), json.dumps({**base, "type": "heartbeat"}),
+               json.dumps({**base, "type": "disconnected"}), '{"brokerId": 1, "brokerId": 2}', "[]", "7", "{",
+               '{"clusterName":"c","brokerName":"b","brokerAddr":"a","brokerId":1,"brokerId":2}', '"\\ud800"']
+    return values
+
+
+def test_the_fast_heartbeat_decoder_accepts_and_returns_exactly_what_the_rule_does():
+    from electra.streaming.records import fast_heartbeat, validate_heartbeat
+
+    fast_taken = 0
+    for raw in _heartbeat_variants():
+        try:
+            exact = validate_heartbeat(json.loads(raw))
+        except ValueError:
+            exact = None
+        got = fast_heartbeat(raw)
+        if got is not None:
+            fast_taken += 1
+            assert got == exact and list(got) == list(exact), raw  # same dict, same field order
+        assert fast_heartbeat(raw.encode()) == got
+    assert fast_taken > 20  # the fast path is really taken for valid records
+
+
+def test_parse_row_gives_the_same_row_with_or_without_the_fast_decoder(monkeypatch):
+    from electra.streaming import records
+
+    rows = [parse_row("electra.heartbeats", 0, i, raw, T0, "electra.heartbeats", "electra.events")
+            for i, raw in enumerate(_heartbeat_variants())]
+    monkeypatch.setattr(records, "fast_heartbeat", lambda raw: None)
+    assert rows == [parse_row("electra.heartbeats", 0, i, raw, T0, "electra.heartbeats", "electra.events")
+                    for i, raw in enumerate(_heartbeat_variants())]

@@ -213,3 +213,27 @@ def test_a_bucket_read_back_as_stored_is_not_decoded_again_but_a_rolled_back_one
     finally:
         detector.SetWatch.from_dict = real
     assert json.loads(h.state.value[0])["bs"]["master_id"] == 1  # judged on the rolled-back state
+
+
+def test_records_json_cannot_read_or_write_still_pass_through_the_source_and_the_operator():
+    """The job's JSON is msgspec's, which refuses a lone surrogate escape and NaN/Infinity; such records were
+    accepted before (validate_heartbeat, parse_event) and must neither stop a batch nor change meaning."""
+    from electra.streaming.parsing import parse_records
+
+    addr = json.loads('"\\ud800:1"')  # a str with a lone surrogate: json reads it, UTF-8 cannot hold it
+    bad_hb = {"clusterName": "c1", "brokerName": "bs", "brokerAddr": addr, "brokerId": 2, "ts": T0}
+    event = {"index": 1, "brokerName": "bs", "clusterName": "c1", "weight": float("inf"),
+             "state": {"clusterName": "c1", "masterBrokerId": 1, "masterEpoch": 1}}
+    raw = [("electra.events", 0, 1, json.dumps(event), T0),
+           ("electra.heartbeats", 0, 1, json.dumps(bad_hb), T0)]
+    [batch] = parse_records(iter(raw), "electra.heartbeats", "electra.events", 8)
+    frame = batch.to_pandas()
+    assert list(frame["kind"]) == [EVENT, HEARTBEAT]
+    frame["bucket"] = BUCKET
+    h = FakeHandle()
+    p = MasterWatchProcessor()
+    p.init(h)
+    out = pd.concat(list(p.handleInputRows((BUCKET,), iter([frame]), TV(T0))))
+    [live] = [json.loads(x) for k, x in zip(out["kind"], out["payload"]) if k == "liveness"]
+    assert [b["broker_addr"] for b in live["brokers"]] == [addr]
+    assert json.loads(h.state.value[0])["bs"]["master_id"] == 1  # the state was stored and reads back
