@@ -37,7 +37,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from electra.broker_session import parse_answer
+from electra.broker_session import AnswerConnection
 
 HEARTBEAT_PERIOD_S = 1.0  # BrokerConfig.brokerHeartbeatInterval
 REPLICA_INFO_PERIOD_S = 5.0  # syncBrokerMetadataPeriod / checkSyncStateSetPeriod
@@ -45,44 +45,6 @@ REQUEST_CONNECTIONS = 256  # to the leader, shared by all brokers' controller re
 HEARTBEAT_CONNECTIONS = 256  # to each controller, for heartbeats (a slow request queue must not delay them)
 REQUEST_TIMEOUT_S = 10.0  # a broker gives up on a controller request (legacy answers 504 after 5 s itself)
 CONTROLLER_KINDS = ("replica_info", "alter_sync_state_set", "elect_master")  # what legacy's event queue serves
-
-
-class _Answers(asyncio.Protocol):
-    """The reading side of one connection: hands (status, body) of each answer to the request in flight."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.buf = b""
-        self.waiter: asyncio.Future | None = None
-        self.closed = False
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        got = parse_answer(self.buf)
-        if got is None:
-            return
-        status, used, close = got
-        body = self.buf[self.buf.find(b"\r\n\r\n") + 4:used]
-        self.buf = self.buf[used:]
-        if close:
-            self._close()
-        w, self.waiter = self.waiter, None
-        if w is not None and not w.done():
-            w.set_result((status, body))
-
-    def connection_lost(self, exc) -> None:
-        self.closed = True
-        w, self.waiter = self.waiter, None
-        if w is not None and not w.done():
-            w.set_exception(ConnectionResetError("connection closed"))
-
-    def _close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
 
 
 class HttpConn:
@@ -94,7 +56,7 @@ class HttpConn:
     def __init__(self, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
         self.endpoint: str | None = None
-        self._proto: _Answers | None = None
+        self._proto: AnswerConnection | None = None
 
     async def call(self, raw: bytes, endpoint: str) -> tuple[int, bytes]:
         if endpoint != self.endpoint:
@@ -105,7 +67,7 @@ class HttpConn:
                 async with asyncio.timeout(self.timeout_s):
                     if self._proto is None or self._proto.closed:
                         host, _, port = endpoint.rpartition(":")
-                        _, self._proto = await asyncio.get_running_loop().create_connection(_Answers, host,
+                        _, self._proto = await asyncio.get_running_loop().create_connection(AnswerConnection, host,
                                                                                             int(port))
                     proto = self._proto
                     proto.waiter = asyncio.get_running_loop().create_future()
@@ -122,7 +84,7 @@ class HttpConn:
 
     def close(self) -> None:
         if self._proto is not None:
-            self._proto._close()
+            self._proto.close()
         self._proto = None
 
 

@@ -67,6 +67,45 @@ def parse_answer(buf: bytes) -> tuple[int, int, bool] | None:
     return status, end + 4 + length, b"\r\nconnection: close" in head
 
 
+class AnswerConnection(SharedReadBuffer, asyncio.Protocol):
+    """One kept-alive client connection with one request in flight: its answer's (status, body) resolves
+    `waiter`. The replica-info reader and the performance report's load generator send on it."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.waiter: asyncio.Future | None = None
+        self.closed = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        got = parse_answer(self.buf)
+        if got is None:
+            return
+        status, used, close = got
+        body = self.buf[self.buf.find(b"\r\n\r\n") + 4:used]
+        self.buf = self.buf[used:]
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result((status, body))
+        if close or status == 0:
+            self.close()
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionError("connection closed before the answer"))
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
 class _SessionProtocol(SharedReadBuffer, asyncio.Protocol):
     """Reads the answers of one session's connection; hands each status to the request in flight (read into
     the process's one buffer: under TLS a plain Protocol cost a 256 KiB allocation per answer)."""

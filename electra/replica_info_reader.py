@@ -26,51 +26,12 @@ import json
 import ssl
 from collections import deque
 
-from electra.api.read_buffer import SharedReadBuffer
-from electra.broker_session import parse_answer
+from electra.broker_session import AnswerConnection
 from electra.security.credentials import ClientCredentials
 
 
 class ReplicaInfoUnavailable(ConnectionError):
     """No controller node answered the read."""
-
-
-class _ReadConnection(SharedReadBuffer, asyncio.Protocol):
-    """One kept-alive connection to a node; the answer of the request in flight resolves `waiter`."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.buf = b""
-        self.waiter: asyncio.Future | None = None
-        self.closed = False
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        got = parse_answer(self.buf)
-        if got is None:
-            return
-        status, used, close = got
-        body = self.buf[self.buf.find(b"\r\n\r\n") + 4:used]
-        self.buf = self.buf[used:]
-        waiter, self.waiter = self.waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result((status, body))
-        if close or status == 0:
-            self.close()
-
-    def connection_lost(self, exc) -> None:
-        self.closed = True
-        waiter, self.waiter = self.waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(ConnectionError("connection closed before the answer"))
-
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.abort()
 
 
 class _NodePool:
@@ -82,7 +43,7 @@ class _NodePool:
         self.addr = (host, int(port))
         self.ssl = ssl_context
         self.head = head  # `Host` and credential lines, then the blank line
-        self.idle: deque[_ReadConnection] = deque()
+        self.idle: deque[AnswerConnection] = deque()
         self.slots = asyncio.Semaphore(size)
 
     async def get(self, path: bytes, timeout_s: float) -> tuple[int, bytes]:
@@ -107,7 +68,7 @@ class _NodePool:
         try:
             async with asyncio.timeout(timeout_s):
                 if conn is None:
-                    _, conn = await loop.create_connection(_ReadConnection, *self.addr, ssl=self.ssl)
+                    _, conn = await loop.create_connection(AnswerConnection, *self.addr, ssl=self.ssl)
                 conn.waiter = loop.create_future()
                 conn.transport.write(b"GET " + path + self.head)
                 status, body = await conn.waiter
