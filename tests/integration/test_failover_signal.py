@@ -80,11 +80,14 @@ async def scenario(stack: LocalStack) -> None:
 
         # 1. Ingest restarts cut every session; the stopping workers say nothing, brokers reconnect.
         for i in stack.ingest_endpoints:
-            assert stack.stop(f"ingest{i}") == 0, stack.log_tail(f"ingest{i}")
+            # stop() waits for the process: off the event loop, so that the fleet (on this loop) keeps
+            # heartbeating and can answer the stopping process's TLS close_notify (else its shutdown waits
+            # out the 30 s TLS shutdown timeout while every broker here is silent)
+            assert await asyncio.to_thread(stack.stop, f"ingest{i}") == 0, stack.log_tail(f"ingest{i}")
             stack.start_ingest(i)
             await asyncio.sleep(1.5)
         lid = await until(client.find_leader, "a controller leader", 30)
-        stack.stop(f"node{lid}")
+        await asyncio.to_thread(stack.stop, f"node{lid}")
         stack.start_node(lid)
         await asyncio.sleep(TIMEOUT_MS / 1000 + 3)  # a full timeout plus batches: time for any false election
         assert fleet.stats["sessions_opened"] > opened  # the sessions really were cut and reopened
