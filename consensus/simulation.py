@@ -627,10 +627,16 @@ def ci_config(workload: str = "kv", **overrides: Any) -> SimConfig:
 MUTATION_SEEDS = 600  # every deliberate bug must make some seed fail among this many
 
 
-def hunt_mutation(name: str, workload: str = "kv", max_seeds: int = MUTATION_SEEDS,
+# The workload a deliberate bug shows under: bugs in the controller state machine need its commands.
+MUTATION_WORKLOADS = {"elect_keeps_epoch": "controller"}
+
+
+def hunt_mutation(name: str, workload: str | None = None, max_seeds: int = MUTATION_SEEDS,
                   start: int = 0) -> SimulationFailure | None:
-    """Run seeds with the deliberate bug `name` switched on; the first failure, or None if none failed."""
-    cfg = SimConfig(workload=workload, duration_ms=1000, trace=False)
+    """Run seeds with the deliberate bug `name` switched on; the first failure, or None if none failed.
+
+    `workload` defaults to the one the bug lives under (MUTATION_WORKLOADS, else the KV model)."""
+    cfg = SimConfig(workload=workload or MUTATION_WORKLOADS.get(name, "kv"), duration_ms=1000, trace=False)
     with mutations.forced(name):
         for seed in range(start, start + max_seeds):
             try:
