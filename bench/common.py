@@ -129,18 +129,24 @@ def _stat_fields(pid: int) -> list[str] | None:
     return raw[raw.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 0
 
 
-def process_tree_cpu_s(root: int) -> float:
-    """CPU seconds (user + system, the tree's own and its reaped children's) of `root` and its descendants.
-
-    From the kernel's accounting in /proc/<pid>/stat, so a JVM's threads and short-lived
-    Python workers are all counted; a difference of two readings is the tree's CPU in between.
-    """
+def process_children() -> dict[int, list[int]]:
+    """Every process's children, from /proc (parent pid -> child pids)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             f = _stat_fields(int(entry.name))
             if f is not None:
                 children.setdefault(int(f[1]), []).append(int(entry.name))
+    return children
+
+
+def process_tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system, the tree's own and its reaped children's) of `root` and its descendants.
+
+    From the kernel's accounting in /proc/<pid>/stat, so a JVM's threads and short-lived
+    Python workers are all counted; a difference of two readings is the tree's CPU in between.
+    """
+    children = process_children()
     tick = os.sysconf("SC_CLK_TCK")
     total, todo = 0, [root]
     while todo:

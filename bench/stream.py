@@ -37,7 +37,7 @@ from kafka import KafkaProducer
 from electra.streaming import kafka_io, records
 from electra.streaming.embedded_kafka import EmbeddedKafka, free_port
 
-from .common import _stat_fields, process_tree_cpu_s, result_line
+from .common import _stat_fields, process_children, process_tree_cpu_s, result_line
 from .heartbeat_load import RoundProducer, partition_of
 
 
@@ -57,12 +57,7 @@ def _role(pid: int, root: int) -> str:
 
 def cpu_by_role(root: int) -> dict[str, float]:
     """CPU seconds of the job's process tree by role (as `process_tree_cpu_s`, split by `_role`)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            f = _stat_fields(int(entry.name))
-            if f is not None:
-                children.setdefault(int(f[1]), []).append(int(entry.name))
+    children = process_children()
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     todo = [root]

@@ -61,6 +61,7 @@ from .runner import (
     _leader,
     _wait_caught_up,
     _wait_leader,
+    stop_workload,
     summary_line,
 )
 from .workload import Workload
@@ -323,15 +324,8 @@ async def run_episode(cfg: PipelineConfig, cluster: PipelineCluster, fleet: Brok
         # Time for a false failover to show: the heartbeat timeout and a few batches.
         await asyncio.sleep(cfg.broker_timeout_ms / 1000 + cfg.settle_s)
     finally:
-        wl.stop.set()
         watchers.stop.set()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*clients, return_exceptions=True), timeout=wl.op_timeout_s + 3)
-        for t in tasks:
-            t.cancel()
-        for res in await asyncio.gather(*tasks, return_exceptions=True):
-            if isinstance(res, Exception):
-                log.add("error", where="workload task", error=f"{type(res).__name__}: {res}")
+        await stop_workload(wl, clients, tasks, log)
         await watchers.close()
     try:
         final = await _final_state(wl, cluster, sets, proc=10**6 + n)

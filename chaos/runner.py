@@ -156,6 +156,19 @@ async def _final_state(wl: Workload, cluster: ChaosCluster, sets: list[str], pro
     return final
 
 
+async def stop_workload(wl, clients, tasks, log) -> None:
+    """Stop the client workload: operations in flight complete (or time out as unknown) before the
+    history closes; the other workload tasks are cancelled and their failures recorded."""
+    wl.stop.set()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*clients, return_exceptions=True), timeout=wl.op_timeout_s + 3)
+    for t in tasks:
+        t.cancel()
+    for res in await asyncio.gather(*tasks, return_exceptions=True):
+        if isinstance(res, Exception):
+            log.add("error", where="workload task", error=f"{type(res).__name__}: {res}")
+
+
 async def run_episode(cfg: RunConfig, cluster: ChaosCluster, n: int, kinds: list[str]) -> EpisodeResult:
     log = HistoryLog()
     sets = [f"e{n}-s{k}" for k in range(cfg.sets)]
@@ -207,15 +220,7 @@ async def run_episode(cfg: RunConfig, cluster: ChaosCluster, n: int, kinds: list
                 recovery = min(done) - heal_at
         await asyncio.sleep(0.5)
     finally:
-        wl.stop.set()
-        # Operations in flight complete (or time out as unknown) before the history closes.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*clients, return_exceptions=True), timeout=wl.op_timeout_s + 3)
-        for t in tasks:
-            t.cancel()
-        for res in await asyncio.gather(*tasks, return_exceptions=True):
-            if isinstance(res, Exception):
-                log.add("error", where="workload task", error=f"{type(res).__name__}: {res}")
+        await stop_workload(wl, clients, tasks, log)
     try:
         final = await _final_state(wl, cluster, sets, proc=10**6 + n)
         if not await _wait_caught_up(wl, cluster, 60.0):
