@@ -393,8 +393,22 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    return run_job(cfg, stop)
+    code = run_job(cfg, stop)
+    log.info("exit %d", code)
+    return code
+
+
+def exit_now(code: int) -> None:
+    """End the process once the job has stopped: the query, the sink and Spark are closed by then.
+
+    Interpreter shutdown would still join whatever non-daemon threads py4j, the JVM gateway and
+    kafka-python left behind, and a supervisor waiting for the exit code would wait with it.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

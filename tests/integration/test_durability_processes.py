@@ -129,6 +129,27 @@ def test_a_follower_whose_newest_segment_lost_its_tail_catches_up_with_the_same_
     cluster.run(scenario)
 
 
+async def snapshot_with_durable_compaction(client: RaftClient, node: int, leader: int, slack: int) -> int:
+    """Wait until `node`'s newest snapshot is written and the log compaction it allows is durable.
+
+    A snapshot is written in the background after apply, and its compaction record reaches the
+    disk with the next append; killing the node earlier tests a different (older) snapshot. So:
+    the snapshot and the compaction must show in the status before a few more appends, and no newer
+    snapshot may appear meanwhile. Returns the snapshot's index.
+    """
+    for attempt in range(20):
+        st = await wait_caught_up(client, node, leader)
+        index = st["snapshot_index"]
+        compacted = index > 0 and st["log_first_index"] == index - slack + 1
+        pad = range(attempt * 10, attempt * 10 + 10)  # appends that carry the compaction record to disk
+        await asyncio.gather(*(client.propose(encode_put(f"pad{j}", j)) for j in pad))
+        await wait_caught_up(client, node, leader)
+        await asyncio.sleep(0.5)  # a snapshot started by these appends would show by now
+        if compacted and (await client.status(node))["snapshot_index"] == index:
+            return index
+    raise AssertionError(f"node {node}'s snapshot and log compaction did not settle: {st}")
+
+
 def test_a_follower_with_a_damaged_newest_snapshot_recovers_from_the_leader(tmp_path):
     cluster = Cluster(tmp_path)
     snap = ("--snapshot-entries", "400", "--compaction-slack", "50")
@@ -141,13 +162,12 @@ def test_a_follower_with_a_damaged_newest_snapshot_recovers_from_the_leader(tmp_
             follower = next(i for i in cluster.ids if i != leader)
             for lo in range(0, 2000, 250):
                 await asyncio.gather(*(client.propose(encode_put(f"k{k}", k)) for k in range(lo, lo + 250)))
-            for k in range(2000, 2100, 10):  # later appends make the compaction record durable too
-                await asyncio.gather(*(client.propose(encode_put(f"k{j}", j)) for j in range(k, k + 10)))
-            await wait_caught_up(client, follower, leader)
+            newest_index = await snapshot_with_durable_compaction(client, follower, leader, slack=50)
             cluster.kill(follower)
             snaps = sorted((tmp_path / f"node{follower}" / "snapshots").glob("*.snap"))
             assert len(snaps) >= 2, snaps
             newest = snaps[-1]
+            assert int(newest.name.split("-")[0]) == newest_index, (newest, newest_index)
             data = bytearray(newest.read_bytes())
             data[15] ^= 0x01  # one flipped bit in the header's index field
             newest.write_bytes(bytes(data))
