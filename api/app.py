@@ -278,6 +278,8 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
                 except TimeoutError:
                     yield ": keep-alive\n\n"
                     continue
+                if ev is None:  # the node is stopping
+                    return
                 yield f"event: role-change\ndata: {json.dumps(ev)}\n\n"
 
         return _Stream(stream(), release)

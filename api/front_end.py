@@ -164,6 +164,7 @@ async def run(opts: dict) -> None:
     config = uvicorn.Config(RaftProcessProxy(opts["app_socket"]), log_level="warning", lifespan="off",
                             access_log=False, http=lean_protocol(lean, limits), proxy_headers=False,
                             timeout_keep_alive=limits.idle_timeout_s,
+                            timeout_graceful_shutdown=limits.stop_grace_s,
                             ssl_context_factory=(lambda _cfg, _default: http_ssl) if http_ssl else None)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None

@@ -38,6 +38,7 @@ class HTTPLimits:
     idle_timeout_s: int = 5
     max_connections: int = 1000
     max_watchers: int = 200  # SSE watch streams per node
+    stop_grace_s: int = 2  # a stopping server cuts streams still open and TLS goodbyes unanswered after this
 
 
 DEFAULT_LIMITS = HTTPLimits()
@@ -153,6 +154,17 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
         def connection_lost(self, exc) -> None:
             self._deadline.cancel()
             super().connection_lost(exc)
+
+        def shutdown(self) -> None:
+            """The server is stopping. A connection uvicorn closes here waits for the client's answer to
+            TLS's goodbye (close_notify), by default for asyncio's 30 s: a hung or stopped client would hold
+            the node's exit that long. Cut the ones still closing after `stop_grace_s`."""
+            super().shutdown()
+            asyncio.get_running_loop().call_later(limits.stop_grace_s, self._cut_if_closing)
+
+        def _cut_if_closing(self) -> None:
+            if self in self.connections and self.transport.is_closing():
+                self.transport.abort()
 
         def data_received(self, data: bytes) -> None:
             if self._in_head:

@@ -51,6 +51,7 @@ class ControllerNode:
     async def stop(self) -> None:
         if self.front_ends is not None:
             await self.front_ends.stop()
+        self.service.watchers.close()  # watch streams never end by themselves
         self.server.should_exit = True
         await asyncio.gather(self.task, return_exceptions=True)
         if self.tls_watch is not None:
@@ -116,6 +117,7 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
         app.state.request_metrics.registry.register(fronts)  # electra_front_end_* in /metrics
         config = uvicorn.Config(app, uds=fronts.app_socket, log_level="warning", lifespan="off", access_log=False,
                                 http=lean_protocol(lean, http_limits), timeout_keep_alive=http_limits.idle_timeout_s,
+                                timeout_graceful_shutdown=http_limits.stop_grace_s,
                                 proxy_headers=True, forwarded_allow_ips="*")
     else:
         # proxy_headers off: no proxy stands in front of a node, so X-Forwarded-* from a client (uvicorn
@@ -123,6 +125,7 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
         config = uvicorn.Config(app, host=http_host, port=http_port, log_level="warning", lifespan="off",
                                 access_log=False, http=lean_protocol(lean, http_limits), proxy_headers=False,
                                 timeout_keep_alive=http_limits.idle_timeout_s,
+                                timeout_graceful_shutdown=http_limits.stop_grace_s,
                                 ssl_context_factory=(lambda _cfg, _default: http_ssl) if http_ssl else None)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # the caller owns signals

@@ -26,13 +26,27 @@ class Watchers:
         self.queue_size = queue_size
         self.journal = EventJournal(floor=sm.applied)
         self._queues: dict[str, set[asyncio.Queue]] = {}
+        self.closed = False
         sm.on_event(self._on_event)
         sm.on_restore(self.journal.reset)
 
     def subscribe(self, name: str) -> asyncio.Queue:
+        """A queue of the set's role changes; `None` in it ends the stream (the node is stopping)."""
         q: asyncio.Queue = asyncio.Queue(maxsize=self.queue_size)
+        if self.closed:
+            q.put_nowait(None)
         self._queues.setdefault(name, set()).add(q)
         return q
+
+    def close(self) -> None:
+        """The node is stopping: end every watch stream, so its HTTP server can stop and the watchers
+        reconnect to another node (they re-read the state there; queued events are dropped)."""
+        self.closed = True
+        for qs in self._queues.values():
+            for q in qs:
+                while not q.empty():
+                    q.get_nowait()
+                q.put_nowait(None)
 
     def unsubscribe(self, name: str, q: asyncio.Queue) -> None:
         self._queues.get(name, set()).discard(q)
