@@ -32,6 +32,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from electra.cli_args import Parser
+
 from .common import (
     _stat_fields,
     bench_credentials,
@@ -309,8 +311,8 @@ def _print_front_end_scaling(by_count: dict[int, dict], duration: float) -> None
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="electra bench api", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="electra bench api", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run (default 10)")
     p.add_argument("--no-tls-run", action="store_true", help="skip the extra Electra run with TLS and tokens")
     p.add_argument("--front-ends", default="0", type=_counts,

@@ -10,11 +10,12 @@ latency per request type.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import tempfile
 import time
 from pathlib import Path
+
+from electra.cli_args import Parser
 
 from .common import bench_credentials, percentile, result_line, start_controller_processes, stop_processes
 
@@ -63,7 +64,7 @@ async def _load(endpoints: list[str], brokers: int, duration: float, creds=None)
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="electra bench controller", description=__doc__)
+    p = Parser(prog="electra bench controller", description=__doc__)
     p.add_argument("--brokers", type=int, default=1000)
     p.add_argument("--duration", type=float, default=10.0)
     args = p.parse_args(argv)

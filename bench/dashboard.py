@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from electra.cli_args import Parser
+
 from .common import bench_credentials, result_line, start_controller_processes, stop_processes
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -103,7 +105,7 @@ async def _run(args: argparse.Namespace, endpoints: list[str], procs, creds) -> 
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="electra bench dashboard", description=__doc__)
+    p = Parser(prog="electra bench dashboard", description=__doc__)
     p.add_argument("--sets", type=int, default=1000, help="broker sets (of 3 brokers) registered first")
     p.add_argument("--viewers", type=int, default=20, help="SSE viewers in the last measurement")
     p.add_argument("--window", type=float, default=10.0, help="seconds each measurement lasts")

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import uvloop  # the simulated fleet runs in this process: uvloop's TLS and sockets cost less per heartbeat
 
+from electra.cli_args import Parser
+
 from .common import free_ports, percentile, process_tree_cpu_s, result_line
 
 
@@ -318,8 +320,8 @@ def _batch_ms(log: Path) -> float:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="electra bench failover", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="electra bench failover", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--groups", default="100,300,1000", help="broker set counts to try, smallest first")
     p.add_argument("--crash", type=int, default=20, help="masters crashed per size (session reset)")
     p.add_argument("--hang", type=int, default=20, help="masters hung per size (no heartbeats, connection kept)")

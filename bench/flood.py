@@ -13,13 +13,14 @@ Last line: `RESULT flood_tick_late_p99_ms=<n> flood_tick_late_max_ms=<n> leader_
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from electra.cli_args import Parser
 
 from .common import result_line, start_controller_processes, stop_processes
 
@@ -118,7 +119,7 @@ async def _flood(ep: str, duration: float, concurrency: int, counts: dict[str, i
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="electra bench flood", description=__doc__.splitlines()[0])
+    ap = Parser(prog="electra bench flood", description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=15.0, help="seconds of flood (default 15)")
     ap.add_argument("--concurrency", type=int, default=100, help="heartbeat clients (default 100)")
     args = ap.parse_args(argv)

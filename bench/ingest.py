@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from electra.cli_args import Parser
+
 from .common import free_ports, result_line, stop_processes
 
 
@@ -107,8 +109,8 @@ def main(argv: list[str]) -> int:
     from electra.streaming.kafka_io import ensure_topics
     from electra.streaming.records import Topics
 
-    p = argparse.ArgumentParser(prog="electra bench ingest", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="electra bench ingest", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--brokers", type=int, default=30_000)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--duration", type=float, default=10.0)

@@ -43,6 +43,8 @@ from pathlib import Path
 
 import uvloop  # the generator's sockets, timers and callbacks in C: it must cost less than the servers
 
+from electra.cli_args import Parser
+
 from . import report_html as R
 from .broker_load import (
     CONTROLLER_KINDS,
@@ -384,8 +386,8 @@ def _point_line(system: str, pt: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="electra report performance", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="electra report performance", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--brokers", type=_parse_sweep, default=_parse_sweep("10,100,1000,5000"),
                    help="concurrent brokers per point, comma-separated (default 10,100,1000,5000)")
     p.add_argument("--duration", type=float, default=10.0,

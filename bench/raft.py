@@ -14,6 +14,8 @@ import sys
 import tempfile
 import time
 
+from electra.cli_args import Parser
+
 from .common import free_ports, result_line, run_workers
 
 
@@ -38,7 +40,7 @@ def run_system(system: str, args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="electra bench raft", description=__doc__)
+    p = Parser(prog="electra bench raft", description=__doc__)
     p.add_argument("--clients", type=int, default=1000)
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--duration", type=float, default=10.0)

@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from electra.cli_args import Parser
+
 
 def _report(obj: dict) -> None:
     print("RESULT_JSON " + json.dumps(obj), flush=True)
@@ -170,7 +172,7 @@ def pysyncobj_worker(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser()
+    p = Parser()
     p.add_argument("system", choices=["electra", "pysyncobj"])
     p.add_argument("--id", type=int, required=True)
     p.add_argument("--ports", type=lambda s: [int(x) for x in s.split(",")], required=True)

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from electra.cli_args import Parser
+
 from .common import free_ports, result_line, run_workers
 
 PHASES = ("write", "readindex", "lease", "follower")
@@ -210,7 +212,7 @@ def restart_bench(entries: int) -> dict:
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "worker":
-        p = argparse.ArgumentParser()
+        p = Parser()
         p.add_argument("--id", type=int, required=True)
         p.add_argument("--ports", type=lambda s: [int(x) for x in s.split(",")], required=True)
         p.add_argument("--data-dir", required=True)
@@ -220,7 +222,7 @@ def main(argv: list[str]) -> int:
         p.add_argument("--duration", type=float, default=5.0)
         worker(p.parse_args(argv[1:]))
         return 0
-    p = argparse.ArgumentParser(prog="electra bench reads", description=__doc__)
+    p = Parser(prog="electra bench reads", description=__doc__)
     p.add_argument("--clients", type=int, default=1000)
     p.add_argument("--bg-writers", type=int, default=20, help="writers at the leader during read phases")
     p.add_argument("--duration", type=float, default=5.0, help="seconds per phase")

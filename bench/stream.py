@@ -18,7 +18,6 @@ per heartbeat produced after warm-up).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
+from electra.cli_args import Parser
 from electra.streaming import kafka_io, records
 from electra.streaming.embedded_kafka import EmbeddedKafka, free_port
 
@@ -96,7 +96,7 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="electra bench stream")
+    ap = Parser(prog="electra bench stream")
     ap.add_argument("--sets", type=int, default=100)
     ap.add_argument("--brokers", type=int, default=3)
     ap.add_argument("--hb-interval-ms", type=int, default=1000)

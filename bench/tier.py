@@ -10,12 +10,13 @@ tier to catch up and checks that the events table covers the applied index.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import tempfile
 import time
 from pathlib import Path
+
+from electra.cli_args import Parser
 
 from .common import bench_credentials, percentile, result_line, start_controller_processes, stop_processes
 from .controller import _load
@@ -82,7 +83,7 @@ async def _final(endpoints: list[str], creds, timeout: float = 30.0) -> tuple[fl
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="electra bench tier", description=__doc__)
+    p = Parser(prog="electra bench tier", description=__doc__)
     p.add_argument("--brokers", type=int, default=300)
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--tier-uri", help="default: a directory in the benchmark's temporary directory")

@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from .nemesis import KINDS
+from .nemesis import KINDS, parse_kind
 
 DEFAULT_KINDS = "kill,pause,partition,delay,loss,clock,clock-rate,disk-full,torn-tail,slow-disk,power-loss"
 LONG_EPISODES = 1000
@@ -17,7 +17,7 @@ LONG_EPISODES = 1000
 def register(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("chaos", help="fault injection on real controller processes, with linearizability and "
                                      "controller invariants checked (ends with a RESULT line)")
-    c.add_argument("--episodes", type=int, default=30, help="episodes to run (default 30, the CI run)")
+    c.add_argument("--episodes", type=int, default=30, minimum=1, help="episodes to run (default 30, the CI run)")
     c.add_argument("--long", action="store_true", help=f"the soak: {LONG_EPISODES} episodes, longer faults, mixed")
     c.add_argument("--seed", type=int, default=1, help="the nemesis and workload seed (printed for replays)")
     c.add_argument("--episode", type=int, help="replay exactly this episode of --seed")
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"comma-separated fault kinds, one per episode in turn, each optionally KIND:MODE "
                         f"(kill:leader, partition:one-way, ...; known kinds: {', '.join(KINDS)})")
     c.add_argument("--mixed", action="store_true", help="up to three overlapping fault kinds per episode")
-    c.add_argument("--sets", type=int, default=3, help="broker sets per episode (independent keys)")
+    c.add_argument("--sets", type=int, default=3, minimum=1, help="broker sets per episode (independent keys)")
     c.add_argument("--tick-ms", type=int, default=100,
                    help="Raft tick of the nodes (default 100 as electra up; election timeout 10-13 ticks)")
     c.add_argument("--out", default=".electra/chaos", help="history files, report.html and the cluster's data")
@@ -61,6 +61,11 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     if args.pipeline:
         return _cmd_pipeline(args)
     kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
+    for k in kinds:
+        try:
+            parse_kind(k)
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
     cfg = RunConfig(out_dir=Path(args.out) / time.strftime("%Y%m%d-%H%M%S"), episodes=args.episodes,
                     seed=args.seed, nodes=args.nodes, kinds=kinds, mixed=args.mixed, sets=args.sets,
                     tick_ms=args.tick_ms, secure=not args.insecure, stop_on_failure=args.stop_on_failure,

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from electra.cli_args import Parser
 from electra.tiering.options import parse_storage_options
 
 
@@ -635,7 +636,7 @@ def _add_broker_set_args(verb: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="electra", description=__doc__)
+    p = Parser(prog="electra", description=__doc__)
     p.add_argument("--log-level", default=os.environ.get("ELECTRA_LOG_LEVEL", "INFO"))
     sub = p.add_subparsers(dest="cmd", required=True)
 

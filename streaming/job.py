@@ -18,7 +18,6 @@ SIGTERM/SIGINT stop the query and Spark cleanly (exit code 0).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -30,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from electra.cli_args import Parser
 from electra.streaming import records
 
 log = logging.getLogger("electra.streaming.job")
@@ -344,7 +344,7 @@ def run_job(cfg: JobConfig, stop: threading.Event | None = None) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> JobConfig:
-    ap = argparse.ArgumentParser(prog="python -m electra.streaming.job", description=__doc__.split("\n")[0])
+    ap = Parser(prog="python -m electra.streaming.job", description=__doc__.split("\n")[0])
     ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port[,host:port]")
     ap.add_argument("--controllers", required=True, help="controller HTTP endpoints h:p,h:p,h:p")
     ap.add_argument("--checkpoint", required=True, help="checkpoint directory (local path or a Hadoop URI)")
