@@ -40,6 +40,17 @@ async def _json(r: aiohttp.ClientResponse) -> Any:
         raise UnexpectedResponse(r.method, str(r.url), r.status, text) from None
 
 
+def describe_failure(exc: BaseException) -> str:
+    """One line for a request that failed below HTTP (what a CLI prints, what a timeout quotes)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect to {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}"
+    if isinstance(exc, aiohttp.ClientError):
+        return f"HTTP request failed: {type(exc).__name__}: {exc}"
+    if isinstance(exc, TimeoutError):
+        return str(exc) or "timed out"
+    return f"{type(exc).__name__}: {exc}"
+
+
 class ControllerClient:
     def __init__(self, endpoints: list[str], *, timeout: float = 5.0, deadline_s: float = 15.0,
                  max_connections: int = 256, ingest_endpoints: list[str] | None = None,
@@ -101,7 +112,8 @@ class ControllerClient:
                 await asyncio.sleep(0.1)
                 continue
             return (body if isinstance(body, dict) else {"body": body}) | {"httpStatus": status}
-        raise TimeoutError(f"no controller answered {method} {path} within {self.deadline_s}s: {last!r}")
+        why = describe_failure(last) if last is not None else "every node said 503 (no leader, or busy)"
+        raise TimeoutError(f"no controller answered {method} {path} within {self.deadline_s}s; last: {why}")
 
     # RocketMQ-shaped helpers
     async def heartbeat(self, cluster, name, broker_id, addr, **extra) -> dict:

@@ -445,6 +445,13 @@ def _endpoints(args: argparse.Namespace) -> list[str]:
     eps = [e.strip() for e in args.endpoints.split(",") if e.strip()]
     if not eps:
         raise SystemExit("error: --endpoints is empty")
+    for ep in eps:
+        try:
+            host, port = parse_addr(ep)
+        except argparse.ArgumentTypeError as exc:
+            raise SystemExit(f"error: --endpoints: {exc}") from None
+        if not host or not 0 < port < 65536:
+            raise SystemExit(f"error: --endpoints: bad address {ep!r}: expected HOST:PORT, port 1-65535")
     return eps
 
 
@@ -791,18 +798,12 @@ def explain_error(exc: BaseException) -> str | None:
     """The one place that turns expected failures of a command into one line; None for bugs."""
     import aiohttp
 
-    from electra.api.client import UnexpectedResponse
+    from electra.api.client import UnexpectedResponse, describe_failure
 
     if isinstance(exc, UnexpectedResponse):
         return str(exc)
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"cannot connect to {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}"
-    if isinstance(exc, aiohttp.ClientError):
-        return f"HTTP request failed: {type(exc).__name__}: {exc}"
-    if isinstance(exc, TimeoutError):
-        return str(exc) or "timed out"
-    if isinstance(exc, ConnectionError | BrokenPipeError):
-        return f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, aiohttp.ClientError | TimeoutError | ConnectionError):
+        return describe_failure(exc)
     return None
 
 

@@ -50,3 +50,11 @@ def test_chaos_refuses_an_unknown_fault_before_starting_anything():
     args = build_parser().parse_args(["chaos", "--faults", "kill:nobody"])
     with pytest.raises(SystemExit, match="fault 'kill' has no mode 'nobody'"):
         args.fn(args)
+
+
+@pytest.mark.parametrize("endpoints", ["nonsense", "127.0.0.1:99999", "127.0.0.1:x", ":7301"])
+def test_admin_and_status_refuse_a_bad_endpoint_before_connecting(endpoints):
+    for argv in (["admin", "--endpoints", endpoints, "replica-info", "s1"], ["status", "--endpoints", endpoints]):
+        args = build_parser().parse_args(argv)
+        with pytest.raises(SystemExit, match="error: --endpoints: bad address"):
+            args.fn(args)
