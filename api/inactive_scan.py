@@ -49,22 +49,33 @@ class InactiveMasterScan:
         self.in_flight = max(1, in_flight)
         self.at_master_expiry = at_master_expiry
         self._task: asyncio.Task | None = None
+        self._slots = asyncio.Semaphore(self.in_flight)  # elections in flight, over every scan running
+        self._electing: set[str] = set()  # sets whose election a scan has proposed and not yet seen answered
+        self._scans: set[asyncio.Task] = set()
 
     def start(self) -> None:
         if self.interval_s > 0:
             self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [t for t in (self._task, *self._scans) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self) -> None:
+        """RocketMQ's scan waits for its elections before the next period; the new one does not: a set whose
+        master times out while another scan's elections are still in flight is not kept waiting for them."""
         while True:
             await asyncio.sleep(self.next_wait_s())
             if self.node.role != Role.LEADER:
                 continue
-            await self.scan_once()
+            if self.at_master_expiry:
+                scan = asyncio.create_task(self.scan_once())
+                self._scans.add(scan)
+                scan.add_done_callback(self._scans.discard)
+            else:
+                await self.scan_once()
 
     def next_wait_s(self) -> float:
         """Seconds until the next scan: the fixed period, or sooner when a live master times out before it."""
@@ -92,19 +103,22 @@ class InactiveMasterScan:
 
     async def scan_once(self) -> None:
         self.liveness.expire(self.now_ms() - 60_000)  # forget brokers silent for a minute past timeout
-        slots = asyncio.Semaphore(self.in_flight)
 
         async def elect(name: str) -> None:
             bs = self.sm.sets.get(name)
             if bs is None:
                 return
-            async with slots:
-                try:
+            try:
+                async with self._slots:
                     res = await self.elect_master(bs.cluster, name, C.CONTROLLER_TRIGGER)
-                    log.info("controller-triggered election in %s: code %d master %s", name, res["code"],
-                             res["header"].get("masterBrokerId"))
-                except Exception as exc:  # keep electing in the other sets
-                    log.warning("controller-triggered election in %s failed: %r", name, exc)
+                log.info("controller-triggered election in %s: code %d master %s", name, res["code"],
+                         res["header"].get("masterBrokerId"))
+            except Exception as exc:  # keep electing in the other sets
+                log.warning("controller-triggered election in %s failed: %r", name, exc)
+            finally:
+                self._electing.discard(name)
 
-        await asyncio.gather(*(elect(n) for n in self.sm.sets_needing_election(self.liveness.group_by_name,
-                                                                                self.now_ms())))
+        names = [n for n in self.sm.sets_needing_election(self.liveness.group_by_name, self.now_ms())
+                 if n not in self._electing]  # an earlier scan's election there is still in flight
+        self._electing.update(names)
+        await asyncio.gather(*(elect(n) for n in names))

@@ -55,7 +55,14 @@ from .broker_load import (
     post,
     saturate,
 )
-from .common import percentile, process_tree_cpu_s, result_line, start_controller_processes, stop_processes
+from .common import (
+    percentile,
+    process_tree_cpu_s,
+    process_tree_runqueue_wait_s,
+    result_line,
+    start_controller_processes,
+    stop_processes,
+)
 
 ARCHS = ("new", "legacy")
 SATURATING = "replica_info_saturating"  # the capacity phase's closed-loop GetReplicaInfo
@@ -98,19 +105,27 @@ def _stats(samples: Samples, kinds: tuple[str, ...], seconds: float) -> dict:
 
 
 class _Cpu:
-    """CPU seconds of this process (the load generator) and of the servers' process trees over one phase."""
+    """CPU seconds of this process (the load generator) and of the servers' process trees over one phase,
+    and how long each side waited for a core (run-queue wait: the other tenants of a shared machine)."""
 
     def __init__(self, server_pids: list[int]) -> None:
         self.pids = server_pids
         self.t0, self.gen0, self.srv0 = time.monotonic(), time.process_time(), self._servers()
+        self.gen_wait0, self.srv_wait0 = process_tree_runqueue_wait_s(os.getpid(), descendants=False), self._servers_waiting()
 
     def _servers(self) -> float:
         return sum(process_tree_cpu_s(p) for p in self.pids)
 
+    def _servers_waiting(self) -> float:
+        return sum(process_tree_runqueue_wait_s(p) for p in self.pids)
+
     def done(self) -> dict:
         wall = time.monotonic() - self.t0
         gen, srv = time.process_time() - self.gen0, self._servers() - self.srv0
-        return {"load_cpu_s": gen, "server_cpu_s": srv, "load_cores": gen / wall, "server_cores": srv / wall}
+        gen_wait = process_tree_runqueue_wait_s(os.getpid(), descendants=False) - self.gen_wait0
+        srv_wait = self._servers_waiting() - self.srv_wait0
+        return {"load_cpu_s": gen, "server_cpu_s": srv, "load_cores": gen / wall, "server_cores": srv / wall,
+                "load_wait_cores": gen_wait / wall, "server_wait_cores": srv_wait / wall}
 
 
 def _mix_stats(s: Samples, seconds: float) -> dict:
@@ -276,6 +291,16 @@ def _machine() -> dict:
             "uvicorn": version("uvicorn"), "fastapi": version("fastapi"), "msgpack": version("msgpack")}
 
 
+WAIT_HEADER = "run-queue wait, cores: load gen / servers"
+
+
+def _waits(phase: dict) -> str:
+    """Run-queue wait of both sides (absent from reports written before it was measured)."""
+    if "server_wait_cores" not in phase:
+        return "-"
+    return f"{phase['load_wait_cores']:.2f} / {phase['server_wait_cores']:.2f}"
+
+
 def _fmt_rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 10 else f"{x:.1f}"
 
@@ -295,15 +320,15 @@ def _write(out_dir: Path, report: dict) -> None:
                              f"{mc['p99_ms']:.1f}", mc["failed"],
                              _fmt_rate(hb["per_s"]) if hb else "-", f"{hb['p99_ms']:.1f}" if hb else "-",
                              f"{m['send_lag_p99_ms']:.1f}", f"{p['register_s']:.1f}" if "register_s" in p else "-",
-                             f"{m['load_cores']:.2f} / {m['server_cores']:.2f}"])
+                             f"{m['load_cores']:.2f} / {m['server_cores']:.2f}", _waits(m)])
             cap_rows.append([arch, p["brokers"], _fmt_rate(c["per_s"]), f"{c['p50_ms']:.1f}", f"{c['p99_ms']:.1f}",
-                             c["failed"], f"{c['load_cores']:.2f} / {c['server_cores']:.2f}",
+                             c["failed"], f"{c['load_cores']:.2f} / {c['server_cores']:.2f}", _waits(c),
                              f"{c['per_s'] * report['settings']['measured seconds per phase'] / c['server_cpu_s']:,.0f}"
                              if c["server_cpu_s"] > 0 else "-"])
     mix_header = ["system", "brokers", "controller req/s", "p50 ms", "p99 ms", "failed", "heartbeats/s",
-                  "heartbeat p99 ms", "send lag p99 ms", "register all (s)", "cores: load gen / servers"]
+                  "heartbeat p99 ms", "send lag p99 ms", "register all (s)", "cores: load gen / servers", WAIT_HEADER]
     cap_header = ["system", "brokers", "controller req/s", "p50 ms", "p99 ms", "failed",
-                  "cores: load gen / servers", "req per server CPU-s"]
+                  "cores: load gen / servers", WAIT_HEADER, "req per server CPU-s"]
     storms = [[arch, p["brokers"], p["storm"]["sets"], p["storm"]["unrecovered"],
                "-" if p["storm"]["recovery_s"] is None else f"{p['storm']['recovery_s']:.1f}",
                p["storm"]["leader_changes"]]
@@ -369,7 +394,8 @@ def _point_line(system: str, pt: dict) -> str:
     line = (f"  {system:>6} {pt['brokers']:>5} brokers: mix {m['controller']['per_s']:,.0f} req/s p99 "
             f"{m['controller']['p99_ms']:.1f} ms (send lag p99 {m['send_lag_p99_ms']:.0f} ms, load gen "
             f"{m['load_cores']:.2f} cores); capacity {c['per_s']:,.0f} req/s p99 {c['p99_ms']:.1f} ms "
-            f"(load gen {c['load_cores']:.2f} cores, servers {c['server_cores']:.2f})")
+            f"(load gen {c['load_cores']:.2f} cores, servers {c['server_cores']:.2f}; run-queue wait "
+            f"{c['load_wait_cores']:.2f} / {c['server_wait_cores']:.2f})")
     if "heartbeat" in m:
         line += f"; heartbeats {m['heartbeat']['per_s']:,.0f}/s p99 {m['heartbeat']['p99_ms']:.1f} ms"
     failures = {**m["failures"], **{f"capacity {k}": v for k, v in c["failures"].items()}}

@@ -148,8 +148,38 @@ def test_the_scan_loop_sleeps_until_the_next_wake(monkeypatch):
         waits.append(s)
         raise _Stop
 
-    monkeypatch.setattr(module, "asyncio", SimpleNamespace(sleep=sleep))
     scan = _timed_scan(True, {"a": (NOW_MS - 8_500, 10_000)})
+    monkeypatch.setattr(module, "asyncio", SimpleNamespace(sleep=sleep))
     with pytest.raises(_Stop):
         asyncio.run(scan._run())
     assert waits == [pytest.approx(1.501)]
+
+
+def test_a_set_whose_election_is_in_flight_is_not_elected_again_by_the_next_scan():
+    """The new scan does not wait for its elections; the next one skips the sets still being elected."""
+    release = None
+    calls = []
+
+    async def elect_master(cluster: str, name: str, broker_id: int) -> dict:
+        calls.append(name)
+        await release.wait()
+        return {"code": 0, "header": {"masterBrokerId": 2}}
+
+    async def main() -> None:
+        nonlocal release
+        release = asyncio.Event()
+        scan = InactiveMasterScan(SimpleNamespace(role=Role.LEADER), _StateWithDeadMasters(), LivenessTable(),
+                                  elect_master, 5.0, lambda: 0, 64, True)
+        first = asyncio.create_task(scan.scan_once())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        second = asyncio.create_task(scan.scan_once())  # every set's election is still in flight
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert sorted(calls) == sorted(DEAD)  # nothing proposed twice
+        release.set()
+        await asyncio.gather(first, second)
+        await scan.scan_once()  # answered (here: the fake state still lists them): elected again
+        assert len(calls) == 2 * len(DEAD)
+
+    asyncio.run(main())
