@@ -111,10 +111,14 @@ class _Cpu:
     def __init__(self, server_pids: list[int]) -> None:
         self.pids = server_pids
         self.t0, self.gen0, self.srv0 = time.monotonic(), time.process_time(), self._servers()
-        self.gen_wait0, self.srv_wait0 = process_tree_runqueue_wait_s(os.getpid(), descendants=False), self._servers_waiting()
+        self.gen_wait0, self.srv_wait0 = self._generator_waiting(), self._servers_waiting()
 
     def _servers(self) -> float:
         return sum(process_tree_cpu_s(p) for p in self.pids)
+
+    @staticmethod
+    def _generator_waiting() -> float:
+        return process_tree_runqueue_wait_s(os.getpid(), descendants=False)  # the servers are its children
 
     def _servers_waiting(self) -> float:
         return sum(process_tree_runqueue_wait_s(p) for p in self.pids)
@@ -122,7 +126,7 @@ class _Cpu:
     def done(self) -> dict:
         wall = time.monotonic() - self.t0
         gen, srv = time.process_time() - self.gen0, self._servers() - self.srv0
-        gen_wait = process_tree_runqueue_wait_s(os.getpid(), descendants=False) - self.gen_wait0
+        gen_wait = self._generator_waiting() - self.gen_wait0
         srv_wait = self._servers_waiting() - self.srv_wait0
         return {"load_cpu_s": gen, "server_cpu_s": srv, "load_cores": gen / wall, "server_cores": srv / wall,
                 "load_wait_cores": gen_wait / wall, "server_wait_cores": srv_wait / wall}
