@@ -526,9 +526,12 @@ NOTES = ("Each point starts three fresh controller processes; the brokers regist
          "old_p99_ms are the controller requests' p99 (replica info, sync-state set, elections) in the real "
          "mix; storm_recovery_s is the new architecture's time until every set whose master died has a new "
          "master. One load-generator process (asyncio protocols, pre-encoded requests) on the same machine; "
-         "its CPU is in the tables. etcd: a linearizable kv/range per broker's set key stands for GetReplicaInfo "
-         "(same rates, same generator); RocketMQ's other requests have no KV equivalent (conditional updates "
-         "of several fields; heartbeats are not replicated). The machine may be shared: see the load average.")
+         "its CPU is in the tables, and so is the run-queue wait of both sides (/proc schedstat: time runnable "
+         "but waiting for a core, i.e. taken by the machine's other tenants): a capacity figure with servers "
+         "waiting for cores is the machine's, not the architecture's. etcd: a linearizable kv/range per "
+         "broker's set key stands for GetReplicaInfo (same rates, same generator); RocketMQ's other requests "
+         "have no KV equivalent (conditional updates of several fields; heartbeats are not replicated). "
+         "The machine may be shared: see the load average.")
 
 
 if __name__ == "__main__":
