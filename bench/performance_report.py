@@ -393,6 +393,13 @@ def _write(out_dir: Path, report: dict) -> None:
     (out_dir / "performance.md").write_text("\n".join(md))
 
 
+def _keep(out_dir: Path, points: dict) -> None:
+    """Every point's raw data as soon as it ran (points.partial.json): a sweep stopped by its time limit
+    keeps what it measured. The finished report (performance.json) replaces it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "points.partial.json").write_text(json.dumps(points, indent=1))
+
+
 def _point_line(system: str, pt: dict) -> str:
     m, c = pt["mix"], pt["capacity"]
     line = (f"  {system:>6} {pt['brokers']:>5} brokers: mix {m['controller']['per_s']:,.0f} req/s p99 "
@@ -474,10 +481,12 @@ def main(argv: list[str]) -> int:
                     continue
                 pt = _run_point(arch, n, args, n == result_at, Path(tmp))
                 points[arch].append(pt)
+                _keep(out_dir, points)
                 print(_point_line(arch, pt), flush=True)
             if with_etcd:
                 pt = _run_etcd_point(n, args, Path(tmp))
                 points["etcd"].append(pt)
+                _keep(out_dir, points)
                 print(_point_line("etcd", pt), flush=True)
 
     def at(arch: str) -> dict | None:
@@ -508,6 +517,7 @@ def main(argv: list[str]) -> int:
               "machine": machine, "settings": settings, "points": points, "result": result, "result_line": line,
               "skipped": skipped}
     _write(out_dir, report)
+    (out_dir / "points.partial.json").unlink(missing_ok=True)
     print(f"wrote {out_dir / 'performance.html'}, {out_dir / 'performance.md'}, {out_dir / 'performance.json'}",
           flush=True)
     print(line, flush=True)
