@@ -439,7 +439,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--storm-limit-s", type=float, default=90.0, help="give up waiting for recovery after this")
     p.add_argument("--heartbeat-timeout-ms", type=int, default=10_000,
                    help="heartbeatTimeoutMillis the brokers send (RocketMQ default 10000)")
-    p.add_argument("--scan-ms", type=int, default=5000, help="the leader's inactive-master scan (RocketMQ: 5000)")
+    p.add_argument("--scan-ms", type=int, default=5000,
+                   help="the leader's inactive-master scan period (RocketMQ: 5000; the new architecture also "
+                        "scans at a master's timeout)")
     p.add_argument("--heartbeats-to", choices=("all", "leader"), default="all",
                    help="brokers heartbeat every controller, as RocketMQ's do (default), or only the leader")
     p.add_argument("--storm-pause-leader-s", type=float, default=0.0,
@@ -509,7 +511,8 @@ def main(argv: list[str]) -> int:
                 "measured seconds per phase": args.duration, "controllers": "3 processes, fsync on, loopback, "
                 "plaintext HTTP", "replicas per broker set": 3, "heartbeat period s": 1.0,
                 "replica info period s": REPLICA_INFO_PERIOD_S, "capacity connections": args.capacity_connections,
-                "heartbeatTimeoutMillis": args.heartbeat_timeout_ms, "inactive-master scan ms": args.scan_ms,
+                "heartbeatTimeoutMillis": args.heartbeat_timeout_ms,
+                "inactive-master scan ms (new: also at each master's timeout)": args.scan_ms,
                 "storm_fraction": args.storm_fraction, "storm limit s": args.storm_limit_s,
                 "notes": NOTES}
     report = {"generated": f"generated {datetime.now(UTC).isoformat(timespec='seconds')} by `electra report "
