@@ -77,7 +77,8 @@ class Controller:
             self.liveness_consumer = LivenessConsumer(self, cfg.kafka_bootstrap, cfg.topics.liveness)
         self.requests: BrokerRequests = cfg.make_requests(node, sm, self.liveness, cfg, self.heartbeat_producer)
         self.scan = InactiveMasterScan(node, sm, self.liveness, self.requests.elect_master, cfg.scan_interval_s,
-                                       self.now_ms, getattr(self.requests, "scan_elections_in_flight", 1))
+                                       self.now_ms, getattr(self.requests, "scan_elections_in_flight", 1),
+                                       not getattr(self.requests, "scan_at_fixed_rate", False))
         self.tier = None
         if cfg.tier is not None:
             from electra.tiering.uploader import TierUploader

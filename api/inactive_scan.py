@@ -8,6 +8,13 @@ The elections of one scan run `in_flight` at a time. RocketMQ waits for each bef
 (the legacy architecture keeps that: 1); the new one proposes them together (64) so the engine
 commits them in a few group-commit batches: when many masters die at once (a rack, a storm),
 the last set's election no longer waits for every other set's Raft round trip in turn.
+
+When a scan runs differs too. RocketMQ scans at a fixed rate, so a master is re-elected up to one
+period (5 s) after its heartbeat timed out (the legacy architecture keeps that). The new one
+(`at_master_expiry`) also wakes at the moment the first master alive at the last scan would time
+out: heartbeats only move that moment later, so no master can die unseen before it, and a dead
+master's set is re-elected as soon as its timeout has passed. The fixed period stays as the upper
+bound (a master elected after the last scan, a set with no live replica yet).
 """
 
 from __future__ import annotations
@@ -24,12 +31,15 @@ from electra.state.machine import ControllerStateMachine
 
 log = logging.getLogger("electra.api.service")
 
+MIN_WAIT_S = 0.05  # between two scans at least: heartbeats at a millisecond's distance share one
+
 ElectMaster = Callable[[str, str, int], Awaitable[dict]]
 
 
 class InactiveMasterScan:
     def __init__(self, node: RaftNode, sm: ControllerStateMachine, liveness: LivenessTable,
-                 elect_master: ElectMaster, interval_s: float, now_ms: Callable[[], int], in_flight: int = 1) -> None:
+                 elect_master: ElectMaster, interval_s: float, now_ms: Callable[[], int], in_flight: int = 1,
+                 at_master_expiry: bool = False) -> None:
         self.node = node
         self.sm = sm
         self.liveness = liveness
@@ -37,39 +47,78 @@ class InactiveMasterScan:
         self.interval_s = interval_s
         self.now_ms = now_ms
         self.in_flight = max(1, in_flight)
+        self.at_master_expiry = at_master_expiry
         self._task: asyncio.Task | None = None
+        self._slots = asyncio.Semaphore(self.in_flight)  # elections in flight, over every scan running
+        self._electing: set[str] = set()  # sets whose election a scan has proposed and not yet seen answered
+        self._scans: set[asyncio.Task] = set()
 
     def start(self) -> None:
         if self.interval_s > 0:
             self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [t for t in (self._task, *self._scans) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self) -> None:
+        """RocketMQ's scan waits for its elections before the next period; the new one does not: a set whose
+        master times out while another scan's elections are still in flight is not kept waiting for them."""
         while True:
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(self.next_wait_s())
             if self.node.role != Role.LEADER:
                 continue
-            await self.scan_once()
+            if self.at_master_expiry:
+                scan = asyncio.create_task(self.scan_once())
+                self._scans.add(scan)
+                scan.add_done_callback(self._scans.discard)
+            else:
+                await self.scan_once()
+
+    def next_wait_s(self) -> float:
+        """Seconds until the next scan: the fixed period, or sooner when a live master times out before it."""
+        if not self.at_master_expiry:
+            return self.interval_s
+        expiry = self.first_master_expiry_ms()
+        if expiry is None:
+            return self.interval_s
+        return min(self.interval_s, max(MIN_WAIT_S, (expiry - self.now_ms()) / 1000))
+
+    def first_master_expiry_ms(self) -> int | None:
+        """The first moment (ms) a master alive now stops being alive, if no heartbeat comes: None if none is."""
+        now = self.now_ms()
+        first = None
+        for name, bs in self.sm.sets.items():
+            if bs.master_id is None:
+                continue
+            info = self.liveness.group_by_name(name).get(bs.master_id)
+            if info is None or not info.alive_at(now):
+                continue  # already dead: the scan saw it (or its set has no live replica to elect)
+            dead_at = info.last_update_ms + info.timeout_ms + 1  # alive_at holds up to the timeout inclusive
+            if first is None or dead_at < first:
+                first = dead_at
+        return first
 
     async def scan_once(self) -> None:
         self.liveness.expire(self.now_ms() - 60_000)  # forget brokers silent for a minute past timeout
-        slots = asyncio.Semaphore(self.in_flight)
 
         async def elect(name: str) -> None:
             bs = self.sm.sets.get(name)
             if bs is None:
                 return
-            async with slots:
-                try:
+            try:
+                async with self._slots:
                     res = await self.elect_master(bs.cluster, name, C.CONTROLLER_TRIGGER)
-                    log.info("controller-triggered election in %s: code %d master %s", name, res["code"],
-                             res["header"].get("masterBrokerId"))
-                except Exception as exc:  # keep electing in the other sets
-                    log.warning("controller-triggered election in %s failed: %r", name, exc)
+                log.info("controller-triggered election in %s: code %d master %s", name, res["code"],
+                         res["header"].get("masterBrokerId"))
+            except Exception as exc:  # keep electing in the other sets
+                log.warning("controller-triggered election in %s failed: %r", name, exc)
+            finally:
+                self._electing.discard(name)
 
-        await asyncio.gather(*(elect(n) for n in self.sm.sets_needing_election(self.liveness.group_by_name,
-                                                                                self.now_ms())))
+        names = [n for n in self.sm.sets_needing_election(self.liveness.group_by_name, self.now_ms())
+                 if n not in self._electing]  # an earlier scan's election there is still in flight
+        self._electing.update(names)
+        await asyncio.gather(*(elect(n) for n in names))

@@ -52,6 +52,7 @@ class LegacyControllerService(ControllerService):
 
     architecture = "legacy"
     scan_elections_in_flight = 1  # RocketMQ's triggerElectMaster waits for each election before the next
+    scan_at_fixed_rate = True  # RocketMQ's scan runs every 5 s, not when a master's heartbeat times out
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

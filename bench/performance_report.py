@@ -57,7 +57,14 @@ from .broker_load import (
     post,
     saturate,
 )
-from .common import percentile, process_tree_cpu_s, result_line, start_controller_processes, stop_processes
+from .common import (
+    percentile,
+    process_tree_cpu_s,
+    process_tree_runqueue_wait_s,
+    result_line,
+    start_controller_processes,
+    stop_processes,
+)
 
 ARCHS = ("new", "legacy")
 SATURATING = "replica_info_saturating"  # the capacity phase's closed-loop GetReplicaInfo
@@ -100,19 +107,31 @@ def _stats(samples: Samples, kinds: tuple[str, ...], seconds: float) -> dict:
 
 
 class _Cpu:
-    """CPU seconds of this process (the load generator) and of the servers' process trees over one phase."""
+    """CPU seconds of this process (the load generator) and of the servers' process trees over one phase,
+    and how long each side waited for a core (run-queue wait: the other tenants of a shared machine)."""
 
     def __init__(self, server_pids: list[int]) -> None:
         self.pids = server_pids
         self.t0, self.gen0, self.srv0 = time.monotonic(), time.process_time(), self._servers()
+        self.gen_wait0, self.srv_wait0 = self._generator_waiting(), self._servers_waiting()
 
     def _servers(self) -> float:
         return sum(process_tree_cpu_s(p) for p in self.pids)
 
+    @staticmethod
+    def _generator_waiting() -> float:
+        return process_tree_runqueue_wait_s(os.getpid(), descendants=False)  # the servers are its children
+
+    def _servers_waiting(self) -> float:
+        return sum(process_tree_runqueue_wait_s(p) for p in self.pids)
+
     def done(self) -> dict:
         wall = time.monotonic() - self.t0
         gen, srv = time.process_time() - self.gen0, self._servers() - self.srv0
-        return {"load_cpu_s": gen, "server_cpu_s": srv, "load_cores": gen / wall, "server_cores": srv / wall}
+        gen_wait = self._generator_waiting() - self.gen_wait0
+        srv_wait = self._servers_waiting() - self.srv_wait0
+        return {"load_cpu_s": gen, "server_cpu_s": srv, "load_cores": gen / wall, "server_cores": srv / wall,
+                "load_wait_cores": gen_wait / wall, "server_wait_cores": srv_wait / wall}
 
 
 def _mix_stats(s: Samples, seconds: float) -> dict:
@@ -278,6 +297,16 @@ def _machine() -> dict:
             "uvicorn": version("uvicorn"), "fastapi": version("fastapi"), "msgpack": version("msgpack")}
 
 
+WAIT_HEADER = "run-queue wait, cores: load gen / servers"
+
+
+def _waits(phase: dict) -> str:
+    """Run-queue wait of both sides (absent from reports written before it was measured)."""
+    if "server_wait_cores" not in phase:
+        return "-"
+    return f"{phase['load_wait_cores']:.2f} / {phase['server_wait_cores']:.2f}"
+
+
 def _fmt_rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 10 else f"{x:.1f}"
 
@@ -297,15 +326,15 @@ def _write(out_dir: Path, report: dict) -> None:
                              f"{mc['p99_ms']:.1f}", mc["failed"],
                              _fmt_rate(hb["per_s"]) if hb else "-", f"{hb['p99_ms']:.1f}" if hb else "-",
                              f"{m['send_lag_p99_ms']:.1f}", f"{p['register_s']:.1f}" if "register_s" in p else "-",
-                             f"{m['load_cores']:.2f} / {m['server_cores']:.2f}"])
+                             f"{m['load_cores']:.2f} / {m['server_cores']:.2f}", _waits(m)])
             cap_rows.append([arch, p["brokers"], _fmt_rate(c["per_s"]), f"{c['p50_ms']:.1f}", f"{c['p99_ms']:.1f}",
-                             c["failed"], f"{c['load_cores']:.2f} / {c['server_cores']:.2f}",
+                             c["failed"], f"{c['load_cores']:.2f} / {c['server_cores']:.2f}", _waits(c),
                              f"{c['per_s'] * report['settings']['measured seconds per phase'] / c['server_cpu_s']:,.0f}"
                              if c["server_cpu_s"] > 0 else "-"])
     mix_header = ["system", "brokers", "controller req/s", "p50 ms", "p99 ms", "failed", "heartbeats/s",
-                  "heartbeat p99 ms", "send lag p99 ms", "register all (s)", "cores: load gen / servers"]
+                  "heartbeat p99 ms", "send lag p99 ms", "register all (s)", "cores: load gen / servers", WAIT_HEADER]
     cap_header = ["system", "brokers", "controller req/s", "p50 ms", "p99 ms", "failed",
-                  "cores: load gen / servers", "req per server CPU-s"]
+                  "cores: load gen / servers", WAIT_HEADER, "req per server CPU-s"]
     storms = [[arch, p["brokers"], p["storm"]["sets"], p["storm"]["unrecovered"],
                "-" if p["storm"]["recovery_s"] is None else f"{p['storm']['recovery_s']:.1f}",
                p["storm"]["leader_changes"]]
@@ -366,12 +395,20 @@ def _write(out_dir: Path, report: dict) -> None:
     (out_dir / "performance.md").write_text("\n".join(md))
 
 
+def _keep(out_dir: Path, points: dict) -> None:
+    """Every point's raw data as soon as it ran (points.partial.json): a sweep stopped by its time limit
+    keeps what it measured. The finished report (performance.json) replaces it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "points.partial.json").write_text(json.dumps(points, indent=1))
+
+
 def _point_line(system: str, pt: dict) -> str:
     m, c = pt["mix"], pt["capacity"]
     line = (f"  {system:>6} {pt['brokers']:>5} brokers: mix {m['controller']['per_s']:,.0f} req/s p99 "
             f"{m['controller']['p99_ms']:.1f} ms (send lag p99 {m['send_lag_p99_ms']:.0f} ms, load gen "
             f"{m['load_cores']:.2f} cores); capacity {c['per_s']:,.0f} req/s p99 {c['p99_ms']:.1f} ms "
-            f"(load gen {c['load_cores']:.2f} cores, servers {c['server_cores']:.2f})")
+            f"(load gen {c['load_cores']:.2f} cores, servers {c['server_cores']:.2f}; run-queue wait "
+            f"{c['load_wait_cores']:.2f} / {c['server_wait_cores']:.2f})")
     if "heartbeat" in m:
         line += f"; heartbeats {m['heartbeat']['per_s']:,.0f}/s p99 {m['heartbeat']['p99_ms']:.1f} ms"
     failures = {**m["failures"], **{f"capacity {k}": v for k, v in c["failures"].items()}}
@@ -404,7 +441,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--storm-limit-s", type=float, default=90.0, help="give up waiting for recovery after this")
     p.add_argument("--heartbeat-timeout-ms", type=int, default=10_000,
                    help="heartbeatTimeoutMillis the brokers send (RocketMQ default 10000)")
-    p.add_argument("--scan-ms", type=int, default=5000, help="the leader's inactive-master scan (RocketMQ: 5000)")
+    p.add_argument("--scan-ms", type=int, default=5000,
+                   help="the leader's inactive-master scan period (RocketMQ: 5000; the new architecture also "
+                        "scans at a master's timeout)")
     p.add_argument("--heartbeats-to", choices=("all", "leader"), default="all",
                    help="brokers heartbeat every controller, as RocketMQ's do (default), or only the leader")
     p.add_argument("--storm-pause-leader-s", type=float, default=0.0,
@@ -446,10 +485,12 @@ def main(argv: list[str]) -> int:
                     continue
                 pt = _run_point(arch, n, args, n == result_at, Path(tmp))
                 points[arch].append(pt)
+                _keep(out_dir, points)
                 print(_point_line(arch, pt), flush=True)
             if with_etcd:
                 pt = _run_etcd_point(n, args, Path(tmp))
                 points["etcd"].append(pt)
+                _keep(out_dir, points)
                 print(_point_line("etcd", pt), flush=True)
 
     def at(arch: str) -> dict | None:
@@ -472,7 +513,8 @@ def main(argv: list[str]) -> int:
                 "measured seconds per phase": args.duration, "controllers": "3 processes, fsync on, loopback, "
                 "plaintext HTTP", "replicas per broker set": 3, "heartbeat period s": 1.0,
                 "replica info period s": REPLICA_INFO_PERIOD_S, "capacity connections": args.capacity_connections,
-                "heartbeatTimeoutMillis": args.heartbeat_timeout_ms, "inactive-master scan ms": args.scan_ms,
+                "heartbeatTimeoutMillis": args.heartbeat_timeout_ms,
+                "inactive-master scan ms (new: also at each master's timeout)": args.scan_ms,
                 "storm_fraction": args.storm_fraction, "storm limit s": args.storm_limit_s,
                 "notes": NOTES}
     report = {"generated": f"generated {datetime.now(UTC).isoformat(timespec='seconds')} by `electra report "
@@ -480,6 +522,7 @@ def main(argv: list[str]) -> int:
               "machine": machine, "settings": settings, "points": points, "result": result, "result_line": line,
               "skipped": skipped}
     _write(out_dir, report)
+    (out_dir / "points.partial.json").unlink(missing_ok=True)
     print(f"wrote {out_dir / 'performance.html'}, {out_dir / 'performance.md'}, {out_dir / 'performance.json'}",
           flush=True)
     print(line, flush=True)
@@ -498,9 +541,12 @@ NOTES = ("Each point starts three fresh controller processes; the brokers regist
          "old_p99_ms are the controller requests' p99 (replica info, sync-state set, elections) in the real "
          "mix; storm_recovery_s is the new architecture's time until every set whose master died has a new "
          "master. One load-generator process (asyncio protocols, pre-encoded requests) on the same machine; "
-         "its CPU is in the tables. etcd: a linearizable kv/range per broker's set key stands for GetReplicaInfo "
-         "(same rates, same generator); RocketMQ's other requests have no KV equivalent (conditional updates "
-         "of several fields; heartbeats are not replicated). The machine may be shared: see the load average.")
+         "its CPU is in the tables, and so is the run-queue wait of both sides (/proc schedstat: time runnable "
+         "but waiting for a core, i.e. taken by the machine's other tenants): a capacity figure with servers "
+         "waiting for cores is the machine's, not the architecture's. etcd: a linearizable kv/range per "
+         "broker's set key stands for GetReplicaInfo (same rates, same generator); RocketMQ's other requests "
+         "have no KV equivalent (conditional updates of several fields; heartbeats are not replicated). "
+         "The machine may be shared: see the load average.")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,9 @@ NODE_OPTIONS = [
     ("--election-jitter-ticks", int, "spread of the election timeouts, in ticks (default 4: 10-13 ticks)"),
     ("--snapshot-entries", int, "snapshot every N applied entries (default 100000)"),
     ("--compaction-slack", int, "log entries kept behind a snapshot (default 5000)"),
-    ("--inactive-master-scan-ms", int, "how often the leader looks for dead masters (default 5000, as RocketMQ; "
+    ("--inactive-master-scan-ms", int, "how often the leader looks for dead masters at the latest "
+                                       "(default 5000, as RocketMQ; "
+                                       "the new architecture also looks when a master's heartbeat times out; "
                                        "0 = off, the default with --kafka-bootstrap: the streaming job detects them)"),
     ("--kafka-bootstrap", str, "Kafka bootstrap servers: heartbeats, events and liveness go through Kafka"),
     ("--topic-prefix", str, "prefix of the Kafka topic names (several Electra clusters on one Kafka)"),

@@ -34,6 +34,7 @@ def test_tiny_sweep_writes_the_report_and_a_result_line(tmp_path):
     assert values["brokers"] == 15
 
     report = json.loads((out / "performance.json").read_text())
+    assert not (out / "points.partial.json").exists()  # kept per point while the sweep ran, replaced at the end
     for system in ("new", "legacy", "etcd"):
         points = report["points"][system]
         assert [p["brokers"] for p in points] == [6, 15]

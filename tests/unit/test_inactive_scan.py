@@ -2,7 +2,8 @@
 
 The new architecture proposes them together so the engine commits many in one batch (a storm of
 dead masters is not recovered one Raft round trip per set); the legacy one waits for each, as
-RocketMQ's triggerElectMaster does. Fakes stand in for the node and state machine: what is checked
+RocketMQ's triggerElectMaster does. The new scan also runs when the first live master would time
+out (the legacy one keeps RocketMQ's fixed 5 s rate). Fakes stand in for the node and state machine: what is checked
 is how many elections the scan has outstanding at once, not how long anything takes.
 """
 
@@ -83,8 +84,102 @@ def test_an_election_that_fails_does_not_stop_the_others():
     assert sorted(calls) == sorted(DEAD)
 
 
-@pytest.mark.parametrize(("requests", "in_flight"), [(ControllerService, 64), (LegacyControllerService, 1)])
-def test_each_architecture_builds_its_scan(requests, in_flight):
+@pytest.mark.parametrize(("requests", "in_flight", "at_expiry"),
+                         [(ControllerService, 64, True), (LegacyControllerService, 1, False)])
+def test_each_architecture_builds_its_scan(requests, in_flight, at_expiry):
     node = SimpleNamespace(role=Role.FOLLOWER, leader_id=None, core=None, on_role_change=lambda fn: None)
     ctl = Controller(node, ControllerStateMachine(), ControllerConfig(make_requests=requests))
     assert ctl.scan.in_flight == in_flight
+    assert ctl.scan.at_master_expiry is at_expiry
+
+
+# ---------------------------------------------------------------- when the next scan runs
+NOW_MS = 1_000_000
+
+
+def _timed_scan(at_master_expiry: bool, heartbeats: dict[str, tuple[int, int]]) -> InactiveMasterScan:
+    """Sets `a`, `b`, ... whose master (broker 1) last heartbeat at `ms` with `timeout` ms; interval 5 s."""
+    live = LivenessTable()
+    for name, (ms, timeout) in heartbeats.items():
+        live.on_heartbeat("c", name, 1, "10.0.0.1:10911", ms, timeout_ms=timeout)
+    sm = SimpleNamespace(sets={name: SimpleNamespace(cluster="c", master_id=1) for name in heartbeats}
+                         | {"masterless": SimpleNamespace(cluster="c", master_id=None)})
+
+    async def never(*_):
+        raise AssertionError("no election expected")
+
+    return InactiveMasterScan(SimpleNamespace(role=Role.LEADER), sm, live, never, 5.0, lambda: NOW_MS, 64,
+                              at_master_expiry)
+
+
+def test_the_new_scan_wakes_when_the_first_live_master_times_out():
+    # a: heartbeat 8.5 s ago with a 10 s timeout -> dead 1.501 s from now; b: fresh
+    scan = _timed_scan(True, {"a": (NOW_MS - 8_500, 10_000), "b": (NOW_MS, 10_000)})
+    assert scan.first_master_expiry_ms() == NOW_MS + 1_501
+    assert scan.next_wait_s() == pytest.approx(1.501)
+
+
+def test_the_fixed_period_bounds_the_wait():
+    scan = _timed_scan(True, {"a": (NOW_MS, 10_000)})  # dead in 10 s: the 5 s period comes first
+    assert scan.next_wait_s() == 5.0
+
+
+def test_a_master_already_dead_does_not_make_the_scan_spin():
+    # dead 1 s ago (its set may have no live replica to elect): the next wake is b's expiry, or the period
+    scan = _timed_scan(True, {"a": (NOW_MS - 11_000, 10_000), "b": (NOW_MS - 7_000, 10_000)})
+    assert scan.next_wait_s() == pytest.approx(3.001)
+    assert _timed_scan(True, {"a": (NOW_MS - 11_000, 10_000)}).next_wait_s() == 5.0
+
+
+def test_the_legacy_scan_keeps_rocketmqs_fixed_rate():
+    scan = _timed_scan(False, {"a": (NOW_MS - 8_500, 10_000)})
+    assert scan.next_wait_s() == 5.0
+
+
+def test_the_scan_loop_sleeps_until_the_next_wake(monkeypatch):
+    import electra.api.inactive_scan as module
+
+    waits = []
+
+    class _Stop(Exception):
+        pass
+
+    async def sleep(s: float) -> None:
+        waits.append(s)
+        raise _Stop
+
+    scan = _timed_scan(True, {"a": (NOW_MS - 8_500, 10_000)})
+    monkeypatch.setattr(module, "asyncio", SimpleNamespace(sleep=sleep))
+    with pytest.raises(_Stop):
+        asyncio.run(scan._run())
+    assert waits == [pytest.approx(1.501)]
+
+
+def test_a_set_whose_election_is_in_flight_is_not_elected_again_by_the_next_scan():
+    """The new scan does not wait for its elections; the next one skips the sets still being elected."""
+    release = None
+    calls = []
+
+    async def elect_master(cluster: str, name: str, broker_id: int) -> dict:
+        calls.append(name)
+        await release.wait()
+        return {"code": 0, "header": {"masterBrokerId": 2}}
+
+    async def main() -> None:
+        nonlocal release
+        release = asyncio.Event()
+        scan = InactiveMasterScan(SimpleNamespace(role=Role.LEADER), _StateWithDeadMasters(), LivenessTable(),
+                                  elect_master, 5.0, lambda: 0, 64, True)
+        first = asyncio.create_task(scan.scan_once())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        second = asyncio.create_task(scan.scan_once())  # every set's election is still in flight
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert sorted(calls) == sorted(DEAD)  # nothing proposed twice
+        release.set()
+        await asyncio.gather(first, second)
+        await scan.scan_once()  # answered (here: the fake state still lists them): elected again
+        assert len(calls) == 2 * len(DEAD)
+
+    asyncio.run(main())
