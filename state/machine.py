@@ -123,6 +123,9 @@ class ControllerStateMachine:
         self.apply_time_ms = 0  # the clock carried by the command being applied (0 if it has none)
         self._listeners: list[Callable[[int, Event], None]] = []
         self._restore_listeners: list[Callable[[int], None]] = []
+        # While listeners hear a command's events: the set's view the command's result already holds
+        # (views are immutable), so `view()` does not build a second one for the journal's entry.
+        self._applied_view: BrokerSetView | None = None
 
     def on_event(self, fn: Callable[[int, Event], None]) -> None:
         """Call `fn(index, event)` for every event an applied command produces."""
@@ -134,6 +137,9 @@ class ControllerStateMachine:
 
     def view(self, name: str) -> BrokerSetView | None:
         """The public view of one broker set, None if there is no such set."""
+        shared = self._applied_view
+        if shared is not None and shared.broker_name == name:
+            return shared
         bs = self.sets.get(name)
         return None if bs is None else bs.view()
 
@@ -148,10 +154,16 @@ class ControllerStateMachine:
         else:
             self.apply_time_ms = cmd.now_ms
             res = _HANDLERS[type(cmd)](self, cmd)
-        for ev in res.events:
-            public = ev.to_public()
-            for fn in self._listeners:
-                fn(index, public)
+        if res.events:
+            # A result's `state` is its set's view right after the command: the listeners' too.
+            self._applied_view = getattr(res, "state", None)
+            try:
+                for ev in res.events:
+                    public = ev.to_public()
+                    for fn in self._listeners:
+                        fn(index, public)
+            finally:
+                self._applied_view = None
         return res
 
     def _apply_broker_id(self, cmd: C.ApplyBrokerId) -> ApplyBrokerIdResult:
