@@ -40,6 +40,7 @@ from electra.security.auth import AuthError, TokenStore, rule_for
 from electra.security.http_auth import authorize_body, authorize_path, error_reply
 
 from . import app as models
+from .futures import then
 from .replies import Reply, RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
 from .requests import BrokerRequests
 
@@ -246,8 +247,15 @@ class LeanPath:
             res = req.route.call(self.svc, req.name, req.cluster, obj)
         except RaftError as exc:
             return self._refused(req, exc, scheme)
-        if not asyncio.iscoroutine(res):
+        if isinstance(res, dict):
             return answered(self.metrics, req.route.endpoint, res, req.t0)
+        if isinstance(res, asyncio.Future):  # a write: answered from its done-callback, no Task (api/futures.py)
+            def refused(exc: BaseException) -> Reply:
+                if isinstance(exc, RaftError):
+                    return self._refused(req, exc, scheme)
+                raise exc
+
+            return then(res, lambda out: answered(self.metrics, req.route.endpoint, out, req.t0), refused)
         return self._await(req, res, scheme)
 
     async def _await(self, req: LeanRequest, coro, scheme: str) -> Reply:
