@@ -195,15 +195,15 @@ class ControllerStateMachine:
         if bs is None:
             return RegisterBrokerResult(code=Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
                                         remark=f"Broker-set: {name} hasn't been registered in controller")
-        if bid not in bs.brokers:
+        known = bs.brokers.get(bid)
+        if known is None:
             return RegisterBrokerResult(code=Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
                                         remark=f"BrokerId: {bid} hasn't been registered in broker-set: {name}")
-        live = C.live_by_id(cmd.live)
         events: tuple[UpdateBrokerAddressEvent, ...] = ()
-        if addr != bs.address(bid):
-            bs.brokers[bid] = (addr, bs.brokers[bid][1])
+        if addr != known[0]:
+            bs.brokers[bid] = (addr, known[1])
             events = (UpdateBrokerAddressEvent(bs.cluster, name, addr, bid),)
-        master_alive = bs.master_id is not None and _alive(live, bs.master_id, cmd.now_ms)
+        master_alive = bs.master_id is not None and _alive_in(cmd.live, bs.master_id, cmd.now_ms)
         return RegisterBrokerResult(code=Code.SUCCESS, state=bs.view(), master_alive=master_alive, events=events)
 
     def _elect_master(self, cmd: C.ElectMaster) -> ElectMasterResult:
@@ -428,3 +428,12 @@ assert set(_HANDLERS) == set(C.COMMAND_TYPES), "every command type needs its han
 def _alive(live: dict[int, BrokerLiveInfo], broker_id: int, now_ms: int) -> bool:
     info = live.get(broker_id)
     return info is not None and info.alive_at(now_ms)
+
+
+def _alive_in(live: list[BrokerLiveInfo], broker_id: int, now_ms: int) -> bool:
+    """`_alive` over a command's records as they are (the last record of an id counts, as in `live_by_id`),
+    for a handler that asks about one broker: no dict built per command."""
+    for info in reversed(live):
+        if info.broker_id == broker_id:
+            return info.alive_at(now_ms)
+    return False
