@@ -2,8 +2,8 @@
 
 A write's answer is the engine's proposal future (`RaftNode.propose_future`) turned into a
 response, then into an HTTP reply. Chaining those steps with done-callbacks costs a future
-and a callback each; a coroutine chain driven by a Task costs the Task and its steps (about
-15 µs of CPU per request in uvloop). Futures are awaitable, so every caller that awaits a
+and a callback each (the two steps about 4.5 µs of CPU in uvloop); a coroutine chain driven by
+a Task costs the Task and its steps (about 6.5 µs). Futures are awaitable, so every caller that awaits a
 `BrokerRequests` method (the FastAPI routes, the legacy mode, the scan) is unchanged.
 """
 

@@ -104,7 +104,7 @@ class ControllerService:
         """Propose `cmd`; the future answer is its applied result's response.
 
         A future, not a coroutine: the lean path answers from its done-callback, without a Task
-        and its steps per write (about 15 µs of the leader's CPU). Engine errors are in the future
+        and its steps per write. Engine errors are in the future
         too, so every caller sees them where it awaits, as from a coroutine.
         """
         try:
