@@ -31,8 +31,22 @@ from .replies import Reply
 log = logging.getLogger("electra.api.lean_http")
 
 _STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in http.HTTPStatus}
+_PLAIN_REPLY = b"%bcontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"  # status line, length, body
 _INTERNAL_ERROR = (b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
                    b"content-length: 21\r\nconnection: close\r\n\r\nInternal Server Error")
+
+
+class _Unwaited:
+    """An in-flight lean request's `message_event`: uvicorn only ever sets it (on a lost connection);
+    nothing waits on it, so no `asyncio.Event` is built per request."""
+
+    __slots__ = ()
+
+    def set(self) -> None:
+        pass
+
+
+_UNWAITED = _Unwaited()
 
 
 class _InFlight:
@@ -44,7 +58,7 @@ class _InFlight:
         self.response_complete = False
         self.keep_alive = keep_alive
         self.disconnected = False
-        self.message_event = asyncio.Event()
+        self.message_event = _UNWAITED
 
 
 def lean_protocol(lean: LeanPath, limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProtocol]:
@@ -111,6 +125,9 @@ def lean_protocol(lean: LeanPath, limits: HTTPLimits = DEFAULT_LIMITS) -> type[H
         def _send(self, flight: _InFlight, reply: Reply) -> None:
             body = lean.encode(reply.body)
             close = not flight.keep_alive
+            if not reply.headers and not close:  # the usual answer: one format, no list
+                self._finish_raw(flight, _PLAIN_REPLY % (_STATUS_LINES[reply.status], len(body), body), close=False)
+                return
             head = [_STATUS_LINES[reply.status],
                     b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)]
             for k, v in reply.headers.items():

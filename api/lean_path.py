@@ -40,6 +40,7 @@ from electra.security.auth import AuthError, TokenStore, rule_for
 from electra.security.http_auth import authorize_body, authorize_path, error_reply
 
 from . import app as models
+from .futures import then
 from .replies import Reply, RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
 from .requests import BrokerRequests
 
@@ -134,7 +135,7 @@ _CLUSTER_QUERY = re.compile(rb"cluster=([^&;%+#=]{1,255})")  # a single, plain v
 _NAME = lean_scalar(models.Name)
 
 
-@dataclass
+@dataclass(slots=True)
 class LeanRequest:
     """One broker request the lean path will serve, once its body is in."""
 
@@ -153,6 +154,8 @@ Forward = Callable[["LeanRequest", "msgspec.Struct | None", str], Awaitable[Repl
 class LeanPath:
     """Serves the hot broker routes of one node; `prepare` says which requests are its own."""
 
+    PATHS_KEPT = 65_536  # routed URL paths remembered (7 routes per broker set)
+
     def __init__(self, svc: BrokerRequests | None, metrics: RequestMetrics, tokens: TokenStore | None,
                  heartbeat_producer=None, forward: Forward | None = None) -> None:
         self.svc = svc  # None in a front-end process: `forward` sends admitted requests to the Raft process
@@ -162,22 +165,23 @@ class LeanPath:
         self.heartbeat_producer = heartbeat_producer  # with the Kafka pipeline: heartbeats go there
         self.stats = {"served": 0, "to_app": 0}  # requests answered here / handed to the FastAPI app
         self._decoders = {r.struct: msgspec.json.Decoder(r.struct) for r in ROUTES.values() if r.struct}
+        # URL path -> its route, set name and text: a broker set's few paths are routed and their name
+        # validated once, not on every request (bounded: emptied when full).
+        self._paths: dict[bytes, tuple[Route, str | None, str]] = {}
         self._encode = msgspec.json.Encoder().encode
 
     def prepare(self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]]) -> LeanRequest | None:
         """A request of this path (head checked: route, method, body framing, content type), or None."""
         path, _, query = url.partition(b"?")
-        if path == b"/v1/heartbeat":
-            route, name = ROUTES["heartbeat"], None
-        else:
-            m = _SET_ROUTE.fullmatch(path)
-            route = ROUTES.get(m.group(2).decode("ascii")) if m else None
-            if route is None:
+        known = self._paths.get(path)
+        if known is None:
+            known = self._route(path)
+            if known is None:
                 return None
-            try:
-                name = msgspec.convert(m.group(1).decode("utf-8"), _NAME)
-            except (msgspec.ValidationError, UnicodeDecodeError):
-                return None
+            if len(self._paths) >= self.PATHS_KEPT:
+                self._paths.clear()
+            self._paths[path] = known
+        route, name, path_text = known
         if method != route.method:
             return None
         cluster = None
@@ -207,8 +211,23 @@ class LeanPath:
                 return None
         elif length not in (None, b"0"):
             return None
-        return LeanRequest(route, path.decode("ascii"), name, query.decode("ascii"), cluster, authorization,
+        return LeanRequest(route, path_text, name, query.decode("ascii"), cluster, authorization,
                            time.perf_counter())
+
+    @staticmethod
+    def _route(path: bytes) -> tuple[Route, str | None, str] | None:
+        """The route, validated set name and text of a URL path this path serves, or None."""
+        if path == b"/v1/heartbeat":
+            return ROUTES["heartbeat"], None, "/v1/heartbeat"
+        m = _SET_ROUTE.fullmatch(path)
+        route = ROUTES.get(m.group(2).decode("ascii")) if m else None
+        if route is None:
+            return None
+        try:
+            name = msgspec.convert(m.group(1).decode("utf-8"), _NAME)
+        except (msgspec.ValidationError, UnicodeDecodeError):
+            return None
+        return route, name, path.decode("ascii")
 
     def serve(self, req: LeanRequest, body: bytes, scheme: str) -> Reply | Awaitable[Reply] | None:
         """The answer (or a future one); None hands the request to the FastAPI application."""
@@ -246,8 +265,15 @@ class LeanPath:
             res = req.route.call(self.svc, req.name, req.cluster, obj)
         except RaftError as exc:
             return self._refused(req, exc, scheme)
-        if not asyncio.iscoroutine(res):
+        if isinstance(res, dict):
             return answered(self.metrics, req.route.endpoint, res, req.t0)
+        if isinstance(res, asyncio.Future):  # a write: answered from its done-callback, no Task (api/futures.py)
+            def refused(exc: BaseException) -> Reply:
+                if isinstance(exc, RaftError):
+                    return self._refused(req, exc, scheme)
+                raise exc
+
+            return then(res, lambda out: answered(self.metrics, req.route.endpoint, out, req.t0), refused)
         return self._await(req, res, scheme)
 
     async def _await(self, req: LeanRequest, coro, scheme: str) -> Reply:

@@ -15,11 +15,14 @@ Contract for every method:
   `NotLeader` (writes on a follower; carries the leader's id and API address when known),
   `FollowerBehind` / `ReadTimeout` (a read cannot be confirmed here now), `ProposalTimeout`
   (outcome unknown), any other `RaftError` (not ready); `api/replies.py` maps them to HTTP;
-* arguments are already validated (names, id and epoch ranges: `api/app.py`'s models).
+* arguments are already validated (names, id and epoch ranges: `api/app.py`'s models);
+* a method returns the answer, or anything awaitable for it; the writes may return an
+  `asyncio.Future` (callers await it; the lean path answers from its done-callback, no Task).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Protocol, runtime_checkable
 
 from electra.state.liveness import BrokerLiveInfo
@@ -47,11 +50,11 @@ class BrokerRequests(Protocol):
         """GET_NEXT_BROKER_ID (1012): a consistent read."""
         ...
 
-    async def apply_broker_id(self, cluster: str, name: str, broker_id: int, check_code: str) -> dict:
+    def apply_broker_id(self, cluster: str, name: str, broker_id: int, check_code: str) -> Awaitable[dict]:
         """APPLY_BROKER_ID (1013): a write."""
         ...
 
-    async def register_broker(self, cluster: str, name: str, broker_id: int, addr: str) -> dict:
+    def register_broker(self, cluster: str, name: str, broker_id: int, addr: str) -> Awaitable[dict]:
         """REGISTER_BROKER (1003): a write when the address changes."""
         ...
 
@@ -64,8 +67,8 @@ class BrokerRequests(Protocol):
         """The streaming job's ElectMaster, fenced by the master epoch it saw."""
         ...
 
-    async def alter_sync_state_set(self, name: str, master_id: int, master_epoch: int, new_set: list[int],
-                                   sync_state_set_epoch: int) -> dict:
+    def alter_sync_state_set(self, name: str, master_id: int, master_epoch: int, new_set: list[int],
+                             sync_state_set_epoch: int) -> Awaitable[dict]:
         """ALTER_SYNC_STATE_SET (1001): a write."""
         ...
 

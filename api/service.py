@@ -14,18 +14,21 @@ the inactive-master scan, the Kafka links) are built beside it by `api/controlle
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from electra.consensus.core import Role
-from electra.consensus.errors import NotLeader
+from electra.consensus.errors import NotLeader, RaftError
 from electra.consensus.node import RaftNode
 from electra.state import commands as C
 from electra.state.codes import Code
 from electra.state.liveness import BrokerLiveInfo, LivenessTable
 from electra.state.machine import ControllerStateMachine
 from electra.state.results import Result
+
+from .futures import failed, then
 
 if TYPE_CHECKING:
     from .controller import ControllerConfig
@@ -97,14 +100,23 @@ class ControllerService:
     def get_sync_state_data(self, names: list[str]) -> dict:
         return self.sm.get_sync_state_data(names, self.liveness.group_by_name, self.now_ms()).to_response()
 
-    async def _write(self, cmd: bytes) -> dict:
-        if self.node.role != Role.LEADER:
-            raise NotLeader(self.node.leader_id, self.leader_address())
-        res = await self.node.propose(cmd)
-        return res.to_response()
+    def _write(self, cmd: bytes) -> asyncio.Future[dict]:
+        """Propose `cmd`; the future answer is its applied result's response.
 
-    async def apply_broker_id(self, cluster: str, name: str, broker_id: int, check_code: str) -> dict:
-        return await self._write(C.apply_broker_id(cluster, name, broker_id, check_code, self.now_ms()))
+        A future, not a coroutine: the lean path answers from its done-callback, without a Task
+        and its steps per write. Engine errors are in the future
+        too, so every caller sees them where it awaits, as from a coroutine.
+        """
+        try:
+            if self.node.role != Role.LEADER:
+                raise NotLeader(self.node.leader_id, self.leader_address())
+            applied = self.node.propose_future(cmd)
+        except RaftError as exc:
+            return failed(exc)
+        return then(applied, _response)
+
+    def apply_broker_id(self, cluster: str, name: str, broker_id: int, check_code: str) -> Awaitable[dict]:
+        return self._write(C.apply_broker_id(cluster, name, broker_id, check_code, self.now_ms()))
 
     async def _write_if_it_changes(self, cmd: bytes) -> dict:
         """Propose `cmd` unless applying it would change nothing: then answer it from a linearizable read.
@@ -122,13 +134,13 @@ class ControllerService:
                 return res.to_response()
         return await self._write(cmd)
 
-    async def register_broker(self, cluster: str, name: str, broker_id: int, addr: str) -> dict:
+    def register_broker(self, cluster: str, name: str, broker_id: int, addr: str) -> Awaitable[dict]:
         """RocketMQ writes only when the address changes; an unchanged one is answered by a read."""
         cmd = C.register_broker(cluster, name, broker_id, addr, self.now_ms(), self.liveness.group(cluster, name))
         bs = self.sm.sets.get(name)
         if bs is not None and broker_id in bs.brokers and bs.address(broker_id) != addr:
-            return await self._write(cmd)  # a new address: no need to try it against the state first
-        return await self._write_if_it_changes(cmd)
+            return self._write(cmd)  # a new address: no need to try it against the state first
+        return self._write_if_it_changes(cmd)
 
     async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False) -> dict:
         """An election that would change nothing (master still alive: 2011, or refused) is answered by a read."""
@@ -157,9 +169,9 @@ class ControllerService:
                Code.CONTROLLER_FENCED_MASTER_EPOCH: "fenced"}.get(res["code"], "failed")
         self.elections[key] += 1
 
-    async def alter_sync_state_set(self, name: str, master_id: int, master_epoch: int, new_set: list[int],
-                                   sync_state_set_epoch: int) -> dict:
-        return await self._write(C.alter_sync_state_set(name, master_id, master_epoch, new_set,
+    def alter_sync_state_set(self, name: str, master_id: int, master_epoch: int, new_set: list[int],
+                             sync_state_set_epoch: int) -> Awaitable[dict]:
+        return self._write(C.alter_sync_state_set(name, master_id, master_epoch, new_set,
                                                         sync_state_set_epoch, self.now_ms(),
                                                         self.liveness.group_by_name(name)))
 
@@ -167,3 +179,7 @@ class ControllerService:
                                 clean_living: bool) -> dict:
         live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
         return await self._write(C.clean_broker_data(cluster, name, ids, clean_living, self.now_ms(), live))
+
+
+def _response(res: Result) -> dict:
+    return res.to_response()

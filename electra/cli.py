@@ -225,12 +225,19 @@ def cmd_node(args: argparse.Namespace) -> int:
 EXIT_DISK_FAILURE = 74  # EX_IOERR: the Raft log could not be made durable (fail-stop)
 
 
+# A young collection every 20,000 container allocations instead of CPython's 700: a request's
+# objects are freed by reference counting long before, so each collection finds little to walk,
+# and they run 30x less often (measured: 5.7 µs of the leader's CPU per write in GC at 700).
+GC_THRESHOLDS = (20_000, 10, 10)
+
+
 def _freeze_startup_heap() -> None:
     """Put what startup built (modules, the FastAPI application, the restored state) out of the cyclic
     garbage collector's sight: otherwise every full collection walks those ~80,000 objects again, a
     pause of tens of ms that every request in flight waits for (docs/controller-api.md)."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def _serve_until_signal(start) -> int:

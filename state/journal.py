@@ -76,14 +76,16 @@ class EventJournal:
         self._notify()
 
     def append(self, entry: JournalEntry) -> None:
-        self._entries.append(entry)
+        entries = self._entries
+        entries.append(entry)
         self._indexes.append(entry.index)
-        self.last_applied = max(self.last_applied, entry.index)
-        while len(self._entries) > self.capacity:
-            dropped = self._entries.popleft()
+        if entry.index > self.last_applied:
+            self.last_applied = entry.index
+        while len(entries) > self.capacity:
+            self.floor = entries.popleft().index
             self._indexes.popleft()
-            self.floor = dropped.index
-        self._notify()
+        if self._changed is not None:
+            self._changed.set()
 
     def advance(self, applied: int) -> None:
         """Entries up to `applied` are applied (most produce no event)."""

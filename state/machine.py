@@ -123,6 +123,9 @@ class ControllerStateMachine:
         self.apply_time_ms = 0  # the clock carried by the command being applied (0 if it has none)
         self._listeners: list[Callable[[int, Event], None]] = []
         self._restore_listeners: list[Callable[[int], None]] = []
+        # While listeners hear a command's events: the set's view the command's result already holds
+        # (views are immutable), so `view()` does not build a second one for the journal's entry.
+        self._applied_view: BrokerSetView | None = None
 
     def on_event(self, fn: Callable[[int, Event], None]) -> None:
         """Call `fn(index, event)` for every event an applied command produces."""
@@ -134,6 +137,9 @@ class ControllerStateMachine:
 
     def view(self, name: str) -> BrokerSetView | None:
         """The public view of one broker set, None if there is no such set."""
+        shared = self._applied_view
+        if shared is not None and shared.broker_name == name:
+            return shared
         bs = self.sets.get(name)
         return None if bs is None else bs.view()
 
@@ -148,10 +154,16 @@ class ControllerStateMachine:
         else:
             self.apply_time_ms = cmd.now_ms
             res = _HANDLERS[type(cmd)](self, cmd)
-        for ev in res.events:
-            public = ev.to_public()
-            for fn in self._listeners:
-                fn(index, public)
+        if res.events:
+            # A result's `state` is its set's view right after the command: the listeners' too.
+            self._applied_view = getattr(res, "state", None)
+            try:
+                for ev in res.events:
+                    public = ev.to_public()
+                    for fn in self._listeners:
+                        fn(index, public)
+            finally:
+                self._applied_view = None
         return res
 
     def _apply_broker_id(self, cmd: C.ApplyBrokerId) -> ApplyBrokerIdResult:
@@ -183,15 +195,15 @@ class ControllerStateMachine:
         if bs is None:
             return RegisterBrokerResult(code=Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
                                         remark=f"Broker-set: {name} hasn't been registered in controller")
-        if bid not in bs.brokers:
+        known = bs.brokers.get(bid)
+        if known is None:
             return RegisterBrokerResult(code=Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
                                         remark=f"BrokerId: {bid} hasn't been registered in broker-set: {name}")
-        live = C.live_by_id(cmd.live)
         events: tuple[UpdateBrokerAddressEvent, ...] = ()
-        if addr != bs.address(bid):
-            bs.brokers[bid] = (addr, bs.brokers[bid][1])
+        if addr != known[0]:
+            bs.brokers[bid] = (addr, known[1])
             events = (UpdateBrokerAddressEvent(bs.cluster, name, addr, bid),)
-        master_alive = bs.master_id is not None and _alive(live, bs.master_id, cmd.now_ms)
+        master_alive = bs.master_id is not None and _alive_in(cmd.live, bs.master_id, cmd.now_ms)
         return RegisterBrokerResult(code=Code.SUCCESS, state=bs.view(), master_alive=master_alive, events=events)
 
     def _elect_master(self, cmd: C.ElectMaster) -> ElectMasterResult:
@@ -416,3 +428,12 @@ assert set(_HANDLERS) == set(C.COMMAND_TYPES), "every command type needs its han
 def _alive(live: dict[int, BrokerLiveInfo], broker_id: int, now_ms: int) -> bool:
     info = live.get(broker_id)
     return info is not None and info.alive_at(now_ms)
+
+
+def _alive_in(live: list[BrokerLiveInfo], broker_id: int, now_ms: int) -> bool:
+    """`_alive` over a command's records as they are (the last record of an id counts, as in `live_by_id`),
+    for a handler that asks about one broker: no dict built per command."""
+    for info in reversed(live):
+        if info.broker_id == broker_id:
+            return info.alive_at(now_ms)
+    return False

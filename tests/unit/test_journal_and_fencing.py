@@ -81,6 +81,26 @@ def test_journal_entries_are_out_of_the_cyclic_collectors_sight():
         assert not gc.is_tracked(e) and not gc.is_tracked(e.state)
 
 
+def test_a_write_builds_one_view_of_its_set(monkeypatch):
+    """The journal's entry shares the view the result already holds (views are immutable): one per write."""
+    from electra.state.machine import BrokerSet
+
+    c = Controller()
+    j = _journal_for(c)
+    c.register("b", 2)
+    built = []
+    real_view = BrokerSet.view
+    monkeypatch.setattr(BrokerSet, "view", lambda bs: built.append(bs.name) or real_view(bs))
+    for cmd in (C.register_broker("c", "b", 1, "moved:1", NOW, live(1, 2)),
+                C.elect_master("c", "b", 1, NOW, live(1, 2)),
+                C.alter_sync_state_set("b", 1, 1, [1, 2], 1, NOW, live(1, 2))):
+        r = c(cmd)
+        assert r.code == Code.SUCCESS and j.since(0)[-1].state is r.state
+    assert built == ["b", "b", "b"]
+    assert c.sm.view("b") == j.since(0)[-1].state  # outside apply, views are built from the state again
+    assert len(built) == 4
+
+
 def test_journal_gap_after_capacity_and_after_restore():
     c = Controller()
     j = _journal_for(c)

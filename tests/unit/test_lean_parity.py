@@ -75,8 +75,17 @@ class StandIn:
     async def get_next_broker_id(self, cluster, name):
         return self._outcome("next_id", name, cluster)
 
-    async def apply_broker_id(self, cluster, name, broker_id, check_code):
-        return self._outcome("apply", name, cluster, broker_id, check_code)
+    def _future(self, *call) -> asyncio.Future:
+        """The outcome as the real service's writes give it: a future (api/futures.py), errors inside it."""
+        fut = asyncio.get_running_loop().create_future()
+        try:
+            fut.set_result(self._outcome(*call))
+        except Exception as exc:
+            fut.set_exception(exc)
+        return fut
+
+    def apply_broker_id(self, cluster, name, broker_id, check_code):
+        return self._future("apply", name, cluster, broker_id, check_code)
 
     async def register_broker(self, cluster, name, broker_id, addr):
         if name == "b-slow":
@@ -86,8 +95,8 @@ class StandIn:
     async def elect_master(self, cluster, name, broker_id, designate=False):
         return self._outcome("elect", name, cluster, broker_id, designate=designate)
 
-    async def alter_sync_state_set(self, name, master_id, master_epoch, new_set, sync_state_set_epoch):
-        return self._outcome("alter", name, master_id, master_epoch, new_set, sync_state_set_epoch)
+    def alter_sync_state_set(self, name, master_id, master_epoch, new_set, sync_state_set_epoch):
+        return self._future("alter", name, master_id, master_epoch, new_set, sync_state_set_epoch)
 
     async def get_replica_info(self, name):
         return self._outcome("replica_info", name)
@@ -140,6 +149,7 @@ ROWS = [
     Row("follower behind: 503", "GET", f"{S}/behind/replica-info"),
     Row("read timeout: 503", "GET", f"{S}/slow/replica-info"),
     _post("proposal timeout: 504", f"{S}/lost/sync-state-set", ALTER),
+    _post("not leader, in a write's future: 307", f"{S}/follower/sync-state-set", ALTER),
     _post("node stopped (outcome unknown): 504", f"{S}/stopped/apply-broker-id", {"clusterName": "c", "brokerId": 3,
                                                                   "registerCheckCode": "x"}),
     _post("heartbeat to a follower is served (node-local)", "/v1/heartbeat", {**HB, "brokerName": "fenced"}),

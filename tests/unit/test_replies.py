@@ -23,3 +23,30 @@ def test_a_leader_without_quorum_refuses_like_a_node_that_is_not_the_leader():
     """Never appended, and the others may be electing: clients move to another node, not to this one."""
     reply = refused(RequestMetrics(), "register", NoQuorum("no quorum"), "127.0.0.1:1", lambda addr: addr)
     assert reply.status == 503 and reply.body["code"] == 2007 and reply.body["leaderAddress"] is None
+
+
+def test_request_metrics_export_what_prometheus_clients_counter_and_histogram_did():
+    """Plain-int counting, exported on scrape: same families, names, labels, buckets and values."""
+    import re
+
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    ours = RequestMetrics()
+    registry = CollectorRegistry()
+    counter = Counter("electra_requests", "requests by endpoint and RocketMQ code", ["endpoint", "code"],
+                      registry=registry)
+    histogram = Histogram("electra_request_seconds", "request latency by endpoint", ["endpoint"],
+                          registry=registry, buckets=RequestMetrics.BUCKETS)
+    seen = [("register_broker", 0, 0.0003), ("register_broker", 0, 0.001), ("register_broker", 2012, 0.004),
+            ("elect_master", "2011", 0.25), ("elect_master", "2011", 7.5), ("heartbeat", "0", 0.0005)]
+    for endpoint, code, seconds in seen:
+        ours.count(endpoint, code)
+        ours.observe_latency(endpoint, seconds)
+        counter.labels(endpoint, str(code)).inc()
+        histogram.labels(endpoint).observe(seconds)
+
+    def lines(text: bytes) -> list[str]:  # creation times differ: compare that they are there
+        return sorted(re.sub(r"(_created(\{[^}]*\})?) \S+$", r"\1 T", line) for line in text.decode().splitlines())
+
+    assert lines(generate_latest(ours.registry)) == lines(generate_latest(registry))
+    assert 'electra_requests_total{code="2011",endpoint="elect_master"} 2.0' in generate_latest(ours.registry).decode()
