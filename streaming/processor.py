@@ -140,8 +140,10 @@ class MasterWatchProcessor(StatefulProcessor):
         if not by_set:
             return
         now = timerValues.getCurrentProcessingTimeInMs()
-        collapsed = {name: _one_per_broker([_decode(p) for _, p in sorted(hbs)])
-                     for name, (_, hbs, _) in by_set.items()}
+        decoded = {name: [_decode(p) for _, p in sorted(hbs)] for name, (_, hbs, _) in by_set.items()}
+        # Before the fold: a silence of the whole set is seen in the stamps of all its records.
+        spans = {name: detector.span_of(decoded[name], dcs) for name, (_, _, dcs) in by_set.items()}
+        collapsed = {name: _one_per_broker(hbs) for name, hbs in decoded.items()}
         # Disconnected records are stamped by the ingest clock too: they move the data horizon.
         newest = max((r["ts"] for name, (_, _, dcs) in by_set.items() for r in collapsed[name] + dcs
                       if r.get("ts")), default=None)
@@ -154,7 +156,8 @@ class MasterWatchProcessor(StatefulProcessor):
         for name, (events, _, dcs) in by_set.items():
             watches[name], out = detector.process(watches.get(name), name, collapsed[name], events, now,
                                                   self.max_retries, self.retry_factor, judge_ms=judge,
-                                                  disconnects=dcs, grace_ms=self.disconnect_grace_ms)
+                                                  disconnects=dcs, grace_ms=self.disconnect_grace_ms,
+                                                  span=spans[name])
             outputs += out
         outputs += self._due(watches, set(by_set), now)
         self._store(bucket, watches, armed)
