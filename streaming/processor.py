@@ -66,10 +66,12 @@ def _one_per_broker(heartbeats: list[dict]) -> list[dict]:
 class MasterWatchProcessor(StatefulProcessor):
     """`detector.SetWatch`es of one bucket of broker sets, one timer per bucket."""
 
-    def __init__(self, max_retries: int = 3, retry_factor: int = 2, disconnect_grace_ms: int = 0) -> None:
+    def __init__(self, max_retries: int = 3, retry_factor: int = 2, disconnect_grace_ms: int = 0,
+                 proposer=None) -> None:
         self.max_retries = max_retries
         self.retry_factor = retry_factor
         self.disconnect_grace_ms = disconnect_grace_ms
+        self.proposer = proposer  # sink.OperatorProposer: proposals go out as they are decided (None: at batch end)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -117,6 +119,11 @@ class MasterWatchProcessor(StatefulProcessor):
                 out += detector.on_timer(w, now, self.max_retries, self.retry_factor, judge_ms=judge)
         return out
 
+    def _propose(self, outputs: list[detector.Output]) -> None:
+        """Send the proposals now (each marked with its outcome); the driver sends what this did not settle."""
+        if self.proposer is not None:
+            self.proposer.send([o.payload for o in outputs if o.kind == detector.PROPOSAL])
+
     # ------------------------------------------------------------------ callbacks
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:
         by_set: dict[str, tuple[list, list, list]] = {}  # name -> (events, [(order, heartbeat)], disconnects)
@@ -161,6 +168,7 @@ class MasterWatchProcessor(StatefulProcessor):
             outputs += out
         outputs += self._due(watches, set(by_set), now)
         self._store(bucket, watches, armed)
+        self._propose(outputs)
         if outputs:
             yield _frame([o.row() for o in outputs])
 
@@ -173,6 +181,7 @@ class MasterWatchProcessor(StatefulProcessor):
             return
         outputs = self._due(watches, set(), timerValues.getCurrentProcessingTimeInMs())
         self._store(bucket, watches, armed)
+        self._propose(outputs)
         if outputs:
             yield _frame([o.row() for o in outputs])
 
