@@ -319,6 +319,8 @@ def span_of(heartbeats: list[dict], disconnects: list[dict] = ()) -> tuple[int, 
         if ts - prev > bound:
             resumed = ts
     return stamps[0], resumed, stamps[-1]
+
+
 _NOW = object()
 
 
