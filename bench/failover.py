@@ -66,7 +66,8 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
 
     ports = free_ports(9)
     stack = LocalStack(StackConfig(data_dir=tmp, trigger_ms=args.trigger_ms, log_level="WARNING",
-                                   ingest_workers=args.ingest_workers, job_args=["--log-level", "INFO"]))
+                                   ingest_workers=args.ingest_workers,
+                                   job_args=["--log-level", "INFO", *args.job_arg]))
     stack.raft_peers = ",".join(f"{i}=127.0.0.1:{ports[i - 1]}" for i in (1, 2, 3))
     stack.endpoints = {i: f"127.0.0.1:{ports[2 + i]}" for i in (1, 2, 3)}
     stack.ingest_endpoints = {i: f"127.0.0.1:{ports[5 + i]}" for i in (1, 2, 3)}
@@ -154,6 +155,8 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
             print(f"  G={groups}: FALSE failovers: {moved[:10]}", flush=True)
         times_ok = out["crash_replaced"] == len(crash) > 0 and out["hang_replaced"] == len(hang)
         out["batch_ms"] = _batch_ms(stack.logs / "streaming.log")
+        phases = out["phase_ms_p50"] = _phase_medians(stack.logs / "streaming.log")
+        print(f"  G={groups}: batch phases p50 (ms): " + ", ".join(f"{k} {v:g}" for k, v in phases.items()), flush=True)
         out["sustained"] = hb_rate >= 0.95 * 3 * groups and times_ok
         return out
     finally:
@@ -274,8 +277,9 @@ def _crash_hops(log: Path, spans: dict[str, tuple[float, float]], epochs: dict[s
       Kafka, then the wait for the next batch to be planned);
     * `batch_to_judged`: that batch's start → its judging instant (`proposedAtMs`: the data horizon, the
       newest ingest stamp the batch holds, so it may come slightly before the batch's start);
-    * `judged_to_answered`: → the job had the leader's answer (the rest of the batch up to `foreachBatch`,
-      the proposal's HTTP request, the Raft commit and apply);
+    * `judged_to_answered`: → the job had the leader's answer (the proposal's HTTP request, the Raft
+      commit and apply; when the operator did not send it itself, also the rest of the batch up to
+      `foreachBatch`);
     * `answered_to_seen`: → the bench's 50 ms replica-info poll saw the new master (negative: it saw the
       commit before the job's answer arrived);
     * `batch_ms`: the whole batch (its end is after the answer: liveness records and the progress event).
@@ -294,6 +298,8 @@ def _crash_hops(log: Path, spans: dict[str, tuple[float, float]], epochs: dict[s
                 sent = float(line.split(" sent_ms=")[1].split()[0])
             except (IndexError, ValueError):
                 break
+            if " answered_at_ms=" in line:  # the operator's own send is answered before the sink logs it
+                t_ans = float(line.split(" answered_at_ms=")[1].split()[0]) / 1000
             judged = t_ans - (sent - detect) / 1000
             batch = next((x for x in lines[i + 1:] if " batch_ms=" in x), None)
             t_end = _log_time(batch) if batch else None
@@ -307,6 +313,13 @@ def _crash_hops(log: Path, spans: dict[str, tuple[float, float]], epochs: dict[s
                 hops[k].append(v)
             break
     return {k: sorted(v) for k, v in hops.items()}
+
+
+def _phase_medians(log: Path) -> dict[str, float]:
+    """Median of each phase of the job's batches (after the first three), from its per-batch log lines."""
+    from .stream import phase_medians
+
+    return phase_medians([x for x in log.read_text(errors="replace").splitlines() if " batch_ms=" in x][3:])
 
 
 def _batch_ms(log: Path) -> float:
@@ -334,6 +347,8 @@ def main(argv: list[str]) -> int:
                    help="max seconds to wait for full sync-state sets (from the job's first batch on)")
     p.add_argument("--job-start", type=float, default=300.0,
                    help="max seconds to wait for the Spark job's first batch after the fleet registered")
+    p.add_argument("--job-arg", action="append", default=[],
+                   help="an extra argument for the streaming job (repeat; e.g. --job-arg=--proposals-at-batch-end)")
     p.add_argument("--out", default=None, help="keep each size's logs under this directory (default: a temp dir)")
     args = p.parse_args(argv)
     sizes = [int(g) for g in args.groups.split(",") if g.strip()]

@@ -1,7 +1,7 @@
 """`electra bench stream`: the streaming job alone: batch times and detection latency with many broker sets.
 
     electra bench stream [--sets 100] [--brokers 3] [--hb-interval-ms 1000] [--timeout-ms 3000]
-                         [--kill 10] [--trigger-ms 1000] [--shuffle-partitions 2] [--buckets 8] [--read-tasks 1]
+                         [--kill 10] [--trigger-ms 1000] [--shuffle-partitions 1] [--buckets 2] [--read-tasks 1]
                          [--job-arg=--conf=KEY=VALUE ...] [--out DIR]
 
 Starts tansu, a recording controller stand-in (stdlib HTTP server; answers 200 and publishes the
@@ -103,10 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-ms", type=int, default=3000)
     ap.add_argument("--kill", type=int, default=10)
     ap.add_argument("--trigger-ms", type=int, default=1000)
-    ap.add_argument("--shuffle-partitions", type=int, default=2)
+    ap.add_argument("--shuffle-partitions", type=int, default=1)
     ap.add_argument("--read-tasks", type=int, default=1)
     ap.add_argument("--job-arg", action="append", default=[], help="extra argument for the job (repeatable)")
-    ap.add_argument("--buckets", type=int, default=8,
+    ap.add_argument("--buckets", type=int, default=2,
                     help="operator keys; a value >= --sets is one key per set (the layout before buckets)")
     ap.add_argument("--warmup-s", type=float, default=10.0)
     ap.add_argument("--out", default=None, help="directory for the job log and checkpoint (default: a temp dir)")

@@ -26,6 +26,15 @@ is back: a disconnected master's deadline moves to that instant, and a disconnec
 replica is neither counted as alive nor put in a proposal's snapshot, so the
 controller elects only among replicas that are alive and connected.
 
+A set's records can stop as a whole without its brokers stopping: an ingest worker, Kafka
+or the network path was down, or the load generator froze. When they resume, brokers come
+back one by one, and a master whose first heartbeat lands a batch after its replicas' would
+look stale by the length of the outage. So the set's clocks restart (RocketMQ's controller
+restarts them on a leader change): after a silence of the whole set longer than
+`silence_ms` (half the heartbeat timeout), every broker gets a full timeout from the instant
+the records resumed (`resumed_ms`) before its master can be judged stale, and while the set
+is silent it is judged no later than its newest record + `silence_ms` (`data_ms`).
+
 Every set that received heartbeats also yields one liveness record per batch.
 The Spark adapter (`streaming.processor`) stores a watch as one JSON value and
 calls `process()` / `on_timer()`; everything here is unit-testable.
@@ -44,6 +53,7 @@ PROPOSAL = "proposal"
 LIVENESS = "liveness"
 DEAD_LETTER = "dlq"
 
+RUN_FIELD = "runMs"        # on a heartbeat folded by the source: [first, resumed] of its set's records in the read
 MAX_SNAPSHOT = 64          # ProposedElection.live accepts at most 64 brokers
 FORGET_FACTOR = 10         # a non-master broker silent for 10x its timeout (and >= 60 s) is dropped
 FORGET_MIN_MS = 60_000
@@ -79,6 +89,8 @@ class SetWatch:
     armed_ms: int | None = None       # the adapter's registered timer (may be earlier than timer_ms)
     # broker id -> (instant its session ended, instant from which it counts as inactive)
     gone: dict[int, tuple[int, int]] = field(default_factory=dict)
+    data_ms: int = 0                  # ingest time of the set's newest record (0: none seen yet)
+    resumed_ms: int = 0               # when its records last resumed after a silence (clocks restart there)
 
     # ------------------------------------------------------------------ serialization
     def to_dict(self) -> dict:
@@ -143,6 +155,19 @@ class SetWatch:
         grace = 0 if dc.get("reason") == records.SHUTDOWN else max(0, grace_ms)
         self.gone[bid] = (at, at + grace)
 
+    def apply_span(self, span: tuple[int, int, int] | None) -> None:
+        """The set's records of one batch, `(first, resumed, newest)` ingest times (`span_of`).
+
+        A silence of the whole set longer than `silence_ms` (since the newest record of an earlier
+        batch, or inside this batch) restarts the clocks at the instant the records resumed.
+        """
+        if span is None:
+            return
+        first, resumed, newest = span
+        if resumed > first or (self.data_ms and first - self.data_ms > silence_ms(self.master_timeout_ms())):
+            self.resumed_ms = max(self.resumed_ms, resumed)
+        self.data_ms = max(self.data_ms, newest)
+
     def alive(self, b: BrokerLiveInfo, now_ms: int) -> bool:
         """Heartbeat within its timeout and not disconnected as of `now_ms`."""
         gone = self.gone.get(b.broker_id)
@@ -182,7 +207,7 @@ class SetWatch:
         if self.master_id is None:
             return None
         mh = self.brokers.get(self.master_id)
-        base = max(mh.last_update_ms if mh else 0, self.master_since_ms)
+        base = max(mh.last_update_ms if mh else 0, self.master_since_ms, self.resumed_ms)
         deadline = base + self.master_timeout_ms()
         gone = self.gone.get(self.master_id)
         if gone is not None:
@@ -209,7 +234,20 @@ class SetWatch:
                 self.gone.pop(bid, None)
 
     def evaluate(self, now_ms: int, max_retries: int = 3, retry_factor: int = 2) -> list[Output]:
-        """Check the master at `now_ms`; returns 0 or 1 proposal and sets `timer_ms`."""
+        """Check the master at `now_ms`; returns 0 or 1 proposal and sets `timer_ms`.
+
+        A silent set is judged no later than its newest record + `silence_ms`: whether its
+        brokers are gone or only their path is, is known once its records resume, and until
+        then it needs no timer (its next record brings it back here).
+        """
+        silent_since = self.data_ms + silence_ms(self.master_timeout_ms()) if self.data_ms else None
+        if silent_since is not None and now_ms > silent_since:
+            out = self._evaluate(silent_since, max_retries, retry_factor)
+            self.timer_ms = None
+            return out
+        return self._evaluate(now_ms, max_retries, retry_factor)
+
+    def _evaluate(self, now_ms: int, max_retries: int, retry_factor: int) -> list[Output]:
         self._forget_silent(now_ms)
         self.timer_ms = None
         deadline = self.master_deadline_ms()
@@ -249,6 +287,40 @@ class SetWatch:
 
 
 RECHECK_MS = 1000  # with no data horizon yet, look again this much later
+
+
+def silence_ms(timeout_ms: int) -> int:
+    """A set with no record for longer than this was cut off, not quiet: its clocks restart when they resume.
+
+    Half the heartbeat timeout: brokers heartbeat several times per timeout (RocketMQ: every 1 s
+    for 10 s), so a set of live brokers is never this quiet; and a shorter silence leaves a
+    broker that resumes within a heartbeat interval of the others inside its timeout.
+    """
+    return max(1, timeout_ms // 2)
+
+
+def span_of(heartbeats: list[dict], disconnects: list[dict] = ()) -> tuple[int, int, int] | None:
+    """`(first, resumed, newest)`: ingest times of one set's records in a batch: the earliest, the first
+    after the last silence longer than `silence_ms` inside the batch (`first` if none), the newest.
+
+    Heartbeats the source folded (one per broker) carry their read's `(first, resumed)` in
+    RUN_FIELD, computed by this function over every record before the fold; otherwise the
+    records at hand are all there were. None: no record with an ingest time.
+    """
+    stamps = sorted(r["ts"] for r in (*heartbeats, *disconnects) if r.get("ts"))
+    if not stamps:
+        return None
+    runs = [hb[RUN_FIELD] for hb in heartbeats if RUN_FIELD in hb]
+    if runs:
+        return min(r[0] for r in runs), max(r[1] for r in runs), stamps[-1]
+    bound = silence_ms(min((hb["heartbeatTimeoutMillis"] for hb in heartbeats), default=DEFAULT_TIMEOUT_MS))
+    resumed = stamps[0]
+    for prev, ts in zip(stamps, stamps[1:]):
+        if ts - prev > bound:
+            resumed = ts
+    return stamps[0], resumed, stamps[-1]
+
+
 _NOW = object()
 
 
@@ -270,9 +342,11 @@ def judge_at(now_ms: int, horizon_ms: int | None) -> int | None:
 
 def process(watch: SetWatch | None, name: str, heartbeats: list[dict], events: list[dict], now_ms: int,
             max_retries: int = 3, retry_factor: int = 2, judge_ms=_NOW, disconnects: list[dict] = (),
-            grace_ms: int = 0) -> tuple[SetWatch, list[Output]]:
+            grace_ms: int = 0, span=_NOW) -> tuple[SetWatch, list[Output]]:
     """Apply one batch of a set's records (events first, in index order; then heartbeats in order;
     then `disconnected` records, whose effect does not depend on their order with heartbeats).
+    `span`: the set's records' `span_of` (default: of the records given; an adapter that folded
+    them first passes the span of all of them).
 
     Liveness is judged at `judge_ms` (see `judge_at`; default `now_ms`; None: not judged
     now, the timer looks again after RECHECK_MS). Returns the new watch and its outputs: a
@@ -285,6 +359,7 @@ def process(watch: SetWatch | None, name: str, heartbeats: list[dict], events: l
         w.apply_heartbeat(hb, now_ms)
     for dc in disconnects:
         w.apply_disconnected(dc, grace_ms)
+    w.apply_span(span_of(heartbeats, disconnects) if span is _NOW else span)
     if judge_ms is None:
         out: list[Output] = []
         w.timer_ms = now_ms + RECHECK_MS if w.master_id is not None else None

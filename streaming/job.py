@@ -1,9 +1,10 @@
 """The streaming job: heartbeats + controller events from Kafka → per-set liveness state → ElectMaster proposals.
 
     python -m electra.streaming.job --bootstrap HOST:PORT --controllers h:p,h:p,h:p --checkpoint DIR \
-        [--trigger-ms 1000] [--spark-master local[2]] [--topic-prefix ''] [--shuffle-partitions 2] [--read-tasks 1] \
+        [--trigger-ms 1000] [--spark-master local[2]] [--topic-prefix ''] [--shuffle-partitions 1] [--read-tasks 1] \
         [--source auto|kafka|python] [--no-hwm-fix] [--starting-offsets earliest|latest] \
-        [--proposal-retries 3] [--http-deadline-s 10] [--disconnect-grace-ms 0] [--log-level INFO]
+        [--buckets 2] [--proposal-retries 3] [--http-deadline-s 10] [--proposals-at-batch-end] \
+        [--disconnect-grace-ms 0] [--log-level INFO]
 
 Query: Kafka source (`kafka_source`) → parse + validate (`parsing`, mapInPandas; bad records
 become dead letters) → `groupBy(bucket).transformWithStateInPandas(MasterWatchProcessor)`
@@ -35,6 +36,7 @@ from electra.streaming import records
 log = logging.getLogger("electra.streaming.job")
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+OPERATOR_PROPOSAL_DEADLINE_S = 2.0  # the operator's own attempt; the driver retries what it did not settle
 BUCKETS_FILE = "electra-buckets"   # in the checkpoint directory: the bucket count its state was made with
 LEGACY_BUCKETS = 64                # checkpoints written before that file existed used 64
 
@@ -71,8 +73,8 @@ class JobConfig:
     trigger_ms: int = 1000
     spark_master: str | None = None     # None: spark-submit's master, or local[2] when run with plain python
     topic_prefix: str = ""
-    shuffle_partitions: int = 2          # state store partitions: one task each per batch (2 = this machine's cores)
-    buckets: int = 8                     # operator keys (sets are hashed into them); pinned per checkpoint
+    shuffle_partitions: int = 1          # state store partitions: one task each per batch (docs/heartbeat-pipeline.md)
+    buckets: int = 2                     # operator keys (sets are hashed into them); pinned per checkpoint
     read_tasks: int = 1                  # Spark tasks reading one batch from Kafka (0: one per Kafka partition)
     source: str = "auto"                 # auto | kafka | python
     hwm_fix: bool = True
@@ -81,6 +83,7 @@ class JobConfig:
     retry_factor: int = 2
     disconnect_grace_ms: int = 0         # a lost session counts after this long (docs/failover-signal.md)
     http_deadline_s: float = 10.0
+    proposals_in_operator: bool = True    # the operator sends a proposal as it decides it (sink.OperatorProposer)
     app_name: str = "electra-streaming"
     extra_conf: dict[str, str] = field(default_factory=dict)
 
@@ -171,20 +174,30 @@ class BatchSink:
 
     def handle_rows(self, rows: list[tuple[str, str, str]], batch_id: int, collect_ms: float = 0.0) -> dict:
         from electra.streaming.detector import DEAD_LETTER, LIVENESS, PROPOSAL
+        from electra.streaming.sink import SENT_FIELD, settled_outcome
 
         t0 = time.perf_counter()
         liveness = [(name, payload) for kind, name, payload in rows if kind == LIVENESS]
         dead = [payload for kind, _, payload in rows if kind == DEAD_LETTER]
         proposals = [json.loads(payload) for kind, _, payload in rows if kind == PROPOSAL]
+        # What the operator's attempt settled (sink.OperatorProposer) is not sent again; the rest are, with the
+        # full retries, and before the liveness records' flush: a failover does not wait for it.
+        settled = [settled_outcome(p) for p in proposals]
+        resent = iter(self.client.propose_all([{k: v for k, v in p.items() if k != SENT_FIELD}
+                                               for p, early in zip(proposals, settled, strict=True) if early is None]))
+        answered = int(time.time() * 1000)
         failed = self.output.send(liveness, dead)
-        outcomes = self.client.propose_all(proposals)
-        now = int(time.time() * 1000)
-        for p, o in zip(proposals, outcomes):
+        outcomes = []
+        for p, early in zip(proposals, settled, strict=True):
+            o = early or next(resent)
+            at = p[SENT_FIELD]["atMs"] if early else answered
+            outcomes.append(o)
             last = p.get("masterLastHeartbeatMs")
-            log.info("proposal %s expectedMasterEpoch=%s retry=%s -> %s (HTTP %s code %s, %d attempts via %s) "
-                     "detect_ms=%s sent_ms=%s", p["brokerName"], p["expectedMasterEpoch"], p.get("retry", 0),
-                     o.result, o.status, o.code, o.attempts, o.endpoint,
-                     p["proposedAtMs"] - last if last else None, now - last if last else None)
+            log.info("proposal %s expectedMasterEpoch=%s retry=%s -> %s (HTTP %s code %s, %d attempts via %s%s) "
+                     "detect_ms=%s sent_ms=%s answered_at_ms=%d", p["brokerName"], p["expectedMasterEpoch"],
+                     p.get("retry", 0), o.result, o.status, o.code, o.attempts, o.endpoint,
+                     ", by the operator" if early else "", p["proposedAtMs"] - last if last else None,
+                     at - last if last else None, at)
         sink_ms = (time.perf_counter() - t0) * 1000
         st = {"proposals": len(proposals), "dead_letters": len(dead), "liveness": len(liveness),
               "produce_failed": failed, "sink_ms": round(sink_ms, 1), "collect_ms": round(collect_ms, 1),
@@ -278,7 +291,15 @@ def build_query(spark, cfg: JobConfig, sink: BatchSink):
     else:
         parsed = (raw.selectExpr("topic", "partition", "offset", "value", "unix_millis(timestamp) AS kafka_ts")
                   .mapInPandas(parse, PARSED_SCHEMA))
-    processor = MasterWatchProcessor(cfg.proposal_retries, cfg.retry_factor, cfg.disconnect_grace_ms)
+    proposer = None
+    if cfg.proposals_in_operator:
+        from electra.security.credentials import ClientCredentials
+        from electra.streaming.sink import OperatorProposer
+
+        creds = ClientCredentials.from_env()
+        proposer = OperatorProposer(cfg.controllers, deadline_s=min(OPERATOR_PROPOSAL_DEADLINE_S, cfg.http_deadline_s),
+                                    driver_has=(creds.token is not None, creds.ca_file is not None))
+    processor = MasterWatchProcessor(cfg.proposal_retries, cfg.retry_factor, cfg.disconnect_grace_ms, proposer)
     out = parsed.groupBy("bucket").transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Update", "ProcessingTime")
     return (out.writeStream.queryName(cfg.app_name).outputMode("update")
             .option("checkpointLocation", cfg.checkpoint)
@@ -351,11 +372,11 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     ap.add_argument("--trigger-ms", type=int, default=1000)
     ap.add_argument("--spark-master", default=None, help="default: spark-submit's master, else local[2]")
     ap.add_argument("--topic-prefix", default="")
-    ap.add_argument("--shuffle-partitions", type=int, default=2,
+    ap.add_argument("--shuffle-partitions", type=int, default=1,
                     help="state store partitions, one task each per batch (size it to the executors' cores)")
     ap.add_argument("--read-tasks", type=int, default=1,
                     help="tasks reading a batch from Kafka with the Python source (0: one per Kafka partition)")
-    ap.add_argument("--buckets", type=int, default=8,
+    ap.add_argument("--buckets", type=int, default=2,
                     help="stateful operator keys; broker sets are hashed into them (pinned once a checkpoint exists: "
                          "every key costs state round trips to the JVM per batch, so few is fast)")
     ap.add_argument("--source", choices=("auto", "kafka", "python"), default="auto")
@@ -363,6 +384,8 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     ap.add_argument("--starting-offsets", choices=("earliest", "latest"), default="earliest")
     ap.add_argument("--proposal-retries", type=int, default=3)
     ap.add_argument("--http-deadline-s", type=float, default=10.0)
+    ap.add_argument("--proposals-at-batch-end", action="store_true",
+                    help="send proposals from foreachBatch only, not from the operator as it decides them")
     ap.add_argument("--disconnect-grace-ms", type=int, default=0,
                     help="a master whose session connection was lost counts as inactive this long after the loss "
                          "(0: at once, RocketMQ's rule; a goodbye always counts at once)")
@@ -380,6 +403,7 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
                      source=a.source,
                      hwm_fix=not a.no_hwm_fix, starting_offsets=a.starting_offsets,
                      proposal_retries=a.proposal_retries, http_deadline_s=a.http_deadline_s,
+                     proposals_in_operator=not a.proposals_at_batch_end,
                      disconnect_grace_ms=max(0, a.disconnect_grace_ms), extra_conf=extra)
 
 

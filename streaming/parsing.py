@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from electra.streaming import records
-from electra.streaming.detector import DEAD_LETTER, parse_event
+from electra.streaming.detector import DEAD_LETTER, RUN_FIELD, parse_event, span_of
 
 HEARTBEAT = "hb"
 DISCONNECTED = "dc"
@@ -112,13 +112,18 @@ def parse_records(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str
     so only the last heartbeat of each broker (folded as the detector would, at the position of
     that last one) goes on: a batch that fell behind hands the stateful operator one row per
     broker instead of one per heartbeat, and the next batch does not fall further behind.
+    What the fold drops, whether the set's records had a silence (`detector.span_of`), goes on
+    with each folded heartbeat in `detector.RUN_FIELD`.
     """
     import pyarrow as pa
 
     parsed: list[tuple[str, str, dict, str, int, int]] = []
     last: dict[tuple[str, int], int] = {}  # (set, broker id) -> index in `parsed` of its latest heartbeat
+    stamped: dict[str, tuple[list[dict], list[dict]]] = {}  # set -> its heartbeats and disconnects, unfolded
     for topic, part, off, value, ts_ms in raw:
         group, kind, obj = _parse(topic, part, off, value, ts_ms, heartbeats_topic, events_topic)
+        if kind in (HEARTBEAT, DISCONNECTED):
+            stamped.setdefault(group, ([], []))[kind == DISCONNECTED].append(obj)
         if kind == HEARTBEAT:
             key = (group, obj["brokerId"])
             at = last.get(key)
@@ -128,6 +133,11 @@ def parse_records(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str
             last[key] = len(parsed)
         parsed.append((group, kind, obj, topic, part, off))
     rows = [r for r in parsed if r is not None]
+    spans = {g: span_of(hbs, dcs) for g, (hbs, dcs) in stamped.items() if hbs}
+    for r in rows:
+        span = spans.get(r[0]) if r[1] == HEARTBEAT else None
+        if span is not None:
+            r[2][RUN_FIELD] = [span[0], span[1]]
     bucket = {g: bucket_of(g, buckets) for g in {r[0] for r in rows}}
     for i in range(0, len(rows), chunk):
         part_rows = rows[i:i + chunk]

@@ -66,10 +66,12 @@ def _one_per_broker(heartbeats: list[dict]) -> list[dict]:
 class MasterWatchProcessor(StatefulProcessor):
     """`detector.SetWatch`es of one bucket of broker sets, one timer per bucket."""
 
-    def __init__(self, max_retries: int = 3, retry_factor: int = 2, disconnect_grace_ms: int = 0) -> None:
+    def __init__(self, max_retries: int = 3, retry_factor: int = 2, disconnect_grace_ms: int = 0,
+                 proposer=None) -> None:
         self.max_retries = max_retries
         self.retry_factor = retry_factor
         self.disconnect_grace_ms = disconnect_grace_ms
+        self.proposer = proposer  # sink.OperatorProposer: proposals go out as they are decided (None: at batch end)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -117,6 +119,11 @@ class MasterWatchProcessor(StatefulProcessor):
                 out += detector.on_timer(w, now, self.max_retries, self.retry_factor, judge_ms=judge)
         return out
 
+    def _propose(self, outputs: list[detector.Output]) -> None:
+        """Send the proposals now (each marked with its outcome); the driver sends what this did not settle."""
+        if self.proposer is not None:
+            self.proposer.send([o.payload for o in outputs if o.kind == detector.PROPOSAL])
+
     # ------------------------------------------------------------------ callbacks
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:
         by_set: dict[str, tuple[list, list, list]] = {}  # name -> (events, [(order, heartbeat)], disconnects)
@@ -140,8 +147,10 @@ class MasterWatchProcessor(StatefulProcessor):
         if not by_set:
             return
         now = timerValues.getCurrentProcessingTimeInMs()
-        collapsed = {name: _one_per_broker([_decode(p) for _, p in sorted(hbs)])
-                     for name, (_, hbs, _) in by_set.items()}
+        decoded = {name: [_decode(p) for _, p in sorted(hbs)] for name, (_, hbs, _) in by_set.items()}
+        # Before the fold: a silence of the whole set is seen in the stamps of all its records.
+        spans = {name: detector.span_of(decoded[name], dcs) for name, (_, _, dcs) in by_set.items()}
+        collapsed = {name: _one_per_broker(hbs) for name, hbs in decoded.items()}
         # Disconnected records are stamped by the ingest clock too: they move the data horizon.
         newest = max((r["ts"] for name, (_, _, dcs) in by_set.items() for r in collapsed[name] + dcs
                       if r.get("ts")), default=None)
@@ -154,10 +163,12 @@ class MasterWatchProcessor(StatefulProcessor):
         for name, (events, _, dcs) in by_set.items():
             watches[name], out = detector.process(watches.get(name), name, collapsed[name], events, now,
                                                   self.max_retries, self.retry_factor, judge_ms=judge,
-                                                  disconnects=dcs, grace_ms=self.disconnect_grace_ms)
+                                                  disconnects=dcs, grace_ms=self.disconnect_grace_ms,
+                                                  span=spans[name])
             outputs += out
         outputs += self._due(watches, set(by_set), now)
         self._store(bucket, watches, armed)
+        self._propose(outputs)
         if outputs:
             yield _frame([o.row() for o in outputs])
 
@@ -170,6 +181,7 @@ class MasterWatchProcessor(StatefulProcessor):
             return
         outputs = self._due(watches, set(), timerValues.getCurrentProcessingTimeInMs())
         self._store(bucket, watches, armed)
+        self._propose(outputs)
         if outputs:
             yield _frame([o.row() for o in outputs])
 

@@ -1,5 +1,6 @@
-"""The job's output side, run in `foreachBatch` on the driver: liveness and dead letters to Kafka,
-ElectMaster proposals to the controller leader over HTTP.
+"""The job's output side: liveness and dead letters to Kafka, ElectMaster proposals to the controller
+leader over HTTP. Run in `foreachBatch` on the driver; proposals are first tried by the stateful
+operator itself, as it decides them (`OperatorProposer`), and the driver sends what that did not settle.
 
 `ControllerClient.propose()` finds the leader with `GET /v1/admin/metadata`
 (`is_leader`, `leader_address`), follows 307 redirects, retries 503/504, other
@@ -246,3 +247,68 @@ class KafkaOutput:
             with contextlib.suppress(Exception):
                 self._producer.close(timeout=5)
             self._producer = None
+
+
+SENT_FIELD = "sent"  # on a proposal row: what the operator's own attempt got (OperatorProposer)
+SETTLED = {"ok", "fenced", "master_still_alive", "no_candidate"}  # the leader's answer on the proposal itself
+
+
+class OperatorProposer:
+    """Sends proposals from the stateful operator (a Spark Python worker) the moment it decides them.
+
+    A proposal sent at the end of `foreachBatch` waits for the rest of its batch: the state commit,
+    the output's way to the driver, the liveness records' flush (docs/failover-signal.md). Sent here
+    it waits for none of that, and loses no guarantee: it is fenced by `expectedMasterEpoch` (a batch
+    Spark runs again proposes the same epoch, a no-op once the election happened); the attempt is
+    short (`deadline_s`), and whatever it did not settle (an answer in SETTLED) the driver sends again
+    with the full retries, so a worker that dies, a leader that is away or a missing credential only
+    cost the early attempt. Each proposal is marked with its outcome in SENT_FIELD, for the driver.
+
+    Picklable (Spark ships it to the workers; no secret in it); the HTTP client is made in each
+    worker on first use, with the worker's credential (`ClientCredentials.from_env`). `driver_has`:
+    whether the driver has a token and a CA; a worker that lacks one of them (executors not given
+    ELECTRA_TOKEN_FILE / ELECTRA_CA_FILE) leaves every proposal to the driver.
+    """
+
+    def __init__(self, endpoints: list[str], deadline_s: float = 2.0,
+                 driver_has: tuple[bool, bool] = (False, False)) -> None:
+        self.endpoints = list(endpoints)
+        self.deadline_s = deadline_s
+        self.driver_has = tuple(driver_has)
+
+    def _client(self) -> ControllerClient | None:
+        key = (tuple(self.endpoints), self.deadline_s, self.driver_has)
+        if key not in _WORKER_CLIENTS:
+            creds = ClientCredentials.from_env()
+            has = (creds.token is not None, creds.ca_file is not None)
+            usable = all(h or not need for h, need in zip(has, self.driver_has, strict=True))
+            _WORKER_CLIENTS[key] = (ControllerClient(self.endpoints, deadline_s=self.deadline_s, credentials=creds)
+                                    if usable else None)
+        return _WORKER_CLIENTS[key]
+
+    def send(self, proposals: list[dict]) -> None:
+        client = self._client() if proposals else None
+        if client is None:
+            return
+        try:
+            outcomes = client.propose_all(proposals)
+        except Exception as exc:  # noqa: BLE001 - the driver sends them again
+            log.warning("operator-side proposals failed: %r", exc)
+            return
+        now = int(time.time() * 1000)
+        for p, o in zip(proposals, outcomes, strict=True):
+            p[SENT_FIELD] = {"result": o.result, "status": o.status, "code": o.code, "attempts": o.attempts,
+                             "endpoint": o.endpoint, "atMs": now}
+
+
+# Per Python worker: the proposer's HTTP client (its leader found once, not per batch).
+_WORKER_CLIENTS: dict[tuple, ControllerClient | None] = {}
+
+
+def settled_outcome(proposal: dict) -> Outcome | None:
+    """The operator's attempt (SENT_FIELD) when it settled the proposal, else None: send it again."""
+    sent = proposal.get(SENT_FIELD)
+    if not isinstance(sent, dict) or sent.get("result") not in SETTLED:
+        return None
+    return Outcome(proposal["brokerName"], sent["result"], sent.get("status"), sent.get("code"),
+                   sent.get("attempts") or 0, sent.get("endpoint"))

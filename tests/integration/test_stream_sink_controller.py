@@ -53,10 +53,11 @@ def test_proposals_against_real_controllers(tmp_path):
             r = await api.alter_sync_state_set("s", 1, epoch, [1, 2, 3], r["header"]["syncStateSetEpoch"])
             assert r["code"] == Code.SUCCESS
 
-            # The detector's view: master 1 silent for 5 s, brokers 2 and 3 fresh.
+            # The detector's view: master 1 silent for 5 s, brokers 2 and 3 heartbeating all along (a set
+            # whose records all stopped would restart its clocks when they resume: no proposal yet).
             now = int(time.time() * 1000)
-            w, _ = detector.process(None, "s", [_hb(1, now - 5000), _hb(2, now), _hb(3, now)],
-                                    [_state(1, epoch)], now - 5000)
+            beats = [_hb(b, t) for t in range(now - 5000, now + 1, 250) for b in (2, 3)]
+            w, _ = detector.process(None, "s", [_hb(1, now - 5000), *beats], [_state(1, epoch)], now - 5000)
             [out] = [o for o in w.evaluate(now) if o.kind == detector.PROPOSAL]
             client = ControllerClient([follower_ep], deadline_s=10)
             client.leader = follower_ep  # first POST goes to a follower: 307 to the leader

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from electra.streaming import detector
+from electra.streaming import detector, records
 from electra.streaming.detector import LIVENESS, PROPOSAL, SetWatch
 from electra.streaming.parsing import DEAD_LETTER, DLQ_GROUP, EVENT, HEARTBEAT, parse_row
 
@@ -37,6 +37,15 @@ def started(now: int = T0) -> SetWatch:
     return w
 
 
+def beats(w: SetWatch, ids, start: int, end: int, every: int = 500) -> tuple[SetWatch, list]:
+    """Brokers `ids` heartbeat every `every` ms from `start` to `end` (one batch each); all outputs."""
+    outs = []
+    for t in range(start, end + 1, every):
+        w, out = detector.process(w, "bs", [hb(i, t) for i in ids], [], t)
+        outs += out
+    return w, outs
+
+
 def test_timer_is_armed_at_master_heartbeat_plus_timeout():
     w = started()
     assert w.master_id == 1 and w.master_epoch == 1
@@ -48,7 +57,7 @@ def test_timer_is_armed_at_master_heartbeat_plus_timeout():
 
 def test_stale_master_yields_one_proposal_with_snapshot():
     w = started()
-    w, _ = detector.process(w, "bs", [hb(2, T0 + 1500), hb(3, T0 + 1500)], [], T0 + 1500)
+    w, _ = beats(w, [2, 3], T0 + 500, T0 + 1500)
     now = T0 + TIMEOUT + 1
     outs = detector.on_timer(w, now)
     [p] = proposals(outs)
@@ -66,19 +75,63 @@ def test_stale_master_yields_one_proposal_with_snapshot():
 
 
 def test_master_alive_at_deadline_is_not_stale():
-    w = started()
+    w, _ = beats(started(), [2, 3], T0 + 500, T0 + 1500)
     assert not proposals(detector.on_timer(w, T0 + TIMEOUT))  # last + timeout >= now: still alive
     assert w.timer_ms == T0 + TIMEOUT + 1
 
 
 def test_no_live_candidate_no_proposal_until_one_heartbeats():
-    w = started()
-    now = T0 + 3 * TIMEOUT
+    w, _ = beats(started(), [2, 3], T0 + 500, T0 + 1000)
+    w, _ = detector.process(w, "bs", [], [], T0 + 1600, disconnects=[dc(2, T0 + 1500), dc(3, T0 + 1600)])
+    now = T0 + TIMEOUT + 100  # the master is stale, and both replicas are disconnected
     assert not proposals(detector.on_timer(w, now))
     assert w.timer_ms is None  # waits for data
     w, outs = detector.process(w, "bs", [hb(3, now + 10)], [], now + 20)
     [p] = proposals(outs)
     assert p["expectedMasterEpoch"] == 1
+
+
+def test_a_silent_set_restarts_its_clocks_when_its_records_resume():
+    """The whole set fell silent (an ingest restart, Kafka down): when its records resume, brokers come
+    back one by one, and a master still to resume must not look dead by the length of the outage."""
+    w = started()
+    w, _ = beats(w, [1, 2, 3], T0 + 500, T0 + 1000)
+    gap_end = T0 + 30_000
+    # Other sets' records moved the data horizon during the silence: nothing is judged past the set's data.
+    assert not proposals(detector.on_timer(w, gap_end - 1)) and w.timer_ms is None
+    # Replicas resume first (their heartbeats in a batch of their own), the master a heartbeat later.
+    w, outs = detector.process(w, "bs", [hb(2, gap_end), hb(3, gap_end + 100)], [], gap_end + 200)
+    assert not proposals(outs) and w.resumed_ms == gap_end
+    assert w.timer_ms == gap_end + TIMEOUT + 1  # a full timeout from the resumption
+    w, outs = beats(w, [1, 2, 3], gap_end + 500, gap_end + 3 * TIMEOUT)
+    assert not proposals(outs)
+    # A master that does not resume is failed over a full timeout after the others did.
+    w, outs = beats(w, [2, 3], gap_end + 3 * TIMEOUT + 500, gap_end + 5 * TIMEOUT)
+    [p] = proposals(outs)
+    assert p["proposedAtMs"] == gap_end + 4 * TIMEOUT + 500
+
+
+def test_a_silence_inside_one_batch_restarts_the_clocks_too():
+    """A batch that spans the outage (it ran long) holds records from before and after it."""
+    w = started()
+    w, outs = detector.process(w, "bs", [hb(1, T0 + 500), hb(2, T0 + 500), hb(3, T0 + 500), hb(2, T0 + 20_000),
+                                         hb(3, T0 + 20_100)], [], T0 + 20_200)
+    assert not proposals(outs) and w.resumed_ms == T0 + 20_000
+    # The source folds them (one per broker) and says what the fold dropped: the same judgment.
+    [f] = [o for o in detector.collapse_heartbeats([hb(1, T0 + 500), hb(2, T0 + 20_000)]) if o["brokerId"] == 2]
+    f[detector.RUN_FIELD] = [T0 + 500, T0 + 20_000]
+    w2, outs = detector.process(started(), "bs", [f, hb(3, T0 + 20_100)], [], T0 + 20_200)
+    assert not proposals(outs) and w2.resumed_ms == T0 + 20_000
+    # Records that never fell silent for half a timeout do not restart anything.
+    w3, _ = detector.process(started(), "bs", [hb(2, T0 + 1000), hb(3, T0 + 1900)], [], T0 + 1900)
+    assert w3.resumed_ms == 0 and w3.timer_ms == T0 + TIMEOUT + 1
+
+
+def test_a_hung_master_among_live_replicas_is_still_failed_over_at_its_timeout():
+    w = started()
+    w, outs = beats(w, [2, 3], T0 + 500, T0 + TIMEOUT + 500)
+    [p] = proposals(outs)
+    assert p["proposedAtMs"] == T0 + TIMEOUT + 500 and p["masterLastHeartbeatMs"] == T0
 
 
 def test_master_learned_late_gets_a_full_timeout_from_learning():
@@ -104,7 +157,7 @@ def test_duplicate_and_old_event_indexes_are_ignored():
 
 def test_epoch_fence_new_epoch_can_be_proposed_again():
     w = started()
-    w, _ = detector.process(w, "bs", [hb(2, T0 + 1900), hb(3, T0 + 1900)], [], T0 + 1900)
+    w, _ = beats(w, [2, 3], T0 + 950, T0 + 1900, every=950)
     [p1] = proposals(detector.on_timer(w, T0 + TIMEOUT + 1))
     assert p1["expectedMasterEpoch"] == 1
     # The controller elected broker 2 at epoch 2; the job learns it from the events topic.
@@ -113,6 +166,7 @@ def test_epoch_fence_new_epoch_can_be_proposed_again():
     assert not proposals(outs) and w.master_id == 2 and w.retries == 0
     # Broker 2 dies too: epoch 2 is a different epoch, so it is proposed.
     later = now + TIMEOUT + 1
+    w, _ = beats(w, [3], now + 500, now + 1500)
     w, outs = detector.process(w, "bs", [hb(3, later)], [], later)
     [p2] = proposals(outs)
     assert p2["expectedMasterEpoch"] == 2
@@ -314,6 +368,12 @@ def test_parse_records_in_the_source_equals_the_map_in_pandas_stage():
     batches = list(parse_records(iter(raw), "electra.heartbeats", "electra.events", 8, chunk=4))
     assert [b.num_rows for b in batches] == [4, 2]
     got = pd.concat([b.to_pandas() for b in batches], ignore_index=True)
+    # The source's heartbeats also say what its fold dropped (detector.RUN_FIELD); nothing else differs.
+    runs = [json.loads(p).pop(detector.RUN_FIELD, None) for p in got["payload"]]
+    assert runs == [[T0, T0]] * 2 + [None] * 4
+    got["payload"] = [p if r is None else records.dumps({k: v for k, v in json.loads(p).items()
+                                                         if k != detector.RUN_FIELD})
+                      for p, r in zip(got["payload"], runs)]
     assert got[PARSED_COLUMNS].values.tolist() == expected.reset_index(drop=True)[PARSED_COLUMNS].values.tolist()
     assert str(batches[0].schema.field("partition").type) == "int32"
 
@@ -337,6 +397,9 @@ def test_the_source_hands_on_one_folded_heartbeat_per_broker_per_read():
                                                         (HEARTBEAT, 4), (HEARTBEAT, 5), (DEAD_LETTER, 92)]
     got = {(r["group"], json.loads(r["payload"])["brokerId"]): json.loads(r["payload"]) for r in rows
            if r["kind"] == HEARTBEAT}
+    # With the span of each set's records, the disconnect included (what the fold drops).
+    assert {k: v.pop(detector.RUN_FIELD) for k, v in got.items()} == {
+        ("bs", 1): [T0, T0], ("bs", 2): [T0, T0], ("other", 1): [T0 + 900, T0 + 900]}
     for name in ("bs", "other"):
         for want in collapse_heartbeats([b for b in beats if b["brokerName"] == name]):
             assert got[(name, want["brokerId"])] == want

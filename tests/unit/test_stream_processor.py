@@ -103,14 +103,14 @@ def test_timer_is_armed_once_fires_early_and_then_proposes():
     # It fires early, finds the master alive and arms the real deadline.
     assert fire(p, h, T0 + 2001) == []
     assert h.timers == {T0 + 3001}
-    run(p, [hb(2, T0 + 2500, 8), hb(3, T0 + 2500, 9)], T0 + 2500)
+    run(p, [hb(2, T0 + 2000, 8), hb(3, T0 + 2000, 9), hb(2, T0 + 2500, 10), hb(3, T0 + 2500, 11)], T0 + 2500)
     assert h.timers == {T0 + 3001}
     # The master stayed silent: one proposal, then a retry timer.
     [payload] = fire(p, h, T0 + 3001)
     assert payload["expectedMasterEpoch"] == 1 and payload["brokerName"] == "bs"
     assert h.timers == {T0 + 3001 + 4000}
     # The election event arrives: the new master's deadline is earlier than the retry, so it replaces it.
-    run(p, [ev(2, 2, 2), hb(2, T0 + 3500, 10)], T0 + 3500)
+    run(p, [ev(2, 2, 2), hb(2, T0 + 3500, 12)], T0 + 3500)
     assert h.timers == {T0 + 3500 + 2001}
 
 
@@ -132,10 +132,10 @@ def test_a_lagging_batch_judges_at_its_data_horizon_not_the_wall_clock():
     assert h.timers == {T0 + 2001}
     p.close()
     p.init(h)
-    # The next batch runs at T0 + 2600 but holds heartbeats only up to T0 + 1500 (the master's next one
+    # The next batch runs at T0 + 2600 but holds heartbeats only up to T0 + 1000 (the master's next one
     # is still in Kafka). At the wall clock the master (deadline T0 + 2000) would look dead while 2 and 3
     # look alive: a false election. At the data horizon it is not stale.
-    out = run(p, [hb(2, T0 + 1500, 5), hb(3, T0 + 1500, 6)], T0 + 2600)
+    out = run(p, [hb(2, T0 + 1000, 5), hb(3, T0 + 1000, 6)], T0 + 2600)
     assert list(out["kind"]) == ["liveness"]
     h.timers.discard(T0 + 2001)  # the timer fires in the same batch, after the rows
     assert list(p.handleExpiredTimer((BUCKET,), TV(T0 + 2600), Expired(T0 + 2001))) == []
@@ -161,8 +161,9 @@ def test_sets_share_a_bucket_one_state_value_and_the_earliest_timer():
     assert h.state.calls == 2 and h.timers == {T0 + 2501}
     # a's master (broker 1) falls silent while b's keeps heartbeating. a's deadline passes while
     # the bucket processes rows: a is checked then, not only when the timer fires.
-    run(p, [hb(1, T0 + 1500, 5, "b"), hb(2, T0 + 1500, 6, "b"), hb(2, T0 + 1500, 7, "a")], T0 + 1500)
-    out = run(p, [hb(1, T0 + 2600, 8, "b"), hb(2, T0 + 2600, 9, "a")], T0 + 2600)
+    run(p, [hb(2, T0 + 1000, 5, "a"), hb(1, T0 + 1500, 6, "b"), hb(2, T0 + 1500, 7, "b"), hb(2, T0 + 1500, 8, "a")],
+        T0 + 1500)
+    out = run(p, [hb(2, T0 + 2000, 9, "a"), hb(1, T0 + 2600, 10, "b"), hb(2, T0 + 2600, 11, "a")], T0 + 2600)
     proposals = [json.loads(x) for k, x in zip(out["kind"], out["payload"]) if k == "proposal"]
     assert [q["brokerName"] for q in proposals] == ["a"] and proposals[0]["expectedMasterEpoch"] == 1
     assert sorted(json.loads(h.state.value[0])) == ["a", "b"]  # both sets in one state value
@@ -237,3 +238,76 @@ def test_records_json_cannot_read_or_write_still_pass_through_the_source_and_the
     [live] = [json.loads(x) for k, x in zip(out["kind"], out["payload"]) if k == "liveness"]
     assert [b["broker_addr"] for b in live["brokers"]] == [addr]
     assert json.loads(h.state.value[0])["bs"]["master_id"] == 1  # the state was stored and reads back
+
+
+def test_after_a_fleet_wide_silence_a_master_resuming_a_batch_after_its_replicas_is_not_failed_over():
+    """Every broker fell silent for 30 s (ingest restarts, Kafka down, a frozen fleet), then they resume one
+    by one. With few operator keys every set is judged at the newest record of many sets: a master whose
+    first heartbeat lands a batch after its replicas' looked 30 s stale (the false failovers seen with
+    one shuffle partition and two keys). Its set's clocks restart when the set's records resume."""
+    h = FakeHandle()
+    p = MasterWatchProcessor()
+    p.init(h)
+    rows = [ev(1, 1, 1, "a"), ev(2, 1, 1, "b")]
+    rows += [hb(b, T0 + t, 10 + t // 100 + b, s) for t in (0, 500, 1000) for s in "ab" for b in (1, 2, 3)]
+    run(p, rows, T0 + 1000)
+    resume = T0 + 31_000
+    p.close()
+    p.init(h)
+    # The batch after the silence: all of a's brokers, b's replicas only; b's master comes a batch later.
+    rows = [hb(b, resume + 10 * b, 500 + b, "a") for b in (1, 2, 3)]
+    rows += [hb(b, resume + 40, 510 + b, "b") for b in (2, 3)]
+    out = run(p, rows, resume + 100)
+    assert [k for k in out["kind"] if k == "proposal"] == []
+    assert fire(p, h, min(h.timers), horizon=resume + 100) == []
+    p.close()
+    p.init(h)
+    out = run(p, [hb(b, resume + 600, 600 + b, s) for s in "ab" for b in (1, 2, 3)], resume + 700)
+    assert [k for k in out["kind"] if k == "proposal"] == []
+
+
+def test_a_read_that_spans_a_silence_is_folded_and_still_restarts_the_clocks():
+    """The source folds a read to one heartbeat per broker, which hides the silence inside it; it says so
+    in `detector.RUN_FIELD`, and the operator judges as if it had every record."""
+    from electra.streaming.parsing import parse_records
+
+    def raw_hb(b, ts, off, name="bs"):
+        return ("electra.heartbeats", 0, off, hb(b, ts, off, name)[-1], ts)
+
+    h = FakeHandle()
+    p = MasterWatchProcessor()
+    p.init(h)
+    run(p, [ev(1, 1, 1)] + [hb(b, T0 + t, 10 + t // 100 + b) for t in (0, 500) for b in (1, 2, 3)], T0 + 500)
+    # One long batch: records up to T0 + 900, a 30 s silence, then broker 2 and 3 (the master a batch later).
+    raw = [raw_hb(b, T0 + 900, 100 + b) for b in (1, 2, 3)]
+    raw += [raw_hb(b, T0 + 31_000 + t, 200 + t // 100 + b) for t in (0, 500, 1000, 1500) for b in (2, 3)]
+    [batch] = parse_records(iter(raw), "electra.heartbeats", "electra.events", 8)
+    frame = batch.to_pandas()
+    assert len(frame) == 3  # folded: one heartbeat per broker
+    frame["bucket"] = BUCKET
+    p.close()
+    p.init(h)
+    out = list(p.handleInputRows((BUCKET,), iter([frame]), TV(T0 + 32_600)))
+    assert [k for df in out for k in df["kind"] if k == "proposal"] == []
+
+
+def test_a_hung_master_in_a_long_folded_read_is_failed_over_at_its_timeout():
+    """Folded, a long read's heartbeats look like a silence (the hung master's last one early, the others'
+    late); `detector.RUN_FIELD` says the records never stopped, so nothing restarts the clocks."""
+    from electra.streaming.parsing import parse_records
+
+    h = FakeHandle()
+    p = MasterWatchProcessor()
+    p.init(h)
+    run(p, [ev(1, 1, 1)] + [hb(b, T0, 10 + b) for b in (1, 2, 3)], T0)
+    raw = [("electra.heartbeats", 0, 100, hb(1, T0 + 300, 100)[-1], T0)]
+    raw += [("electra.heartbeats", 0, 101 + t // 100 + b, hb(b, T0 + t, 0)[-1], T0) for t in range(300, 6001, 500)
+            for b in (2, 3)]
+    [batch] = parse_records(iter(raw), "electra.heartbeats", "electra.events", 8)
+    frame = batch.to_pandas()
+    frame["bucket"] = BUCKET
+    p.close()
+    p.init(h)
+    out = list(p.handleInputRows((BUCKET,), iter([frame]), TV(T0 + 6000)))
+    [proposal] = [json.loads(x) for df in out for k, x in zip(df["kind"], df["payload"]) if k == "proposal"]
+    assert proposal["masterLastHeartbeatMs"] == T0 + 300

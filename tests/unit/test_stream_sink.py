@@ -129,3 +129,64 @@ def test_bucket_count_is_pinned_by_the_checkpoint(tmp_path):
     (old / "offsets").mkdir(parents=True)
     assert pinned_buckets(str(old), 8) == LEGACY_BUCKETS and pinned_buckets(f"file://{old}", 8) == LEGACY_BUCKETS
     assert pinned_buckets("s3a://bucket/ckpt", 16) == 16
+
+
+def _decide_a_proposal(proposer) -> list[tuple[str, str, str]]:
+    """The operator (with `proposer`) in a batch where master 1 of "bs" is stale: its output rows."""
+    import pandas as pd
+    from test_stream_processor import BUCKET, TV, FakeHandle, ev, hb
+
+    from electra.streaming.parsing import PARSED_COLUMNS
+    from electra.streaming.processor import MasterWatchProcessor
+
+    def batch(rows, now):
+        frames = iter([pd.DataFrame(rows, columns=PARSED_COLUMNS)])
+        return pd.concat(list(p.handleInputRows((BUCKET,), frames, TV(now))))
+
+    p = MasterWatchProcessor(proposer=proposer)
+    p.init(FakeHandle())
+    batch([ev(1, 1, 1)] + [hb(b, 1_000, b) for b in (1, 2, 3)], 1_000)
+    out = batch([hb(b, 1_000 + t, 10 + t // 100 + b) for t in range(500, 2501, 500) for b in (2, 3)], 3_600)
+    return list(zip(out["kind"], out["brokerName"], out["payload"], strict=True))
+
+
+def test_the_operator_sends_its_proposal_and_the_sink_does_not_send_it_again(cluster):
+    from electra.streaming.sink import SENT_FIELD, OperatorProposer
+
+    follower, leader = cluster
+    rows = _decide_a_proposal(OperatorProposer([follower.address]))
+    [(_, _, payload)] = [r for r in rows if r[0] == "proposal"]
+    assert [p[1] for p in leader.posts] == ["bs"]  # sent while the operator ran, before its rows left it
+    assert json.loads(payload)[SENT_FIELD]["result"] == "ok"
+    sink = BatchSink(JobConfig(bootstrap="unused:1", controllers=[leader.address], checkpoint="unused"),
+                     client=ControllerClient([leader.address], deadline_s=5), output=RecordingOutput())
+    st = sink.handle_rows(rows, batch_id=3)
+    assert st["outcomes"] == ["ok"] and len(leader.posts) == 1
+
+
+def test_a_proposal_the_operator_could_not_settle_is_sent_by_the_sink_without_its_mark(cluster):
+    from electra.streaming.sink import SENT_FIELD, OperatorProposer
+
+    _, leader = cluster
+    leader.script["bs"] = [(503, {"code": 2007})] * 1000  # no leader for now
+    rows = _decide_a_proposal(OperatorProposer([leader.address], deadline_s=0.3))
+    [(_, _, payload)] = [r for r in rows if r[0] == "proposal"]
+    assert json.loads(payload)[SENT_FIELD]["result"] == "gave_up"
+    leader.script["bs"] = []
+    tried = len(leader.posts)
+    sink = BatchSink(JobConfig(bootstrap="unused:1", controllers=[leader.address], checkpoint="unused"),
+                     client=ControllerClient([leader.address], deadline_s=5), output=RecordingOutput())
+    assert sink.handle_rows(rows, batch_id=4)["outcomes"] == ["ok"]
+    assert len(leader.posts) == tried + 1 and SENT_FIELD not in leader.posts[-1][2]
+
+
+def test_a_worker_without_the_drivers_credential_leaves_proposals_to_the_sink(cluster, monkeypatch):
+    from electra.streaming.sink import SENT_FIELD, OperatorProposer
+
+    _, leader = cluster
+    for var in ("ELECTRA_TOKEN", "ELECTRA_TOKEN_FILE", "ELECTRA_CA_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("ELECTRA_TOKEN", "t0k3n")  # a token, but not the CA the driver speaks HTTPS with
+    rows = _decide_a_proposal(OperatorProposer([leader.address], driver_has=(True, True)))
+    [(_, _, payload)] = [r for r in rows if r[0] == "proposal"]
+    assert SENT_FIELD not in json.loads(payload) and leader.posts == []
