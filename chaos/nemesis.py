@@ -32,7 +32,12 @@ KINDS = ("kill", "pause", "partition", "delay", "loss", "clock", "clock-rate", "
 SPLIT_VOTE_PAUSE_S = 1.2  # how long split-vote keeps the shared voters stopped
 TARGETS = ("any", "leader", "minority", "majority", "all")  # "all": the whole group crashes (a power cut)
 PARTITIONS = ("isolate-leader", "halves", "bridge", "ring", "one-way", "stalled-leader")
-STALL_S = 0.6  # stalled-leader stops the cut-off leader this long: its ticks lag its clock by as much
+# stalled-leader stops the cut-off leader this long (a GC pause, a VM stall). At the default 100 ms tick: longer
+# than a correct lease (0.81 s) and than the others' election timeouts (1.0-1.3 s), shorter than a lease without
+# its margin (2.0 s). It wakes as a leader: the CheckQuorum window that ran out while it slept had heard from
+# its followers before the stop, so the next check is an election timeout after it wakes (docs/chaos.md).
+STALL_S = 1.2
+STALL_PARTITION_S = STALL_S + 1.3  # cut off at least this long: past the end of a lease without its margin
 EXCLUSIVE = ("torn-tail", "split-vote")  # loses unsynced bytes of one node: never combined with other crashes
 
 
@@ -115,6 +120,8 @@ def schedule(seed: int, episode: int, kinds: list[str], nodes: int, mixed: bool,
             f.end = max(f.end, f.start + SPLIT_VOTE_PAUSE_S + 2.5)
         if pinned:
             f.mode = pinned
+        if kind == "partition" and f.mode == "stalled-leader":
+            f.end = max(f.end, f.start + STALL_PARTITION_S)
         faults.append(f)
     return faults
 
@@ -222,9 +229,8 @@ class Nemesis:
             apart([lead], [i for i in ids if i != lead])
             f.targets, f.detail = [lead], f"n{lead} | rest"
             if f.mode == "stalled-leader":
-                # Also stopped for a while (a GC pause, a VM stall): it wakes after the others may have
-                # elected a new leader, with its ticks (CheckQuorum) behind but its clock on time, which is
-                # what its lease is measured on.
+                # Also stopped for a while (STALL_S): it wakes after the others elected a new leader and
+                # took writes, still leading by its own CheckQuorum, its clock (its lease's) on time.
                 c.pause(lead)
                 threading.Timer(STALL_S, c.resume, (lead,)).start()
                 f.detail += f", n{lead} stopped {STALL_S}s"

@@ -9,8 +9,11 @@ drive this class, so everything proven in simulation is the code that runs.
 
 Time comes from the `clock` given at construction (seconds, monotonic), as randomness
 comes from the given `rng`: the runtime passes its real clock, the simulator each
-node's simulated one. Elections and heartbeats count ticks; only leases and the
-follower-read freshness check read the clock.
+node's simulated one. Timers are counted in ticks of `RaftConfig.tick_s` seconds: with
+`tick_s` set (every runtime sets it), election timeouts, vote refusal after hearing a leader,
+CheckQuorum and a leader's quorum silence measure elapsed time on the clock, and a tick only
+checks them, so late ticks do not add up; without it (unit tests that tick by hand on a
+frozen clock) they count ticks. Leases and the follower-read freshness check read the clock.
 
 The parts live in their own modules, as in etcd's raft library: the log and its
 cursors (`log.py`), each follower's progress and inflight window (`progress.py`),
@@ -18,10 +21,11 @@ the read-only machinery (`read_only.py`), the message kinds (`messages.py`). Wha
 node does with a message or a tick depends on its role; the handlers are chosen once,
 when the role changes (`_set_role`).
 
-Protocol features: randomized election timeouts, PreVote, CheckQuorum with
-vote refusal while a leader is known (lease), a no-op entry on election, fast
-conflict backtracking, per-follower pipelining with an inflight window, the
-leader writing its own log in parallel with replication, leadership transfer.
+Protocol features: randomized election timeouts, PreVote, CheckQuorum (handing over
+to the most up-to-date follower on stepping down) with vote refusal while a leader is
+known (lease), a no-op entry on election, fast conflict backtracking, per-follower
+pipelining with an inflight window, the leader writing its own log in parallel with
+replication, leadership transfer.
 """
 
 from __future__ import annotations
@@ -95,6 +99,9 @@ class RaftConfig:
     # leader sure that no other leader exists (seconds, on the core's clock).
     # 0 disables them. Safe only below the followers' vote-refusal window (see docs).
     lease_s: float = 0.0
+    # How long a tick is (seconds on the core's clock). Set: timers measure elapsed time, a timeout of
+    # n ticks lasting n * tick_s seconds however late the ticks run. None: timers count ticks.
+    tick_s: float | None = None
 
 
 @dataclass
@@ -192,7 +199,8 @@ class RaftCore:
                            commit=commit, applied=applied, snapshot=snapshot)
         self.reads = ReadOnly(self.log.commit)
 
-        self.elapsed = 0
+        self._ticks = 0  # ticks so far: the core's time when tick_s is None
+        self._timer_start = self._now()  # when the election timer (CheckQuorum's window on a leader) was reset
         self.timeout = self._random_timeout()
         self.heartbeat_elapsed = 0
         self.votes: dict[int, bool] = {}
@@ -200,6 +208,7 @@ class RaftCore:
         self.progress: dict[int, Progress] = {}
         self.transferee = NONE
         self.transfer_elapsed = 0
+        self._round_times: dict[int, float] = {}  # heartbeat rounds of the last election timeout -> when sent
 
         self._snap_requests: list[int] = []
         self.refused_terms = 0  # messages dropped for a term jump beyond MAX_TERM_JUMP
@@ -275,6 +284,27 @@ class RaftCore:
         """When (on the clock) this node last heard from a leader it follows."""
         return self.reads.last_leader_contact
 
+    # ------------------------------------------------------------------ time
+    def _now(self) -> float:
+        """The core's time in ticks: the clock over `tick_s`, or the ticks counted when it is unset."""
+        tick_s = self.cfg.tick_s
+        return self.clock() / tick_s if tick_s else float(self._ticks)
+
+    @property
+    def elapsed(self) -> float:
+        """Ticks' worth of time since the election timer was reset (its last leader contact, vote or campaign)."""
+        return self._now() - self._timer_start
+
+    def _reset_timer(self) -> None:
+        self._timer_start = self._now()
+
+    def election_due_s(self) -> float | None:
+        """Seconds on the clock until this node's election timeout runs out, for a driver that ticks once
+        more at that moment instead of up to a tick later; None on a leader or when timers count ticks."""
+        if self.role == Role.LEADER or not self.cfg.tick_s:
+            return None
+        return max(0.0, (self.timeout - self.elapsed) * self.cfg.tick_s)
+
     # ------------------------------------------------------------------ roles
     def _set_role(self, role: Role) -> None:
         """Choose the handlers of `role`: every role-dependent reaction goes through these."""
@@ -306,7 +336,7 @@ class RaftCore:
         self._set_term(term)
         self._set_role(Role.FOLLOWER)
         self.lead = lead
-        self.elapsed = 0
+        self._reset_timer()
         self.timeout = self._random_timeout()
         self.transferee = NONE
         self.progress = {}
@@ -317,12 +347,13 @@ class RaftCore:
         self.lead = self.id
         self._role_changed = True
         self.heartbeat_elapsed = 0
-        self.elapsed = 0
+        self._reset_timer()
         self.transferee = NONE
         self.reads.drop_all(self.id)
         self.reads.confirmed_round = self.reads.round
+        self._round_times = {}
         nxt = self.log.last_index() + 1
-        self.progress = {p: Progress(nxt, self.cfg.max_inflight) for p in self.peers}
+        self.progress = {p: Progress(nxt, self.cfg.max_inflight, heard_at=self._timer_start) for p in self.peers}
         me = self.progress[self.id]
         me.match, me.next, me.state = self.log.stable, nxt, ProgressState.REPLICATE
         # A no-op of the new term lets earlier-term entries commit (Raft §5.4.2).
@@ -335,11 +366,11 @@ class RaftCore:
 
     def _campaign(self, pre: bool, force: bool = False) -> None:
         if self.term >= MAX_TERM:
-            self.elapsed = 0  # peers refuse terms beyond MAX_TERM (docs/security.md); stay a follower
+            self._reset_timer()  # peers refuse terms beyond MAX_TERM (docs/security.md); stay a follower
             return
         if self._behind_vote_floor():
             # It would not vote for a log like its own: it must not vote for itself either.
-            self.elapsed = 0
+            self._reset_timer()
             self.timeout = self._random_timeout()
             return
         if pre:
@@ -351,7 +382,7 @@ class RaftCore:
             self._hard_dirty = True
         self._role_changed = True
         self.lead = NONE
-        self.elapsed = 0
+        self._reset_timer()
         self.timeout = self._random_timeout()
         self.votes = {self.id: True}
         self.campaign_force = force
@@ -385,7 +416,7 @@ class RaftCore:
     # ------------------------------------------------------------------ inputs
     def tick(self) -> None:
         """Advance logical time by one tick."""
-        self.elapsed += 1
+        self._ticks += 1
         self._tick_role()
 
     def _tick_election(self) -> None:
@@ -403,13 +434,23 @@ class RaftCore:
             self.transfer_elapsed += 1
             if self.transfer_elapsed >= self.cfg.election_ticks:
                 self.transferee = NONE  # give up; resume accepting proposals
-        for pid, pr in self.progress.items():
-            if pid != self.id:
-                pr.silent_ticks += 1
         if self.elapsed >= self.cfg.election_ticks:
-            self.elapsed = 0
+            self._reset_timer()
             if self.cfg.check_quorum and not self._quorum_active():
-                self._become_follower(self.term, NONE)
+                self._step_down_handing_over()
+
+    def _step_down_handing_over(self) -> None:
+        """CheckQuorum: step down, and tell the most up-to-date follower to campaign at once (TimeoutNow).
+
+        Its followers may still hear this leader until the step-down (a partition healed just before the
+        window ended): they would refuse votes, and wait, for a whole election timeout after its last
+        message. A forced campaign skips that refusal, which is safe here as in a leadership transfer:
+        the refusal protects this leader's lease, and the lease ends as it steps down. If the follower
+        is out of reach the message is lost and the followers' timeouts elect a leader as before."""
+        best = max(((pr.match, -pid) for pid, pr in self.progress.items() if pid != self.id), default=(0, 0))
+        self._become_follower(self.term, NONE)
+        if best[1]:
+            self._msgs.append(TimeoutNow(self.id, -best[1], self.term))
 
     def _quorum_active(self) -> bool:
         active = 0
@@ -421,7 +462,11 @@ class RaftCore:
 
     @property
     def quorum_silent(self) -> bool:
-        """A leader that has heard from no quorum for a whole election timeout (counted every tick).
+        """A leader that has heard from no quorum for a whole election timeout (checked at every call).
+
+        A follower was last heard from when the newest heartbeat round it answered was sent: an answer
+        proves nothing later than that, and answers read late (by a leader whose process was stopped, and
+        finds them waiting when it wakes) must not make a cut-off leader look connected.
 
         By then the others may be electing a new leader. It keeps its role until CheckQuorum, whose
         window ends up to one more election timeout later, but takes no new proposals (ProposalDropped:
@@ -431,8 +476,8 @@ class RaftCore:
         """
         if self.role != Role.LEADER or len(self.peers) == 1:
             return False
-        limit = self.cfg.election_ticks
-        heard = sum(1 for pid, pr in self.progress.items() if pid == self.id or pr.silent_ticks < limit)
+        since = self._now() - self.cfg.election_ticks
+        heard = sum(1 for pid, pr in self.progress.items() if pid == self.id or pr.heard_at > since)
         return heard < self.quorum
 
     def propose(self, commands: list[bytes]) -> int:
@@ -577,7 +622,7 @@ class RaftCore:
     def _become_follower_of(self, m: Append | Heartbeat) -> None:
         if self.role != Role.FOLLOWER or self.lead != m.src:
             self._become_follower(m.term, m.src)
-        self.elapsed = 0
+        self._reset_timer()
         self.reads.last_leader_contact = self.clock()
 
     # ------------------------------------------------------------------ elections
@@ -598,7 +643,7 @@ class RaftCore:
             if not pre:
                 self.vote = m.src
                 self._hard_dirty = True
-                self.elapsed = 0
+                self._reset_timer()
             elif self.role == Role.PRE_CANDIDATE and m.term == self.term + 1 and m.src < self.id:
                 # Two pre-candidates for the same term would both pass PreVote and split the real
                 # vote; the one with the higher id steps back (its log is no newer), the other wins.
@@ -658,7 +703,6 @@ class RaftCore:
     def _handle_append_resp(self, m: AppendResp) -> None:
         pr = self.progress[m.src]
         pr.recent_active = True
-        pr.silent_ticks = 0
         if m.reject:
             if pr.state == ProgressState.SNAPSHOT:
                 return
@@ -701,7 +745,9 @@ class RaftCore:
     def _handle_heartbeat_resp(self, m: HeartbeatResp) -> None:
         pr = self.progress[m.src]
         pr.recent_active = True
-        pr.silent_ticks = 0
+        sent = self._round_times.get(m.round)
+        if sent is not None and sent > pr.heard_at:
+            pr.heard_at = sent
         pr.probe_sent = False
         if m.round > pr.acked_round:
             pr.acked_round = m.round
@@ -762,6 +808,10 @@ class RaftCore:
     def _bcast_heartbeat(self) -> None:
         """Every broadcast is a numbered round: its quorum ack confirms reads and extends the lease."""
         rnd = self.reads.start_round(self.clock())
+        now, times = self._now(), self._round_times
+        times[rnd] = now
+        while (oldest := next(iter(times))) != rnd and times[oldest] <= now - self.cfg.election_ticks:
+            del times[oldest]  # answers to it could not end a quorum silence any more
         commit = self.log.commit
         for pid, pr in self.progress.items():
             if pid != self.id:

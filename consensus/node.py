@@ -120,10 +120,11 @@ class NodeConfig:
         return 2 * self.raft.election_ticks * self.tick_s
 
     def lease_s(self) -> float:
-        """Lease length: below the followers' vote-refusal window, shrunk by the drift bound.
+        """Lease length: the followers' vote-refusal window, shrunk by the drift bound.
 
-        A follower refuses votes for `election_ticks` ticks after hearing from the leader,
-        which is at least (election_ticks - 1) tick intervals of its clock.
+        A follower refuses votes for `election_ticks * tick_s` seconds of its clock after hearing
+        from the leader (elapsed time, not counted ticks: docs/raft-engine.md, Time); one tick of
+        that is kept as slack besides the drift margin (docs/reads-and-snapshots.md, Lease reads).
         """
         if not self.lease_reads or not self.raft.check_quorum:
             return 0.0
@@ -213,8 +214,9 @@ class RaftNode:
                 self.storage.reset(meta.index, meta.term)
                 self.storage.sync()
                 rec.terms, rec.datas, rec.snapshot_index, rec.snapshot_term = [], [], meta.index, meta.term
+        raft = replace(self.cfg.raft, lease_s=self.cfg.lease_s(), tick_s=self.cfg.tick_s)
         core = RaftCore(
-            self.cfg.node_id, sorted(self.cfg.peers), replace(self.cfg.raft, lease_s=self.cfg.lease_s()),
+            self.cfg.node_id, sorted(self.cfg.peers), raft,
             term=rec.term, vote=rec.vote, log_offset=rec.snapshot_index, offset_term=rec.snapshot_term,
             log_terms=rec.terms, log_data=rec.datas, snapshot=snap if meta else None,
             vote_floor=rec.vote_floor, clock=self.clock.now, rng=self.runtime.rng,
@@ -522,8 +524,12 @@ class RaftNode:
         finally:
             if self._running:
                 self.last_tick_at = self.clock.now()
-                self._tick_due = self.last_tick_at + self.cfg.tick_s
-                self._tick_handle = self.clock.call_later(self.cfg.tick_s, self._on_tick)
+                delay = self.cfg.tick_s
+                due = self._live.core.election_due_s()  # a follower times out on time, not up to a tick late
+                if due is not None and due < delay:
+                    delay = due + 0.001
+                self._tick_due = self.last_tick_at + delay
+                self._tick_handle = self.clock.call_later(delay, self._on_tick)
 
     def health(self) -> tuple[bool, str]:
         """(healthy, reason): unhealthy once ticks stop or no leader was known for an election timeout."""

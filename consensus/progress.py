@@ -50,17 +50,18 @@ class Inflights:
 class Progress:
     """One follower, as its leader sees it."""
 
-    __slots__ = ("match", "next", "state", "inflight", "probe_sent", "recent_active", "silent_ticks", "match_at_hb",
+    __slots__ = ("match", "next", "state", "inflight", "probe_sent", "recent_active", "heard_at", "match_at_hb",
                  "sent_commit", "acked_round", "pending_snapshot")
 
-    def __init__(self, next_index: int, max_inflight: int) -> None:
+    def __init__(self, next_index: int, max_inflight: int, heard_at: float = 0.0) -> None:
         self.match = 0
         self.next = next_index
         self.state = ProgressState.PROBE
         self.inflight = Inflights(max_inflight)
         self.probe_sent = False
         self.recent_active = False  # heard from since the last CheckQuorum
-        self.silent_ticks = 0  # leader ticks since it last heard from this follower (`RaftCore.quorum_silent`)
+        # when (the leader's time, in ticks) the newest heartbeat round it answered was sent (`RaftCore.quorum_silent`)
+        self.heard_at = heard_at
         self.match_at_hb = -1  # match at the previous heartbeat answer: no change means lost appends
         self.sent_commit = 0  # highest commit index this follower has been told
         self.acked_round = 0  # newest heartbeat round (read/lease confirmation) it answered

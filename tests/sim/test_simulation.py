@@ -92,7 +92,7 @@ def test_mutations_caught(name):
     assert failure is not None, f"{name} was not caught in {MUTATION_SEEDS} seeds"
 
 
-LEASE_FOCUS = {"duration_ms": 1000, "fault_kinds": ("isolate_leader", "heal", "clock_rate"),
+LEASE_FOCUS = {"duration_ms": 2000, "fault_kinds": ("isolate_leader", "heal", "clock_rate"),
                "read_ratio": (0.95, 0.95)}  # readers keep reading at a cut-off leader
 
 

@@ -258,6 +258,16 @@ def test_a_fault_entry_may_pin_its_mode():
         parse_kind("delay:majority")
 
 
+def test_a_stalled_leader_stays_cut_off_past_the_end_of_a_lease_without_its_margin():
+    """Healed sooner, it would hear of the new term before its too-long lease ran out (docs/chaos.md)."""
+    from electra.chaos.nemesis import STALL_PARTITION_S, STALL_S
+
+    assert 0.81 < STALL_S < 2.0 < STALL_PARTITION_S  # a correct lease, a lease without its margin (100 ms ticks)
+    for mixed in (False, True):
+        faults = [f for n in range(30) for f in schedule(2, n, ["partition:stalled-leader"], 3, mixed=mixed)]
+        assert faults and all(f.end - f.start >= STALL_PARTITION_S for f in faults)
+
+
 def test_unavailability_starts_once_the_fault_is_in_force():
     """A write invoked while the nemesis was still cutting the leader off, and answered by it, is no recovery."""
     h = H()

@@ -19,12 +19,14 @@ def frozen_clock() -> float:
 class Net:
     """Delivers messages in FIFO order; persistence is instant unless `hold_persist` is set."""
 
-    def __init__(self, n: int = 3, **cfg) -> None:
+    def __init__(self, n: int = 3, clock: ManualClock | None = None, **cfg) -> None:
         ids = list(range(1, n + 1))
         conf = RaftConfig(election_ticks=10, heartbeat_ticks=1, **cfg)
-        self.cores = {i: RaftCore(i, ids, conf, rng=random.Random(i), clock=frozen_clock) for i in ids}
+        self.clock = clock  # with RaftConfig.tick_s: every tick() moves it one tick on
+        self.cores = {i: RaftCore(i, ids, conf, rng=random.Random(i), clock=clock or frozen_clock) for i in ids}
         self.queue: list[Message] = []
         self.cut: set[int] = set()  # isolated nodes
+        self.deaf: set[int] = set()  # nodes that send but receive nothing
         self.applied: dict[int, list[bytes]] = {i: [] for i in ids}
         self.sent: list[Message] = []
 
@@ -44,12 +46,14 @@ class Net:
             q, self.queue = self.queue, []
             for m in q:
                 self.sent.append(m)
-                if m.src in self.cut or m.dst in self.cut:
+                if m.src in self.cut or m.dst in self.cut or m.dst in self.deaf:
                     continue
                 self.cores[m.dst].step(m)
 
     def tick(self, times: int = 1, only: list[int] | None = None) -> None:
         for _ in range(times):
+            if self.clock is not None:
+                self.clock.now += self.cores[1].cfg.tick_s
             for i, c in self.cores.items():
                 if only is None or i in only:
                     c.tick()
@@ -449,9 +453,126 @@ def test_two_pre_candidates_of_one_term_do_not_split_the_vote():
     leader = net.elect()
     net.cut = {leader.id}
     a, b = sorted((c for c in net.cores.values() if c is not leader), key=lambda c: c.id)
+    for c in (a, b):  # bring both to the tick before their timeouts, messages held
+        while c.elapsed + 1 < c.timeout:
+            c.tick()
     for c in (a, b):  # both time out in the same tick: their PreVotes cross
-        c.elapsed = c.timeout
         c.tick()
     net.drain()
     assert a.role == Role.LEADER and b.role == Role.FOLLOWER and b.lead == a.id
     assert a.term == leader.term + 1
+
+
+# ------------------------------------------------------------------ elapsed-time timers (RaftConfig.tick_s)
+def _timed_net(clock: ManualClock) -> Net:
+    return Net(clock=clock, tick_s=0.1)
+
+
+def test_with_tick_s_late_ticks_do_not_stretch_the_election_timeout():
+    """Each tick runs 0.3 s after the previous one (three intervals: a loaded machine): a follower whose
+    timeout is 10-13 ticks campaigns once 1.0-1.3 s have passed, i.e. in its 4th or 5th tick, where
+    counting ticks would wait 3-4 s."""
+    clock = ManualClock()
+    net = _timed_net(clock)
+    leader = net.elect()
+    net.tick(2)
+    cut_at = clock.now
+    net.cut = {leader.id}
+    a, b = (c for c in net.cores.values() if c is not leader)
+    ticks = 0
+    while a.role == Role.FOLLOWER and b.role == Role.FOLLOWER:
+        clock.now += 0.2  # net.tick adds the third 0.1 s
+        ticks += 1
+        net.tick(1, only=[a.id, b.id])
+        assert ticks <= 5, "counted ticks, not elapsed time"
+    assert clock.now - cut_at >= 1.0
+
+
+def test_with_tick_s_a_follower_refuses_votes_for_the_election_timeout_of_its_clock_after_hearing_the_leader():
+    """The lease's side of the argument: the refusal window is time since the leader's last message,
+    whether or not a tick ran in between."""
+    clock = ManualClock()
+    net = _timed_net(clock)
+    leader = net.elect()
+    net.tick(1)
+    voter = next(c for c in net.cores.values() if c is not leader)
+    other = next(c for c in net.cores.values() if c not in (leader, voter))
+    heard = voter.last_leader_contact
+    ask = PreVote(other.id, voter.id, voter.term + 1, last_index=voter.last_index(), last_term=voter.last_term())
+    clock.now = heard + 0.99
+    voter.step(ask)
+    assert not voter.ready().send_now + voter.ready().send_after_persist, "answered inside the refusal window"
+    clock.now = heard + 1.0
+    voter.step(ask)
+    rd = voter.ready()
+    assert [m.type for m in rd.send_now + rd.send_after_persist] == [MsgType.PRE_VOTE_RESP]
+
+
+def test_with_tick_s_quorum_silence_is_measured_on_the_clock():
+    clock = ManualClock()
+    net = _timed_net(clock)
+    leader = net.elect()
+    net.tick(1)
+    net.cut = {leader.id}
+    clock.now += 0.85  # with net.tick's 0.1 s: 0.95 s of silence
+    net.tick(1, only=[leader.id])
+    assert not leader.quorum_silent
+    # one late tick past the election timeout, not ten more ticks
+    net.tick(1, only=[leader.id])
+    assert leader.role == Role.LEADER and leader.quorum_silent
+
+
+def test_with_tick_s_a_follower_says_when_its_election_timeout_runs_out():
+    """The driver arms its next tick then, so the timeout is not rounded up to a whole tick."""
+    clock = ManualClock()
+    net = _timed_net(clock)
+    leader = net.elect()
+    net.tick(1)
+    follower = next(c for c in net.cores.values() if c is not leader)
+    assert leader.election_due_s() is None
+    assert follower.election_due_s() == pytest.approx(follower.timeout * 0.1)
+    net.cut = {leader.id}
+    clock.now += follower.election_due_s() + 0.001  # as the driver arms it (floating point)
+    follower.tick()
+    assert follower.role == Role.PRE_CANDIDATE
+
+
+def test_a_leader_stepping_down_by_check_quorum_hands_over_to_its_most_up_to_date_follower():
+    """Its followers heard it until the end (they would refuse votes for another election timeout), but it
+    heard none of them for a whole CheckQuorum window: it steps down and sends TimeoutNow, and a new
+    leader is elected at once instead of an election timeout later."""
+    net = Net()
+    leader = net.elect()
+    net.tick(2)
+    term = leader.term
+    net.deaf = {leader.id}
+    for _ in range(25):
+        net.tick(1)
+        if leader.role != Role.LEADER:
+            break  # in the tick it stepped down, before any follower's election timeout
+    assert leader.role == Role.FOLLOWER
+    new = net.leader()
+    assert new is not None and new is not leader and new.term == term + 1
+
+
+def test_answers_read_late_do_not_make_a_cut_off_leader_look_connected():
+    """A leader whose process was stopped finds its followers' answers to its last round waiting when it
+    wakes: they prove the followers heard it before the stop, not since. Quorum silence counts from when
+    the answered round was sent, so the woken leader still refuses writes (clients go elsewhere)."""
+    clock = ManualClock()
+    net = _timed_net(clock)
+    leader = net.elect()
+    net.tick(1)
+    clock.now += 0.1
+    leader.tick()  # a heartbeat round, answered by both followers ...
+    answers = []
+    for m in leader.ready().send_now:
+        net.cores[m.dst].step(m)
+        rd = net.cores[m.dst].ready()
+        answers += rd.send_now + rd.send_after_persist
+    clock.now += 1.2  # ... while the leader's process is stopped, cut off
+    assert [m.type for m in answers] == [MsgType.HEARTBEAT_RESP] * 2
+    for m in answers:
+        leader.step(m)
+    leader.tick()
+    assert leader.role == Role.LEADER and leader.quorum_silent
