@@ -94,6 +94,15 @@ def test_front_ends_serve_each_node_and_are_replaced_when_killed(tmp_path):
                 r = await client.apply_broker_id("bench", f"s{i}", 1, "10.0.0.1:1;1")
                 assert r["code"] == Code.SUCCESS, r
             leader_ep = endpoints[leader - 1]
+            # A leader is found once two nodes are up; the third (and its front-ends, still importing their
+            # HTTP stack) may not listen yet. Each node is ready once both its front-ends have linked.
+            for ep in endpoints:
+                async def linked(ep: str = ep) -> bool:
+                    try:
+                        return "electra_front_ends_linked 2.0" in await metrics(ep)
+                    except httpx.TransportError:
+                        return False
+                await _until(linked, f"both front-ends of {ep} linked", 90)
             fronts = {ep: _front_end_pids(p.pid) for ep, p in zip(endpoints, procs, strict=True)}
             seen.update(*fronts.values())
             assert all(len(pids) == 2 for pids in fronts.values()), fronts
