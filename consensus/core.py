@@ -533,8 +533,10 @@ class RaftCore:
                     isinstance(m, VoteResp) or m.term != self.term + 1)):
                 return  # these echo a term we sent; a higher one is forged or corrupt
             if isinstance(m, VoteRequest):
+                # A leader holds its lease until CheckQuorum steps it down (on a tick that may come a
+                # little after its window ends on the clock); a follower for a timeout after last contact.
                 in_lease = (self.cfg.check_quorum and self.lead != NONE
-                            and self.elapsed < self.cfg.election_ticks)
+                            and (self.role == Role.LEADER or self.elapsed < self.cfg.election_ticks))
                 if in_lease and not self._is_transfer_vote(m):
                     return  # we heard from a live leader recently: do not help unseat it
             if isinstance(m, PreVote) or (isinstance(m, PreVoteResp) and not m.reject):

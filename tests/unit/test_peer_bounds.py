@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from test_core import Net
+from test_core import ManualClock, Net
 
 from electra.consensus.core import Role
 from electra.consensus.messages import (
@@ -73,6 +73,20 @@ def test_forged_force_vote_far_ahead_changes_no_term():
     net.drain()
     assert {c.term for c in net.cores.values()} == {term}
     assert leader.role == Role.LEADER
+
+
+def test_forged_vote_between_the_leaders_window_end_and_its_next_tick_changes_no_term():
+    """With elapsed-time timers the leader's CheckQuorum window can end on the clock a little before the
+    tick that checks it; a forged higher-term vote landing in that gap must not unseat a live leader."""
+    clock = ManualClock()
+    net = Net(clock=clock, tick_s=0.1)
+    leader = net.elect()
+    net.tick(1)
+    follower = next(c for c in net.cores.values() if c is not leader)
+    term = leader.term
+    clock.now += leader.cfg.election_ticks * 0.1  # the window is over; its tick has not run yet
+    leader.step(Vote(follower.id, leader.id, term + 1000, last_index=10**6, last_term=term + 1000, force=True))
+    assert leader.role == Role.LEADER and leader.term == term
 
 
 def test_forced_vote_is_honoured_by_the_leader_only_from_its_transferee():
