@@ -17,10 +17,14 @@ LONG_EPISODES = 1000
 def register(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("chaos", help="fault injection on real controller processes, with linearizability and "
                                      "controller invariants checked (ends with a RESULT line)")
-    c.add_argument("--episodes", type=int, default=30, minimum=1, help="episodes to run (default 30, the CI run)")
+    c.add_argument("--episodes", type=int, minimum=1,
+                   help=f"episodes to run (default 30, the CI run; {LONG_EPISODES} with --long)")
     c.add_argument("--long", action="store_true", help=f"the soak: {LONG_EPISODES} episodes, longer faults, mixed")
     c.add_argument("--seed", type=int, default=1, help="the nemesis and workload seed (printed for replays)")
-    c.add_argument("--episode", type=int, help="replay exactly this episode of --seed")
+    c.add_argument("--episode", type=int, minimum=0, help="replay exactly this episode of --seed")
+    c.add_argument("--first-episode", type=int, default=0, minimum=0,
+                   help="number the run's episodes from here: an episode's faults and workload depend only on "
+                        "--seed and its number, so processes with disjoint ranges shard one soak")
     c.add_argument("--nodes", type=int, default=3, choices=(3, 5))
     c.add_argument("--faults", default=DEFAULT_KINDS,
                    help=f"comma-separated fault kinds, one per episode in turn, each optionally KIND:MODE "
@@ -56,7 +60,7 @@ def _interrupt(signum, frame) -> None:
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
-    from .runner import RunConfig, run
+    from .runner import LONG_FAULT_S, RunConfig, run
 
     if args.pipeline:
         return _cmd_pipeline(args)
@@ -66,13 +70,15 @@ def cmd_chaos(args: argparse.Namespace) -> int:
             parse_kind(k)
         except ValueError as exc:
             raise SystemExit(f"error: {exc}") from None
-    cfg = RunConfig(out_dir=Path(args.out) / time.strftime("%Y%m%d-%H%M%S"), episodes=args.episodes,
-                    seed=args.seed, nodes=args.nodes, kinds=kinds, mixed=args.mixed, sets=args.sets,
+    episodes = args.episodes if args.episodes is not None else LONG_EPISODES if args.long else 30
+    cfg = RunConfig(out_dir=Path(args.out) / time.strftime("%Y%m%d-%H%M%S"), episodes=episodes,
+                    first_episode=args.first_episode, seed=args.seed, nodes=args.nodes, kinds=kinds, mixed=args.mixed,
+                    sets=args.sets,
                     tick_ms=args.tick_ms, secure=not args.insecure, stop_on_failure=args.stop_on_failure,
                     time_budget_s=args.time_budget_s, recovery_bound_s=args.recovery_bound_s,
                     fsync_delay_ms=args.fsync_delay_ms, election_jitter_ticks=args.election_jitter_ticks)
     if args.long:
-        cfg.episodes, cfg.mixed, cfg.fault_s = max(args.episodes, LONG_EPISODES), True, (1.0, 6.0)
+        cfg.mixed, cfg.fault_s = True, LONG_FAULT_S
     if args.episode is not None:
         cfg.first_episode, cfg.episodes = args.episode, 1
     # A SIGTERM unwinds like Ctrl-C, so the nodes, proxies and tmpfs mounts are cleaned up.
@@ -94,8 +100,10 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
             parse_entry(k)
         except ValueError as exc:
             raise SystemExit(f"error: {exc}") from None
-    cfg = PipelineConfig(out_dir=Path(args.out) / time.strftime("%Y%m%d-%H%M%S"), episodes=args.episodes,
-                         seed=args.seed, nodes=args.nodes, kinds=kinds, tick_ms=args.tick_ms,
+    cfg = PipelineConfig(out_dir=Path(args.out) / time.strftime("%Y%m%d-%H%M%S"),
+                         episodes=args.episodes if args.episodes is not None else 30,
+                         first_episode=args.first_episode, seed=args.seed, nodes=args.nodes, kinds=kinds,
+                         tick_ms=args.tick_ms,
                          secure=not args.insecure, stop_on_failure=args.stop_on_failure,
                          time_budget_s=args.time_budget_s, recovery_bound_s=args.recovery_bound_s,
                          mixed=args.mixed, broker_sets=args.broker_sets, broker_timeout_ms=args.broker_timeout_ms,

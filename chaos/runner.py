@@ -27,6 +27,7 @@ from .nemesis import Fault, Nemesis, parse_kind, schedule, supported
 from .workload import Workload
 
 FINAL_READ_S = 20.0  # to read every set's final state from a leader after the episode
+LONG_FAULT_S = (1.0, 6.0)  # --long: how long each fault lasts (seconds, drawn per fault)
 
 
 @dataclass
@@ -248,7 +249,8 @@ def summary_line(cfg: RunConfig, r: EpisodeResult) -> str:
 def replay_command(cfg: RunConfig, n: int) -> str:
     muts = ",".join(sorted(mutations.active()))
     return (f"{'ELECTRA_TEST_MUTATION=' + muts + ' ' if muts else ''}electra chaos --seed {cfg.seed} --episode {n} "
-            f"--nodes {cfg.nodes} --faults {','.join(cfg.kinds)}{' --mixed' if cfg.mixed else ''}"
+            f"--nodes {cfg.nodes} --faults {','.join(cfg.kinds)}"
+            f"{' --long' if cfg.fault_s == LONG_FAULT_S else ' --mixed' if cfg.mixed else ''}"
             f"{f' --fsync-delay-ms {cfg.fsync_delay_ms}' if cfg.fsync_delay_ms else ''}"
             f"{f' --election-jitter-ticks {cfg.election_jitter_ticks}' if cfg.election_jitter_ticks else ''}"
             f"{' --insecure' if not cfg.secure else ''}")

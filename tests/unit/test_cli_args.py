@@ -32,6 +32,9 @@ def test_the_electra_commands_use_it_down_to_their_subcommands(capsys):
     assert "argument --episodes: must be at least 1" in _error(capsys, cli, ["chaos", "--episodes", "-3"])
     assert "argument --seeds: must be at least 0" in _error(capsys, cli, ["sim", "--seeds", "-5"])
     assert "argument --id: must be at least 0" in _error(capsys, cli, ["node", "--id", "-1"])
+    assert "argument --first-episode: must be at least 0" in _error(capsys, cli, ["chaos", "--first-episode", "-1"])
+    shard = cli.parse_args(["chaos", "--long", "--first-episode", "500", "--episodes", "500"])
+    assert (shard.first_episode, shard.episodes) == (500, 500)
 
 
 def test_a_benchmark_refuses_a_negative_duration(capsys):
