@@ -251,6 +251,8 @@ def replay_command(cfg: RunConfig, n: int) -> str:
     return (f"{'ELECTRA_TEST_MUTATION=' + muts + ' ' if muts else ''}electra chaos --seed {cfg.seed} --episode {n} "
             f"--nodes {cfg.nodes} --faults {','.join(cfg.kinds)}"
             f"{' --long' if cfg.fault_s == LONG_FAULT_S else ' --mixed' if cfg.mixed else ''}"
+            f"{f' --sets {cfg.sets}' if cfg.sets != RunConfig.sets else ''}"
+            f"{f' --tick-ms {cfg.tick_ms}' if cfg.tick_ms != RunConfig.tick_ms else ''}"
             f"{f' --fsync-delay-ms {cfg.fsync_delay_ms}' if cfg.fsync_delay_ms else ''}"
             f"{f' --election-jitter-ticks {cfg.election_jitter_ticks}' if cfg.election_jitter_ticks else ''}"
             f"{' --insecure' if not cfg.secure else ''}")
