@@ -346,9 +346,13 @@ async def run_episode(cfg: PipelineConfig, cluster: PipelineCluster, fleet: Brok
 
 def replay_command(cfg: PipelineConfig, n: int) -> str:
     muts = ",".join(sorted(mutations.active()))
+    d = PipelineConfig  # its defaults: an option equal to one is left out
     return (f"{'ELECTRA_TEST_MUTATION=' + muts + ' ' if muts else ''}electra chaos --pipeline --seed {cfg.seed} "
             f"--episode {n} --faults {','.join(cfg.kinds)} --broker-sets {cfg.broker_sets}"
             f"{' --mixed' if cfg.mixed else ''}"
+            f"{f' --nodes {cfg.nodes}' if cfg.nodes != d.nodes else ''}"
+            f"{f' --tick-ms {cfg.tick_ms}' if cfg.tick_ms != d.tick_ms else ''}"
+            f"{f' --broker-timeout-ms {cfg.broker_timeout_ms}' if cfg.broker_timeout_ms != d.broker_timeout_ms else ''}"
             f"{' --insecure' if not cfg.secure else ''}")
 
 

@@ -306,3 +306,10 @@ def test_a_replay_command_rebuilds_the_episode_it_names():
     assert (args.seed, args.episode, args.long, args.sets, args.tick_ms) == (13, 612, True, 5, 200)
     plain = build_parser().parse_args(shlex.split(replay_command(RunConfig(out_dir=Path(".")), 3))[1:])
     assert (plain.long, plain.mixed, plain.sets, plain.tick_ms) == (False, False, 3, 100)
+    from electra.chaos.pipeline import PipelineConfig
+    from electra.chaos.pipeline import replay_command as pipeline_replay
+
+    pcfg = PipelineConfig(out_dir=Path("."), nodes=5, tick_ms=50, broker_timeout_ms=3000, broker_sets=6, mixed=True)
+    p = build_parser().parse_args(shlex.split(pipeline_replay(pcfg, 4))[1:])
+    assert (p.pipeline, p.episode, p.nodes, p.tick_ms, p.broker_timeout_ms, p.broker_sets, p.mixed) == (
+        True, 4, 5, 50, 3000, 6, True)
