@@ -253,6 +253,7 @@ def replay_command(cfg: RunConfig, n: int) -> str:
             f"{' --long' if cfg.fault_s == LONG_FAULT_S else ' --mixed' if cfg.mixed else ''}"
             f"{f' --sets {cfg.sets}' if cfg.sets != RunConfig.sets else ''}"
             f"{f' --tick-ms {cfg.tick_ms}' if cfg.tick_ms != RunConfig.tick_ms else ''}"
+            f"{f' --recovery-bound-s {cfg.recovery_bound_s:g}' if cfg.recovery_bound_s != RECOVERY_BOUND_S else ''}"
             f"{f' --fsync-delay-ms {cfg.fsync_delay_ms}' if cfg.fsync_delay_ms else ''}"
             f"{f' --election-jitter-ticks {cfg.election_jitter_ticks}' if cfg.election_jitter_ticks else ''}"
             f"{' --insecure' if not cfg.secure else ''}")
