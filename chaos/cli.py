@@ -70,11 +70,11 @@ def cmd_chaos(args: argparse.Namespace) -> int:
             parse_kind(k)
         except ValueError as exc:
             raise SystemExit(f"error: {exc}") from None
-    episodes = args.episodes if args.episodes is not None else LONG_EPISODES if args.long else 30
+    episodes = args.episodes if args.episodes is not None else LONG_EPISODES if args.long else RunConfig.episodes
     cfg = RunConfig(out_dir=Path(args.out) / time.strftime("%Y%m%d-%H%M%S"), episodes=episodes,
-                    first_episode=args.first_episode, seed=args.seed, nodes=args.nodes, kinds=kinds, mixed=args.mixed,
-                    sets=args.sets,
-                    tick_ms=args.tick_ms, secure=not args.insecure, stop_on_failure=args.stop_on_failure,
+                    first_episode=args.first_episode, seed=args.seed, nodes=args.nodes, kinds=kinds,
+                    mixed=args.mixed, sets=args.sets, tick_ms=args.tick_ms, secure=not args.insecure,
+                    stop_on_failure=args.stop_on_failure,
                     time_budget_s=args.time_budget_s, recovery_bound_s=args.recovery_bound_s,
                     fsync_delay_ms=args.fsync_delay_ms, election_jitter_ticks=args.election_jitter_ticks)
     if args.long:
@@ -101,10 +101,9 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(f"error: {exc}") from None
     cfg = PipelineConfig(out_dir=Path(args.out) / time.strftime("%Y%m%d-%H%M%S"),
-                         episodes=args.episodes if args.episodes is not None else 30,
+                         episodes=args.episodes if args.episodes is not None else PipelineConfig.episodes,
                          first_episode=args.first_episode, seed=args.seed, nodes=args.nodes, kinds=kinds,
-                         tick_ms=args.tick_ms,
-                         secure=not args.insecure, stop_on_failure=args.stop_on_failure,
+                         tick_ms=args.tick_ms, secure=not args.insecure, stop_on_failure=args.stop_on_failure,
                          time_budget_s=args.time_budget_s, recovery_bound_s=args.recovery_bound_s,
                          mixed=args.mixed, broker_sets=args.broker_sets, broker_timeout_ms=args.broker_timeout_ms,
                          failover_bound_s=args.failover_bound_s)
