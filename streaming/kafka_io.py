@@ -83,7 +83,13 @@ def end_offsets(consumer: KafkaConsumer, tps: list[TopicPartition], hwm_fix: boo
         for tp, msgs in got.items():
             if msgs:
                 out[tp] = max(out[tp], msgs[-1].offset + 1)
-        # A partition is done once its position passed the probe point and nothing more arrived.
+                # A fetch from the last batch's base offset returns at least that whole batch, so its last
+                # record is at or past the end ListOffsets meant. (Waiting for a fetch that brings nothing
+                # more cost the fetch wait, ~100 ms a round, on every micro-batch's latestOffset; records
+                # appended since are left for the next batch.)
+                pending.discard(tp)
+        # A partition whose position passed the probe point without records (compacted or control
+        # records only) is done too.
         for tp in list(pending):
             if tp not in got and consumer.position(tp) > probe[tp]:
                 pending.discard(tp)

@@ -1,0 +1,50 @@
+"""`kafka_io.end_offsets` against tansu, whose ListOffsets reports the last record batch's base offset + 1:
+the probe must give each partition's real end whatever the shape of its last batch (one record, many
+records, several batches since the last probe, an empty partition), every time it is asked, because the
+streaming job plans each micro-batch's offset ranges from it. The probe stops at the first fetch that
+returns the last batch; stopping earlier (at that batch's first record) would cut every range short."""
+
+from __future__ import annotations
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from electra.streaming.embedded_kafka import EmbeddedKafka
+from electra.streaming.kafka_io import end_offsets, ensure_topics
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "probe"
+
+
+def _produce(producer: KafkaProducer, partition: int, count: int, linger: bool) -> None:
+    """`count` records to one partition; with `linger` they travel as one record batch."""
+    futures = [producer.send(TOPIC, value=b"x" * 40, partition=partition) for _ in range(count)]
+    if not linger:
+        for f in futures:
+            f.get(timeout=10)
+    producer.flush(timeout=10)
+
+
+def test_the_probe_finds_the_real_end_of_every_partition_after_each_round_of_writes():
+    with EmbeddedKafka() as kafka:
+        ensure_topics(kafka.bootstrap, {TOPIC: 3})
+        batched = KafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=50, batch_size=1 << 20)
+        single = KafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=0)
+        probe = KafkaConsumer(bootstrap_servers=kafka.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=100)
+        tps = [TopicPartition(TOPIC, p) for p in range(3)]
+        expected = {tp: 0 for tp in tps}
+        try:
+            # (partition, records, one batch?) per round; partition 2 stays empty until the last round.
+            rounds = [[(0, 1, False)], [(0, 500, True), (1, 3, False)], [(1, 250, True), (1, 250, True)],
+                      [(0, 1, False), (1, 1, False)], [(0, 2_000, True), (2, 7, True)]]
+            for writes in rounds:
+                for partition, count, linger in writes:
+                    _produce(batched if linger else single, partition, count, linger)
+                    expected[tps[partition]] += count
+                for _ in range(2):  # asked twice: the probe's consumer is reused, as by the streaming source
+                    assert end_offsets(probe, tps) == expected
+        finally:
+            probe.close()
+            batched.close()
+            single.close()
