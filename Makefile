@@ -14,10 +14,11 @@ STAMP   = $(VENV)/.installed-$(shell { cat pyproject.toml; find $(PKG_DIRS) -typ
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@# Spark needs a Java runtime (17+); install Debian's headless one if there is none.
-	@command -v java >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
-		(apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null) ; } || \
-		{ echo "error: Spark needs Java 17+ (install a JRE and retry)"; exit 1; }
+	@# Spark needs a Java runtime (17+); the streaming job also compiles its local file system class
+	@# (streaming/local_fs_jar.py) with javac. Install Debian's headless JDK if either is missing.
+	@{ command -v java >/dev/null 2>&1 && command -v javac >/dev/null 2>&1; } || { command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && apt-get install -y -qq openjdk-17-jdk-headless >/dev/null) ; } || \
+		{ echo "error: Spark needs Java 17+ and the job a JDK's javac (install a JDK and retry)"; exit 1; }
 	@# promtool checks and unit-tests deploy/monitoring/alerts.yml; systemd-analyze verifies deploy/systemd.
 	@command -v promtool >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 		(apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null) ; } || \

@@ -123,6 +123,13 @@ def build_spark(cfg: JobConfig):
     if local:
         conf.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                      "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"})
+        # This process starts the JVM, so the class path is still ours to set: checkpoint files without a
+        # chmod process each (streaming/local_fs_jar.py). `--conf spark.hadoop.fs.file.impl=...` overrides it.
+        from electra.streaming.local_fs_jar import build_jar, spark_conf
+
+        jar = build_jar()
+        if jar is not None:
+            conf.update(spark_conf(jar))
     conf.update(cfg.extra_conf)
     for k, v in conf.items():
         b = b.config(k, v)
