@@ -8,7 +8,8 @@
 #            TOPIC_PREFIX (''), SOURCE (auto|kafka|python, default auto), HWM_FIX (false on real Kafka),
 #            PYSPARK_PYTHON (the Python with `electra` installed, same path on every node),
 #            KAFKA_PACKAGE (e.g. org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.0 to use Spark's own source),
-#            EXTRA_ARGS (more spark-submit arguments), JOB_ARGS (more job arguments).
+#            EXTRA_ARGS (more spark-submit arguments), JOB_ARGS (more job arguments),
+#            LOCAL_FS_JAR (the java.nio local file system's jar; default: built or found, '' for Hadoop's).
 set -euo pipefail
 
 : "${BOOTSTRAP:?set BOOTSTRAP=host:port[,host:port]}"
@@ -33,6 +34,16 @@ args=(--master "$MASTER" --deploy-mode "$DEPLOY_MODE" --name electra-streaming
       --conf "spark.sql.streaming.stateStore.providerClass=org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
       --conf "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled=true"
       --conf "spark.sql.shuffle.partitions=$SHUFFLE_PARTITIONS")
+# Checkpoint files without a chmod process each (streaming/local_fs_jar.py): the image ships the jar
+# (ELECTRA_CACHE_DIR); elsewhere it is compiled once if a JDK is there. Driver and executors load it from
+# the same path (the same image, or the same install on every node, like PYSPARK_PYTHON). LOCAL_FS_JAR=''
+# keeps Hadoop's own local file system.
+LOCAL_FS_JAR=${LOCAL_FS_JAR-$("$PYSPARK_PYTHON" -m electra.streaming.local_fs_jar 2>/dev/null || true)}
+if [[ -n "$LOCAL_FS_JAR" ]]; then
+  args+=(--conf "spark.driver.extraClassPath=$LOCAL_FS_JAR" --conf "spark.executor.extraClassPath=$LOCAL_FS_JAR"
+         --conf "spark.hadoop.fs.file.impl=electra.hadoop.NioLocalFileSystem"
+         --conf "spark.hadoop.fs.AbstractFileSystem.file.impl=electra.hadoop.NioLocalFs")
+fi
 if [[ -n "${KAFKA_PACKAGE:-}" ]]; then
   args+=(--packages "$KAFKA_PACKAGE")
 fi

@@ -92,3 +92,17 @@ def spark_conf(jar: Path) -> dict[str, str]:
         "spark.hadoop.fs.file.impl": FILE_SYSTEM,
         "spark.hadoop.fs.AbstractFileSystem.file.impl": ABSTRACT_FILE_SYSTEM,
     }
+
+
+def main() -> int:
+    """`python -m electra.streaming.local_fs_jar`: build (or find) the jar and print its path (deploy scripts)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    jar = build_jar()
+    if jar is None:
+        return 1
+    print(jar)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -667,3 +668,31 @@ def test_grafana_queries_are_valid_promql(tmp_path):
     path.write_text(yaml.safe_dump(rules))
     out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _submit_argv(tmp_path, **env_over: str) -> list[str]:
+    argv_file, stub = tmp_path / "argv", tmp_path / "spark-submit"
+    stub.write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done > {argv_file}\n')
+    stub.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path)), "BOOTSTRAP": "k:9092",
+           "CONTROLLERS": "a:1,b:2,c:3", "CHECKPOINT": str(tmp_path / "cp"), "SPARK_SUBMIT": str(stub), **env_over}
+    subprocess.run(["bash", str(DEPLOY / "spark-submit.sh")], env=env, check=True, timeout=120)
+    return argv_file.read_text().splitlines()
+
+
+def _confs(argv: list[str]) -> dict[str, str]:
+    return dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--conf")
+
+
+def test_spark_submit_puts_the_local_file_system_jar_on_both_class_paths(tmp_path):
+    """spark-submit.sh finds the job's java.nio local file system (streaming/local_fs_jar.py) with the job's
+    Python, names it for the driver and the executors, and leaves Hadoop's when LOCAL_FS_JAR is empty."""
+    found = _confs(_submit_argv(tmp_path, PYSPARK_PYTHON=sys.executable))
+    jar = found["spark.driver.extraClassPath"]
+    assert Path(jar).is_file() and found["spark.executor.extraClassPath"] == jar
+    assert found["spark.hadoop.fs.file.impl"] == "electra.hadoop.NioLocalFileSystem"
+    assert found["spark.hadoop.fs.AbstractFileSystem.file.impl"] == "electra.hadoop.NioLocalFs"
+    given = _confs(_submit_argv(tmp_path, PYSPARK_PYTHON=sys.executable, LOCAL_FS_JAR="/opt/electra/jars/x.jar"))
+    assert given["spark.executor.extraClassPath"] == "/opt/electra/jars/x.jar"
+    off = _confs(_submit_argv(tmp_path, PYSPARK_PYTHON=sys.executable, LOCAL_FS_JAR=""))
+    assert not any(k.startswith("spark.hadoop.fs.") or "extraClassPath" in k for k in off)
