@@ -4,6 +4,13 @@
 offset of the last record batch + 1 instead of the high watermark: it seeks to
 that offset - 1 and reads the last batch to find the real end. On real Kafka
 (`hwm_fix=False`) it is a plain ListOffsets call.
+
+tansu's Fetch answers do carry the real high watermark, so a caller that asks
+again and again (the streaming source, every micro-batch) passes the ends it
+found last time as `known`: one Fetch request per broker at those offsets
+(`fetch_high_watermarks`) then replaces the four round trips above, and any
+surprise (an error code, a partition it does not know yet, a client without the
+internals it uses) falls back to them.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from kafka.errors import TopicAlreadyExistsError
 from electra.security.kafka_settings import kafka_client_kwargs
 
 log = logging.getLogger("electra.streaming.kafka_io")
+
+FETCH_WAIT_MS = 10  # the one-fetch probe's wait: what it costs when no partition has anything new
 
 
 def ensure_topics(bootstrap: str, partitions: dict[str, int], timeout_s: float = 20.0) -> None:
@@ -59,12 +68,64 @@ def topic_partitions(consumer: KafkaConsumer, topic: str, timeout_s: float = 10.
     raise RuntimeError(f"Kafka topic {topic!r} has no partitions (does it exist?)")
 
 
+def fetch_high_watermarks(consumer: KafkaConsumer, at: dict[TopicPartition, int],
+                          timeout_ms: int = 2000) -> dict[TopicPartition, int] | None:
+    """Each partition's high watermark from one Fetch request per leader, or None when not all of them came back.
+
+    Fetches at `at` (offsets at or below the end: a fetch past the end is an error, not an answer) with the
+    smallest byte limits, so the answer carries at most a batch per partition. tansu answers a fetch with
+    no wait with nothing at all, and one where no partition has new records only when its wait is over
+    (whatever `min_bytes`), hence the short `FETCH_WAIT_MS`.
+    Uses kafka-python 3's client internals (the consumer's connection manager); None on anything
+    unexpected, so the caller can take the long way.
+    """
+    try:
+        from kafka.protocol.consumer import FetchRequest
+
+        manager = consumer._fetcher._manager
+        by_node: dict[int, list[TopicPartition]] = {}
+        for tp in at:
+            node = manager.cluster.leader_for_partition(tp)
+            if node is None or node < 0:
+                return None
+            by_node.setdefault(node, []).append(tp)
+
+        async def ask() -> dict[TopicPartition, int]:
+            found: dict[TopicPartition, int] = {}
+            for node, tps in by_node.items():
+                topics: dict[str, list] = {}
+                for tp in tps:
+                    topics.setdefault(tp.topic, []).append(FetchRequest.FetchTopic.FetchPartition(
+                        partition=tp.partition, fetch_offset=at[tp], partition_max_bytes=1))
+                request = FetchRequest(max_wait_ms=FETCH_WAIT_MS, min_bytes=0, max_bytes=1, isolation_level=0,
+                                       topics=[FetchRequest.FetchTopic(topic=t, partitions=p)
+                                               for t, p in topics.items()],
+                                       max_version=12)
+                response = await manager.wait_for(manager.send(request, node_id=node), timeout_ms)
+                for topic in response.responses:
+                    for part in topic.partitions:
+                        if part.error_code == 0 and part.high_watermark >= 0:
+                            found[TopicPartition(topic.topic, part.partition_index)] = part.high_watermark
+            return found
+
+        found = manager.run(ask)
+    except Exception as exc:  # noqa: BLE001 - internals moved, broker refused: the long way still works
+        log.debug("one-fetch high watermarks unavailable: %r", exc, exc_info=True)
+        return None
+    return found if all(tp in found for tp in at) else None
+
+
 def end_offsets(consumer: KafkaConsumer, tps: list[TopicPartition], hwm_fix: bool = True,
-                poll_ms: int = 1000) -> dict[TopicPartition, int]:
+                poll_ms: int = 1000, known: dict[TopicPartition, int] | None = None) -> dict[TopicPartition, int]:
     """The real next offset of each partition.
 
-    `consumer` must be a dedicated probe consumer (this assigns and seeks it).
+    `consumer` must be a dedicated probe consumer (this assigns and seeks it). `known`: ends an earlier
+    call returned, for the one-request path (tansu only; partitions missing from it take the long way).
     """
+    if hwm_fix and known and all(tp in known for tp in tps):
+        fast = fetch_high_watermarks(consumer, {tp: known[tp] for tp in tps})
+        if fast is not None and all(fast[tp] >= known[tp] for tp in tps):
+            return fast
     reported = consumer.end_offsets(tps)
     if not hwm_fix:
         return reported

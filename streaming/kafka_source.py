@@ -49,6 +49,7 @@ log = logging.getLogger("electra.streaming.kafka_source")
 NAME = "electra_kafka"
 SCHEMA = "topic string, partition int, offset long, key string, value string, timestamp timestamp"
 BUILTIN_KAFKA_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+METADATA_REFRESH_S = 5.0  # the end-offset probe refreshes its topic metadata at most this often
 IDLE_CHECK_S = 2.0  # a partition read that gets nothing for this long checks whether its range still exists
 
 
@@ -208,6 +209,8 @@ class KafkaStreamReader(DataSourceStreamReader):
             if not self.heartbeats_topic or not self.events_topic or self.buckets < 1:
                 raise ValueError(f"{NAME}: option 'parse' needs 'heartbeatsTopic', 'eventsTopic' and 'buckets'")
         self._consumer = None
+        self._metadata_at = float("-inf")  # when the probe last refreshed its topic metadata
+        self._ends: dict = {}  # the end offsets found last time: the next probe fetches there (kafka_io.end_offsets)
 
     # ------------------------------------------------------------------ driver side
     def _probe(self):
@@ -224,6 +227,8 @@ class KafkaStreamReader(DataSourceStreamReader):
             with contextlib.suppress(Exception):
                 self._consumer.close()
             self._consumer = None
+            self._metadata_at = float("-inf")
+            self._ends = {}
 
     def _offsets(self, which: str) -> dict[str, int]:
         from kafka import TopicPartition
@@ -231,7 +236,10 @@ class KafkaStreamReader(DataSourceStreamReader):
         from electra.streaming import kafka_io
 
         c = self._probe()
-        c.topics()  # refresh metadata
+        now = time.monotonic()
+        if which != "end" or now - self._metadata_at >= METADATA_REFRESH_S:
+            c.topics()  # refresh metadata: partitions added to a topic show within METADATA_REFRESH_S
+            self._metadata_at = now
         tps = []
         for t in self.topics:
             parts = c.partitions_for_topic(t)
@@ -241,7 +249,11 @@ class KafkaStreamReader(DataSourceStreamReader):
             tps += [TopicPartition(t, p) for p in sorted(parts)]
         if not tps:
             return {}
-        got = c.beginning_offsets(tps) if which == "begin" else kafka_io.end_offsets(c, tps, self.hwm_fix)
+        if which == "begin":
+            got = c.beginning_offsets(tps)
+        else:
+            got = kafka_io.end_offsets(c, tps, self.hwm_fix, known=self._ends)
+            self._ends = dict(got)
         return {offset_key(tp.topic, tp.partition): int(o) for tp, o in got.items()}
 
     def initialOffset(self) -> dict:
