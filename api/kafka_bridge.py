@@ -222,11 +222,17 @@ class LivenessConsumer:
                 for msgs in polled.values():
                     for m in msgs:
                         try:
-                            d = records.decode(m.value)
-                            batch.append((d["clusterName"], d["brokerName"],
-                                          [BrokerLiveInfo.from_wire(b) for b in d["brokers"]]))
-                        except (ValueError, KeyError, TypeError):
+                            sets = records.liveness_sets(records.decode(m.value))
+                        except ValueError:
+                            sets = []
+                        if not sets:
                             self.stats["bad_records"] += 1
+                        for d in sets:
+                            try:
+                                batch.append((d["clusterName"], d["brokerName"],
+                                              [BrokerLiveInfo.from_wire(b) for b in d["brokers"]]))
+                            except (ValueError, KeyError, TypeError):
+                                self.stats["bad_records"] += 1
                 if batch:
                     self._loop.call_soon_threadsafe(self._apply, batch)
         finally:

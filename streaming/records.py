@@ -12,9 +12,13 @@ every record of one broker set lands in one partition of its topic.
   applied state-machine event, with its Raft index and term and the broker
   set's resulting state; `Resync` records carry a set's state when the publisher
   could not replay the events in between (see docs/heartbeat-pipeline.md).
-* liveness (`electra.liveness`, keyed by broker set; compaction-friendly): the
-  streaming job's view of a set's brokers, the latest heartbeat of each, which
-  controller nodes consume for broker- and admin-triggered requests.
+* liveness (`electra.liveness`): the streaming job's view of each set's brokers,
+  the latest heartbeat of each, which controller nodes consume for broker- and
+  admin-triggered requests. One record holds many sets (`liveness_record`:
+  `{"sets": [...]}`, no key): the job refreshes every set with heartbeats every
+  micro-batch, and one Kafka record per set cost the job's driver ~100 µs each
+  in kafka-python (and every node a consumer record each). Consumers also
+  accept the one-set form of earlier versions (`liveness_sets`).
 * dead letters (`electra.heartbeats.dlq`): records the job could not parse.
 * job stats (`electra.job-stats`, one partition): one record per micro-batch of the
   streaming job (`streaming/job_stats.py`), read by the controllers' dashboards.
@@ -224,3 +228,34 @@ def event_record(index: int, term: int, ts: int, event: dict, state: dict | None
     """One events-topic value: the event and the broker set's state right after it (None: set removed)."""
     return {"index": index, "term": term, "ts": ts, "type": event.get("type"), "brokerName": event.get("brokerName"),
             "clusterName": cluster, "event": event, "state": state}
+
+
+# ---------------------------------------------------------------------- liveness
+LIVENESS_SETS = "sets"
+LIVENESS_RECORD_BYTES = 256 * 1024  # a liveness record's size bound (Kafka's default limit is 1 MiB)
+
+
+def liveness_records(payloads: list[str], max_bytes: int = LIVENESS_RECORD_BYTES) -> list[bytes]:
+    """Sets' liveness objects (JSON text each, as `SetWatch.liveness` encoded) grouped into as few records
+    as fit `max_bytes` (a set bigger than that alone gets a record of its own)."""
+    out: list[bytes] = []
+    chunk: list[bytes] = []
+    size = 0
+    for text in payloads:
+        raw = text.encode()
+        if chunk and size + len(raw) + 1 > max_bytes:
+            out.append(b'{"sets":[' + b",".join(chunk) + b"]}")
+            chunk, size = [], 0
+        chunk.append(raw)
+        size += len(raw) + 1
+    if chunk:
+        out.append(b'{"sets":[' + b",".join(chunk) + b"]}")
+    return out
+
+
+def liveness_sets(value: Any) -> list[dict]:
+    """The sets' liveness objects in one decoded liveness record: many (`{"sets": [...]}`) or, as written
+    before records were grouped, one (`{"clusterName", "brokerName", "ts", "brokers"}`)."""
+    if isinstance(value, dict) and isinstance(value.get(LIVENESS_SETS), list):
+        return [v for v in value[LIVENESS_SETS] if isinstance(v, dict)]
+    return [value] if isinstance(value, dict) else []

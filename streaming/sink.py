@@ -26,6 +26,7 @@ from urllib.parse import quote, urlsplit
 
 from electra.security.credentials import ClientCredentials
 from electra.security.kafka_settings import kafka_client_kwargs
+from electra.streaming.records import liveness_records
 
 log = logging.getLogger("electra.streaming.sink")
 
@@ -223,12 +224,14 @@ class KafkaOutput:
             log.warning("job stats not sent: %r", exc)
 
     def send(self, liveness: list[tuple[str, str]], dead_letters: list[str], timeout_s: float = 10.0) -> int:
-        """Produce and flush; returns how many records failed (logged, not raised)."""
+        """Produce and flush; returns how many records failed (logged, not raised).
+
+        `liveness`: (set name, liveness JSON) per set, produced grouped (`records.liveness_records`)."""
         if not liveness and not dead_letters:
             return 0
         try:
             p = self._get()
-            futs = [p.send(self.liveness_topic, key=k.encode(), value=v.encode()) for k, v in liveness]
+            futs = [p.send(self.liveness_topic, value=r) for r in liveness_records([v for _, v in liveness])]
             futs += [p.send(self.dlq_topic, value=v.encode()) for v in dead_letters]
             p.flush(timeout=timeout_s)
         except Exception as exc:  # noqa: BLE001 - Kafka down: liveness is refreshed next batch anyway

@@ -79,9 +79,11 @@ class HeartbeatWorld:
 
 
 class TopicReader:
-    """Every JSON record of one topic from the beginning, polled on demand."""
+    """Every JSON record of one topic from the beginning, polled on demand; `split` turns one record into the
+    values it holds (`records.liveness_sets` for the liveness topic, whose records hold many sets)."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, split=None) -> None:
+        self.split = split
         self.c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
         self.tps = kafka_io.topic_partitions(self.c, topic)
         self.c.assign(self.tps)
@@ -90,7 +92,9 @@ class TopicReader:
 
     def poll(self) -> list[dict]:
         for msgs in self.c.poll(timeout_ms=200).values():
-            self.values += [json.loads(m.value) for m in msgs]
+            for m in msgs:
+                v = json.loads(m.value)
+                self.values += self.split(v) if self.split else [v]
         return self.values
 
 

@@ -140,7 +140,7 @@ def test_streaming_job_on_a_standalone_cluster(tmp_path):
                 p.read_text()[-1500:] for p in cluster.executor_logs())
 
         job = submit(cluster, kafka.bootstrap, controller.address, checkpoint, log_path)
-        liveness = TopicReader(kafka.bootstrap, records.LIVENESS)
+        liveness = TopicReader(kafka.bootstrap, records.LIVENESS, split=records.liveness_sets)
         ready = wait_for(lambda: {v["brokerName"] for v in liveness.poll()} >= set(SETS) or job.poll() is not None,
                          STARTUP_S)
         assert ready and job.poll() is None, job_log()

@@ -73,7 +73,7 @@ def test_streaming_job_end_to_end(tmp_path):
         checkpoint = str(tmp_path / "checkpoint")
         log_path = tmp_path / "job.log"
         job = start_job(kafka.bootstrap, controller.address, checkpoint, log_path)
-        liveness = TopicReader(kafka.bootstrap, records.LIVENESS)
+        liveness = TopicReader(kafka.bootstrap, records.LIVENESS, split=records.liveness_sets)
         ready = wait_for(lambda: {v["brokerName"] for v in liveness.poll()} >= set(SETS) or job.poll() is not None,
                          STARTUP_S)
         assert ready and job.poll() is None, log_path.read_text()[-3000:]
