@@ -97,6 +97,13 @@ def _under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+# The JVM this process starts (local master): the serial collector. The job's heap is small and short-lived
+# (state lives in RocksDB, off the heap); G1's concurrent threads and barriers took CPU from a machine the
+# stack shares (bench stream, 1,000 sets: the JVM's CPU per heartbeat 219 -> 185 µs, docs/heartbeat-pipeline.md
+# round 6). `--conf spark.driver.extraJavaOptions=...` replaces it.
+LOCAL_JVM_OPTIONS = "-XX:+UseSerialGC"
+
+
 def build_spark(cfg: JobConfig):
     from pyspark.sql import SparkSession
 
@@ -122,7 +129,8 @@ def build_spark(cfg: JobConfig):
     }
     if local:
         conf.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                     "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"})
+                     "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+                     "spark.driver.extraJavaOptions": LOCAL_JVM_OPTIONS})
         # This process starts the JVM, so the class path is still ours to set: checkpoint files without a
         # chmod process each (streaming/local_fs_jar.py). `--conf spark.hadoop.fs.file.impl=...` overrides it.
         from electra.streaming.local_fs_jar import build_jar, spark_conf
