@@ -8,6 +8,8 @@ watermark tansu does report right; that path must give the same ends, and must b
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
@@ -33,7 +35,10 @@ ROUNDS = [[(0, 1, False)], [(0, 500, True), (1, 3, False)], [(1, 250, True), (1,
           [(0, 1, False), (1, 1, False)], [(0, 2_000, True), (2, 7, True)]]
 
 
-def test_the_probe_finds_the_real_end_of_every_partition_after_each_round_of_writes():
+@contextlib.contextmanager
+def _three_partitions():
+    """tansu with a 3-partition topic; yields a probe consumer, the partitions, the ends expected so far and
+    `write(round)`, which produces a round of ROUNDS and moves the expected ends."""
     with EmbeddedKafka() as kafka:
         ensure_topics(kafka.bootstrap, {TOPIC: 3})
         batched = KafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=50, batch_size=1 << 20)
@@ -41,48 +46,44 @@ def test_the_probe_finds_the_real_end_of_every_partition_after_each_round_of_wri
         probe = KafkaConsumer(bootstrap_servers=kafka.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=100)
         tps = [TopicPartition(TOPIC, p) for p in range(3)]
         expected = {tp: 0 for tp in tps}
+
+        def write(writes: list[tuple[int, int, bool]]) -> None:
+            for partition, count, linger in writes:
+                _produce(batched if linger else single, partition, count, linger)
+                expected[tps[partition]] += count
+
         try:
-            # (partition, records, one batch?) per round; partition 2 stays empty until the last round.
-            for writes in ROUNDS:
-                for partition, count, linger in writes:
-                    _produce(batched if linger else single, partition, count, linger)
-                    expected[tps[partition]] += count
-                for _ in range(2):  # asked twice: the probe's consumer is reused, as by the streaming source
-                    assert end_offsets(probe, tps) == expected
+            yield probe, tps, expected, write
         finally:
             probe.close()
             batched.close()
             single.close()
+
+
+def test_the_probe_finds_the_real_end_of_every_partition_after_each_round_of_writes():
+    with _three_partitions() as (probe, tps, expected, write):
+        # (partition, records, one batch?) per round; partition 2 stays empty until the last round.
+        for writes in ROUNDS:
+            write(writes)
+            for _ in range(2):  # asked twice: the probe's consumer is reused, as by the streaming source
+                assert end_offsets(probe, tps) == expected
 
 
 def test_given_the_last_ends_one_fetch_finds_the_new_ends_and_the_long_way_is_not_taken(monkeypatch):
-    with EmbeddedKafka() as kafka:
-        ensure_topics(kafka.bootstrap, {TOPIC: 3})
-        batched = KafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=50, batch_size=1 << 20)
-        single = KafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=0)
-        probe = KafkaConsumer(bootstrap_servers=kafka.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=100)
-        tps = [TopicPartition(TOPIC, p) for p in range(3)]
-        expected = {tp: 0 for tp in tps}
-        try:
-            known = end_offsets(probe, tps)  # the long way: nothing known yet
-            assert known == expected
-            fast: list[dict] = []
-            real = kafka_io.fetch_high_watermarks
-            monkeypatch.setattr(kafka_io, "fetch_high_watermarks",
-                                lambda *a, **k: fast.append(out := real(*a, **k)) or out)
-            monkeypatch.setattr(probe, "end_offsets", lambda *_a, **_k: pytest.fail("took the long way"))
-            for writes in ROUNDS:
-                for partition, count, linger in writes:
-                    _produce(batched if linger else single, partition, count, linger)
-                    expected[tps[partition]] += count
-                for _ in range(2):
-                    known = end_offsets(probe, tps, known=known)
-                    assert known == expected
-            assert len(fast) == 2 * len(ROUNDS)
-        finally:
-            probe.close()
-            batched.close()
-            single.close()
+    with _three_partitions() as (probe, tps, expected, write):
+        known = end_offsets(probe, tps)  # the long way: nothing known yet
+        assert known == expected
+        fast: list[dict] = []
+        real = kafka_io.fetch_high_watermarks
+        monkeypatch.setattr(kafka_io, "fetch_high_watermarks",
+                            lambda *a, **k: fast.append(out := real(*a, **k)) or out)
+        monkeypatch.setattr(probe, "end_offsets", lambda *_a, **_k: pytest.fail("took the long way"))
+        for writes in ROUNDS:
+            write(writes)
+            for _ in range(2):
+                known = end_offsets(probe, tps, known=known)
+                assert known == expected
+        assert len(fast) == 2 * len(ROUNDS)
 
 
 def test_a_known_end_past_the_log_takes_the_long_way():
