@@ -15,9 +15,12 @@ from electra.consensus.core import RaftConfig
 from electra.consensus.node import NodeConfig
 
 
-async def start_cluster(tmp_path, n: int = 3, **node_kwargs) -> tuple[dict[int, ControllerNode], dict[int, str]]:
+async def start_cluster(tmp_path, n: int = 3, election_ticks: int = 10,
+                        **node_kwargs) -> tuple[dict[int, ControllerNode], dict[int, str]]:
     """`n` controller nodes (50 ms ticks) and their HTTP endpoints, once one of them leads.
 
+    `election_ticks`: the election timeout in ticks (and the leader's check-quorum window); the nodes
+    share this process's event loop, so a stall of the loop longer than that costs the leader its quorum.
     `node_kwargs` go to `start_controller_node` (scan_interval_s, kafka_bootstrap, tier, ...).
     """
     ports = free_ports(2 * n)
@@ -27,7 +30,7 @@ async def start_cluster(tmp_path, n: int = 3, **node_kwargs) -> tuple[dict[int, 
     try:
         for i in peers:
             cfg = NodeConfig(node_id=i, peers=peers, data_dir=tmp_path / f"n{i}", tick_s=0.05,
-                             raft=RaftConfig(election_ticks=10, heartbeat_ticks=1))
+                             raft=RaftConfig(election_ticks=election_ticks, heartbeat_ticks=1))
             nodes[i] = await start_controller_node(cfg, "127.0.0.1", ports[n + i - 1], http, **node_kwargs)
         await wait_leader(nodes)
     except BaseException:

@@ -47,7 +47,11 @@ class Fleet:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def start(self) -> None:
-        self.nodes, self.http = await start_cluster(self.tmp, scan_interval_s=0,
+        # A 2 s election timeout (40 ticks): the three nodes, their Delta tier (a commit every 50 ms) and the
+        # test process's own garbage collections share one event loop, and a leader change mid-drive is
+        # not what these notebooks are about (it cost the fixture its setup once in a full run on a slow disk:
+        # QuorumLost on a sync-state write).
+        self.nodes, self.http = await start_cluster(self.tmp, election_ticks=40, scan_interval_s=0,
                                                     tier=TierConfig(self.tier, interval_s=0.05))
 
     async def leader(self):
