@@ -1,8 +1,9 @@
 """The records that cross Kafka between the ingest nodes, the streaming job and the controllers.
 
 One place defines every topic's key and value, so producers and consumers cannot
-drift apart. Values are JSON objects (UTF-8), keys are the broker set's name, so
-every record of one broker set lands in one partition of its topic.
+drift apart. Values are JSON objects (UTF-8); keys are the broker set's name, so
+every record of one broker set lands in one partition of its topic (except
+liveness records, which hold many sets and have no key).
 
 * heartbeats (`electra.heartbeats`, several partitions): one record per broker
   heartbeat, as accepted by an ingest node, stamped with the ingest clock `ts`;
@@ -14,7 +15,7 @@ every record of one broker set lands in one partition of its topic.
   could not replay the events in between (see docs/heartbeat-pipeline.md).
 * liveness (`electra.liveness`): the streaming job's view of each set's brokers,
   the latest heartbeat of each, which controller nodes consume for broker- and
-  admin-triggered requests. One record holds many sets (`liveness_record`:
+  admin-triggered requests. One record holds many sets (`liveness_records`:
   `{"sets": [...]}`, no key): the job refreshes every set with heartbeats every
   micro-batch, and one Kafka record per set cost the job's driver ~100 µs each
   in kafka-python (and every node a consumer record each). Consumers also
@@ -238,18 +239,21 @@ LIVENESS_RECORD_BYTES = 256 * 1024  # a liveness record's size bound (Kafka's de
 def liveness_records(payloads: list[str], max_bytes: int = LIVENESS_RECORD_BYTES) -> list[bytes]:
     """Sets' liveness objects (JSON text each, as `SetWatch.liveness` encoded) grouped into as few records
     as fit `max_bytes` (a set bigger than that alone gets a record of its own)."""
+    def record(chunk: list[bytes]) -> bytes:
+        return b'{"' + LIVENESS_SETS.encode() + b'":[' + b",".join(chunk) + b"]}"
+
     out: list[bytes] = []
     chunk: list[bytes] = []
     size = 0
     for text in payloads:
         raw = text.encode()
         if chunk and size + len(raw) + 1 > max_bytes:
-            out.append(b'{"sets":[' + b",".join(chunk) + b"]}")
+            out.append(record(chunk))
             chunk, size = [], 0
         chunk.append(raw)
         size += len(raw) + 1
     if chunk:
-        out.append(b'{"sets":[' + b",".join(chunk) + b"]}")
+        out.append(record(chunk))
     return out
 
 
