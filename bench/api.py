@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from electra.cli_args import Parser
 
+from . import wrk
 from .common import (
     _stat_fields,
     bench_credentials,
@@ -96,37 +96,15 @@ def _tools_missing() -> list[str]:
 
 
 # ------------------------------------------------------------------ wrk
-_UNIT = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
-
-
-def parse_wrk(out: str) -> dict:
-    """Requests/s, p99 (ms), non-2xx/3xx answers and socket errors from `wrk --latency` output."""
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-    m = re.search(r"^\s*99%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
-    p99 = float(m.group(1)) * _UNIT[m.group(2)] if m else float("nan")
-    bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
-    return {"rps": rps, "p99_ms": p99, "non_2xx": int(bad.group(1)) if bad else 0,
-            "socket_errors": sum(int(x) for x in sock.groups()) if sock else 0}
-
-
 def run_wrk(targets: list[str], script: str, duration: float, workdir: Path, headers: dict[str, str]) -> dict:
     """`wrk` with 64 connections in all, split over `targets` (base URLs), run at once; summed."""
     path = workdir / f"script-{abs(hash(script))}.lua"
-    path.write_text(script)
+    path.write_text(script + wrk.DONE)
     per = [CONNECTIONS // len(targets) + (1 if i < CONNECTIONS % len(targets) else 0) for i in range(len(targets))]
-    hdr = [a for k, v in headers.items() for a in ("-H", f"{k}: {v}")]
-    procs = [subprocess.Popen(["wrk", "-t", str(min(2, c)), "-c", str(c), "-d", f"{duration:.0f}s", "--latency",
-                               "--timeout", "10s", "-s", str(path), *hdr, url],
+    procs = [subprocess.Popen(wrk.command(url, path, c, duration, headers),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for url, c in zip(targets, per, strict=True)]
-    outs = [p.communicate(timeout=duration + 60)[0] for p in procs]
-    parsed = []
-    for url, out in zip(targets, outs, strict=True):
-        try:
-            parsed.append(parse_wrk(out))
-        except AttributeError:
-            raise RuntimeError(f"wrk against {url} printed no result:\n{out}") from None
+    parsed = [wrk.parse(p.communicate(timeout=duration + 60)[0]) for p in procs]
     return {"rps": sum(p["rps"] for p in parsed), "p99_ms": max(p["p99_ms"] for p in parsed),
             "non_2xx": sum(p["non_2xx"] for p in parsed), "socket_errors": sum(p["socket_errors"] for p in parsed)}
 

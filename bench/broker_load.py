@@ -18,14 +18,18 @@ The phases the report runs on the same brokers (bench/performance_report.py):
   intended send time on its broker's schedule and its latency runs from that time, so a slow
   answer that delays the broker's next request counts against the controller (no coordinated
   omission); how late the generator itself sent (`send_lag`) is kept apart to show it kept up;
-* **capacity** (closed loop): the real mix continues and `saturate()` adds `connections` kept-alive
-  connections that repeat GetReplicaInfo back to back over all sets: the controller's throughput;
+* **capacity** (closed loop): the real mix continues and `wrk` (bench/wrk.py: C, far cheaper per
+  request than this process) adds kept-alive connections that repeat GetReplicaInfo back to back
+  over all sets: the controller's throughput;
 * **storm**: 20% of the masters die at once (no more heartbeats or requests), and a watcher polls
   the affected sets until each has a new master committed.
 
-Requests that follow the leader (everything but heartbeats) share 256 kept-alive connections; the
-heartbeats of each controller have 256 more (a node accepts 1,000). A redirect moves them to the
-new leader.
+Requests that follow the leader (everything but heartbeats) share 256 kept-alive connections; a
+redirect moves them to the new leader. The heartbeats of each controller go over 256 more
+(`HeartbeatLane`; a node accepts 1,000): each lane carries a fixed group of brokers' heartbeats,
+one in flight at a time, driven by callbacks and one timer per idle gap (no task, future or
+timeout per heartbeat). They are most of the generator's requests (3 per broker-second), so their
+cost decides whether the generator keeps up and how much CPU it leaves the controllers.
 """
 
 from __future__ import annotations
@@ -37,12 +41,13 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from electra.broker_session import AnswerConnection
+from electra.broker_session import AnswerConnection, StatusProtocol
 
 HEARTBEAT_PERIOD_S = 1.0  # BrokerConfig.brokerHeartbeatInterval
 REPLICA_INFO_PERIOD_S = 5.0  # syncBrokerMetadataPeriod / checkSyncStateSetPeriod
 REQUEST_CONNECTIONS = 256  # to the leader, shared by all brokers' controller requests
-HEARTBEAT_CONNECTIONS = 256  # to each controller, for heartbeats (a slow request queue must not delay them)
+HEARTBEAT_CONNECTIONS = 256  # lanes to each controller, for heartbeats (a slow request queue must not delay them)
+REGISTER_HEARTBEAT_CONNECTIONS = 64  # to each controller, for the heartbeats of registration (64 sets at a time)
 REQUEST_TIMEOUT_S = 10.0  # a broker gives up on a controller request (legacy answers 504 after 5 s itself)
 CONTROLLER_KINDS = ("replica_info", "alter_sync_state_set", "elect_master")  # what legacy's event queue serves
 
@@ -159,7 +164,8 @@ class Samples:
 async def saturate(endpoint_of, raws: list[bytes], connections: int, stop: asyncio.Event, samples_of,
                    kind: str) -> None:
     """A closed loop: `connections` kept-alive connections repeat `raws` (round robin) back to back until
-    `stop`; each answer goes to `samples_of()` under `kind`. `endpoint_of()` names the target per request."""
+    `stop`; each answer goes to `samples_of()` under `kind`. `endpoint_of()` names the target per request.
+    For work that needs the answers in Python (seeding); a saturating load is wrk's (bench/wrk.py)."""
 
     async def worker(i: int) -> None:
         conn = HttpConn()
@@ -180,6 +186,103 @@ async def saturate(endpoint_of, raws: list[bytes], connections: int, stop: async
             conn.close()
 
     await asyncio.gather(*(worker(i) for i in range(connections)))
+
+
+class HeartbeatLane:
+    """One kept-alive connection to one controller carrying the heartbeats of a fixed group of brokers, each
+    once a period at its own phase (fixed rate, as the broker's scheduleAtFixedRate), one in flight at a time.
+
+    Callbacks only: the answer's status (`StatusProtocol`) sends the next heartbeat if it is due, else one
+    timer waits for it. A heartbeat due while the one before is in flight waits for it; its latency runs from
+    its intended time, so the wait counts (and its lateness is the generator's send lag). Dead brokers
+    (`alive` False) are skipped. `endpoint_of()` names the controller: a lane that follows the leader
+    reconnects when it moves. `overdue()` lets the owner abort a request the controller never answers."""
+
+    def __init__(self, load: BrokerLoad, endpoint_of, brokers: list[Broker], first_due: list[float]) -> None:
+        order = sorted(range(len(brokers)), key=first_due.__getitem__)
+        self.load, self.endpoint_of = load, endpoint_of
+        self.brokers = [brokers[i] for i in order]
+        self.due = [first_due[i] for i in order]  # stays sorted round the ring: each due moves on by one period
+        self.pos = 0
+        self.proto: StatusProtocol | None = None
+        self.endpoint: str | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.connecting = False
+        self.stopped = False
+
+    def start(self) -> None:
+        self._next()
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.proto is not None:
+            self.proto.on_answer = None
+            self.proto.abort()
+
+    def overdue(self, now: float) -> bool:
+        p = self.proto
+        return p is not None and p.on_answer is not None and now - p.sent_at > REQUEST_TIMEOUT_S
+
+    def _next(self) -> None:
+        self.timer = None
+        if self.stopped or self.connecting:
+            return
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        for _ in range(len(self.brokers)):  # bounded: skip the dead ones once round the ring
+            if self.brokers[self.pos].alive:
+                break
+            self.due[self.pos] += HEARTBEAT_PERIOD_S
+            self.pos = (self.pos + 1) % len(self.brokers)
+        else:
+            self.timer = loop.call_later(HEARTBEAT_PERIOD_S, self._next)
+            return
+        due = self.due[self.pos]
+        if due > now:
+            self.timer = loop.call_at(due, self._next)
+            return
+        endpoint = self.endpoint_of()
+        p = self.proto
+        if p is None or p.closed or endpoint != self.endpoint:
+            self._connect(endpoint)
+            return
+        self.load.samples.send_lag.append(now - due)
+        p.on_answer = self._answered
+        p.sent_at = now
+        p.transport.write(self.brokers[self.pos].heartbeat)
+
+    def _answered(self, status: int) -> None:
+        self.load.samples.add("heartbeat", self.due[self.pos], status)
+        self.due[self.pos] += HEARTBEAT_PERIOD_S
+        self.pos = (self.pos + 1) % len(self.brokers)
+        if status == 0:  # the connection failed: reconnect (`_next` does) after a pause
+            self.proto = None
+            self.timer = asyncio.get_running_loop().call_later(0.05, self._next)
+            return
+        self._next()
+
+    def _connect(self, endpoint: str) -> None:
+        if self.proto is not None:
+            self.proto.on_answer = None
+            self.proto.abort()
+        self.proto, self.endpoint, self.connecting = None, endpoint, True
+
+        async def connect() -> None:
+            host, _, port = endpoint.rpartition(":")
+            try:
+                async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                    _, self.proto = await asyncio.get_running_loop().create_connection(StatusProtocol, host,
+                                                                                       int(port))
+            except (OSError, TimeoutError):
+                self.proto = None
+                await asyncio.sleep(0.2)
+            finally:
+                self.connecting = False
+            self._next()
+
+        self.load.spawn(connect())
 
 
 async def open_loop(endpoint: str, raws: list[bytes], period_s: float, stop: asyncio.Event, samples_of,
@@ -235,7 +338,9 @@ class BrokerLoad:
             b.replica_info = get("controller", f"/v1/broker-sets/{b.name}/replica-info")
             self._encode_heartbeat(b)
         self.requests = ConnPool(min(len(self.brokers), REQUEST_CONNECTIONS))
-        self.heartbeats = {ep: ConnPool(min(len(self.brokers), HEARTBEAT_CONNECTIONS)) for ep in self.endpoints}
+        self.heartbeats = {ep: ConnPool(min(len(self.brokers), REGISTER_HEARTBEAT_CONNECTIONS))
+                           for ep in self.endpoints}
+        self.lanes: list[HeartbeatLane] = []
         self.leader_changes = 0
         self.samples = Samples(time.monotonic())
         self._stop = asyncio.Event()
@@ -320,18 +425,34 @@ class BrokerLoad:
                 return
             due += period_s
 
-    def start_heartbeats(self) -> None:
-        """Every broker heartbeats every controller (or the leader, see `heartbeats_to`) once a second."""
-        for b in self.brokers:
-            for ep in self.heartbeat_targets:
-                async def beat(due: float, b=b, ep=ep) -> bool:
-                    if not b.alive:
-                        return False
-                    await self._call("heartbeat", b.heartbeat, due, ep)
-                    return True
+    def spawn(self, coro) -> None:
+        """A background task of this load, cancelled by `stop()`."""
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(asyncio.create_task(coro))
 
-                self._tasks.append(asyncio.create_task(
-                    self._every(HEARTBEAT_PERIOD_S, self.rng.uniform(0, HEARTBEAT_PERIOD_S), beat)))
+    def start_heartbeats(self) -> None:
+        """Every broker heartbeats every controller (or the leader, see `heartbeats_to`) once a second, over
+        `HEARTBEAT_CONNECTIONS` lanes per controller."""
+        now = time.monotonic()
+        lanes = min(len(self.brokers), HEARTBEAT_CONNECTIONS)
+        for ep in self.heartbeat_targets:
+            endpoint_of = (lambda ep=ep: ep) if ep is not None else (lambda: self.leader)
+            for i in range(lanes):
+                group = self.brokers[i::lanes]
+                lane = HeartbeatLane(self, endpoint_of, group,
+                                     [now + self.rng.uniform(0, HEARTBEAT_PERIOD_S) for _ in group])
+                self.lanes.append(lane)
+                lane.start()
+
+        async def abort_overdue() -> None:  # a controller that never answers (stopped) holds no lane forever
+            while True:
+                await asyncio.sleep(1.0)
+                now = time.monotonic()
+                for lane in self.lanes:
+                    if lane.overdue(now) and lane.proto is not None:
+                        lane.proto.abort()  # answers 0 to the lane: counted as failed, then it reconnects
+
+        self.spawn(abort_overdue())
 
     def start_brokers(self) -> None:
         """Every broker's GetReplicaInfo every 5 s, with what follows from its answer."""
@@ -357,12 +478,6 @@ class BrokerLoad:
             if b.master_id == b.broker_id:
                 await self._grow(self.sets[b.name])
         return True
-
-    def saturate(self, connections: int, stop: asyncio.Event) -> asyncio.Task:
-        """The capacity phase's closed loop: GetReplicaInfo over every set, back to back, at the leader."""
-        raws = [bs[0].replica_info for bs in self.sets.values()]
-        return asyncio.create_task(saturate(lambda: self.leader, raws, connections, stop, lambda: self.samples,
-                                            "replica_info_saturating"))
 
     # ------------------------------------------------------------------ register at start
     async def register_all(self, parallel_sets: int = 64) -> float:
@@ -499,6 +614,8 @@ class BrokerLoad:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for lane in self.lanes:
+            lane.stop()
         self.requests.close()
         for pool in self.heartbeats.values():
             pool.close()

@@ -8,8 +8,10 @@ brokers register, then two phases of `--duration` seconds run:
 * real mix (open loop): every broker at its real periods (heartbeats every second to every
   controller, GetReplicaInfo every 5 s, AlterSyncStateSet when its set changed); latency from
   each request's intended send time. RESULT's new_p99_ms and old_p99_ms come from here;
-* capacity (closed loop): the real mix goes on, plus 64 connections repeating GetReplicaInfo back
-  to back. RESULT's new_per_s, old_per_s and new_vs_old come from here.
+* capacity (closed loop): the real mix goes on, plus 64 connections from `wrk` (C: it costs a
+  fraction of what the servers do, where a Python closed loop costs about as much) repeating
+  GetReplicaInfo over all sets back to back. RESULT's new_per_s, old_per_s and new_vs_old come
+  from here.
 
 At the RESULT point (the largest broker count every architecture ran; the legacy one stops at
 `--legacy-max-brokers`) a failover storm follows: 20% of the masters die at once and the report
@@ -43,9 +45,11 @@ from pathlib import Path
 
 import uvloop  # the generator's sockets, timers and callbacks in C: it must cost less than the servers
 
+from electra.cli import freeze_startup_heap
 from electra.cli_args import Parser
 
 from . import report_html as R
+from . import wrk
 from .broker_load import (
     CONTROLLER_KINDS,
     REPLICA_INFO_PERIOD_S,
@@ -67,7 +71,6 @@ from .common import (
 )
 
 ARCHS = ("new", "legacy")
-SATURATING = "replica_info_saturating"  # the capacity phase's closed-loop GetReplicaInfo
 
 
 def _parse_sweep(text: str) -> list[int]:
@@ -125,13 +128,33 @@ class _Cpu:
     def _servers_waiting(self) -> float:
         return sum(process_tree_runqueue_wait_s(p) for p in self.pids)
 
-    def done(self) -> dict:
+    def done(self, closed_loop: dict | None = None) -> dict:
+        """The phase's figures; `closed_loop`: a wrk run of the phase, whose CPU and run-queue wait count as
+        the load generator's too."""
         wall = time.monotonic() - self.t0
         gen, srv = time.process_time() - self.gen0, self._servers() - self.srv0
         gen_wait = self._generator_waiting() - self.gen_wait0
         srv_wait = self._servers_waiting() - self.srv_wait0
+        if closed_loop is not None:
+            gen, gen_wait = gen + closed_loop["cpu_s"], gen_wait + closed_loop["wait_s"]
         return {"load_cpu_s": gen, "server_cpu_s": srv, "load_cores": gen / wall, "server_cores": srv / wall,
                 "load_wait_cores": gen_wait / wall, "server_wait_cores": srv_wait / wall}
+
+
+def _capacity(mix: Samples, kinds: tuple[str, ...], closed: dict, cpu: _Cpu, seconds: float) -> dict:
+    """The capacity phase: the closed loop's answers (wrk) plus the real mix's `kinds` meanwhile. Latency
+    (p50, p99, CDF) is the closed loop's: nearly all of the phase's requests."""
+    m = _stats(mix, kinds, seconds)
+    failures = dict(mix.failure_statuses)
+    for what in ("non_2xx", "socket_errors"):
+        if closed[what]:
+            failures[f"closed loop {what}"] = closed[what]
+    return {"count": closed["requests"] + m["count"], "per_s": closed["rps"] + m["per_s"],
+            "p50_ms": closed["p50_ms"], "p99_ms": closed["p99_ms"],
+            "failed": closed["non_2xx"] + closed["socket_errors"] + m["failed"], "cdf": closed["cdf"],
+            "saturating": {"count": closed["requests"], "per_s": closed["rps"], "p50_ms": closed["p50_ms"],
+                           "p99_ms": closed["p99_ms"], "load_cpu_s": closed["cpu_s"]},
+            "failures": failures} | cpu.done(closed)
 
 
 def _mix_stats(s: Samples, seconds: float) -> dict:
@@ -140,13 +163,14 @@ def _mix_stats(s: Samples, seconds: float) -> dict:
             "send_lag_p99_ms": 1000 * percentile(lag, 0.99), "failures": dict(s.failure_statuses)}
 
 
-async def _drive(endpoints: list[str], brokers: int, args, storm: bool, server_pids: list[int]) -> dict:
+async def _drive(endpoints: list[str], brokers: int, args, storm: bool, server_pids: list[int], work: Path) -> dict:
     leader = await _find_leader(endpoints)
     load = BrokerLoad(leader, brokers, endpoints=endpoints, heartbeat_timeout_ms=args.heartbeat_timeout_ms,
                       heartbeats_to=args.heartbeats_to)
     load.follow_leader()
     load.start_heartbeats()
     register_s = await load.register_all()
+    freeze_startup_heap()  # the generator's own collector pauses must not count as the controllers' latency
     print(f"    {len(load.brokers):,} brokers registered in {register_s:.1f} s; real mix, then capacity, "
           f"{args.duration:.0f} s each" + (", then the storm" if storm else ""), flush=True)
     load.start_brokers()
@@ -156,16 +180,11 @@ async def _drive(endpoints: list[str], brokers: int, args, storm: bool, server_p
     await asyncio.sleep(args.duration)
     out = {"brokers": len(load.brokers), "sets": len(load.sets), "register_s": register_s,
            "mix": _mix_stats(load.samples, args.duration) | cpu.done()}
-    # capacity: the real mix goes on, plus a saturating closed loop of GetReplicaInfo
-    stop = asyncio.Event()
+    # capacity: the real mix goes on, plus a saturating closed loop of GetReplicaInfo (wrk) at the leader
+    script = wrk.rotating_script([("GET", f"/v1/broker-sets/{name}/replica-info", None) for name in load.sets])
     load.samples, cpu = Samples(time.monotonic()), _Cpu(server_pids)
-    task = load.saturate(args.capacity_connections, stop)
-    await asyncio.sleep(args.duration)
-    stop.set()
-    await task
-    s = load.samples
-    out["capacity"] = _stats(s, (SATURATING, *CONTROLLER_KINDS), args.duration) | cpu.done() | {
-        "saturating": _stats(s, (SATURATING,), args.duration), "failures": dict(s.failure_statuses)}
+    closed = await wrk.run_async(f"http://{load.leader}", script, args.capacity_connections, args.duration, work)
+    out["capacity"] = _capacity(load.samples, CONTROLLER_KINDS, closed, cpu, args.duration)
     out["leader_changes"] = load.leader_changes
     if storm:
         await asyncio.sleep(2.0)
@@ -200,7 +219,7 @@ def _run_point(arch: str, brokers: int, args, storm: bool, tmp: Path) -> dict:
     extra = ("--architecture", arch, "--inactive-master-scan-ms", str(args.scan_ms))
     procs, endpoints = start_controller_processes(tmp / f"{arch}-{brokers}", extra, secure=False)
     try:
-        return uvloop.run(_drive(endpoints, brokers, args, storm, [p.pid for p in procs]))
+        return uvloop.run(_drive(endpoints, brokers, args, storm, [p.pid for p in procs], tmp / "wrk"))
     finally:
         stop_processes(procs)
 
@@ -231,24 +250,25 @@ def _run_etcd_point(brokers: int, args, tmp: Path) -> dict:
             await saturate(lambda: leader, [kv("put", {"key": k, "value": "AAAAAAAA"}) for k in key],
                            min(64, sets), _Once(sets, seed), lambda: seed, "put")
             pids = [p.pid for p in procs]
+            freeze_startup_heap()
             rng = random.Random(0)
             mix, cpu = Samples(time.monotonic()), _Cpu(pids)
+            phase = [mix]  # where the brokers' reads go: the real mix's samples, then the capacity phase's
             per_broker = [reads[i // 3] for i in range(3 * sets)]  # every broker reads its set's key
-            t = asyncio.create_task(open_loop(leader, per_broker, REPLICA_INFO_PERIOD_S, stop, lambda: mix,
+            t = asyncio.create_task(open_loop(leader, per_broker, REPLICA_INFO_PERIOD_S, stop, lambda: phase[0],
                                               "range", rng))
             await asyncio.sleep(args.duration)
             out = {"mix": {"controller": _stats(mix, ("range",), args.duration),
                            "send_lag_p99_ms": 1000 * percentile(sorted(mix.send_lag), 0.99),
                            "failures": dict(mix.failure_statuses)} | cpu.done()}
-            cap, cpu, stop2 = Samples(time.monotonic()), _Cpu(pids), asyncio.Event()
-            sat = asyncio.create_task(saturate(lambda: leader, reads, args.capacity_connections, stop2,
-                                               lambda: cap, "range_saturating"))
-            await asyncio.sleep(args.duration)
+            cap, cpu = Samples(time.monotonic()), _Cpu(pids)
+            phase[0] = cap
+            script = wrk.rotating_script([("POST", "/v3/kv/range", json.dumps({"key": k})) for k in key])
+            closed = await wrk.run_async(f"http://{leader}", script, args.capacity_connections, args.duration,
+                                         tmp / "wrk")
             stop.set()
-            stop2.set()
-            await asyncio.gather(t, sat)
-            out["capacity"] = _stats(cap, ("range_saturating", "range"), args.duration) | cpu.done() | {
-                "failures": dict(cap.failure_statuses)}
+            await t
+            out["capacity"] = _capacity(cap, ("range",), closed, cpu, args.duration)
             return out
 
         return {"brokers": 3 * sets, "sets": sets} | uvloop.run(drive())
@@ -436,7 +456,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--etcd", choices=("auto", "on", "off"), default="auto",
                    help="etcd beside them for GetReplicaInfo ~ kv/range (auto: when `etcd` is installed)")
     p.add_argument("--capacity-connections", type=int, default=64,
-                   help="connections of the capacity phase's closed loop (default 64, as bench api's wrk)")
+                   help="wrk connections of the capacity phase's closed loop (default 64, as bench api's)")
     p.add_argument("--storm-fraction", type=float, default=0.2, help="masters killed at once (default 0.2)")
     p.add_argument("--storm-limit-s", type=float, default=90.0, help="give up waiting for recovery after this")
     p.add_argument("--heartbeat-timeout-ms", type=int, default=10_000,
@@ -536,15 +556,17 @@ NOTES = ("Each point starts three fresh controller processes; the brokers regist
          "for its replica info every 5 s, and the master alters its sync-state set when its set changed; "
          "latency runs from each request's intended send time, so a slow answer that delays a broker's next "
          "request counts (send lag: how late the generator itself sent). Capacity: the real mix goes on and "
-         "64 more kept-alive connections repeat GetReplicaInfo back to back over all sets. RESULT: new_per_s, "
+         "64 more kept-alive connections from wrk (a C load generator, at the leader) repeat GetReplicaInfo "
+         "back to back over all sets; the phase's p50, p99 and CDF are wrk's. RESULT: new_per_s, "
          "old_per_s and new_vs_old are the capacity phase's controller requests per second; new_p99_ms and "
          "old_p99_ms are the controller requests' p99 (replica info, sync-state set, elections) in the real "
          "mix; storm_recovery_s is the new architecture's time until every set whose master died has a new "
-         "master. One load-generator process (asyncio protocols, pre-encoded requests) on the same machine; "
-         "its CPU is in the tables, and so is the run-queue wait of both sides (/proc schedstat: time runnable "
+         "master. One load-generator process (asyncio protocols, pre-encoded requests) for the real mix "
+         "and wrk for the closed loop, on the same machine; their CPU is in the tables, and so is the "
+         "run-queue wait of both sides (/proc schedstat: time runnable "
          "but waiting for a core, i.e. taken by the machine's other tenants): a capacity figure with servers "
          "waiting for cores is the machine's, not the architecture's. etcd: a linearizable kv/range per "
-         "broker's set key stands for GetReplicaInfo (same rates, same generator); RocketMQ's other requests "
+         "broker's set key stands for GetReplicaInfo (same rates, same generators); RocketMQ's other requests "
          "have no KV equivalent (conditional updates of several fields; heartbeats are not replicated). "
          "The machine may be shared: see the load average.")
 

@@ -106,9 +106,10 @@ class AnswerConnection(SharedReadBuffer, asyncio.Protocol):
             self.transport.abort()
 
 
-class _SessionProtocol(SharedReadBuffer, asyncio.Protocol):
-    """Reads the answers of one session's connection; hands each status to the request in flight (read into
-    the process's one buffer: under TLS a plain Protocol cost a 256 KiB allocation per answer)."""
+class StatusProtocol(SharedReadBuffer, asyncio.Protocol):
+    """Reads the answers of one kept-alive connection; hands each status to the request in flight (`on_answer`;
+    0: the connection failed). Read into the process's one buffer: under TLS a plain Protocol cost a 256 KiB
+    allocation per answer. A broker's session and the performance report's heartbeat lanes use it."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -168,7 +169,7 @@ class BrokerSession:
         self._open_head = _post_head("/v1/session", endpoint, auth)
         self._bye_head = _post_head("/v1/session/goodbye", endpoint, auth)
         self._body_start = json.dumps(identity, separators=(",", ":")).encode()[:-1] + b","
-        self._proto: _SessionProtocol | None = None
+        self._proto: StatusProtocol | None = None
 
     @property
     def is_open(self) -> bool:
@@ -194,7 +195,7 @@ class BrokerSession:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.timeout_s):
-                _, self._proto = await loop.create_connection(_SessionProtocol, *self._addr, ssl=self._ssl)
+                _, self._proto = await loop.create_connection(StatusProtocol, *self._addr, ssl=self._ssl)
         except (OSError, TimeoutError, ssl.SSLError) as exc:
             raise SessionError(f"cannot connect to {self.endpoint}: {exc!r}") from None
         status = await self._request(self._open_head, self._body(epoch, max_offset, confirm_offset))

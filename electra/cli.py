@@ -231,10 +231,12 @@ EXIT_DISK_FAILURE = 74  # EX_IOERR: the Raft log could not be made durable (fail
 GC_THRESHOLDS = (20_000, 10, 10)
 
 
-def _freeze_startup_heap() -> None:
+def freeze_startup_heap() -> None:
     """Put what startup built (modules, the FastAPI application, the restored state) out of the cyclic
     garbage collector's sight: otherwise every full collection walks those ~80,000 objects again, a
-    pause of tens of ms that every request in flight waits for (docs/controller-api.md)."""
+    pause of tens of ms that every request in flight waits for (docs/controller-api.md). The
+    performance report's load generator does the same before it measures (its pauses would count as
+    the controllers' latency)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
@@ -246,7 +248,7 @@ def _serve_until_signal(start) -> int:
 
     async def main() -> None:
         stop_fn, node = await start()
-        _freeze_startup_heap()
+        freeze_startup_heap()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -99,11 +99,11 @@ def test_a_node_freezes_its_startup_heap_and_collects_young_objects_rarely():
     at CPython's 700 the leader spent about 5.7 µs of CPU per write in the collector (docs/controller-api.md)."""
     import gc
 
-    from electra.cli import GC_THRESHOLDS, _freeze_startup_heap
+    from electra.cli import GC_THRESHOLDS, freeze_startup_heap
 
     before = gc.get_threshold()
     try:
-        _freeze_startup_heap()
+        freeze_startup_heap()
         assert gc.get_threshold() == GC_THRESHOLDS and GC_THRESHOLDS[0] >= 10_000
         assert gc.get_freeze_count() > 0
     finally:
