@@ -122,15 +122,18 @@ def parse_records(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str
     stamped: dict[str, tuple[list[dict], list[dict]]] = {}  # set -> its heartbeats and disconnects, unfolded
     for topic, part, off, value, ts_ms in raw:
         group, kind, obj = _parse(topic, part, off, value, ts_ms, heartbeats_topic, events_topic)
-        if kind in (HEARTBEAT, DISCONNECTED):
-            stamped.setdefault(group, ([], []))[kind == DISCONNECTED].append(obj)
-        if kind == HEARTBEAT:
-            key = (group, obj["brokerId"])
-            at = last.get(key)
-            if at is not None:
-                obj = _fold(parsed[at][2], obj)
-                parsed[at] = None  # superseded
-            last[key] = len(parsed)
+        if kind == HEARTBEAT or kind == DISCONNECTED:
+            runs = stamped.get(group)
+            if runs is None:  # not setdefault: that builds two lists and a tuple for every record
+                runs = stamped[group] = ([], [])
+            runs[kind == DISCONNECTED].append(obj)
+            if kind == HEARTBEAT:
+                key = (group, obj["brokerId"])
+                at = last.get(key)
+                if at is not None:
+                    obj = _fold(parsed[at][2], obj)
+                    parsed[at] = None  # superseded
+                last[key] = len(parsed)
         parsed.append((group, kind, obj, topic, part, off))
     rows = [r for r in parsed if r is not None]
     spans = {g: span_of(hbs, dcs) for g, (hbs, dcs) in stamped.items() if hbs}
