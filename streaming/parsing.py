@@ -122,7 +122,7 @@ def parse_records(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str
     stamped: dict[str, tuple[list[dict], list[dict]]] = {}  # set -> its heartbeats and disconnects, unfolded
     for topic, part, off, value, ts_ms in raw:
         group, kind, obj = _parse(topic, part, off, value, ts_ms, heartbeats_topic, events_topic)
-        if kind == HEARTBEAT or kind == DISCONNECTED:
+        if kind in (HEARTBEAT, DISCONNECTED):
             runs = stamped.get(group)
             if runs is None:  # not setdefault: that builds two lists and a tuple for every record
                 runs = stamped[group] = ([], [])
