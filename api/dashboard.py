@@ -277,7 +277,9 @@ class DashboardFeed:
                 unavailable["dead_letters"] = out["heartbeats_note"]
             else:
                 out["heartbeats_per_s"] = topics["heartbeats_per_s"]
-                out["heartbeats_note"] = f"into the heartbeats topic ({topics['heartbeats_total']} in all)"
+                out["heartbeats_note"] = (f"Kafka records into the heartbeats topic ({topics['heartbeats_total']} "
+                                          "in all; an ingest node puts what it accepts for a partition within "
+                                          "its linger window in one record)")
                 out["dead_letters_total"] = topics["dead_letters_total"]
                 job = topics.get("job")
                 if job is None:

@@ -4,11 +4,15 @@ Heartbeats are the bulk of a controller's traffic (every broker, every second), 
 none of them needs Raft: they only feed the streaming job's liveness state. So they
 are served by separate worker processes sharing one port (`ingest_server.py`), each
 with its own Kafka producer, and scale with cores independently of the Raft process.
-A request is: parse, `records.validate_heartbeat`, stamp with this node's clock,
-`producer.send` keyed by broker set. The node's own FastAPI `/v1/heartbeat` uses the
+A request is: parse, `records.validate_heartbeat`, stamp with this node's clock, and
+hand it to the producer for its broker set's partition. The producer groups what it
+gets for one partition within its linger window into one Kafka record
+(`records.heartbeat_group`): kafka-python costs about 100 µs per record sent, more than
+the rest of a heartbeat's handling. A `disconnected` record is sent at once, with the
+heartbeats of its partition before it. The node's own FastAPI `/v1/heartbeat` uses the
 same `handle_heartbeat` when the pipeline is on.
 
-Answers: 200 once the producer accepted the record into its buffer (delivery is
+Answers: 200 once the producer accepted the heartbeat into its group (delivery is
 asynchronous; a lost heartbeat is replaced by the next one a second later); 422
 for an invalid heartbeat, naming the field; 503 with Retry-After while Kafka is
 unreachable. Unreachable means: no producer could be created yet, no
@@ -41,28 +45,49 @@ class KafkaUnavailable(RuntimeError):
     pass
 
 
-class HeartbeatProducer:
-    """One kafka-python producer with a circuit breaker around delivery failures."""
+GROUP_LINGER_MS = 20  # how long a partition's group waits for more heartbeats (kafka-python's linger before)
+INGEST_WORKERS = 3  # ingest worker processes of a three-node group, one per node (`electra up`'s default)
 
-    def __init__(self, bootstrap: str, topic: str = records.HEARTBEATS, *, linger_ms: int = 20,
-                 delivery_timeout_ms: int = 5000,
+
+def ingest_group_size(heartbeats_per_s: float, partitions: int, workers: int = INGEST_WORKERS,
+                      linger_ms: int = GROUP_LINGER_MS) -> int:
+    """Heartbeats per record that `workers` ingest workers write at this rate: each groups what it gets for a
+    partition within its linger window (the load generators use it to write what ingest would)."""
+    return max(1, round(heartbeats_per_s / (workers * partitions * 1000 / linger_ms)))
+
+
+class HeartbeatProducer:
+    """One kafka-python producer with a circuit breaker around delivery failures, grouping heartbeats per
+    partition: what arrives for one partition within `linger_ms` goes out as one record (at most
+    `group_bytes`; a `disconnected` record goes at once)."""
+
+    def __init__(self, bootstrap: str, topic: str = records.HEARTBEATS, *, linger_ms: int = GROUP_LINGER_MS,
+                 delivery_timeout_ms: int = 5000, group_bytes: int = records.HEARTBEAT_GROUP_BYTES,
                  clock: Callable[[], float] = time.time) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.linger_ms = linger_ms
         self.delivery_timeout_ms = delivery_timeout_ms
+        self.group_bytes = group_bytes
         self.clock = clock
-        self.stats = {"accepted": 0, "invalid": 0, "unavailable": 0, "delivered": 0, "delivery_errors": 0}
+        self.stats = {"accepted": 0, "invalid": 0, "unavailable": 0, "delivered": 0, "delivery_errors": 0,
+                      "records_sent": 0, "dropped": 0}
         self._producer = None
         self._healthy = False
         self._last_probe = 0.0
         self._partitions: dict[bytes, int] = {}
         self._partition_count = 0
         self._closed = False
+        self._groups: dict[int, list[bytes]] = {}  # partition -> accepted records not yet sent, in order
+        self._group_bytes: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._pending = threading.Event()  # set while a group waits for its linger window
         self._connector = threading.Thread(target=self._connect_loop, name="kafka-connect", daemon=True)
+        self._flusher = threading.Thread(target=self._flush_loop, name="heartbeat-groups", daemon=True)
 
     def start(self) -> HeartbeatProducer:
         self._connector.start()
+        self._flusher.start()
         return self
 
     def _connect_loop(self) -> None:
@@ -71,10 +96,10 @@ class HeartbeatProducer:
         delay = 0.2
         while not self._closed and self._producer is None:
             try:
-                self._producer = KafkaProducer(
+                self._producer = KafkaProducer(  # groups waited `linger_ms` already: the producer lingers 1 ms
                     bootstrap_servers=self.bootstrap, client_id=f"electra-ingest-{os.getpid()}", acks=1,
-                    enable_idempotence=False,
-                    linger_ms=self.linger_ms, batch_size=256 << 10, max_block_ms=50, metrics_enabled=False,
+                    enable_idempotence=False, max_request_size=2 * self.group_bytes + (64 << 10),
+                    linger_ms=1, batch_size=2 * self.group_bytes, max_block_ms=50, metrics_enabled=False,
                     delivery_timeout_ms=self.delivery_timeout_ms,
                     request_timeout_ms=min(3000, self.delivery_timeout_ms - 1),
                     retries=3, **kafka_client_kwargs())
@@ -89,8 +114,8 @@ class HeartbeatProducer:
     def healthy(self) -> bool:
         return self._producer is not None and self._healthy
 
-    def _on_delivered(self, _meta) -> None:
-        self.stats["delivered"] += 1
+    def _on_delivered(self, count: int) -> None:
+        self.stats["delivered"] += count
         if not self._healthy:
             log.info("Kafka deliveries succeed again; accepting heartbeats")
         self._healthy = True
@@ -102,11 +127,13 @@ class HeartbeatProducer:
         self._healthy = False
 
     def submit(self, hb: dict) -> None:
-        """Hand one validated heartbeat to the producer; KafkaUnavailable if Kafka is not reachable."""
-        self.submit_encoded(hb["brokerName"].encode(), records.encode(hb))
+        """Hand one validated heartbeat (or `disconnected` record: sent at once) to the producer;
+        KafkaUnavailable if Kafka is not reachable."""
+        self.submit_encoded(hb["brokerName"].encode(), records.encode(hb), now=records.is_disconnected(hb))
 
-    def submit_encoded(self, key: bytes, value: bytes) -> None:
-        """`submit` for a record already encoded (`value`), keyed by its broker set's name (`key`)."""
+    def submit_encoded(self, key: bytes, value: bytes, *, now: bool = False) -> None:
+        """`submit` for a record already encoded (`value`), of the broker set named `key`. `now`: send its
+        partition's group at once instead of at the end of the linger window."""
         producer = self._producer
         if producer is None:
             self.stats["unavailable"] += 1
@@ -117,15 +144,57 @@ class HeartbeatProducer:
                 self.stats["unavailable"] += 1
                 raise KafkaUnavailable("Kafka deliveries are failing")
             self._last_probe = now  # half-open: this one goes through as a probe
-        try:
-            fut = producer.send(self.topic, key=key, value=value, partition=self._partition(key))
-        except Exception as exc:  # buffer full (KafkaTimeoutError), metadata unavailable, ...
-            self.stats["unavailable"] += 1
-            self._on_error(exc)
-            raise KafkaUnavailable(str(exc)) from None
-        fut.add_callback(self._on_delivered)
-        fut.add_errback(self._on_error)
+        part = self._partition(key)
+        if part is None:  # no topic metadata yet: one record, and the producer says what is wrong
+            try:
+                fut = producer.send(self.topic, key=key, value=value)
+            except Exception as exc:  # buffer full (KafkaTimeoutError), metadata unavailable, ...
+                self.stats["unavailable"] += 1
+                self._on_error(exc)
+                raise KafkaUnavailable(str(exc)) from None
+            fut.add_callback(lambda _meta: self._on_delivered(1))
+            fut.add_errback(self._on_error)
+            self.stats["accepted"] += 1
+            return
+        with self._lock:  # held while a group is handed to the producer: a partition's groups stay in order
+            group = self._groups.get(part)
+            if group is None:
+                group = self._groups[part] = []
+                self._group_bytes[part] = 0
+                self._pending.set()
+            group.append(value)
+            self._group_bytes[part] += len(value) + 1
+            if now or self._group_bytes[part] >= self.group_bytes:
+                del self._group_bytes[part]
+                self._send_group(part, self._groups.pop(part))
         self.stats["accepted"] += 1
+
+    def flush_groups(self) -> None:
+        """Send every waiting group now."""
+        with self._lock:
+            groups, self._groups, self._group_bytes = self._groups, {}, {}
+            self._pending.clear()
+            for part, group in groups.items():
+                self._send_group(part, group)
+
+    def _flush_loop(self) -> None:
+        while not self._closed:
+            if not self._pending.wait(timeout=1.0):  # bounded: a closed producer's thread ends within 1 s
+                continue
+            time.sleep(self.linger_ms / 1000)  # the linger window: what else arrives meanwhile joins the groups
+            self.flush_groups()
+
+    def _send_group(self, part: int, group: list[bytes]) -> None:
+        producer, count = self._producer, len(group)
+        try:
+            fut = producer.send(self.topic, value=records.heartbeat_group(group), partition=part)
+        except Exception as exc:  # buffer full (KafkaTimeoutError), ...: these heartbeats are lost
+            self.stats["dropped"] += count
+            self._on_error(exc)
+            return
+        self.stats["records_sent"] += 1
+        fut.add_callback(lambda _meta: self._on_delivered(count))
+        fut.add_errback(self._on_error)
 
     def _partition(self, key: bytes) -> int | None:
         """Kafka's default partition for `key` (murmur2, as the Java client), cached per broker set.
@@ -146,7 +215,9 @@ class HeartbeatProducer:
 
     def close(self, timeout: float = 5.0) -> None:
         self._closed = True
+        self._pending.set()  # the flusher thread ends
         if self._producer is not None:
+            self.flush_groups()
             try:
                 self._producer.close(timeout=timeout)
             except Exception:

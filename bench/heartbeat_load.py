@@ -80,7 +80,7 @@ class RoundProducer:
                 errors += code != 0
         return errors
 
-    def send_round(self, records: list[tuple[int, bytes, bytes]], ts_ms: int) -> int:
+    def send_round(self, records: list[tuple[int, bytes | None, bytes]], ts_ms: int) -> int:
         """Produce `records` (in order per partition), all stamped `ts_ms`; returns partitions that failed."""
         batches: list[dict[int, bytes]] = []
         builders: dict[int, tuple[DefaultRecordBatchBuilder, list[int]]] = {}
@@ -100,7 +100,7 @@ class RoundProducer:
             b, count = entry
             b.append(count[0], ts_ms, key, value, [])
             count[0] += 1
-            count[1] += len(key) + len(value) + 24
+            count[1] += len(key or b"") + len(value) + 24
             if count[1] >= MAX_BATCH_BYTES:
                 close(p)
         for p in list(builders):

@@ -2,13 +2,16 @@
 
     electra bench stream [--sets 100] [--brokers 3] [--hb-interval-ms 1000] [--timeout-ms 3000]
                          [--kill 10] [--trigger-ms 1000] [--shuffle-partitions 1] [--buckets 2] [--read-tasks 1]
-                         [--job-arg=--conf=KEY=VALUE ...] [--out DIR]
+                         [--group N] [--job-arg=--conf=KEY=VALUE ...] [--out DIR]
 
 Starts tansu, a recording controller stand-in (stdlib HTTP server; answers 200 and publishes the
 ElectMaster event), and the real job in local mode; all brokers heartbeat (produced straight to
 Kafka, no HTTP; each broker's record is encoded once and only its `ts` is filled in per beat, and each
 round goes out as whole record batches (`heartbeat_load.py`, ~2 us a record), so one thread offers the
-30,000 a second of 10,000 sets), then the masters of `--kill` sets stop. Prints a
+30,000 a second of 10,000 sets), then the masters of `--kill` sets stop. Heartbeats go into Kafka records
+as ingest workers write them (`records.heartbeat_group`): `--group N` heartbeats of one partition per
+record, by default what `INGEST_WORKERS` workers grouping for `api.ingest.GROUP_LINGER_MS` give at this
+rate; `--group 1` is one heartbeat per record, as ingest wrote them before. Prints a
 JSON summary (time to the first batch, batch_ms percentiles after warm-up, detection latency = master's
 last heartbeat -> proposal received, duplicate proposals), then `RESULT sets=<n> batch_ms_p50=<n>
 detect_p50_s=<x> detect_p99_s=<x> ... job_cpu_us_per_hb=<x>` (the job's whole process tree, from /proc,
@@ -33,6 +36,7 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
+from electra.api.ingest import ingest_group_size
 from electra.cli_args import Parser
 from electra.streaming import kafka_io, records
 from electra.streaming.embedded_kafka import EmbeddedKafka, free_port
@@ -108,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-arg", action="append", default=[], help="extra argument for the job (repeatable)")
     ap.add_argument("--buckets", type=int, default=2,
                     help="operator keys; a value >= --sets is one key per set (the layout before buckets)")
+    ap.add_argument("--group", type=int, default=0,
+                    help="heartbeats per Kafka record (default 0: what the ingest workers would group at this rate; "
+                         "1: one per record)")
     ap.add_argument("--warmup-s", type=float, default=10.0)
     ap.add_argument("--out", default=None, help="directory for the job log and checkpoint (default: a temp dir)")
     a = ap.parse_args(argv)
@@ -174,6 +181,17 @@ def main(argv: list[str] | None = None) -> int:
         for n in names for b in range(1, a.brokers + 1)]
     produced = [0]
     load = RoundProducer(kafka.bootstrap, records.HEARTBEATS)
+    group = a.group or ingest_group_size(len(templates) * 1000 / a.hb_interval_ms, parts)
+
+    def grouped(round_: list[tuple[int, bytes, bytes]]) -> list[tuple[int, bytes | None, bytes]]:
+        """A round's records as ingest workers write them: `group` heartbeats of a partition per record."""
+        if group <= 1:
+            return round_
+        by_part: dict[int, list[bytes]] = {}
+        for p, _key, value in round_:
+            by_part.setdefault(p, []).append(value)
+        return [(p, None, records.heartbeat_group(values[i:i + group]))
+                for p, values in by_part.items() for i in range(0, len(values), group)]
 
     def beat() -> None:
         """One round a heartbeat interval: every live broker's heartbeat, as whole record batches."""
@@ -182,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             ts = int(time.time() * 1000)
             tail = b"%d}" % ts
             gone = set(stopped)
-            load.send_round([(p, key, head + tail) for n, b, p, key, head in templates
-                             if not (b == 1 and n in gone)], ts)
+            load.send_round(grouped([(p, key, head + tail) for n, b, p, key, head in templates
+                                     if not (b == 1 and n in gone)]), ts)
             for n in names:
                 if n not in gone:
                     last_master_hb[n] = ts
@@ -202,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                             "--buckets", str(a.buckets), "--read-tasks", str(a.read_tasks), *a.job_arg],
                            stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
                            start_new_session=True)
-    summary: dict = {"sets": a.sets, "brokers": a.brokers, "hb_per_s": a.sets * a.brokers * 1000 / a.hb_interval_ms,
+    summary: dict = {"sets": a.sets, "brokers": a.brokers, "heartbeats_per_record": group,
+                     "hb_per_s": a.sets * a.brokers * 1000 / a.hb_interval_ms,
                      "timeout_ms": a.timeout_ms, "trigger_ms": a.trigger_ms, "out": str(out)}
     try:
         deadline = time.monotonic() + 300

@@ -1,6 +1,8 @@
 """Parse and validate raw Kafka rows before the stateful operator (pure Python; used in `mapInPandas`).
 
-Every input row becomes one parsed row `(bucket, group, kind, topic, partition, offset, payload)`:
+A heartbeats-topic record that is a group (`records.heartbeat_group`) is first split into the
+records it holds, each with the group's topic, partition and offset. Every record becomes one
+parsed row `(bucket, group, kind, topic, partition, offset, payload)`:
 
 * a valid heartbeat: group = brokerName, kind = "hb", payload = the canonical heartbeat
   (`records.validate_heartbeat`), `ts` defaulting to the Kafka record time;
@@ -67,6 +69,8 @@ def _parse(topic: str, partition: int, offset: int, value: str | None, kafka_ts_
             d = json.loads(value)
         except ValueError as exc:
             raise ValueError(f"invalid JSON: {exc}") from None
+        if topic == heartbeats_topic and isinstance(d, dict) and records.HEARTBEAT_GROUP in d:
+            raise ValueError(f"invalid {records.HEARTBEAT_GROUP!r} group: expected a list of JSON objects")
         if topic == heartbeats_topic and records.is_disconnected(d):
             dc = records.validate_disconnected(d)
             return dc["brokerName"], DISCONNECTED, dc
@@ -88,6 +92,19 @@ def parse_row(topic: str, partition: int, offset: int, value: str | None, kafka_
     """(group, kind, payload JSON) for one raw record."""
     group, kind, obj = _parse(topic, partition, offset, value, kafka_ts_ms, heartbeats_topic, events_topic)
     return group, kind, _dump(obj)
+
+
+def split_groups(raw: Iterator[tuple], heartbeats_topic: str) -> Iterator[tuple]:
+    """Raw records `(topic, partition, offset, value, kafka_ts_ms)` with every heartbeat group replaced by the
+    records it holds (same topic, partition, offset and Kafka time), in order."""
+    for rec in raw:
+        items = records.heartbeat_group_items(rec[3]) if rec[0] == heartbeats_topic else None
+        if items is None:
+            yield rec
+        else:
+            topic, part, off, _, ts_ms = rec
+            for item in items:
+                yield topic, part, off, item, ts_ms
 
 
 def _fold(prev: dict, hb: dict) -> dict:
@@ -120,7 +137,7 @@ def parse_records(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str
     parsed: list[tuple[str, str, dict, str, int, int]] = []
     last: dict[tuple[str, int], int] = {}  # (set, broker id) -> index in `parsed` of its latest heartbeat
     stamped: dict[str, tuple[list[dict], list[dict]]] = {}  # set -> its heartbeats and disconnects, unfolded
-    for topic, part, off, value, ts_ms in raw:
+    for topic, part, off, value, ts_ms in split_groups(raw, heartbeats_topic):
         group, kind, obj = _parse(topic, part, off, value, ts_ms, heartbeats_topic, events_topic)
         if kind in (HEARTBEAT, DISCONNECTED):
             runs = stamped.get(group)
@@ -159,13 +176,16 @@ def parse_frames(frames: Iterator[Any], heartbeats_topic: str, events_topic: str
     """`mapInPandas` body: frames with topic, partition, offset, value, kafka_ts → PARSED_SCHEMA frames."""
     import pandas as pd
 
-    for df in frames:
-        rows = []
+    def raw(df) -> Iterator[tuple]:
         for topic, part, off, value, ts in zip(df["topic"], df["partition"], df["offset"], df["value"],
                                                df["kafka_ts"]):
             ts_ms = None if ts is None or pd.isna(ts) else int(ts)
             val = None if value is None or (not isinstance(value, str) and pd.isna(value)) else value
-            group, kind, payload = parse_row(topic, int(part), int(off), val, ts_ms, heartbeats_topic,
-                                             events_topic)
-            rows.append((bucket_of(group, buckets), group, kind, topic, int(part), int(off), payload))
+            yield topic, int(part), int(off), val, ts_ms
+
+    for df in frames:
+        rows = []
+        for topic, part, off, val, ts_ms in split_groups(raw(df), heartbeats_topic):
+            group, kind, payload = parse_row(topic, part, off, val, ts_ms, heartbeats_topic, events_topic)
+            rows.append((bucket_of(group, buckets), group, kind, topic, part, off, payload))
         yield pd.DataFrame(rows, columns=PARSED_COLUMNS).astype({"partition": "int32", "offset": "int64"})

@@ -35,11 +35,11 @@ def test_crash_is_detected_by_connection_loss_and_hang_by_timeout(tmp_path):
 
 
 def disconnects(stack: LocalStack) -> list[dict]:
-    """Every `disconnected` record on the heartbeats topic so far."""
+    """Every `disconnected` record on the heartbeats topic so far (inside the groups ingest writes)."""
     consumer = KafkaConsumer(stack.topics.heartbeats, bootstrap_servers=stack.bootstrap,
                              auto_offset_reset="earliest", consumer_timeout_ms=3000)
     try:
-        values = [records.decode(m.value) for m in consumer]
+        values = [v for m in consumer for v in records.heartbeat_records(m.value)]
     finally:
         consumer.close()
     return [v for v in values if records.is_disconnected(v)]

@@ -27,6 +27,11 @@ from electra.streaming.kafka_io import end_offsets, ensure_topics, topic_partiti
 pytestmark = pytest.mark.integration
 
 
+def _heartbeats(bootstrap: str) -> list[dict]:
+    """Every heartbeats-topic record, with the groups ingest writes split into their heartbeats."""
+    return [h for m in read_topic(bootstrap, records.HEARTBEATS) for h in records.heartbeat_records(m.value)]
+
+
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list:
     """Every record of `topic` (all partitions), up to the real end offsets."""
     c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
@@ -115,7 +120,7 @@ def test_heartbeats_events_and_liveness_through_kafka_across_a_leader_change(tmp
         ensure_topics(kafka.bootstrap, records.Topics().partitions())
         expected = asyncio.run(main(kafka.bootstrap))
         events = [json.loads(m.value) for m in read_topic(kafka.bootstrap, records.EVENTS)]
-        heartbeats = [json.loads(m.value) for m in read_topic(kafka.bootstrap, records.HEARTBEATS)]
+        heartbeats = _heartbeats(kafka.bootstrap)
     got = [(e["index"], e["type"]) for e in events]
     assert got == expected  # every applied event, once, in index order, across the leader change
     assert [t for _, t in got].count("ElectMaster") == 2 and [t for _, t in got].count("AlterSyncStateSet") == 2
@@ -160,7 +165,7 @@ def test_ingest_workers_answer_200_422_and_503_while_kafka_is_down():
             # 200 means accepted by the producer (delivery is asynchronous, after up to linger_ms).
             deadline = time.monotonic() + 10
             while True:
-                got = [json.loads(m.value) for m in read_topic(kafka.bootstrap, records.HEARTBEATS)]
+                got = _heartbeats(kafka.bootstrap)
                 if len(got) >= 21 or time.monotonic() > deadline:
                     break
                 time.sleep(0.2)
