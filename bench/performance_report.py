@@ -475,6 +475,9 @@ def main(argv: list[str]) -> int:
         p.error(f"--architectures: choose among {', '.join(ARCHS)}")
     if not 0 < args.storm_fraction <= 1:
         p.error("--storm-fraction must be in (0, 1]")
+    if not wrk.available():  # the capacity phase's closed loop
+        print(f"electra report performance: {wrk.INSTALL_HINT}", file=sys.stderr)
+        return 2
     with_etcd = args.etcd == "on" or (args.etcd == "auto" and shutil.which("etcd") is not None)
     if args.etcd == "on" and shutil.which("etcd") is None:
         p.error("--etcd on: no `etcd` on PATH (Debian package etcd-server; `make setup` installs it)")
