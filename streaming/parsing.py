@@ -35,6 +35,7 @@ DLQ_GROUP = ""
 PARSED_SCHEMA = "bucket string, group string, kind string, topic string, partition int, offset long, payload string"
 PARSED_COLUMNS = ["bucket", "group", "kind", "topic", "partition", "offset", "payload"]
 DEFAULT_BUCKETS = 64
+_GROUP_START = '{"' + records.HEARTBEAT_GROUP + '":['
 
 
 def bucket_of(group: str, buckets: int = DEFAULT_BUCKETS) -> str:
@@ -107,6 +108,25 @@ def split_groups(raw: Iterator[tuple], heartbeats_topic: str) -> Iterator[tuple]
                 yield topic, part, off, item, ts_ms
 
 
+def _parsed(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str) -> Iterator[tuple]:
+    """`(group, kind, record, topic, partition, offset)` for every record of `raw`, groups split. A group of
+    valid heartbeats only is decoded and checked in one call (`records.fast_heartbeat_group`); any other
+    goes record by record, as `split_groups` gives them."""
+    for rec in raw:
+        topic, part, off, value, ts_ms = rec
+        if topic == heartbeats_topic and value is not None:
+            start = _GROUP_START if isinstance(value, str) else _GROUP_START.encode()
+            hbs = records.fast_heartbeat_group(value) if value.startswith(start) else None
+            if hbs is not None:
+                for hb in hbs:
+                    if "ts" not in hb:
+                        hb["ts"] = int(ts_ms) if ts_ms and ts_ms > 0 else 0
+                    yield hb["brokerName"], HEARTBEAT, hb, topic, part, off
+                continue
+        for topic, part, off, value, ts_ms in split_groups((rec,), heartbeats_topic):
+            yield (*_parse(topic, part, off, value, ts_ms, heartbeats_topic, events_topic), topic, part, off)
+
+
 def _fold(prev: dict, hb: dict) -> dict:
     """`hb` after `prev` of the same broker, by RocketMQ's rule (as `detector.SetWatch.apply_heartbeat`):
     epoch and max offset only move forward, the ingest time is the later one."""
@@ -137,8 +157,7 @@ def parse_records(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str
     parsed: list[tuple[str, str, dict, str, int, int]] = []
     last: dict[tuple[str, int], int] = {}  # (set, broker id) -> index in `parsed` of its latest heartbeat
     stamped: dict[str, tuple[list[dict], list[dict]]] = {}  # set -> its heartbeats and disconnects, unfolded
-    for topic, part, off, value, ts_ms in split_groups(raw, heartbeats_topic):
-        group, kind, obj = _parse(topic, part, off, value, ts_ms, heartbeats_topic, events_topic)
+    for group, kind, obj, topic, part, off in _parsed(raw, heartbeats_topic, events_topic):
         if kind in (HEARTBEAT, DISCONNECTED):
             runs = stamped.get(group)
             if runs is None:  # not setdefault: that builds two lists and a tuple for every record

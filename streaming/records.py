@@ -269,6 +269,32 @@ def heartbeat_group_items(value: bytes | str | None) -> list[str] | None:
     return [bytes(item).decode("utf-8", "replace") for item in group.heartbeats]
 
 
+class _WireHeartbeatGroup(msgspec.Struct):
+    heartbeats: list[_WireHeartbeat]
+
+
+_HEARTBEAT_GROUP_DECODER = msgspec.json.Decoder(_WireHeartbeatGroup)
+
+
+def fast_heartbeat_group(value: bytes | str) -> list[dict] | None:
+    """Every heartbeat of a group that holds valid heartbeats only, each exactly as `fast_heartbeat` gives
+    it, decoded and checked in one msgspec call; None: take the way of one record at a time (a group with
+    a `disconnected` record or anything msgspec refuses, or not a group)."""
+    if (b'"type"' if isinstance(value, bytes) else '"type"') in value:
+        return None
+    try:
+        group = _HEARTBEAT_GROUP_DECODER.decode(value)
+    except (msgspec.DecodeError, UnicodeDecodeError):  # ValidationError is a DecodeError
+        return None
+    out = []
+    for hb in group.heartbeats:
+        d = msgspec.structs.asdict(hb)
+        if hb.ts is msgspec.UNSET:
+            del d["ts"]
+        out.append(d)
+    return out
+
+
 def heartbeat_records(value: bytes | str) -> list[Any]:
     """Every record one heartbeats-topic value holds, decoded (a group's items, or the one record)."""
     items = heartbeat_group_items(value)

@@ -181,3 +181,23 @@ def test_a_group_that_does_not_decode_is_a_dead_letter():
     mixed = records.heartbeat_group([b'{"brokerName":"x"}', records.encode(_hb("a", 1))])
     kinds = sorted(r["kind"] for r in _rows(_raw([mixed])))
     assert kinds == ["dlq", "hb"]
+
+
+def test_a_group_of_heartbeats_decodes_in_one_call_exactly_as_record_by_record():
+    hbs = [_hb(f"s{i}", 1 + i % 3, ts=i + 1) for i in range(20)]
+    del hbs[3]["ts"]  # no ingest stamp: the Kafka record's time stands in, on both ways
+    hbs[5]["extra"] = "ignored"
+    hbs[7]["brokerAddr"] = "caf\u00e9:1"
+    group = records.heartbeat_group([records.encode(h) for h in hbs])
+    one_by_one = [records.fast_heartbeat(item) for item in records.heartbeat_group_items(group)]
+    assert records.fast_heartbeat_group(group) == one_by_one and None not in one_by_one
+    assert records.fast_heartbeat_group(group.decode()) == one_by_one
+    as_group = _rows([("hb", 0, 0, group.decode(), 1000)])  # the same Kafka time for every record
+    as_singles = _rows([("hb", 0, off, records.encode(h).decode(), 1000) for off, h in enumerate(hbs)])
+    assert [(r["group"], r["kind"], r["payload"]) for r in as_group] == \
+        [(r["group"], r["kind"], r["payload"]) for r in as_singles]
+    # what one call cannot take goes record by record: a disconnected record, an invalid heartbeat
+    dc = records.encode(records.disconnected_record(hbs[0], "shutdown", 9))
+    assert records.fast_heartbeat_group(records.heartbeat_group([records.encode(hbs[0]), dc])) is None
+    bad = records.encode({**hbs[0], "brokerId": 0})
+    assert records.fast_heartbeat_group(records.heartbeat_group([records.encode(hbs[0]), bad])) is None
