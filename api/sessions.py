@@ -13,8 +13,9 @@ remembers which broker the connection speaks for, and when it ends:
 * because this worker is itself stopping: nothing. The broker is not known to be gone;
   it reconnects elsewhere and its heartbeats keep it alive (no false failover).
 
-Records go to the heartbeats topic keyed by broker set, like the broker's heartbeats,
-so the streaming job sees them in order after that broker's heartbeats through this
+Records go to the heartbeats topic in their broker set's partition, like the broker's
+heartbeats (a `disconnected` record goes at once, in one group with the heartbeats before
+it), so the streaming job sees them in order after that broker's heartbeats through this
 worker. If Kafka is unavailable the record is lost and failover falls back to the
 heartbeat timeout. docs/failover-signal.md has the design and its trade-offs.
 """

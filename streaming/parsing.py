@@ -145,7 +145,7 @@ def parse_records(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str
     The Python Kafka source parses in its reader with this (`kafka_source`, option `parse`): the
     query then has no `mapInPandas` stage, and rows reach the JVM as Arrow columns instead of
     pickled tuples. Each crossing between the JVM and a Python worker costs per row, and this
-    removes two of them. A read holds every record of its broker sets (the topic is keyed by set),
+    removes two of them. A read holds every record of its broker sets (the topic is partitioned by set),
     so only the last heartbeat of each broker (folded as the detector would, at the position of
     that last one) goes on: a batch that fell behind hands the stateful operator one row per
     broker instead of one per heartbeat, and the next batch does not fall further behind.

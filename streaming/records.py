@@ -173,8 +173,8 @@ def disconnected_record(hb: dict, reason: str, ts_ms: int) -> dict:
     """The heartbeats-topic value saying a broker's session ended at `ts_ms` (ingest clock).
 
     `hb` is the canonical heartbeat the session was opened with: the record names the same
-    broker (cluster, set, id, address) and is keyed by the same broker set, so it lands in the
-    partition of that broker's heartbeats, after them.
+    broker (cluster, set, id, address) and goes to the same broker set's partition, after that
+    broker's heartbeats (`HeartbeatProducer` sends it at once, with its partition's group).
     """
     return {"type": DISCONNECTED, "clusterName": hb["clusterName"], "brokerName": hb["brokerName"],
             "brokerId": hb["brokerId"], "brokerAddr": hb["brokerAddr"], "reason": reason, "ts": ts_ms}
