@@ -69,6 +69,16 @@ class Group:
             time.sleep(0.1)
         raise AssertionError("no leader")
 
+    def all_up(self, timeout: float = 30.0) -> None:
+        """Every node answers over HTTP, so its Raft listener is up too (a node starts Raft first). Two
+        nodes elect a leader without the third: on a loaded machine it may still be importing."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(self.status(i) for i in self.procs):
+                return
+            time.sleep(0.1)
+        raise AssertionError("not every node came up")
+
     def write(self, i: int, name: str, timeout: float = 15.0) -> None:
         """Register a broker id through whichever node leads (bounded retries)."""
         body = json.dumps({"clusterName": "c", "brokerId": 1, "registerCheckCode": "10.0.0.1:1;1"}).encode()
@@ -131,6 +141,7 @@ def group(tmp_path):
     g = Group(tmp_path)
     try:
         g.leader()
+        g.all_up()
         yield g
     finally:
         g.stop()
