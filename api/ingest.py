@@ -46,14 +46,6 @@ class KafkaUnavailable(RuntimeError):
 
 
 GROUP_LINGER_MS = 20  # how long a partition's group waits for more heartbeats (kafka-python's linger before)
-INGEST_WORKERS = 3  # ingest worker processes of a three-node group, one per node (`electra up`'s default)
-
-
-def ingest_group_size(heartbeats_per_s: float, partitions: int, workers: int = INGEST_WORKERS,
-                      linger_ms: int = GROUP_LINGER_MS) -> int:
-    """Heartbeats per record that `workers` ingest workers write at this rate: each groups what it gets for a
-    partition within its linger window (the load generators use it to write what ingest would)."""
-    return max(1, round(heartbeats_per_s / (workers * partitions * 1000 / linger_ms)))
 
 
 class HeartbeatProducer:

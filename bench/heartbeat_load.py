@@ -22,6 +22,16 @@ PRODUCE_KEY, PRODUCE_VERSION = 0, 3
 MAX_BATCH_BYTES = 512 << 10  # below Kafka's default max.message.bytes (1 MiB) per record batch
 
 
+def ingest_group_size(heartbeats_per_s: float, partitions: int, nodes: int = 3) -> int:
+    """Heartbeats per Kafka record that `nodes` nodes' ingest workers (`electra up`'s default count each)
+    write at this rate: each groups what it gets for a partition within its linger window."""
+    from electra.api.ingest import GROUP_LINGER_MS
+    from electra.local_stack import StackConfig
+
+    workers = nodes * StackConfig.ingest_workers
+    return max(1, round(heartbeats_per_s / (workers * partitions * 1000 / GROUP_LINGER_MS)))
+
+
 def partition_of(key: bytes, partitions: int) -> int:
     """Kafka's default partitioner (murmur2 of the key), as the ingest workers' producers use."""
     return (murmur2(key) & 0x7FFFFFFF) % partitions

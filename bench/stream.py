@@ -10,8 +10,9 @@ Kafka, no HTTP; each broker's record is encoded once and only its `ts` is filled
 round goes out as whole record batches (`heartbeat_load.py`, ~2 us a record), so one thread offers the
 30,000 a second of 10,000 sets), then the masters of `--kill` sets stop. Heartbeats go into Kafka records
 as ingest workers write them (`records.heartbeat_group`): `--group N` heartbeats of one partition per
-record, by default what `INGEST_WORKERS` workers grouping for `api.ingest.GROUP_LINGER_MS` give at this
-rate; `--group 1` is one heartbeat per record, as ingest wrote them before. Prints a
+record, by default what three nodes' ingest workers grouping for `api.ingest.GROUP_LINGER_MS` give at
+this rate (`heartbeat_load.ingest_group_size`); `--group 1` is one heartbeat per record, as ingest
+wrote them before. Prints a
 JSON summary (time to the first batch, batch_ms percentiles after warm-up, detection latency = master's
 last heartbeat -> proposal received, duplicate proposals), then `RESULT sets=<n> batch_ms_p50=<n>
 detect_p50_s=<x> detect_p99_s=<x> ... job_cpu_us_per_hb=<x>` (the job's whole process tree, from /proc,
@@ -36,13 +37,12 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
-from electra.api.ingest import ingest_group_size
 from electra.cli_args import Parser
 from electra.streaming import kafka_io, records
 from electra.streaming.embedded_kafka import EmbeddedKafka, free_port
 
 from .common import _stat_fields, process_children, process_tree_cpu_s, result_line
-from .heartbeat_load import RoundProducer, partition_of
+from .heartbeat_load import RoundProducer, ingest_group_size, partition_of
 
 
 def _role(pid: int, root: int) -> str:

@@ -35,7 +35,6 @@ DLQ_GROUP = ""
 PARSED_SCHEMA = "bucket string, group string, kind string, topic string, partition int, offset long, payload string"
 PARSED_COLUMNS = ["bucket", "group", "kind", "topic", "partition", "offset", "payload"]
 DEFAULT_BUCKETS = 64
-_GROUP_START = '{"' + records.HEARTBEAT_GROUP + '":['
 
 
 def bucket_of(group: str, buckets: int = DEFAULT_BUCKETS) -> str:
@@ -115,8 +114,7 @@ def _parsed(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str) -> I
     for rec in raw:
         topic, part, off, value, ts_ms = rec
         if topic == heartbeats_topic and value is not None:
-            start = _GROUP_START if isinstance(value, str) else _GROUP_START.encode()
-            hbs = records.fast_heartbeat_group(value) if value.startswith(start) else None
+            hbs = records.fast_heartbeat_group(value)
             if hbs is not None:
                 for hb in hbs:
                     if "ts" not in hb:

@@ -256,11 +256,17 @@ class _HeartbeatGroup(msgspec.Struct):
 _GROUP_DECODER = msgspec.json.Decoder(_HeartbeatGroup)
 
 
+def is_heartbeat_group(value: bytes | str | None) -> bool:
+    """The value starts as `heartbeat_group` writes one (whether it decodes is another matter)."""
+    if value is None:
+        return False
+    return value.startswith(_GROUP_START) if isinstance(value, str) else value.startswith(_GROUP_START.encode())
+
+
 def heartbeat_group_items(value: bytes | str | None) -> list[str] | None:
     """The records a heartbeats-topic value holds when it is a group (`heartbeat_group`), each as JSON text;
     None when it is one record (or not a group that decodes: the caller's parsing then says what is wrong)."""
-    if value is None or not (value.startswith(_GROUP_START) if isinstance(value, str)
-                             else value.startswith(_GROUP_START.encode())):
+    if not is_heartbeat_group(value):
         return None
     try:
         group = _GROUP_DECODER.decode(value)
@@ -280,7 +286,7 @@ def fast_heartbeat_group(value: bytes | str) -> list[dict] | None:
     """Every heartbeat of a group that holds valid heartbeats only, each exactly as `fast_heartbeat` gives
     it, decoded and checked in one msgspec call; None: take the way of one record at a time (a group with
     a `disconnected` record or anything msgspec refuses, or not a group)."""
-    if (b'"type"' if isinstance(value, bytes) else '"type"') in value:
+    if not is_heartbeat_group(value) or (b'"type"' if isinstance(value, bytes) else '"type"') in value:
         return None
     try:
         group = _HEARTBEAT_GROUP_DECODER.decode(value)
