@@ -93,7 +93,7 @@ def lean_protocol(lean: LeanPath, limits: HTTPLimits = DEFAULT_LIMITS) -> type[H
                 super().on_message_complete()
                 return
             self._lean_req = None
-            self._deadline.cancel()
+            self._deadline.disarm()
             body = b"".join(self._lean_body)
             self._lean_body = []
             flight = self.cycle  # a pipelined request behind this one may take the `cycle` slot meanwhile

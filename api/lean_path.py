@@ -267,7 +267,7 @@ class LeanPath:
             return self._refused(req, exc, scheme)
         if isinstance(res, dict):
             return answered(self.metrics, req.route.endpoint, res, req.t0)
-        if isinstance(res, asyncio.Future):  # a write: answered from its done-callback, no Task (api/futures.py)
+        if isinstance(res, asyncio.Future):  # a read or write: answered from its done-callback (api/futures.py)
             def refused(exc: BaseException) -> Reply:
                 if isinstance(exc, RaftError):
                     return self._refused(req, exc, scheme)

@@ -16,7 +16,7 @@ Contract for every method:
   `FollowerBehind` / `ReadTimeout` (a read cannot be confirmed here now), `ProposalTimeout`
   (outcome unknown), any other `RaftError` (not ready); `api/replies.py` maps them to HTTP;
 * arguments are already validated (names, id and epoch ranges: `api/app.py`'s models);
-* a method returns the answer, or anything awaitable for it; the writes may return an
+* a method returns the answer, or anything awaitable for it; the reads and writes may return an
   `asyncio.Future` (callers await it; the lean path answers from its done-callback, no Task).
 """
 
@@ -46,7 +46,7 @@ class BrokerRequests(Protocol):
         """BROKER_HEARTBEAT (904): node-local liveness, no log write."""
         ...
 
-    async def get_next_broker_id(self, cluster: str, name: str) -> dict:
+    def get_next_broker_id(self, cluster: str, name: str) -> Awaitable[dict]:
         """GET_NEXT_BROKER_ID (1012): a consistent read."""
         ...
 
@@ -72,7 +72,7 @@ class BrokerRequests(Protocol):
         """ALTER_SYNC_STATE_SET (1001): a write."""
         ...
 
-    async def get_replica_info(self, name: str, lease: bool = False) -> dict:
+    def get_replica_info(self, name: str, lease: bool = False) -> Awaitable[dict]:
         """GET_REPLICA_INFO (1004): a consistent read (`lease`: the leader may answer from its lease)."""
         ...
 

@@ -86,16 +86,22 @@ class ControllerService:
                                    priority=priority)
         return {"code": 0, "remark": "Heart beat success"}
 
-    async def _read(self, fn: Callable[[ControllerStateMachine], Result], lease: bool = False) -> dict:
-        # On the leader: ReadIndex, or its lease when asked (docs/reads-and-snapshots.md); elsewhere a follower read.
+    def _read(self, fn: Callable[[ControllerStateMachine], Result], lease: bool = False) -> asyncio.Future[dict]:
+        """The future response of a read, as `_write`'s of a write (no Task; refusals inside the future).
+
+        On the leader: ReadIndex, or its lease when asked (docs/reads-and-snapshots.md); elsewhere a follower read.
+        """
         mode = ("lease" if lease else "linearizable") if self.node.role == Role.LEADER else "follower"
-        return await self.node.read(lambda sm: fn(sm).to_response(), mode=mode)
+        try:
+            return self.node.read_future(lambda sm: fn(sm).to_response(), mode=mode)
+        except RaftError as exc:
+            return failed(exc)
 
-    async def get_next_broker_id(self, cluster: str, name: str) -> dict:
-        return await self._read(lambda sm: sm.get_next_broker_id(cluster, name))
+    def get_next_broker_id(self, cluster: str, name: str) -> Awaitable[dict]:
+        return self._read(lambda sm: sm.get_next_broker_id(cluster, name))
 
-    async def get_replica_info(self, name: str, lease: bool = False) -> dict:
-        return await self._read(lambda sm: sm.get_replica_info(name), lease)
+    def get_replica_info(self, name: str, lease: bool = False) -> Awaitable[dict]:
+        return self._read(lambda sm: sm.get_replica_info(name), lease)
 
     def get_sync_state_data(self, names: list[str]) -> dict:
         return self.sm.get_sync_state_data(names, self.liveness.group_by_name, self.now_ms()).to_response()

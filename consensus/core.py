@@ -477,7 +477,10 @@ class RaftCore:
         if self.role != Role.LEADER or len(self.peers) == 1:
             return False
         since = self._now() - self.cfg.election_ticks
-        heard = sum(1 for pid, pr in self.progress.items() if pid == self.id or pr.heard_at > since)
+        heard = 0  # a loop, not sum() over a generator: the leader asks at every ReadIndex read
+        for pid, pr in self.progress.items():
+            if pid == self.id or pr.heard_at > since:
+                heard += 1
         return heard < self.quorum
 
     def propose(self, commands: list[bytes]) -> int:
@@ -895,12 +898,12 @@ class RaftCore:
                     or reads.has_output() or self._snap_requests
                     or log.pending_reset is not None or reads.has_follower_reads()
                     # only a leader has unstarted reads (stepping down drops them)
-                    or (reads.has_unstarted() and self.committed_in_term()))
+                    or (reads.round_due() and self.committed_in_term()))
 
     def _prepare_leader(self) -> None:
         if self._bcast_pending:
             self._bcast_append()
-        if self.reads.has_unstarted() and self.committed_in_term():
+        if self.reads.round_due() and self.committed_in_term():
             # One heartbeat round confirms every read queued since the last one.
             self._bcast_heartbeat()
             self.reads.start_reads(self.log.commit)

@@ -141,6 +141,17 @@ class _Started:
     loop: asyncio.AbstractEventLoop
 
 
+def _resolve(fut: asyncio.Future[Any], fn: Callable[[Any], Any], sm: Any) -> None:
+    """Serve a read whose turn came: `fut` gets `fn(sm)`, or what `fn` raised (its caller sees it, as from
+    a coroutine); a future its caller gave up on is left alone."""
+    if fut.done():
+        return
+    try:
+        fut.set_result(fn(sm))
+    except Exception as exc:
+        fut.set_exception(exc)
+
+
 class RaftNode:
     """One member of a Raft group. Use `await start()`, then `propose()`."""
 
@@ -175,10 +186,11 @@ class RaftNode:
                         "snapshots_sent": 0, "snapshots_installed": 0, "tick_errors": 0,
                         "process_errors": 0, "snapshot_chunks_refused": 0, "snapshot_transfers_aborted": 0}
         self._read_ids = itertools.count(1)
-        # A read waits first for its read index (ctx -> (fut, deadline)), then until that index
-        # is applied (a heap of (index, seq, fut, deadline)); one future serves both stages.
-        self._read_waiters: dict[int, tuple[asyncio.Future[None], float]] = {}
-        self._apply_waiters: list[tuple[int, int, asyncio.Future[None], float]] = []
+        # A read waits first for its read index (ctx -> (fut, deadline, fn)), then until that index
+        # is applied (a heap of (index, seq, fut, deadline, fn)); one future serves both stages and
+        # resolves with fn(state machine).
+        self._read_waiters: dict[int, tuple[asyncio.Future[Any], float, Callable[[Any], Any]]] = {}
+        self._apply_waiters: list[tuple[int, int, asyncio.Future[Any], float, Callable[[Any], Any]]] = []
         self._apply_seq = itertools.count()
         self._snap_meta: SnapshotMeta | None = None
         self._snapshotting = False
@@ -316,10 +328,10 @@ class RaftNode:
         for _, fut, _ in self._waiters.values():
             if not fut.done():
                 fut.set_exception(err)
-        for fut, _ in self._read_waiters.values():
+        for fut, _, _ in self._read_waiters.values():
             if not fut.done():
                 fut.set_exception(err)
-        for _, _, fut, _ in self._apply_waiters:
+        for _, _, fut, _, _ in self._apply_waiters:
             if not fut.done():
                 fut.set_exception(err)
         self._read_waiters.clear()
@@ -416,35 +428,39 @@ class RaftNode:
         * stale: local state, no check (admin views).
         On a follower every mode but stale is a follower read.
         """
+        return await self.read_future(fn, mode, timeout)
+
+    def read_future(self, fn: Callable[[Any], Any], mode: str = "linearizable",
+                    timeout: float | None = None) -> asyncio.Future[Any]:
+        """`read` as a future of `fn(state_machine)`, resolved by the node itself once the read may be
+        served: no coroutine and no Task per read (the lean HTTP path answers from its done-callback).
+        A read refused at once (not running, no leader, behind, no quorum) raises here."""
         if mode not in READ_MODES:
             raise ValueError(f"unknown read mode {mode!r}; expected one of {READ_MODES}")
         if not self._running:
             raise self.failure or NodeStopped("node is not running")
         m = self.metrics
+        live = self._live
+        fut = live.loop.create_future()
         if mode == "stale":
             m["reads_stale"] += 1
-            return fn(self.sm)
-        live = self._live
+            _resolve(fut, fn, self.sm)
+            return fut
         core = live.core
-        now = self.clock.now()
-        deadline = now + (timeout if timeout is not None else self.cfg.read_timeout_s)
-        fut = live.loop.create_future()
+        deadline = self.clock.now() + (timeout if timeout is not None else self.cfg.read_timeout_s)
         if core.role == Role.LEADER:
             index = core.lease_read_index() if mode in ("lease", "follower") else None
             if index is not None:
                 m["reads_lease"] += 1
-                if self.applied >= index:
-                    return fn(self.sm)  # the lease's fast path: no message, no wait
-                self._park(index, fut, deadline)
+                self._park(index, fut, deadline, fn)  # the lease's fast path when applied: no message, no wait
             else:
                 m["reads_readindex"] += 1
-                self._start_read_index(fut, deadline)
+                self._start_read_index(fut, deadline, fn)
         else:
             self._check_follower_fresh(core)
             m["reads_follower"] += 1
-            self._start_read_index(fut, deadline)
-        await fut
-        return fn(self.sm)
+            self._start_read_index(fut, deadline, fn)
+        return fut
 
     def _check_follower_fresh(self, core: RaftCore) -> None:
         silence = self.cfg.follower_max_silence_s
@@ -460,18 +476,18 @@ class RaftNode:
             raise FollowerBehind(f"node {self.cfg.node_id} is {lag} entries behind its leader "
                                  f"(limit {self.cfg.follower_max_lag})", core.lead)
 
-    def _start_read_index(self, fut: asyncio.Future[None], deadline: float) -> None:
+    def _start_read_index(self, fut: asyncio.Future[Any], deadline: float, fn: Callable[[Any], Any]) -> None:
         ctx = next(self._read_ids)
         self._live.core.read_index(ctx)  # raises NotLeader when no leader is known
-        self._read_waiters[ctx] = (fut, deadline)
+        self._read_waiters[ctx] = (fut, deadline, fn)
         self._kick()
 
-    def _park(self, index: int, fut: asyncio.Future[None], deadline: float) -> None:
-        """Resolve `fut` once `index` is applied here."""
+    def _park(self, index: int, fut: asyncio.Future[Any], deadline: float, fn: Callable[[Any], Any]) -> None:
+        """Resolve `fut` with `fn(state machine)` once `index` is applied here."""
         if self.applied >= index:
-            fut.set_result(None)
+            _resolve(fut, fn, self.sm)
         else:
-            heapq.heappush(self._apply_waiters, (index, next(self._apply_seq), fut, deadline))
+            heapq.heappush(self._apply_waiters, (index, next(self._apply_seq), fut, deadline, fn))
 
     async def transfer_leadership(self, target: int, timeout: float = 5.0) -> None:
         """Ask the leader to hand over to `target`; returns once `target` leads."""
@@ -655,14 +671,13 @@ class RaftNode:
     def _wake_apply_waiters(self) -> None:
         w = self._apply_waiters
         while w and w[0][0] <= self.applied:
-            fut = heapq.heappop(w)[2]
-            if not fut.done():
-                fut.set_result(None)
+            _, _, fut, _, fn = heapq.heappop(w)
+            _resolve(fut, fn, self.sm)
 
     def _fail_read_waiters(self, exc: RaftError) -> None:
         """Reads waiting for a confirmation this node cannot get (they change nothing: safe to retry)."""
         waiting, self._read_waiters = self._read_waiters, {}
-        for fut, _ in waiting.values():
+        for fut, _, _ in waiting.values():
             if not fut.done():
                 fut.set_exception(exc)
 
@@ -693,12 +708,12 @@ class RaftNode:
             if not fut.done():
                 fut.set_exception(ProposalTimeout(f"entry {idx} not applied before the deadline"))
         if self._read_waiters:
-            late = [ctx for ctx, (fut, deadline) in self._read_waiters.items() if deadline <= now or fut.done()]
+            late = [ctx for ctx, (fut, deadline, _) in self._read_waiters.items() if deadline <= now or fut.done()]
             for ctx in late:
-                fut, _ = self._read_waiters.pop(ctx)
+                fut, _, _ = self._read_waiters.pop(ctx)
                 if not fut.done():
                     fut.set_exception(ReadTimeout("read index not confirmed before the deadline"))
-        for _, _, fut, deadline in self._apply_waiters:
+        for _, _, fut, deadline, _ in self._apply_waiters:
             if deadline <= now and not fut.done():
                 fut.set_exception(ReadTimeout("read index not applied here before the deadline"))
 

@@ -48,8 +48,14 @@ class ReadOnly:
         """A read (this node's own, or a follower's batch) for the leader to confirm."""
         self._unstarted.append((ctx, requester))
 
-    def has_unstarted(self) -> bool:
-        return bool(self._unstarted)
+    def round_due(self) -> bool:
+        """Reads wait for a round of their own, and none is out: at most one round carrying reads is
+        unconfirmed at a time (etcd's server does the same: one ReadIndex in flight, the reads that
+        arrive meanwhile batched into the next). Under load a round then confirms every read queued
+        during the one before, instead of a round (a heartbeat to each follower and its answer) per
+        few reads; an idle leader still starts one at once. A lost round does not hold reads: the
+        heartbeat tick's rounds confirm it (`confirm` takes every read up to the round answered)."""
+        return bool(self._unstarted) and not self._pending
 
     def start_round(self, now: float) -> int:
         """A heartbeat broadcast is about to leave at (or after) `now`: the next round."""

@@ -139,6 +139,42 @@ def test_slow_and_oversized_request_heads_are_cut_off(tmp_path):
     _run(tmp_path, scenario)
 
 
+async def _read_reply(reader) -> bytes:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
+    return head + await asyncio.wait_for(reader.readexactly(length), 5)
+
+
+def test_a_kept_alive_connection_busy_past_the_request_timeout_stays_and_a_slow_request_on_it_is_cut(tmp_path):
+    """The request deadline is armed at each request's start and disarmed at its end without a timer per
+    request (http_limits.LazyDeadline): the timer armed for an earlier request must neither cut a
+    request still in its time nor a connection that kept busy, nor let a later slow request run long."""
+    async def scenario(nodes, leader, ep, client):
+        await _register(client, "kept")
+        host, port = ep.split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            for i in range(4):  # ~3 s of requests taking 0.7 s each, under the 1 s timeout: a timer armed for
+                # an earlier request fires in the middle of a later one, which must go on
+                await asyncio.sleep(0.05)
+                path = b"/v1/broker-sets/kept/replica-info" if i % 2 else b"/healthz"  # lean path, then FastAPI
+                writer.write(b"GET " + path + b" HTTP/1.1\r\n")
+                await asyncio.sleep(0.7)
+                writer.write(b"Host: x\r\n\r\n")
+                reply = await _read_reply(reader)
+                assert reply.startswith(b"HTTP/1.1 200"), (i, reply)
+            await asyncio.sleep(0.5)  # then one that never ends, on the same connection
+            t0 = time.monotonic()
+            writer.write(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\n")
+            reply = await asyncio.wait_for(reader.read(65536), 10)
+            assert reply.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 2.5, reply
+        finally:
+            writer.close()
+
+    _run(tmp_path, scenario)
+
+
 def test_connections_and_watchers_beyond_their_limits_get_503_with_retry_after(tmp_path):
     async def scenario(nodes, leader, ep, client):
         host, port = ep.split(":")

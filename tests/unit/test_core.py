@@ -404,6 +404,59 @@ def test_the_lease_runs_on_the_injected_clock_from_the_rounds_send_time():
 
 
 # ------------------------------------------------------------------ failover speed (docs/chaos.md, "Failover")
+def test_reads_queued_while_a_read_round_is_out_wait_for_it_then_share_the_next_one():
+    """At most one heartbeat round carrying reads is unconfirmed (etcd: one ReadIndex in flight): reads
+    queued meanwhile start no round of their own; once it is confirmed, one round serves them all."""
+    net = Net()
+    leader = net.elect()
+    net.tick(2)
+    leader.read_index(1)
+    rd = leader.ready()
+    first = [m for m in rd.send_now if m.type == MsgType.HEARTBEAT]
+    assert len(first) == 2  # a round for read 1
+    for ctx in (2, 3, 4):
+        leader.read_index(ctx)
+    assert not leader.has_ready()  # no round for them while read 1's is out
+    for m in first:
+        net.cores[m.dst].step(m)
+        answered = net.cores[m.dst].ready()
+        for answer in answered.send_now + answered.send_after_persist:
+            leader.step(answer)
+    rd = leader.ready()
+    assert [ctx for ctx, _ in rd.read_states] == [1]
+    second = [m for m in rd.send_now if m.type == MsgType.HEARTBEAT]
+    assert len(second) == 2 and second[0].round == first[0].round + 1  # one round for reads 2-4
+    for m in second:
+        net.cores[m.dst].step(m)
+        answered = net.cores[m.dst].ready()
+        for answer in answered.send_now + answered.send_after_persist:
+            leader.step(answer)
+    assert sorted(ctx for ctx, _ in leader.ready().read_states) == [2, 3, 4]
+
+
+def test_a_read_round_that_is_never_answered_does_not_hold_later_reads_past_the_next_tick():
+    net = Net()
+    leader = net.elect()
+    net.tick(2)
+    leader.read_index(1)
+    leader.ready()  # read 1's round is lost
+    leader.read_index(2)
+    assert not leader.has_ready()
+    leader.tick()  # the tick's round confirms read 1; then read 2 gets a round of its own
+    served: list[int] = []
+    for _ in range(10):
+        if not leader.has_ready():
+            break
+        rd = leader.ready()
+        served += [ctx for ctx, _ in rd.read_states]
+        for m in rd.send_now + rd.send_after_persist:
+            net.cores[m.dst].step(m)
+            answered = net.cores[m.dst].ready()
+            for answer in answered.send_now + answered.send_after_persist:
+                leader.step(answer)
+    assert served == [1, 2]
+
+
 def test_election_timeouts_are_drawn_from_the_configured_jitter():
     core = RaftCore(1, [1, 2, 3], RaftConfig(election_ticks=10, election_jitter_ticks=4), rng=random.Random(7),
                     clock=frozen_clock)
