@@ -220,11 +220,12 @@ def loads(raw: bytes | str) -> Any:
 
 
 def dumps(value: Any) -> str:
-    """Compact JSON text, with msgspec; what msgspec cannot encode (a lone surrogate) goes through `json`."""
+    """Compact JSON text, with msgspec (structs included); what msgspec cannot encode (a lone surrogate)
+    goes through `json`."""
     try:
         return msgspec.json.encode(value).decode()
     except (UnicodeEncodeError, TypeError):
-        return json.dumps(value, separators=(",", ":"))
+        return json.dumps(msgspec.to_builtins(value), separators=(",", ":"))
 
 
 def decode(raw: bytes | str) -> Any:

@@ -227,7 +227,7 @@ def test_liveness_record_for_sets_with_heartbeats():
     w, outs = detector.process(w, "bs", [hb(2, T0 + 100)], [], T0 + 200)
     [rec] = [o for o in outs if o.kind == LIVENESS]
     assert rec.broker_name == "bs"
-    p = rec.payload
+    p = json.loads(rec.row()[2])  # as the liveness topic carries it
     assert p["clusterName"] == "c1" and p["brokerName"] == "bs" and p["ts"] == T0 + 200
     assert [b["broker_id"] for b in p["brokers"]] == [1, 2, 3]
     assert p["brokers"][1]["last_update_ms"] == T0 + 100
@@ -450,3 +450,19 @@ def test_parse_row_gives_the_same_row_with_or_without_the_fast_decoder(monkeypat
     monkeypatch.setattr(records, "fast_heartbeat", lambda raw: None)
     assert rows == [parse_row("electra.heartbeats", 0, i, raw, T0, "electra.heartbeats", "electra.events")
                     for i, raw in enumerate(_heartbeat_variants())]
+
+
+def test_state_and_liveness_json_write_brokers_as_their_wire_maps_even_with_a_lone_surrogate():
+    """Brokers stay structs in `to_dict`/`liveness` (no dict copy per broker per batch): the JSON must be
+    exactly what the wire maps give, through msgspec and through `records.dumps`'s `json` fallback."""
+    from electra.state.liveness import BrokerLiveInfo
+
+    for addr in ("10.0.0.1:10911", "a\ud800"):
+        w = SetWatch("bs", cluster="c1", master_id=1, master_epoch=3)
+        w.brokers = {2: BrokerLiveInfo(2, "b", T0), 1: BrokerLiveInfo(1, addr, T0, 10, 1, 2, 3, 4)}
+        w.gone = {2: (T0 + 1, T0 + 2)}
+        as_maps = {**w.to_dict(), "brokers": [b.to_wire() for b in w.brokers.values()]}
+        assert json.loads(w.to_json()) == json.loads(json.dumps(as_maps))
+        assert SetWatch.from_json(w.to_json()) == w
+        live = json.loads(records.dumps(w.liveness(T0 + 5)))
+        assert live["brokers"] == [w.brokers[1].to_wire(), w.brokers[2].to_wire()]  # by broker id
