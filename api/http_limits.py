@@ -58,53 +58,22 @@ def raw_error(status: int, code: int, remark: str, *, retry_after: bool = False)
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
-class RequestDeadline:
-    """One timer per connection: closes the transport (after an optional response) when it fires."""
+class LazyDeadline:
+    """One deadline per connection, closing the transport (after an optional response) when it passes.
 
-    __slots__ = ("handle", "transport", "reply", "on_fire")
+    Connections move it on every request (the node's HTTP connections, the ingest server's sessions), so
+    moving it is a float store, and so is `disarm`; its one timer, firing before the deadline, re-arms
+    itself for the rest, and finding it disarmed, goes. (Re-arming a timer twice per heartbeat was ~5% of
+    an ingest worker's CPU per heartbeat; arming and cancelling one per request ~4% of a node leader's
+    at a read's.)"""
+
+    __slots__ = ("handle", "transport", "reply", "on_fire", "expires", "due")
 
     def __init__(self) -> None:
         self.handle: asyncio.TimerHandle | None = None
         self.transport: asyncio.BaseTransport | None = None
         self.reply = b""
         self.on_fire: Callable[[], None] | None = None  # told before the timer closes the connection
-
-    def arm(self, transport: asyncio.BaseTransport, seconds: float, reply: bytes = b"") -> None:
-        self.cancel()
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # a protocol driven by hand, outside any event loop (unit tests): no clock to keep
-        self.transport, self.reply = transport, reply
-        self.handle = loop.call_later(seconds, self._fire)
-
-    def cancel(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
-
-    def _fire(self) -> None:
-        self.handle = None
-        t = self.transport
-        if t is not None and not t.is_closing():
-            if self.on_fire is not None:
-                self.on_fire()
-            if self.reply:
-                t.write(self.reply)
-            t.close()
-
-
-class LazyDeadline(RequestDeadline):
-    """A `RequestDeadline` for connections that move it on every request (the node's HTTP connections, the
-    ingest server's sessions): moving it is a float store, and so is `disarm`; the one timer, when it fires
-    before the deadline, re-arms itself for the rest, and finding none disarmed, goes. (Re-arming a timer
-    twice per heartbeat was ~5% of an ingest worker's CPU per heartbeat; arming and cancelling one per
-    request ~4% of a node leader's at a read's.)"""
-
-    __slots__ = ("expires", "due")
-
-    def __init__(self) -> None:
-        super().__init__()
         self.expires = math.inf  # the deadline (loop time); inf: none
         self.due = 0.0           # when the armed timer fires (loop time), at or before `expires`
 
@@ -130,19 +99,28 @@ class LazyDeadline(RequestDeadline):
         self.expires = math.inf
 
     def cancel(self) -> None:
+        """No deadline and no timer (the connection is closing)."""
         self.expires = math.inf
-        super().cancel()
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
     def _fire(self) -> None:
+        self.handle = None
         if self.expires == math.inf:  # disarmed since: nothing to cut
-            self.handle = None
             return
         loop = asyncio.get_running_loop()
         if loop.time() < self.expires:  # moved on since the timer was set: wait for the rest
             self.due = self.expires
             self.handle = loop.call_at(self.expires, self._fire)
             return
-        super()._fire()
+        t = self.transport
+        if t is not None and not t.is_closing():
+            if self.on_fire is not None:
+                self.on_fire()
+            if self.reply:
+                t.write(self.reply)
+            t.close()
 
 
 TIMEOUT_REPLY = raw_error(408, _INVALID, "request not received in time")

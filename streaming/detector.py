@@ -225,9 +225,13 @@ class SetWatch:
         With `now_ms`, brokers disconnected as of then are left out: the controller judges
         liveness from the snapshot alone, and a crashed broker's last heartbeat is recent.
         """
+        return [b.to_wire() for b in self._by_id(now_ms)]
+
+    def _by_id(self, now_ms: int | None = None) -> list[BrokerLiveInfo]:
+        """The set's brokers by id (at most MAX_SNAPSHOT), without those disconnected as of `now_ms`."""
         ids = sorted(i for i in self.brokers
                      if now_ms is None or i not in self.gone or now_ms < self.gone[i][1])
-        return [self.brokers[i].to_wire() for i in ids][:MAX_SNAPSHOT]
+        return [self.brokers[i] for i in ids][:MAX_SNAPSHOT]
 
     def _forget_silent(self, now_ms: int) -> None:
         for bid, b in list(self.brokers.items()):
@@ -287,7 +291,7 @@ class SetWatch:
     def liveness(self, now_ms: int) -> dict:
         """The set's liveness-topic value (for `records.dumps`; brokers as structs, as in `to_dict`)."""
         return {"clusterName": self.cluster, "brokerName": self.name, "ts": now_ms,
-                "brokers": [self.brokers[i] for i in sorted(self.brokers)][:MAX_SNAPSHOT]}
+                "brokers": self._by_id()}
 
 
 RECHECK_MS = 1000  # with no data horizon yet, look again this much later
@@ -316,8 +320,6 @@ def span_of(heartbeats: list[dict], disconnects: list[dict] = ()) -> tuple[int, 
         return None
     runs = [hb[RUN_FIELD] for hb in heartbeats if RUN_FIELD in hb]
     if runs:  # the usual case (the Python source folds): no sort
-        if len(runs) == 1:
-            return runs[0][0], runs[0][1], max(stamps)
         return min(r[0] for r in runs), max(r[1] for r in runs), max(stamps)
     stamps.sort()
     bound = silence_ms(min((hb["heartbeatTimeoutMillis"] for hb in heartbeats), default=DEFAULT_TIMEOUT_MS))
