@@ -14,13 +14,22 @@ import time
 import pytest
 from kafka import KafkaProducer
 
-from electra.streaming import kafka_io
+from electra.streaming import kafka_io, kafka_source
 from electra.streaming.embedded_kafka import EmbeddedKafka
 from electra.streaming.kafka_source import KafkaPartition, KafkaStreamReader, group_partitions, plan_partitions
 
 pytestmark = pytest.mark.integration
 
 TOPICS = {"t.hb": 2, "t.ev": 1}
+
+
+@pytest.fixture(autouse=True)
+def _close_cached_consumers():
+    """`read()` keeps one consumer per bootstrap per process (Spark reuses its workers); here that process
+    is pytest's, so close them after each test, or they retry a stopped broker for the rest of the run."""
+    yield
+    for bootstrap in list(kafka_source._READERS):
+        kafka_source._drop_reader(bootstrap)
 
 
 def produce(bootstrap: str, topic: str, n: int, start: int = 0) -> None:
