@@ -136,7 +136,10 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         def connection_made(self, transport) -> None:  # type: ignore[override]
-            self._deadline = LazyDeadline()  # armed at every request's start, disarmed at its end
+            # One lazy timer per connection keeps both deadlines: the request's, from its start (from the
+            # connection for the first) to its end, then the keep-alive's, from the answer to the next start.
+            self._deadline = LazyDeadline()
+            self._in_request = True
             self._head_bytes = 0
             self._in_head = True
             over = len(self.connections) >= limits.max_connections
@@ -174,18 +177,42 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
             super().data_received(data)
 
         def on_message_begin(self) -> None:
-            super().on_message_begin()
+            self._begin_message()
             self._in_head, self._head_bytes = True, 0
-            if not self._deadline.armed:  # the connection's first request counts from the connection
+            if not self._in_request:  # the connection's first request counts from the connection
+                self._in_request = True
                 self._deadline.arm(self.transport, limits.request_timeout_s, TIMEOUT_REPLY)
+
+        def _begin_message(self) -> None:
+            """A new request's parser state (uvicorn's `on_message_begin`)."""
+            HttpToolsProtocol.on_message_begin(self)
 
         def on_headers_complete(self) -> None:
             self._in_head = False
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
-            self._deadline.disarm()
+            self._request_received()
             super().on_message_complete()
+
+        def _request_received(self) -> None:
+            """The request is in: no deadline while it is answered, the keep-alive one after."""
+            self._deadline.disarm()
+            self._in_request = False
+
+        def on_response_complete(self) -> None:
+            """uvicorn's, but the keep-alive deadline moves the connection's lazy timer instead of arming a
+            timer per answer (its `call_later` was the largest part of this callback's cost)."""
+            self.server_state.total_requests += 1
+            if self.transport.is_closing():
+                return
+            self._unset_keepalive_if_required()
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+            elif not self._in_request:  # idle until the next request: closed quietly at the keep-alive limit
+                self._deadline.arm(self.transport, self.timeout_keep_alive)
 
     return GuardedHttpToolsProtocol
 

@@ -69,12 +69,28 @@ def lean_protocol(lean: LeanPath, limits: HTTPLimits = DEFAULT_LIMITS) -> type[H
         _lean_req: LeanRequest | None = None
         _lean_body: list[bytes]
 
+        def _begin_message(self) -> None:
+            """uvicorn's `on_message_begin` without its ASGI scope, which only a request for the
+            application needs (`_app_scope`)."""
+            self.url = b""
+            self.expect_100_continue = False
+            self.headers = []
+            self.scope = None
+
+        def _app_scope(self) -> None:
+            """Build the scope uvicorn's `on_message_begin` would have, keeping the head parsed since."""
+            url, headers, expect = self.url, self.headers, self.expect_100_continue
+            HttpToolsProtocol.on_message_begin(self)
+            self.url, self.headers, self.expect_100_continue = url, headers, expect
+            self.scope["headers"] = headers
+
         def on_headers_complete(self) -> None:
             self._lean_req = None
             busy = self.cycle is not None and not self.cycle.response_complete
             if not busy and self.parser.get_http_version() == "1.1" and not self.parser.should_upgrade():
                 self._lean_req = lean.prepare(self.parser.get_method(), self.url, self.headers)
             if self._lean_req is None:
+                self._app_scope()
                 super().on_headers_complete()
                 return
             self._in_head = False
@@ -93,7 +109,7 @@ def lean_protocol(lean: LeanPath, limits: HTTPLimits = DEFAULT_LIMITS) -> type[H
                 super().on_message_complete()
                 return
             self._lean_req = None
-            self._deadline.disarm()
+            self._request_received()
             body = b"".join(self._lean_body)
             self._lean_body = []
             flight = self.cycle  # a pipelined request behind this one may take the `cycle` slot meanwhile
@@ -155,6 +171,7 @@ def lean_protocol(lean: LeanPath, limits: HTTPLimits = DEFAULT_LIMITS) -> type[H
 
             import httptools
 
+            self._app_scope()
             parsed = httptools.parse_url(self.url)
             path = parsed.path.decode("ascii")
             self.scope["method"] = self.parser.get_method().decode("ascii")

@@ -175,6 +175,36 @@ def test_a_kept_alive_connection_busy_past_the_request_timeout_stays_and_a_slow_
     _run(tmp_path, scenario)
 
 
+def test_a_kept_alive_connection_is_closed_once_idle_past_the_keep_alive_limit_and_not_before(tmp_path):
+    """The keep-alive deadline rides the connection's one lazy timer (moved at every answer, no timer per
+    answer): a connection asking every 0.4 s outlives a 1 s keep-alive limit; left idle after its last
+    answer, from either path, it is closed quietly about a second later."""
+    limits = HTTPLimits(request_timeout_s=1.0, idle_timeout_s=1, max_connections=40, max_watchers=3)
+
+    async def scenario(nodes, leader, ep, client):
+        await _register(client, "idle")
+        host, port = ep.split(":")
+        for last in (b"/v1/broker-sets/idle/replica-info", b"/healthz"):  # lean path, then FastAPI's
+            reader, writer = await asyncio.open_connection(host, int(port))
+            try:
+                for i in range(6):  # 2.4 s of requests, never idle for the limit
+                    path = b"/healthz" if i % 2 else b"/v1/broker-sets/idle/replica-info"
+                    writer.write(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+                    reply = await _read_reply(reader)
+                    assert reply.startswith(b"HTTP/1.1 200"), (i, reply)
+                    await asyncio.sleep(0.4)
+                writer.write(b"GET " + last + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert (await _read_reply(reader)).startswith(b"HTTP/1.1 200")
+                t0 = time.monotonic()
+                rest = await asyncio.wait_for(reader.read(65536), 10)
+                idle = time.monotonic() - t0
+                assert rest == b"" and 0.7 < idle < 3.0, (last, rest, idle)  # closed, without a reply
+            finally:
+                writer.close()
+
+    _run(tmp_path, scenario, limits)
+
+
 def test_connections_and_watchers_beyond_their_limits_get_503_with_retry_after(tmp_path):
     async def scenario(nodes, leader, ep, client):
         host, port = ep.split(":")
