@@ -77,10 +77,6 @@ class LazyDeadline:
         self.expires = math.inf  # the deadline (loop time); inf: none
         self.due = 0.0           # when the armed timer fires (loop time), at or before `expires`
 
-    @property
-    def armed(self) -> bool:
-        return self.expires != math.inf
-
     def arm(self, transport: asyncio.BaseTransport, seconds: float, reply: bytes = b"") -> None:
         try:
             loop = asyncio.get_running_loop()

@@ -90,6 +90,12 @@ class TopicReader:
         self.c.seek_to_beginning(*self.tps)
         self.values: list[dict] = []
 
+    def __enter__(self) -> TopicReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.c.close()  # else its IO thread polls a stopped broker for the rest of the test run
+
     def poll(self) -> list[dict]:
         for msgs in self.c.poll(timeout_ms=200).values():
             for m in msgs:

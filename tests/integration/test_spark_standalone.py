@@ -121,6 +121,7 @@ def test_streaming_job_on_a_standalone_cluster(tmp_path):
     kafka = EmbeddedKafka(log_file=tmp_path / "tansu.log").start()
     cluster = brokers = controller = job = None
     log_path = tmp_path / "job.log"
+    readers = contextlib.ExitStack()
     try:
         kafka_io.ensure_topics(kafka.bootstrap, records.Topics().partitions())
         brokers = HeartbeatWorld(kafka.bootstrap, SETS, TIMEOUT_MS)
@@ -140,7 +141,7 @@ def test_streaming_job_on_a_standalone_cluster(tmp_path):
                 p.read_text()[-1500:] for p in cluster.executor_logs())
 
         job = submit(cluster, kafka.bootstrap, controller.address, checkpoint, log_path)
-        liveness = TopicReader(kafka.bootstrap, records.LIVENESS, split=records.liveness_sets)
+        liveness = readers.enter_context(TopicReader(kafka.bootstrap, records.LIVENESS, split=records.liveness_sets))
         ready = wait_for(lambda: {v["brokerName"] for v in liveness.poll()} >= set(SETS) or job.poll() is not None,
                          STARTUP_S)
         assert ready and job.poll() is None, job_log()
@@ -177,6 +178,7 @@ def test_streaming_job_on_a_standalone_cluster(tmp_path):
         if job is not None and job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait(timeout=10)
+        readers.close()
         if brokers is not None:
             brokers.close()
         if controller is not None:

@@ -10,6 +10,7 @@ records appear, and a restart from the checkpoint does not propose again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -55,6 +56,7 @@ def test_streaming_job_end_to_end(tmp_path):
     world = None
     controller = None
     job = None
+    readers = contextlib.ExitStack()
     try:
         kafka_io.ensure_topics(kafka.bootstrap, records.Topics().partitions())
         world = HeartbeatWorld(kafka.bootstrap, SETS, TIMEOUT_MS)
@@ -73,7 +75,7 @@ def test_streaming_job_end_to_end(tmp_path):
         checkpoint = str(tmp_path / "checkpoint")
         log_path = tmp_path / "job.log"
         job = start_job(kafka.bootstrap, controller.address, checkpoint, log_path)
-        liveness = TopicReader(kafka.bootstrap, records.LIVENESS, split=records.liveness_sets)
+        liveness = readers.enter_context(TopicReader(kafka.bootstrap, records.LIVENESS, split=records.liveness_sets))
         ready = wait_for(lambda: {v["brokerName"] for v in liveness.poll()} >= set(SETS) or job.poll() is not None,
                          STARTUP_S)
         assert ready and job.poll() is None, log_path.read_text()[-3000:]
@@ -100,14 +102,14 @@ def test_streaming_job_end_to_end(tmp_path):
         assert {b["broker_id"] for b in body["live"]} == {1, 2, 3}
 
         # Dead letters.
-        dlq = TopicReader(kafka.bootstrap, records.DEAD_LETTERS)
+        dlq = readers.enter_context(TopicReader(kafka.bootstrap, records.DEAD_LETTERS))
         assert wait_for(lambda: len(dlq.poll()) >= 2, 10)
         assert len(dlq.values) == 2
         assert {d["raw"] for d in dlq.values} == {b.decode() for b in bad}
         assert all(d["topic"] == records.HEARTBEATS and d["error"] for d in dlq.values)
 
         # One report per batch on the job-stats topic (the controllers' dashboards read it).
-        stats = TopicReader(kafka.bootstrap, records.JOB_STATS)
+        stats = readers.enter_context(TopicReader(kafka.bootstrap, records.JOB_STATS))
         # A batch's report follows the batch: wait for the one that has counted both (batches are slow when shared).
         assert wait_for(lambda: any(s["deadLettersTotal"] >= 2 and s["proposalsTotal"] >= 1 for s in stats.poll()),
                         30), stats.values[-3:]
@@ -139,6 +141,7 @@ def test_streaming_job_end_to_end(tmp_path):
         if job is not None and job.poll() is None:
             job.kill()
             job.wait(timeout=10)
+        readers.close()
         if world is not None:
             world.close()
         if controller is not None:
