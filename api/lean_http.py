@@ -11,12 +11,16 @@ timeout, TLS from the server). When a request's head arrives, `LeanPath.prepare`
   the auth middleware and body limit, as before.
 
 A lean request found unfit only once its body is in (invalid JSON, a value out of range) is
-handed to the application then, with the body already read. Per request the lean path builds
-no ASGI scope (only a request for the application gets one) and arms no timer: the request and
-keep-alive deadlines are the connection's one lazy timer (`http_limits.LazyDeadline`). Those
-two, uvicorn's per-request defaults, were two thirds of the protocol's own cost. Answers go out in request
-order: while a lean request is in flight it stands in uvicorn's `cycle` slot, so a pipelined
-request behind it waits in uvicorn's pipeline queue, as it would behind an ASGI request.
+handed to the application then, with the body already read.
+
+Per request the lean path builds no ASGI scope (only a request for the application gets one)
+and arms no timer: the request and keep-alive deadlines are the connection's one lazy timer
+(`http_limits.LazyDeadline`). Those two uvicorn defaults were two thirds of the protocol's
+own cost.
+
+Answers go out in request order: while a lean request is in flight it stands in uvicorn's
+`cycle` slot, so a pipelined request behind it waits in uvicorn's pipeline queue, as it would
+behind an ASGI request.
 """
 
 from __future__ import annotations

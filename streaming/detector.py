@@ -231,7 +231,7 @@ class SetWatch:
         """The set's brokers by id (at most MAX_SNAPSHOT), without those disconnected as of `now_ms`."""
         ids = sorted(i for i in self.brokers
                      if now_ms is None or i not in self.gone or now_ms < self.gone[i][1])
-        return [self.brokers[i] for i in ids][:MAX_SNAPSHOT]
+        return [self.brokers[i] for i in ids[:MAX_SNAPSHOT]]
 
     def _forget_silent(self, now_ms: int) -> None:
         for bid, b in list(self.brokers.items()):
