@@ -16,12 +16,12 @@ Options of `spark.readStream.format("electra_kafka")`:
                      tasks than partitions read several partitions each, one after another. Each task
                      costs a Python worker round trip and a pickled reader per batch, which on a small
                      machine is worth more than parallel reads of a second's heartbeats
-* `parse`            `true`: the reader parses and validates the records itself (`parsing.parse_records`)
-                     and yields Arrow batches of `parsing.PARSED_SCHEMA`; needs `heartbeatsTopic`,
-                     `eventsTopic` and `buckets`
+* `parse`            `true`: the reader parses and validates the records itself and yields Arrow batches
+                     of `parsing.PARSED_SCHEMA`, a bundle row per operator key (`parsing.parse_bundles`);
+                     needs `heartbeatsTopic`, `eventsTopic` and `buckets`
 
 Rows: `topic string, partition int, offset long, key string, value string, timestamp timestamp`
-(with `parse`: the parsed rows).
+(with `parse`: the parsed rows, bundled).
 
 A Kafka log that went backwards (tansu is memory-only: after a restart every topic
 is empty again and offsets restart at 0) is detected as end < start; the source
@@ -291,10 +291,10 @@ class KafkaStreamReader(DataSourceStreamReader):
         ranges = partition.parts if isinstance(partition, KafkaReadGroup) else [partition]
         if not self.parse:
             return (row for part in ranges for row in read_partition(part))
-        from electra.streaming.parsing import parse_records
+        from electra.streaming.parsing import parse_bundles
 
         raw = ((t, p, o, v, ts) for part in ranges for t, p, o, _key, v, ts in read_partition(part, ts_ms=True))
-        return parse_records(raw, self.heartbeats_topic, self.events_topic, self.buckets)
+        return parse_bundles(raw, self.heartbeats_topic, self.events_topic, self.buckets)
 
     def commit(self, end: dict) -> None:
         pass

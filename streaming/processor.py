@@ -24,7 +24,7 @@ import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from electra.streaming import detector, records
-from electra.streaming.parsing import DISCONNECTED, DLQ_GROUP, EVENT, HEARTBEAT
+from electra.streaming.parsing import BUNDLE, DISCONNECTED, DLQ_GROUP, EVENT, HEARTBEAT
 
 log = logging.getLogger("electra.streaming.processor")
 
@@ -49,6 +49,10 @@ def _frame(rows: list[tuple[str, str, str]]) -> pd.DataFrame:
 # of the operator's Python per batch). Taken out on load and put back on store, so a batch that
 # fails in between (Spark re-runs it from the previous state version) decodes again.
 _DECODED: dict[str, tuple[str, dict[str, detector.SetWatch]]] = {}
+
+
+def _order(item: tuple[tuple[int, int], dict]) -> tuple[int, int]:
+    return item[0]
 
 
 def _bucket_of_key(key: Any) -> str:
@@ -128,26 +132,33 @@ class MasterWatchProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:
         by_set: dict[str, tuple[list, list, list]] = {}  # name -> (events, [(order, heartbeat)], disconnects)
         dead: list[str] = []
+
+        def add(group: str, kind: str, order: tuple[int, int], rec: dict) -> None:
+            evs, hbs, dcs = by_set.setdefault(group, ([], [], []))
+            if kind == EVENT:
+                evs.append(rec)
+            elif kind == HEARTBEAT:
+                hbs.append((order, rec))
+            elif kind == DISCONNECTED:
+                dcs.append(rec)
+
         for df in rows:
             for group, kind, part, off, payload in zip(df["group"].tolist(), df["kind"].tolist(),
                                                        df["partition"].tolist(), df["offset"].tolist(),
                                                        df["payload"].tolist()):
-                if group == DLQ_GROUP:
+                if kind == BUNDLE:  # the Python source's rows: many records of this bucket (parsing.parse_bundles)
+                    for g, k, p, o, rec in _decode(payload):
+                        add(g, k, (p, o), rec)
+                elif group == DLQ_GROUP:
                     dead.append(payload)
-                    continue
-                evs, hbs, dcs = by_set.setdefault(group, ([], [], []))
-                if kind == EVENT:
-                    evs.append(_decode(payload))
-                elif kind == HEARTBEAT:
-                    hbs.append(((part, off), payload))
-                elif kind == DISCONNECTED:
-                    dcs.append(_decode(payload))
+                elif kind in (EVENT, HEARTBEAT, DISCONNECTED):
+                    add(group, kind, (part, off), _decode(payload))
         if dead:  # dead letters pass through
             yield _frame([(detector.DEAD_LETTER, "", p) for p in dead])
         if not by_set:
             return
         now = timerValues.getCurrentProcessingTimeInMs()
-        decoded = {name: [_decode(p) for _, p in sorted(hbs)] for name, (_, hbs, _) in by_set.items()}
+        decoded = {name: [hb for _, hb in sorted(hbs, key=_order)] for name, (_, hbs, _) in by_set.items()}
         # Before the fold: a silence of the whole set is seen in the stamps of all its records.
         spans = {name: detector.span_of(decoded[name], dcs) for name, (_, _, dcs) in by_set.items()}
         collapsed = {name: _one_per_broker(hbs) for name, hbs in decoded.items()}

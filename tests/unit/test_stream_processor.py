@@ -311,3 +311,84 @@ def test_a_hung_master_in_a_long_folded_read_is_failed_over_at_its_timeout():
     out = list(p.handleInputRows((BUCKET,), iter([frame]), TV(T0 + 6000)))
     [proposal] = [json.loads(x) for df in out for k, x in zip(df["kind"], df["payload"]) if k == "proposal"]
     assert proposal["masterLastHeartbeatMs"] == T0 + 300
+
+
+def _by_bucket(batches) -> dict[str, pd.DataFrame]:
+    """The source's Arrow batches split by operator key, as Spark's groupBy hands them to the operator."""
+    frame = pd.concat([b.to_pandas() for b in batches]) if batches else pd.DataFrame(columns=PARSED_COLUMNS)
+    return {k: g for k, g in frame.groupby("bucket", sort=True)}
+
+
+def test_bundled_rows_give_the_operator_exactly_what_one_row_per_record_gives():
+    """`parse_bundles` (the Python source's rows: one per bucket) and `parse_records` (one per record) over the
+    same reads: every bucket ends with the same state, timers and output, proposals, dead letters and
+    liveness included, batch after batch."""
+    from electra.streaming.parsing import parse_bundles, parse_records
+    from electra.streaming.records import heartbeat_group
+
+    buckets = 3
+    sets = [f"s{i}" for i in range(12)]
+
+    def hb_raw(name, b, ts, off, epoch=1):
+        d = json.loads(hb(b, ts, off, name)[-1])
+        d["epoch"], d["maxOffset"] = epoch, 10 + off
+        return ("electra.heartbeats", sets.index(name) % 2, off, json.dumps(d), ts)
+
+    def group_raw(items, part, off, ts):
+        return ("electra.heartbeats", part, off, heartbeat_group([i[3].encode() for i in items]).decode(), ts)
+
+    reads = []
+    # batch 1: the events naming broker 1 master of every set, and a second of heartbeats (two per broker)
+    raw = [("electra.events", 0, i, ev(i, 1, 1, s)[-1], T0) for i, s in enumerate(sets)]
+    raw += [hb_raw(s, b, T0 + t, t // 100 + b) for t in (0, 500) for s in sets for b in (1, 2, 3)]
+    raw += [("electra.heartbeats", 1, 999, "{not json", T0), ("electra.heartbeats", 0, 998, '{"brokerName": 1}', T0)]
+    reads.append((raw, T0 + 600))
+    # batch 2: grouped records (ingest's form); s0's master crashes (a disconnected record), s1's hangs
+    raw = []
+    for s in sets:
+        items = [hb_raw(s, b, T0 + 1000 + t, 20 + t // 100 + b) for t in (0, 500) for b in (1, 2, 3)
+                 if not (s in ("s0", "s1") and b == 1)]
+        raw.append(group_raw(items, sets.index(s) % 2, 100 + sets.index(s), T0 + 1000))
+    dc = {"type": "disconnected", "clusterName": "c1", "brokerName": "s0", "brokerAddr": "a1", "brokerId": 1,
+          "reason": "connection_lost", "ts": T0 + 1100}
+    raw.append(("electra.heartbeats", 0, 200, json.dumps(dc), T0 + 1100))
+    reads.append((raw, T0 + 1600))
+    # batch 3: the others keep going until s1's master is past its 2 s timeout
+    raw = [hb_raw(s, b, T0 + t, 300 + t // 100 + b) for t in (2000, 2500, 3000) for s in sets for b in (1, 2, 3)
+           if not (s in ("s0", "s1") and b == 1)]
+    reads.append((raw, T0 + 3100))
+
+    results = []
+    for parse, kw in ((parse_records, {}), (parse_bundles, {"per_row": 5})):
+        handles: dict[str, FakeHandle] = {}
+        procs: dict[str, MasterWatchProcessor] = {}
+        outs = []
+        for raw, now in reads:
+            for bucket, frame in _by_bucket(list(parse(iter(raw), "electra.heartbeats", "electra.events",
+                                                       buckets, **kw))).items():
+                if bucket not in procs:
+                    handles[bucket], procs[bucket] = FakeHandle(), MasterWatchProcessor()
+                    procs[bucket].init(handles[bucket])
+                out = list(procs[bucket].handleInputRows((bucket,), iter([frame]), TV(now)))
+                outs += sorted(r for df in out for r in df.itertuples(index=False, name=None))
+            for bucket, p in procs.items():  # the next batch: a new partition, the same Python worker
+                p.close()
+                p.init(handles[bucket])
+        results.append((outs, {b: (h.state.value, sorted(h.timers)) for b, h in handles.items()}))
+    (rec_out, rec_state), (bun_out, bun_state) = results
+    assert bun_state == rec_state and len(rec_state) == buckets + 1  # the sets' buckets and the dead letters' ""
+    assert bun_out == rec_out
+    kinds = [r[0] for r in rec_out]
+    assert kinds.count("dlq") == 2 and kinds.count("proposal") == 2 and kinds.count("liveness") > 0
+
+
+def test_a_bundle_row_holds_at_most_its_size_and_dead_letters_stay_rows():
+    from electra.streaming.parsing import BUNDLE, parse_bundles
+
+    raw = [("electra.heartbeats", 0, i, hb(1, T0, i, f"s{i}")[-1], T0) for i in range(10)]
+    raw.append(("electra.heartbeats", 0, 10, "[]", T0))
+    [batch] = parse_bundles(iter(raw), "electra.heartbeats", "electra.events", 1, per_row=4)
+    frame = batch.to_pandas()
+    assert list(frame["kind"]) == ["dlq", BUNDLE, BUNDLE, BUNDLE]
+    assert [len(json.loads(p)) for p in frame["payload"][1:]] == [4, 4, 2]
+    assert list(frame["bucket"]) == [DLQ_GROUP, "0", "0", "0"]
