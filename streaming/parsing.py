@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from electra.streaming import records
+from electra.streaming.collector import collector_paused
 from electra.streaming.detector import DEAD_LETTER, RUN_FIELD, parse_event, span_of
 
 HEARTBEAT = "hb"
@@ -182,11 +183,10 @@ def parse_records(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str
     """
     import pyarrow as pa
 
-    rows = _folded(raw, heartbeats_topic, events_topic)
-    bucket = {g: bucket_of(g, buckets) for g in {r[0] for r in rows}}
-    for i in range(0, len(rows), chunk):
-        part_rows = rows[i:i + chunk]
-        yield pa.RecordBatch.from_arrays([
+    with collector_paused():
+        rows = _folded(raw, heartbeats_topic, events_topic)
+        bucket = {g: bucket_of(g, buckets) for g in {r[0] for r in rows}}
+        out = [pa.RecordBatch.from_arrays([
             pa.array([bucket[r[0]] for r in part_rows], pa.string()),
             pa.array([r[0] for r in part_rows], pa.string()),
             pa.array([r[1] for r in part_rows], pa.string()),
@@ -194,6 +194,8 @@ def parse_records(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str
             pa.array([r[4] for r in part_rows], pa.int32()),
             pa.array([r[5] for r in part_rows], pa.int64()),
             pa.array([_dump(r[2]) for r in part_rows], pa.string())], names=PARSED_COLUMNS)
+            for part_rows in (rows[i:i + chunk] for i in range(0, len(rows), chunk))]
+    yield from out
 
 
 def parse_bundles(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str, buckets: int = DEFAULT_BUCKETS,
@@ -210,25 +212,32 @@ def parse_bundles(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str
     """
     import pyarrow as pa
 
+    with collector_paused():
+        rows = _bundled(_folded(raw, heartbeats_topic, events_topic), heartbeats_topic, buckets, per_row)
+        batch = pa.RecordBatch.from_arrays([pa.array([r[i] for r in rows], t) for i, t in enumerate(
+            (pa.string(), pa.string(), pa.string(), pa.string(), pa.int32(), pa.int64(), pa.string()))],
+            names=PARSED_COLUMNS) if rows else None
+    if batch is not None:
+        yield batch
+
+
+def _bundled(folded: list[tuple], heartbeats_topic: str, buckets: int, per_row: int) -> list[tuple]:
+    """PARSED_SCHEMA rows: dead letters one each, then each bucket's records in bundles of `per_row`."""
     by_bucket: dict[str, list] = {}
-    dead: list[tuple] = []
-    for group, kind, obj, topic, part, off in _folded(raw, heartbeats_topic, events_topic):
+    rows: list[tuple] = []
+    for group, kind, obj, topic, part, off in folded:
         if group == DLQ_GROUP:
-            dead.append((DLQ_GROUP, DLQ_GROUP, kind, topic, part, off, _dump(obj)))
+            rows.append((DLQ_GROUP, DLQ_GROUP, kind, topic, part, off, _dump(obj)))
             continue
         b = bucket_of(group, buckets)
         entries = by_bucket.get(b)
         if entries is None:
             entries = by_bucket[b] = []
         entries.append((group, kind, part, off, obj))
-    rows = dead
     for b, entries in by_bucket.items():
         for i in range(0, len(entries), per_row):
             rows.append((b, BUNDLE_GROUP, BUNDLE, heartbeats_topic, -1, -1, _dump(entries[i:i + per_row])))
-    if rows:
-        yield pa.RecordBatch.from_arrays([pa.array([r[i] for r in rows], t) for i, t in enumerate(
-            (pa.string(), pa.string(), pa.string(), pa.string(), pa.int32(), pa.int64(), pa.string()))],
-            names=PARSED_COLUMNS)
+    return rows
 
 
 def parse_frames(frames: Iterator[Any], heartbeats_topic: str, events_topic: str,

@@ -24,6 +24,7 @@ import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from electra.streaming import detector, records
+from electra.streaming.collector import collector_paused
 from electra.streaming.parsing import BUNDLE, DISCONNECTED, DLQ_GROUP, EVENT, HEARTBEAT
 
 log = logging.getLogger("electra.streaming.processor")
@@ -130,6 +131,20 @@ class MasterWatchProcessor(StatefulProcessor):
 
     # ------------------------------------------------------------------ callbacks
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:
+        with collector_paused():
+            frames = self._on_rows(key, rows, timerValues)
+        yield from frames
+
+    def handleExpiredTimer(self, key: Any, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:
+        with collector_paused():
+            frames = self._on_timer(key, timerValues, expiredTimerInfo)
+        yield from frames
+
+    def close(self) -> None:
+        self._horizon = None
+
+    # ------------------------------------------------------------------ a batch's work (the collector paused)
+    def _on_rows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues) -> list[pd.DataFrame]:
         by_set: dict[str, tuple[list, list, list]] = {}  # name -> (events, [(order, heartbeat)], disconnects)
         dead: list[str] = []
 
@@ -153,10 +168,9 @@ class MasterWatchProcessor(StatefulProcessor):
                     dead.append(payload)
                 elif kind in (EVENT, HEARTBEAT, DISCONNECTED):
                     add(group, kind, (part, off), _decode(payload))
-        if dead:  # dead letters pass through
-            yield _frame([(detector.DEAD_LETTER, "", p) for p in dead])
+        frames = [_frame([(detector.DEAD_LETTER, "", p) for p in dead])] if dead else []  # dead letters pass through
         if not by_set:
-            return
+            return frames
         now = timerValues.getCurrentProcessingTimeInMs()
         decoded = {name: [hb for _, hb in sorted(hbs, key=_order)] for name, (_, hbs, _) in by_set.items()}
         # Before the fold: a silence of the whole set is seen in the stamps of all its records.
@@ -180,21 +194,16 @@ class MasterWatchProcessor(StatefulProcessor):
         outputs += self._due(watches, set(by_set), now)
         self._store(bucket, watches, armed)
         self._propose(outputs)
-        if outputs:
-            yield _frame([o.row() for o in outputs])
+        return frames + [_frame([o.row() for o in outputs])] if outputs else frames
 
-    def handleExpiredTimer(self, key: Any, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:
+    def _on_timer(self, key: Any, timerValues, expiredTimerInfo) -> list[pd.DataFrame]:
         bucket = _bucket_of_key(key)
         watches, armed = self._load(bucket)
         if armed == expiredTimerInfo.getExpiryTimeInMs():
             armed = None  # Spark removed the fired timer
         if not watches:
-            return
+            return []
         outputs = self._due(watches, set(), timerValues.getCurrentProcessingTimeInMs())
         self._store(bucket, watches, armed)
         self._propose(outputs)
-        if outputs:
-            yield _frame([o.row() for o in outputs])
-
-    def close(self) -> None:
-        self._horizon = None
+        return [_frame([o.row() for o in outputs])] if outputs else []
