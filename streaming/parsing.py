@@ -14,7 +14,8 @@ parsed row `(bucket, group, kind, topic, partition, offset, payload)`:
 
 `bucket` is the stateful operator's key: `bucket_of(group)`, a stable hash of the broker set
 name modulo the number of buckets ("" for dead letters). See `processor.py` for why the
-operator is keyed by bucket and not by set.
+operator is keyed by bucket and not by set. The Python source hands these rows on bundled, one
+row per bucket (`parse_bundles`); `mapInPandas` after Spark's own connector, one row per record.
 """
 
 from __future__ import annotations

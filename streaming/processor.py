@@ -12,6 +12,10 @@ armed. The bucket keeps one processing-time timer at the earliest deadline among
 (armed once; a timer that fires early re-arms). Sets whose timers are due are evaluated
 both when their bucket has data and when its timer fires. The reserved bucket "" carries
 dead letters through unchanged (no state), so the job needs one Kafka read.
+
+A bucket's input arrives as bundle rows from the Python source (`parsing.parse_bundles`: all
+its records in one row) or one row per record after Spark's own connector; both are read the
+same way. A batch's work runs with the cyclic collector paused (`collector.py`).
 """
 
 from __future__ import annotations
