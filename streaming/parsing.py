@@ -180,22 +180,14 @@ def parse_records(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str
     one) goes on: a batch that fell behind hands the stateful operator one row per broker
     instead of one per heartbeat, and the next batch does not fall further behind. What the fold
     drops, whether the set's records had a silence (`detector.span_of`), goes on with each folded
-    heartbeat in `detector.RUN_FIELD`. `parse_bundles` hands on the same records in fewer rows.
+    heartbeat in `detector.RUN_FIELD`. The source hands on the same records in fewer rows
+    (`parse_bundles`); this form is the one `mapInPandas` gives after Spark's own connector
+    (`parse_frames`), against which the tests hold both.
     """
-    import pyarrow as pa
-
     with collector_paused():
-        rows = _folded(raw, heartbeats_topic, events_topic)
-        bucket = {g: bucket_of(g, buckets) for g in {r[0] for r in rows}}
-        out = [pa.RecordBatch.from_arrays([
-            pa.array([bucket[r[0]] for r in part_rows], pa.string()),
-            pa.array([r[0] for r in part_rows], pa.string()),
-            pa.array([r[1] for r in part_rows], pa.string()),
-            pa.array([r[3] for r in part_rows], pa.string()),
-            pa.array([r[4] for r in part_rows], pa.int32()),
-            pa.array([r[5] for r in part_rows], pa.int64()),
-            pa.array([_dump(r[2]) for r in part_rows], pa.string())], names=PARSED_COLUMNS)
-            for part_rows in (rows[i:i + chunk] for i in range(0, len(rows), chunk))]
+        rows = [(bucket_of(group, buckets), group, kind, topic, part, off, _dump(obj))
+                for group, kind, obj, topic, part, off in _folded(raw, heartbeats_topic, events_topic)]
+        out = [_record_batch(rows[i:i + chunk]) for i in range(0, len(rows), chunk)]
     yield from out
 
 
@@ -211,15 +203,20 @@ def parse_bundles(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str
     per key), paid for 3,000 rows a second at 1,000 sets and 30,000 at 10,000. The operator
     decodes one list instead (`processor.MasterWatchProcessor`).
     """
-    import pyarrow as pa
-
     with collector_paused():
         rows = _bundled(_folded(raw, heartbeats_topic, events_topic), heartbeats_topic, buckets, per_row)
-        batch = pa.RecordBatch.from_arrays([pa.array([r[i] for r in rows], t) for i, t in enumerate(
-            (pa.string(), pa.string(), pa.string(), pa.string(), pa.int32(), pa.int64(), pa.string()))],
-            names=PARSED_COLUMNS) if rows else None
+        batch = _record_batch(rows) if rows else None
     if batch is not None:
         yield batch
+
+
+def _record_batch(rows: list[tuple]) -> Any:
+    """PARSED_SCHEMA rows `(bucket, group, kind, topic, partition, offset, payload)` as one Arrow record batch."""
+    import pyarrow as pa
+
+    types = (pa.string(), pa.string(), pa.string(), pa.string(), pa.int32(), pa.int64(), pa.string())
+    return pa.RecordBatch.from_arrays([pa.array([r[i] for r in rows], t) for i, t in enumerate(types)],
+                                      names=PARSED_COLUMNS)
 
 
 def _bundled(folded: list[tuple], heartbeats_topic: str, buckets: int, per_row: int) -> list[tuple]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from operator import itemgetter
 from typing import Any
 
 import pandas as pd
@@ -56,17 +57,13 @@ def _frame(rows: list[tuple[str, str, str]]) -> pd.DataFrame:
 _DECODED: dict[str, tuple[str, dict[str, detector.SetWatch]]] = {}
 
 
-def _order(item: tuple[tuple[int, int], dict]) -> tuple[int, int]:
-    return item[0]
-
-
 def _bucket_of_key(key: Any) -> str:
     return str(key[0])
 
 
 def _one_per_broker(heartbeats: list[dict]) -> list[dict]:
     """The set's heartbeats folded to one per broker; the Python source already hands on one per broker
-    (`parsing.parse_records`), so the fold runs only when a broker appears twice (Spark's Kafka source)."""
+    (`parsing.parse_bundles`), so the fold runs only when a broker appears twice (Spark's Kafka source)."""
     if len({hb["brokerId"] for hb in heartbeats}) == len(heartbeats):
         return heartbeats
     return detector.collapse_heartbeats(heartbeats)
@@ -176,7 +173,7 @@ class MasterWatchProcessor(StatefulProcessor):
         if not by_set:
             return frames
         now = timerValues.getCurrentProcessingTimeInMs()
-        decoded = {name: [hb for _, hb in sorted(hbs, key=_order)] for name, (_, hbs, _) in by_set.items()}
+        decoded = {name: [hb for _, hb in sorted(hbs, key=itemgetter(0))] for name, (_, hbs, _) in by_set.items()}
         # Before the fold: a silence of the whole set is seen in the stamps of all its records.
         spans = {name: detector.span_of(decoded[name], dcs) for name, (_, _, dcs) in by_set.items()}
         collapsed = {name: _one_per_broker(hbs) for name, hbs in decoded.items()}
