@@ -31,6 +31,7 @@ import msgspec
 import uvicorn
 
 from electra.consensus.errors import RaftError
+from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.security.auth import TokenStore
 
 from .http_limits import HTTPLimits
@@ -191,6 +192,7 @@ def options(*, host: str, port: int, link: str, app_socket: str, parent_fd: int,
 
 
 def main(argv: list[str]) -> int:
+    keep_read_buffers_off_mmap()  # its TLS reads in the heap (electra/malloc_thresholds.py)
     opts = json.loads(argv[0])
     logging.basicConfig(level=opts.get("log_level", "WARNING").upper(),
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")

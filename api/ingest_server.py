@@ -29,6 +29,7 @@ from dataclasses import replace
 
 import httptools
 
+from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.security.auth import AuthError, TokenStore
 from electra.security.http_auth import check_request
 from electra.streaming import records
@@ -291,6 +292,7 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
     """One worker process: its own producer and its own SO_REUSEPORT socket; stops on SIGTERM/SIGINT."""
     import uvloop
 
+    keep_read_buffers_off_mmap()  # a spawned process: its TLS reads in the heap (electra/malloc_thresholds.py)
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
     logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from electra.cli_args import Parser
+from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.tiering.options import parse_storage_options
 
 
@@ -783,6 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    keep_read_buffers_off_mmap()  # every command that serves or sends TLS (electra/malloc_thresholds.py)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper(),

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from electra.cli_args import Parser
+from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.streaming import records
 
 log = logging.getLogger("electra.streaming.job")
@@ -423,6 +424,7 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    keep_read_buffers_off_mmap()  # proposals over HTTPS (electra/malloc_thresholds.py)
     cfg = parse_args(argv)
     stop = threading.Event()
 
