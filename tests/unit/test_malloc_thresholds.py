@@ -78,11 +78,11 @@ def test_glibc_defaults_map_a_fresh_chunk_for_every_tls_read(certs):
     assert _mapped_per_read("default", certs) == [1] * 20
 
 
-def test_fixed_thresholds_keep_every_tls_read_in_the_heap(certs):
+def test_after_the_warm_up_every_tls_read_stays_in_the_heap(certs):
     assert _mapped_per_read("tuned", certs) == [0] * 20
 
 
-def test_every_tls_process_entry_point_fixes_the_thresholds():
+def test_every_tls_process_entry_point_raises_the_threshold():
     """The CLI, the ingest worker, the front-ends and the streaming job's driver each call it at their
     start (each is a process of its own: spawned, or `python -m`)."""
     root = Path(__file__).resolve().parents[2]
@@ -91,4 +91,4 @@ def test_every_tls_process_entry_point_fixes_the_thresholds():
         tree = ast.parse((root / path).read_text())
         [fn] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function]
         calls = {n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-        assert "keep_read_buffers_off_mmap" in calls, f"{path}: {function}() does not fix the thresholds"
+        assert "keep_read_buffers_off_mmap" in calls, f"{path}: {function}() does not raise the threshold"
