@@ -17,12 +17,15 @@ false_failovers counts the other sets whose master epoch moved during the run (a
 brokers learned it). job_cpu_us_per_hb is the Spark job's CPU (driver, JVM and Python
 workers: its whole process tree, from /proc) per heartbeat accepted by ingest in the
 measuring window. A size is sustained when at least 95% of the offered heartbeats were
-accepted and every crashed and hung master was replaced.
+accepted, enough sets settled (a master with a sync-state set of 3) to crash and hang as many
+masters as asked (every set, below `--crash` + `--hang` sets), and every crashed and hung master
+was replaced. crash_failovers and hang_failovers count the failovers measured.
 
 The last line describes the largest sustained size (or, when none was, the size that ran, with
 `sustained=0`):
 `RESULT groups=<n> timeout_s=<x> crash_failover_p50_s=<x> crash_failover_p99_s=<x> hang_failover_p50_s=<x>
-hang_failover_p99_s=<x> false_failovers=<n> job_cpu_us_per_hb=<x> batch_ms_p50=<n> sustained=<0|1>` (one line).
+hang_failover_p99_s=<x> false_failovers=<n> job_cpu_us_per_hb=<x> batch_ms_p50=<n> sustained=<0|1>
+crash_failovers=<n> hang_failovers=<n>` (one line).
 With fewer settled sets than `--crash` + `--hang`, the settled ones are shared between the two modes.
 Everything (load generator included) shares this machine's cores.
 """
@@ -153,11 +156,12 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
         out["false_failovers"] = len(moved)
         if moved:
             print(f"  G={groups}: FALSE failovers: {moved[:10]}", flush=True)
-        times_ok = out["crash_replaced"] == len(crash) > 0 and out["hang_replaced"] == len(hang)
         out["batch_ms"] = _batch_ms(stack.logs / "streaming.log")
         phases = out["phase_ms_p50"] = _phase_medians(stack.logs / "streaming.log")
         print(f"  G={groups}: batch phases p50 (ms): " + ", ".join(f"{k} {v:g}" for k, v in phases.items()), flush=True)
-        out["sustained"] = hb_rate >= 0.95 * 3 * groups and times_ok
+        out["sustained"], why = _verdict(out, groups, args.crash + args.hang)
+        if why:
+            print(f"  G={groups}: not sustained: {why}", flush=True)
         return out
     finally:
         try:
@@ -208,6 +212,21 @@ def _cpu_of(parts: dict[str, list[int]]) -> dict[str, float]:
 
 def _loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def _verdict(out: dict, groups: int, asked: int) -> tuple[bool, str]:
+    """Whether a size was sustained, and if not, why: the heartbeats kept up, enough sets settled to
+    measure as many failovers as asked (a size whose sets cannot keep full sync-state sets is not
+    one the stack holds, and a p99 of one failover says little), and every master was replaced."""
+    if out["hb_per_s"] < 0.95 * out["offered_hb_per_s"]:
+        return False, f"{out['hb_per_s']:,.0f} of {out['offered_hb_per_s']:,} heartbeats/s accepted (< 95%)"
+    if out["settled"] < min(asked, groups):
+        return False, (f"only {out['settled']} sets settled with a sync-state set of 3, {min(asked, groups)} "
+                       "needed for the failovers asked")
+    if out["crash_replaced"] < out["crash_n"] or out["hang_replaced"] < out["hang_n"]:
+        return False, (f"{out['crash_replaced']}/{out['crash_n']} crashed and {out['hang_replaced']}/"
+                       f"{out['hang_n']} hung masters replaced")
+    return True, ""
 
 
 def _victims(eligible: list[str], crash: int, hang: int) -> tuple[list[str], list[str]]:
@@ -386,5 +405,6 @@ def main(argv: list[str]) -> int:
                       hang_failover_p99_s=round(best["hang_p99_s"], 2),
                       false_failovers=best["false_failovers"], job_cpu_us_per_hb=best["job_cpu_us_per_hb"],
                       batch_ms_p50=round(best["batch_ms"]) if best["batch_ms"] == best["batch_ms"] else -1,
-                      sustained=int(best["sustained"])))
+                      sustained=int(best["sustained"]), crash_failovers=best["crash_replaced"],
+                      hang_failovers=best["hang_replaced"]))
     return 0

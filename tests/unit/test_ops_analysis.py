@@ -67,3 +67,20 @@ def test_bench_failover_shares_a_short_supply_of_settled_sets_between_crash_and_
     crash, hang = _victims(sets, 20, 20)
     assert len(crash) == 4 and len(hang) == 5 and not set(crash) & set(hang)  # was 9 crashes and no hang
     assert _victims(sets, 3, 2) == (sets[:3], sets[3:5])
+
+
+def test_bench_failover_sustains_a_size_only_when_its_sets_settled_and_every_master_was_replaced():
+    from electra.bench.failover import _verdict
+
+    full = {"hb_per_s": 2990.0, "offered_hb_per_s": 3000, "settled": 1000, "crash_n": 20, "crash_replaced": 20,
+            "hang_n": 20, "hang_replaced": 20}
+    assert _verdict(full, 1000, 40) == (True, "")
+    ok, why = _verdict(full | {"settled": 8, "crash_n": 4, "crash_replaced": 4, "hang_n": 4, "hang_replaced": 4},
+                       1000, 40)
+    assert not ok and "only 8 sets settled" in why  # 4 + 4 failovers measured of 20 + 20 asked
+    assert _verdict(full | {"settled": 9, "crash_n": 4, "crash_replaced": 4, "hang_n": 5, "hang_replaced": 5},
+                    9, 40) == (True, "")  # a size below --crash + --hang: every set
+    assert not _verdict(full | {"hb_per_s": 2800.0}, 1000, 40)[0]
+    assert not _verdict(full | {"hang_replaced": 19}, 1000, 40)[0]
+    assert not _verdict(full | {"settled": 0, "crash_n": 0, "crash_replaced": 0, "hang_n": 0, "hang_replaced": 0},
+                        1000, 40)[0]  # nothing settled: nothing measured
