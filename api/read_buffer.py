@@ -9,7 +9,8 @@ loop hands the bytes over (`buffer_updated`) right after reading them, before it
 socket, and `buffer_updated` copies them out before anything else runs.
 
 Use it first among the bases: `class MyProtocol(SharedReadBuffer, asyncio.Protocol)` with the usual
-`data_received`.
+`data_received`. Plain protocols behind TLS elsewhere still get the 256 KiB object per record;
+`electra/malloc_thresholds.py` keeps that allocation off mmap for the whole process.
 """
 
 from __future__ import annotations

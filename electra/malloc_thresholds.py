@@ -7,7 +7,11 @@ mapping, and raises the threshold (and the heap's trim threshold, to twice that)
 that way is freed at its full size, which the shrunken read buffer never is. So until some other large
 allocation happens to be freed whole, a process maps, faults in, remaps and unmaps 256 KiB for every TLS
 record it reads. Measured on this machine (docs/failover-signal.md, "Round 6"): a fresh ingest worker
-took 224-247 µs of CPU per HTTPS heartbeat, 160-161 µs once past this, against 105 µs over plain HTTP.
+took 210-247 µs of CPU per HTTPS heartbeat, 155-166 µs after the warm-up, 105 µs over plain HTTP.
+
+`api/read_buffer.SharedReadBuffer` keeps Electra's own hottest protocols (ingest, broker sessions) off
+that allocation altogether; this covers everything else behind TLS in the process (the Raft peers'
+streams, uvicorn's protocols, clients, kafka-python's buffers in its threads).
 
 `keep_read_buffers_off_mmap()` does at start what glibc would do after that first large free: it
 allocates and frees one 1 MiB chunk, which moves the threshold past the read buffers and leaves glibc's
