@@ -77,7 +77,7 @@ class Controller:
             self.liveness_consumer = LivenessConsumer(self, cfg.kafka_bootstrap, cfg.topics.liveness)
         self.requests: BrokerRequests = cfg.make_requests(node, sm, self.liveness, cfg, self.heartbeat_producer)
         self.scan = InactiveMasterScan(node, sm, self.liveness, self.requests.elect_master, cfg.scan_interval_s,
-                                       self.now_ms, getattr(self.requests, "scan_elections_in_flight", 1),
+                                       self.live_now_ms, getattr(self.requests, "scan_elections_in_flight", 1),
                                        not getattr(self.requests, "scan_at_fixed_rate", False))
         self.tier = None
         if cfg.tier is not None:
@@ -123,6 +123,10 @@ class Controller:
 
     def now_ms(self) -> int:
         return self.requests.now_ms()
+
+    def live_now_ms(self) -> int:
+        """The instant liveness is judged at (`LivenessTable.judge_at`: the clock, or the job's data horizon)."""
+        return self.liveness.judge_at(self.now_ms())
 
     def leader_address(self) -> str | None:
         return self.requests.leader_address()

@@ -43,6 +43,7 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
 from electra.security.auth import ANONYMOUS
 from electra.security.credentials import ClientCredentials
+from electra.state.liveness import PIPELINE_LAG_BOUND_MS
 
 from .topic_stats import TopicStats
 
@@ -224,7 +225,7 @@ class DashboardFeed:
         return {"available": True, "lag_entries": tier.lag_entries(), "lag_seconds": round(tier.lag_seconds(), 1),
                 "uploaded_index": tier.uploaded}
 
-    LIVENESS_STALE_MS = 30_000
+    LIVENESS_STALE_MS = PIPELINE_LAG_BOUND_MS  # as old as the liveness table itself stops waiting for the job
 
     def _liveness_unknown(self, now_ms: int) -> str | None:
         """Why this node's liveness view cannot be trusted (None when it can)."""
@@ -242,6 +243,7 @@ class DashboardFeed:
         live = down = none = unknown = 0
         unhealthy: list[dict] = []
         why_unknown = self._liveness_unknown(now_ms)
+        live_ms = self.svc.liveness.judge_at(now_ms)
         for name, bs in self.svc.sm.sets.items():
             if bs.master_id is None:
                 none += 1
@@ -251,7 +253,7 @@ class DashboardFeed:
                 continue
             else:
                 info = self.svc.liveness.group_by_name(name).get(bs.master_id)
-                if info is not None and info.alive_at(now_ms):
+                if info is not None and info.alive_at(live_ms):
                     live += 1
                     continue
                 down += 1
@@ -336,8 +338,8 @@ class DashboardFeed:
         bs = self.svc.sm.sets.get(name)
         if bs is None:
             return None
-        now_ms = int(self.clock() * 1000)
-        live = {str(i): {"last_heartbeat_ms": info.last_update_ms, "alive": info.alive_at(now_ms)}
+        live_ms = self.svc.liveness.judge_at(int(self.clock() * 1000))
+        live = {str(i): {"last_heartbeat_ms": info.last_update_ms, "alive": info.alive_at(live_ms)}
                 for i, info in self.svc.liveness.group_by_name(name).items()}
         return {"set": name, "state": bs.view().to_public(), "liveness": live,
                 "failovers": [f for f in self.failovers if f["set"] == name]}

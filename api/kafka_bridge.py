@@ -24,7 +24,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
@@ -218,26 +218,32 @@ class LivenessConsumer:
                 elif time.monotonic() - quiet_since > self.reset_check_s:
                     quiet_since = time.monotonic()
                     self._rewind_if_truncated(consumer, probe, tps)
-                batch = []
-                for msgs in polled.values():
-                    for m in msgs:
-                        try:
-                            sets = records.liveness_sets(records.decode(m.value))
-                        except ValueError:
-                            sets = []
-                        if not sets:
-                            self.stats["bad_records"] += 1
-                        for d in sets:
-                            try:
-                                batch.append((d["clusterName"], d["brokerName"],
-                                              [BrokerLiveInfo.from_wire(b) for b in d["brokers"]]))
-                            except (ValueError, KeyError, TypeError):
-                                self.stats["bad_records"] += 1
+                batch = [s for msgs in polled.values() for m in msgs for s in self._sets_of(m.value)]
                 if batch:
                     self._loop.call_soon_threadsafe(self._apply, batch)
         finally:
             consumer.close()
             probe.close()
+
+    def _sets_of(self, value: bytes) -> list[tuple[str, str, list[BrokerLiveInfo], int | None]]:
+        """One liveness record's sets: (cluster, set, brokers' records, the instant the job judged them at).
+
+        A record or a set that does not decode is counted in `bad_records` and skipped.
+        """
+        try:
+            sets = records.liveness_sets(records.decode(value))
+        except ValueError:
+            sets = []
+        if not sets:
+            self.stats["bad_records"] += 1
+        out = []
+        for d in sets:
+            try:
+                out.append((d["clusterName"], d["brokerName"], [BrokerLiveInfo.from_wire(b) for b in d["brokers"]],
+                            _judged_ms(d.get("ts"))))
+            except (ValueError, KeyError, TypeError):
+                self.stats["bad_records"] += 1
+        return out
 
     def _rewind_if_truncated(self, consumer: KafkaConsumer, probe: KafkaConsumer, tps: list) -> None:
         """After Kafka lost its data (tansu restarts empty) our position lies past the new end, and a
@@ -252,8 +258,15 @@ class LivenessConsumer:
 
     def _apply(self, batch: list) -> None:
         table = self.svc.liveness
-        for cluster, name, infos in batch:
+        for cluster, name, infos, judged_ms in batch:
             for info in infos:
                 table.put(cluster, name, info)
+            if judged_ms is not None:
+                table.advance_horizon(judged_ms)
         self.stats["records"] += len(batch)
         self.stats["last_record_ms"] = self.svc.now_ms()
+
+
+def _judged_ms(ts: Any) -> int | None:
+    """A liveness record's judging instant (`ts`), if it is one: an int of ms since the epoch."""
+    return ts if type(ts) is int and 0 < ts < 2**63 else None

@@ -73,6 +73,11 @@ class ControllerService:
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
 
+    def live_now_ms(self) -> int:
+        """The instant liveness is judged at: the clock, or the streaming job's data horizon
+        (`LivenessTable.judge_at`). Commands whose outcome depends on liveness carry it."""
+        return self.liveness.judge_at(self.now_ms())
+
     def leader_address(self) -> str | None:
         return self.http_peers.get(self.node.leader_id)
 
@@ -104,7 +109,7 @@ class ControllerService:
         return self._read(lambda sm: sm.get_replica_info(name), lease)
 
     def get_sync_state_data(self, names: list[str]) -> dict:
-        return self.sm.get_sync_state_data(names, self.liveness.group_by_name, self.now_ms()).to_response()
+        return self.sm.get_sync_state_data(names, self.liveness.group_by_name, self.live_now_ms()).to_response()
 
     def _write(self, cmd: bytes) -> asyncio.Future[dict]:
         """Propose `cmd`; the future answer is its applied result's response.
@@ -142,7 +147,7 @@ class ControllerService:
 
     def register_broker(self, cluster: str, name: str, broker_id: int, addr: str) -> Awaitable[dict]:
         """RocketMQ writes only when the address changes; an unchanged one is answered by a read."""
-        cmd = C.register_broker(cluster, name, broker_id, addr, self.now_ms(), self.liveness.group(cluster, name))
+        cmd = C.register_broker(cluster, name, broker_id, addr, self.live_now_ms(), self.liveness.group(cluster, name))
         bs = self.sm.sets.get(name)
         if bs is not None and broker_id in bs.brokers and bs.address(broker_id) != addr:
             return self._write(cmd)  # a new address: no need to try it against the state first
@@ -151,7 +156,7 @@ class ControllerService:
     async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False) -> dict:
         """An election that would change nothing (master still alive: 2011, or refused) is answered by a read."""
         live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
-        res = await self._write_if_it_changes(C.elect_master(cluster, name, broker_id, self.now_ms(), live,
+        res = await self._write_if_it_changes(C.elect_master(cluster, name, broker_id, self.live_now_ms(), live,
                                                              designate=designate, unclean=self.unclean))
         self._count_election(res)
         return res
@@ -178,13 +183,13 @@ class ControllerService:
     def alter_sync_state_set(self, name: str, master_id: int, master_epoch: int, new_set: list[int],
                              sync_state_set_epoch: int) -> Awaitable[dict]:
         return self._write(C.alter_sync_state_set(name, master_id, master_epoch, new_set,
-                                                        sync_state_set_epoch, self.now_ms(),
+                                                        sync_state_set_epoch, self.live_now_ms(),
                                                         self.liveness.group_by_name(name)))
 
     async def clean_broker_data(self, cluster: str | None, name: str, ids: list[int] | None,
                                 clean_living: bool) -> dict:
         live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
-        return await self._write(C.clean_broker_data(cluster, name, ids, clean_living, self.now_ms(), live))
+        return await self._write(C.clean_broker_data(cluster, name, ids, clean_living, self.live_now_ms(), live))
 
 
 def _response(res: Result) -> dict:

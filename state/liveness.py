@@ -16,6 +16,7 @@ import msgspec
 from .limits import BrokerIdField, Int32Field, Int64Field
 
 DEFAULT_TIMEOUT_MS = 10_000
+PIPELINE_LAG_BOUND_MS = 30_000  # judge no earlier than this before the clock, however far the job lags
 LOWEST_PRIORITY = 2**31 - 1  # RocketMQ's Integer.MAX_VALUE: lower numbers are preferred
 
 
@@ -55,9 +56,33 @@ class LivenessTable:
     each command's liveness copy would otherwise scan every broker of the fleet.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, lag_bound_ms: int = PIPELINE_LAG_BOUND_MS) -> None:
         self._by_name: dict[str, dict[tuple[str, int], BrokerLiveInfo]] = {}
         self._count = 0
+        self.lag_bound_ms = lag_bound_ms
+        # The newest instant the streaming job judged liveness at (its liveness records' `ts`, the
+        # job's data horizon); None while heartbeats come straight to this node.
+        self.horizon_ms: int | None = None
+
+    def advance_horizon(self, judged_ms: int) -> None:
+        """The job judged a set at `judged_ms`: every heartbeat ingested before it has been seen."""
+        if self.horizon_ms is None or judged_ms > self.horizon_ms:
+            self.horizon_ms = judged_ms
+
+    def judge_at(self, now_ms: int) -> int:
+        """The instant to judge this table's records at: the clock, or the job's data horizon.
+
+        Records from the streaming job arrive a trigger interval plus a batch after their
+        heartbeats were ingested. Judged at the clock, every broker would look that much older
+        than it is, and with batches longer than the heartbeat timeout every broker dead: no
+        replica could join a sync state set and no broker-triggered election would find a
+        candidate. So, like the job itself (`streaming/detector.judge_at`), judge at the newest
+        instant the job has judged at, never later than the clock, and never more than
+        `lag_bound_ms` before it: a job that stopped does not keep brokers alive for ever.
+        """
+        if self.horizon_ms is None:
+            return now_ms
+        return min(now_ms, max(self.horizon_ms, now_ms - self.lag_bound_ms))
 
     def on_heartbeat(self, cluster: str, name: str, broker_id: int, addr: str, now_ms: int, *,
                      timeout_ms: int = DEFAULT_TIMEOUT_MS, epoch: int = -1, max_offset: int = -1,

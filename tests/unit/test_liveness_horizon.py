@@ -1,0 +1,163 @@
+"""Controllers judge the streaming job's liveness records at the job's data horizon, not at their clock.
+
+A liveness record reaches a controller a trigger interval plus a batch after its heartbeats were
+ingested. With batches longer than the heartbeat timeout (a loaded machine), a controller that
+judged at its own clock saw every broker dead: AlterSyncStateSet refused every replica, and a
+crashed master's set could never have grown a sync state set to fail over to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from electra.api.controller import ControllerConfig
+from electra.api.kafka_bridge import LivenessConsumer
+from electra.api.service import ControllerService
+from electra.consensus.core import Role
+from electra.state import commands as C
+from electra.state.codes import Code
+from electra.state.liveness import PIPELINE_LAG_BOUND_MS, BrokerLiveInfo, LivenessTable
+from electra.state.machine import ControllerStateMachine
+
+NOW = 1_000_000_000
+TIMEOUT = 3_000
+LAG = 3_800  # the job's records arrive this much after the heartbeats they describe: longer than TIMEOUT
+
+
+class FakeNode:
+    """A leader that applies each proposal at once (the service's write path, without Raft)."""
+
+    role, leader_id, core = Role.LEADER, 1, None
+
+    def __init__(self, sm: ControllerStateMachine) -> None:
+        self.sm, self.index = sm, 0
+
+    def _apply(self, cmd: bytes):
+        self.index += 1
+        return self.sm.apply(self.index, cmd)
+
+    def propose_future(self, cmd: bytes) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(self._apply(cmd))
+        return fut
+
+    async def read(self, fn, mode: str):
+        return fn(self.sm)
+
+
+def _set_with_master(sm: ControllerStateMachine, node: FakeNode) -> None:
+    """Set `s`: brokers 1-3 registered, 1 elected master; its sync state set is {1} (epoch 1)."""
+    fresh = {i: BrokerLiveInfo(i, f"10.0.0.{i}:10911", NOW, TIMEOUT) for i in (1, 2, 3)}
+    for i in (1, 2, 3):
+        assert node._apply(C.apply_broker_id("c", "s", i, f"10.0.0.{i}:10911;{i}")).code == Code.SUCCESS
+        assert node._apply(C.register_broker("c", "s", i, f"10.0.0.{i}:10911", NOW, fresh)).code == Code.SUCCESS
+    assert node._apply(C.elect_master("c", "s", 1, NOW, fresh)).code == Code.SUCCESS
+
+
+def _service(table: LivenessTable, heard_at_ms: int) -> ControllerService:
+    """The set above, and its brokers' newest records (from the job) saying they heartbeat at `heard_at_ms`."""
+    sm = ControllerStateMachine()
+    node = FakeNode(sm)
+    _set_with_master(sm, node)
+    for i in (1, 2, 3):
+        table.put("c", "s", BrokerLiveInfo(i, f"10.0.0.{i}:10911", heard_at_ms, TIMEOUT))
+    return ControllerService(node, sm, table, ControllerConfig(scan_interval_s=0, clock=lambda: NOW / 1000))
+
+
+def _answer(request) -> dict:
+    """Run one request (a callable returning its awaitable answer) on an event loop."""
+    async def main() -> dict:
+        return await request()
+
+    return asyncio.run(main())
+
+
+def _grow_sync_state_set(svc: ControllerService) -> dict:
+    return _answer(lambda: svc.alter_sync_state_set("s", 1, 1, [1, 2, 3], 1))
+
+
+def test_a_lagging_jobs_records_are_judged_at_its_horizon_so_replicas_can_join():
+    table = LivenessTable()
+    table.advance_horizon(NOW - LAG)  # the newest instant the job judged at
+    svc = _service(table, NOW - LAG - 200)
+    assert svc.live_now_ms() == NOW - LAG
+    res = _grow_sync_state_set(svc)
+    assert res["code"] == Code.SUCCESS, res
+    assert svc.sm.sets["s"].sync_state_set == frozenset({1, 2, 3})
+
+
+def test_judged_at_the_clock_the_same_records_refuse_every_replica():
+    """The control: without the job's horizon (as before), the same lag makes every broker look dead."""
+    svc = _service(LivenessTable(), NOW - LAG - 200)
+    assert svc.live_now_ms() == NOW
+    res = _grow_sync_state_set(svc)
+    assert res["code"] != Code.SUCCESS, res
+    assert svc.sm.sets["s"].sync_state_set == frozenset({1})
+
+
+def test_a_job_that_stopped_keeps_no_broker_alive_beyond_the_bound():
+    table = LivenessTable()
+    table.advance_horizon(NOW - PIPELINE_LAG_BOUND_MS - 5_000)  # the job's last batch, long ago
+    svc = _service(table, NOW - PIPELINE_LAG_BOUND_MS - 5_000)
+    assert svc.live_now_ms() == NOW - PIPELINE_LAG_BOUND_MS
+    assert _grow_sync_state_set(svc)["code"] != Code.SUCCESS
+
+
+def test_register_reports_the_master_alive_at_the_horizon():
+    table = LivenessTable()
+    svc = _service(table, NOW - LAG - 200)
+    def register() -> dict:
+        return _answer(lambda: svc.register_broker("c", "s", 2, "10.0.0.2:10911"))
+
+    assert register()["header"]["masterBrokerId"] is None
+    table.advance_horizon(NOW - LAG)
+    assert register()["header"]["masterBrokerId"] == 1
+
+
+@pytest.mark.parametrize(("horizon", "expected"), [
+    (None, NOW),  # heartbeats come straight to this node: its clock
+    (NOW - 2_000, NOW - 2_000),  # the job lags 2 s: its horizon
+    (NOW - PIPELINE_LAG_BOUND_MS - 1, NOW - PIPELINE_LAG_BOUND_MS),  # lagging past the bound: the bound
+    (NOW + 5_000, NOW),  # a job whose clock runs ahead: never later than this node's clock
+])
+def test_judge_at(horizon, expected):
+    table = LivenessTable()
+    if horizon is not None:
+        table.advance_horizon(horizon)
+    assert table.judge_at(NOW) == expected
+
+
+def test_the_horizon_only_moves_forward():
+    table = LivenessTable()
+    table.advance_horizon(NOW - 1_000)
+    table.advance_horizon(NOW - 9_000)  # an older record (replayed at start, another partition)
+    assert table.horizon_ms == NOW - 1_000
+
+
+def _record(sets: list[dict]) -> bytes:
+    return json.dumps({"sets": sets}).encode()
+
+
+def test_the_liveness_consumer_moves_the_horizon_to_the_instants_the_job_judged_at():
+    svc = type("Svc", (), {})()
+    svc.liveness = LivenessTable()
+    svc.now_ms = lambda: NOW
+    consumer = LivenessConsumer(svc, "127.0.0.1:9")
+    brokers = [BrokerLiveInfo(1, "10.0.0.1:10911", NOW - 4_100, TIMEOUT).to_wire()]
+    sets = consumer._sets_of(_record([
+        {"clusterName": "c", "brokerName": "a", "ts": NOW - 4_000, "brokers": brokers},
+        {"clusterName": "c", "brokerName": "b", "ts": NOW - 3_900, "brokers": brokers},
+        {"clusterName": "c", "brokerName": "d", "ts": True, "brokers": brokers},  # not an instant: no horizon
+        {"clusterName": "c", "brokerName": "e", "ts": "soon", "brokers": brokers},
+        {"clusterName": "c", "brokerName": "f", "ts": -5, "brokers": brokers},
+        {"clusterName": "c", "brokerName": "g", "brokers": brokers},  # written before records carried ts
+    ]))
+    assert [(name, judged) for _, name, _, judged in sets] == [
+        ("a", NOW - 4_000), ("b", NOW - 3_900), ("d", None), ("e", None), ("f", None), ("g", None)]
+    consumer._apply(sets)
+    assert svc.liveness.horizon_ms == NOW - 3_900
+    assert svc.liveness.group_by_name("g")[1].last_update_ms == NOW - 4_100  # records without ts still count
+    assert consumer._sets_of(b"not json") == [] and consumer.stats["bad_records"] == 1
