@@ -31,7 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from electra.cli_args import Parser
+from electra.cli_args import Parser, count_list
 
 from . import wrk
 from .common import (
@@ -249,16 +249,6 @@ def _line(system: str, key: str, r: dict, duration: float) -> str:
             f"failed {r['non_2xx'] + r['socket_errors']}")
 
 
-def _counts(text: str) -> list[int]:
-    try:
-        counts = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N or N,M,... front-end counts, not {text!r}") from None
-    if not counts or any(n < 0 or n > 16 for n in counts):
-        raise argparse.ArgumentTypeError(f"front-end counts are 0..16, not {text!r}")
-    return counts
-
-
 def _print_front_end_scaling(by_count: dict[int, dict], duration: float) -> None:
     """Per workload: requests/s and requests per CPU-second of the serving node's processes, per front-end count."""
     print("  front-ends: requests/s, and requests per CPU-second of the serving node's processes "
@@ -291,9 +281,9 @@ def _print_front_end_scaling(by_count: dict[int, dict], duration: float) -> None
 def main(argv: list[str]) -> int:
     p = Parser(prog="electra bench api", description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run (default 10)")
+    p.add_argument("--duration", type=float, minimum=1, default=10.0, help="seconds per wrk run (default 10)")
     p.add_argument("--no-tls-run", action="store_true", help="skip the extra Electra run with TLS and tokens")
-    p.add_argument("--front-ends", default="0", type=_counts,
+    p.add_argument("--front-ends", default="0", type=count_list(0, 16),
                    help="front-end processes per Electra node (`electra node --front-ends`); a list such as 0,1,2 "
                         "measures each, prints requests per CPU-second of a node's processes and the 1->2 scaling; "
                         "the RESULT line and the TLS run use the first (default 0)")

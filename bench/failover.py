@@ -42,7 +42,7 @@ from pathlib import Path
 
 import uvloop  # the simulated fleet runs in this process: uvloop's TLS and sockets cost less per heartbeat
 
-from electra.cli_args import Parser
+from electra.cli_args import Parser, count_list
 
 from .common import free_ports, percentile, process_tree_cpu_s, result_line
 
@@ -354,23 +354,24 @@ def _batch_ms(log: Path) -> float:
 def main(argv: list[str]) -> int:
     p = Parser(prog="electra bench failover", description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--groups", default="100,300,1000", help="broker set counts to try, smallest first")
+    p.add_argument("--groups", type=count_list(1), default="100,300,1000",
+                   help="broker set counts to try, smallest first")
     p.add_argument("--crash", type=int, default=20, help="masters crashed per size (session reset)")
     p.add_argument("--hang", type=int, default=20, help="masters hung per size (no heartbeats, connection kept)")
     p.add_argument("--every", type=float, default=0.5, help="seconds between two crashes or hangs")
-    p.add_argument("--timeout-ms", type=int, default=3000, help="the brokers' heartbeatTimeoutMillis")
+    p.add_argument("--timeout-ms", type=int, minimum=1, default=3000, help="the brokers' heartbeatTimeoutMillis")
     p.add_argument("--trigger-ms", type=int, default=1000, help="the Spark job's trigger interval")
-    p.add_argument("--ingest-workers", type=int, default=1, help="ingest worker processes per node")
-    p.add_argument("--measure", type=float, default=15.0, help="seconds of heartbeat counting")
-    p.add_argument("--settle", type=float, default=180.0,
+    p.add_argument("--ingest-workers", type=int, minimum=1, default=1, help="ingest worker processes per node")
+    p.add_argument("--measure", type=float, minimum=1, default=15.0, help="seconds of heartbeat counting")
+    p.add_argument("--settle", type=float, minimum=1, default=180.0,
                    help="max seconds to wait for full sync-state sets (from the job's first batch on)")
-    p.add_argument("--job-start", type=float, default=300.0,
+    p.add_argument("--job-start", type=float, minimum=1, default=300.0,
                    help="max seconds to wait for the Spark job's first batch after the fleet registered")
     p.add_argument("--job-arg", action="append", default=[],
                    help="an extra argument for the streaming job (repeat; e.g. --job-arg=--proposals-at-batch-end)")
     p.add_argument("--out", default=None, help="keep each size's logs under this directory (default: a temp dir)")
     args = p.parse_args(argv)
-    sizes = [int(g) for g in args.groups.split(",") if g.strip()]
+    sizes = args.groups
     print(f"bench failover: sizes {sizes}, {args.crash} crashed and {args.hang} hung masters per size, heartbeat "
           f"timeout {args.timeout_ms} ms, trigger {args.trigger_ms} ms", flush=True)
     results = []

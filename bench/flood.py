@@ -120,8 +120,8 @@ async def _flood(ep: str, duration: float, concurrency: int, counts: dict[str, i
 
 def main(argv: list[str]) -> int:
     ap = Parser(prog="electra bench flood", description=__doc__.splitlines()[0])
-    ap.add_argument("--duration", type=float, default=15.0, help="seconds of flood (default 15)")
-    ap.add_argument("--concurrency", type=int, default=100, help="heartbeat clients (default 100)")
+    ap.add_argument("--duration", type=float, minimum=1, default=15.0, help="seconds of flood (default 15)")
+    ap.add_argument("--concurrency", type=int, minimum=1, default=100, help="heartbeat clients (default 100)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="electra-flood-") as tmp:
         procs, endpoints = start_controller_processes(Path(tmp), ("--tick-ms", "100"))

@@ -46,7 +46,7 @@ from pathlib import Path
 import uvloop  # the generator's sockets, timers and callbacks in C: it must cost less than the servers
 
 from electra.cli import freeze_startup_heap
-from electra.cli_args import Parser
+from electra.cli_args import Parser, count_list
 
 from . import report_html as R
 from . import wrk
@@ -71,16 +71,6 @@ from .common import (
 )
 
 ARCHS = ("new", "legacy")
-
-
-def _parse_sweep(text: str) -> list[int]:
-    try:
-        points = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad --brokers {text!r}: expected counts like 10,100,1000") from None
-    if not points or points[0] < 3:
-        raise argparse.ArgumentTypeError("--brokers: every point needs at least 3 brokers (one set)")
-    return points
 
 
 async def _find_leader(endpoints: list[str], timeout_s: float = 30.0) -> str:
@@ -445,9 +435,10 @@ def _point_line(system: str, pt: dict) -> str:
 def main(argv: list[str]) -> int:
     p = Parser(prog="electra report performance", description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--brokers", type=_parse_sweep, default=_parse_sweep("10,100,1000,5000"),
-                   help="concurrent brokers per point, comma-separated (default 10,100,1000,5000)")
-    p.add_argument("--duration", type=float, default=10.0,
+    p.add_argument("--brokers", type=count_list(3), default="10,100,1000,5000",
+                   help="concurrent brokers per point, comma-separated, each at least 3 (one set; "
+                        "default 10,100,1000,5000)")
+    p.add_argument("--duration", type=float, minimum=1, default=10.0,
                    help="measured seconds of each phase (real mix, capacity) per point (default 10)")
     p.add_argument("--architectures", default="new,legacy", help="which to run (default new,legacy)")
     p.add_argument("--legacy-max-brokers", type=int, default=1000,
@@ -455,13 +446,14 @@ def main(argv: list[str]) -> int:
                         "one broker request at a time)")
     p.add_argument("--etcd", choices=("auto", "on", "off"), default="auto",
                    help="etcd beside them for GetReplicaInfo ~ kv/range (auto: when `etcd` is installed)")
-    p.add_argument("--capacity-connections", type=int, default=64,
+    p.add_argument("--capacity-connections", type=int, minimum=1, default=64,
                    help="wrk connections of the capacity phase's closed loop (default 64, as bench api's)")
     p.add_argument("--storm-fraction", type=float, default=0.2, help="masters killed at once (default 0.2)")
-    p.add_argument("--storm-limit-s", type=float, default=90.0, help="give up waiting for recovery after this")
-    p.add_argument("--heartbeat-timeout-ms", type=int, default=10_000,
+    p.add_argument("--storm-limit-s", type=float, minimum=1, default=90.0,
+                   help="give up waiting for recovery after this")
+    p.add_argument("--heartbeat-timeout-ms", type=int, minimum=1, default=10_000,
                    help="heartbeatTimeoutMillis the brokers send (RocketMQ default 10000)")
-    p.add_argument("--scan-ms", type=int, default=5000,
+    p.add_argument("--scan-ms", type=int, minimum=1, default=5000,
                    help="the leader's inactive-master scan period (RocketMQ: 5000; the new architecture also "
                         "scans at a master's timeout)")
     p.add_argument("--heartbeats-to", choices=("all", "leader"), default="all",

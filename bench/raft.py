@@ -41,12 +41,12 @@ def run_system(system: str, args: argparse.Namespace) -> dict:
 
 def main(argv: list[str]) -> int:
     p = Parser(prog="electra bench raft", description=__doc__)
-    p.add_argument("--clients", type=int, default=1000)
-    p.add_argument("--size", type=int, default=64)
-    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--clients", type=int, minimum=1, default=1000)
+    p.add_argument("--size", type=int, minimum=1, default=64)
+    p.add_argument("--duration", type=float, minimum=1, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--settle", type=float, default=4.0, help="seconds for processes to start and elect")
-    p.add_argument("--inflight", type=int, default=32, help="AppendEntries in flight per follower")
+    p.add_argument("--inflight", type=int, minimum=1, default=32, help="AppendEntries in flight per follower")
     p.add_argument("--unsafe-no-fsync", action="store_true")
     p.add_argument("--skip-pysyncobj", action="store_true")
     args = p.parse_args(argv)

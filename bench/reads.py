@@ -223,9 +223,9 @@ def main(argv: list[str]) -> int:
         worker(p.parse_args(argv[1:]))
         return 0
     p = Parser(prog="electra bench reads", description=__doc__)
-    p.add_argument("--clients", type=int, default=1000)
+    p.add_argument("--clients", type=int, minimum=1, default=1000)
     p.add_argument("--bg-writers", type=int, default=20, help="writers at the leader during read phases")
-    p.add_argument("--duration", type=float, default=5.0, help="seconds per phase")
+    p.add_argument("--duration", type=float, minimum=1, default=5.0, help="seconds per phase")
     p.add_argument("--settle", type=float, default=4.0)
     p.add_argument("--entries", type=int, default=1_000_000, help="entries for the restart measurement")
     args = p.parse_args(argv)

@@ -101,16 +101,16 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog="electra bench stream")
-    ap.add_argument("--sets", type=int, default=100)
-    ap.add_argument("--brokers", type=int, default=3)
-    ap.add_argument("--hb-interval-ms", type=int, default=1000)
-    ap.add_argument("--timeout-ms", type=int, default=3000)
+    ap.add_argument("--sets", type=int, minimum=1, default=100)
+    ap.add_argument("--brokers", type=int, minimum=1, default=3)
+    ap.add_argument("--hb-interval-ms", type=int, minimum=1, default=1000)
+    ap.add_argument("--timeout-ms", type=int, minimum=1, default=3000)
     ap.add_argument("--kill", type=int, default=10)
     ap.add_argument("--trigger-ms", type=int, default=1000)
-    ap.add_argument("--shuffle-partitions", type=int, default=1)
-    ap.add_argument("--read-tasks", type=int, default=1)
+    ap.add_argument("--shuffle-partitions", type=int, minimum=1, default=1)
+    ap.add_argument("--read-tasks", type=int, minimum=1, default=1)
     ap.add_argument("--job-arg", action="append", default=[], help="extra argument for the job (repeatable)")
-    ap.add_argument("--buckets", type=int, default=2,
+    ap.add_argument("--buckets", type=int, minimum=1, default=2,
                     help="operator keys; a value >= --sets is one key per set (the layout before buckets)")
     ap.add_argument("--group", type=int, default=0,
                     help="heartbeats per Kafka record (default 0: what the ingest workers would group at this rate; "

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import time
 from pathlib import Path
+
+from electra.interrupts import terminate_as_interrupt
 
 from .nemesis import KINDS, parse_kind
 
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"(kill:leader, partition:one-way, ...; known kinds: {', '.join(KINDS)})")
     c.add_argument("--mixed", action="store_true", help="up to three overlapping fault kinds per episode")
     c.add_argument("--sets", type=int, default=3, minimum=1, help="broker sets per episode (independent keys)")
-    c.add_argument("--tick-ms", type=int, default=100,
+    c.add_argument("--tick-ms", type=int, minimum=1, default=100,
                    help="Raft tick of the nodes (default 100 as electra up; election timeout 10-13 ticks)")
     c.add_argument("--out", default=".electra/chaos", help="history files, report.html and the cluster's data")
     c.add_argument("--insecure", action="store_true", help="plaintext nodes (default: mutual TLS, as electra up)")
@@ -40,23 +41,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a write must be acknowledged this soon after the faults heal (default 30)")
     c.add_argument("--fsync-delay-ms", type=int, default=0,
                    help="every fsync of every node waits this long, the whole run (a slow disk everywhere)")
-    c.add_argument("--election-jitter-ticks", type=int,
+    c.add_argument("--election-jitter-ticks", type=int, minimum=1,
                    help="the nodes' election timeout spread in ticks (default: the node's, 4); 1 makes every "
                         "follower time out in the same tick, so split votes (and double votes) are likely")
     c.add_argument("--time-budget-s", type=float, help="start no episode after this many seconds (then report)")
     c.add_argument("--pipeline", action="store_true",
                    help="also run tansu, ingest workers, the Spark job and simulated brokers, with pipeline faults "
                         "(kafka-restart, spark-kill, ingest-kill, broker-kill, broker-hang; docs/chaos.md)")
-    c.add_argument("--broker-sets", type=int, default=4, help="--pipeline: simulated broker sets (3 brokers each)")
-    c.add_argument("--broker-timeout-ms", type=int, default=10_000,
+    c.add_argument("--broker-sets", type=int, minimum=1, default=4,
+                   help="--pipeline: simulated broker sets (3 brokers each)")
+    c.add_argument("--broker-timeout-ms", type=int, minimum=1, default=10_000,
                    help="--pipeline: the simulated brokers' heartbeat timeout (default 10000, RocketMQ's)")
     c.add_argument("--failover-bound-s", type=float, default=60.0,
                    help="--pipeline: a killed or hung master must be replaced this soon after its fault")
     c.set_defaults(fn=cmd_chaos)
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
@@ -81,10 +79,9 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         cfg.mixed, cfg.fault_s = True, LONG_FAULT_S
     if args.episode is not None:
         cfg.first_episode, cfg.episodes = args.episode, 1
-    # A SIGTERM unwinds like Ctrl-C, so the nodes, proxies and tmpfs mounts are cleaned up.
-    signal.signal(signal.SIGTERM, _interrupt)
     t0 = time.monotonic()
-    code, line = asyncio.run(run(cfg))
+    with terminate_as_interrupt():  # unwinds like Ctrl-C, so the nodes, proxies and tmpfs mounts are cleaned up
+        code, line = asyncio.run(run(cfg))
     print(f"run took {time.monotonic() - t0:.0f}s", flush=True)
     print(line, flush=True)
     return code
@@ -109,9 +106,9 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
                          failover_bound_s=args.failover_bound_s)
     if args.episode is not None:
         cfg.first_episode, cfg.episodes = args.episode, 1
-    signal.signal(signal.SIGTERM, _interrupt)
     t0 = time.monotonic()
-    code, line = asyncio.run(run(cfg))
+    with terminate_as_interrupt():
+        code, line = asyncio.run(run(cfg))
     print(f"run took {time.monotonic() - t0:.0f}s", flush=True)
     print(line, flush=True)
     return code

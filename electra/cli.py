@@ -11,9 +11,11 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from electra.cli_args import Parser
+from electra.interrupts import terminate_as_interrupt
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.tiering.options import parse_storage_options
 
@@ -282,9 +284,6 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     """Heartbeat ingest workers: POST /v1/heartbeat → Kafka, in `--workers` processes on one port."""
     from electra.api.ingest_server import serve_ingest
 
-    if args.workers < 1:
-        print("error: --workers must be at least 1", file=sys.stderr)
-        return 2
     host, port = args.listen
     tls_files = tokens_file = None
     if args.insecure:
@@ -330,8 +329,6 @@ def cmd_up(args: argparse.Namespace) -> int:
     """The whole local stack: Kafka-compatible broker, controller nodes, ingest workers, the Spark job
     and, with --demo, simulated brokers. Ctrl-C (or SIGTERM) stops everything."""
     from electra.local_stack import LocalStack, StackConfig
-    from electra.security.node_security import INSECURE_BANNER
-    from electra.streaming.embedded_kafka import KafkaBinaryMissing
 
     cfg = StackConfig(data_dir=Path(args.data_dir), secure=not args.insecure, nodes=args.nodes,
                       raft_port=args.raft_port,
@@ -342,11 +339,15 @@ def cmd_up(args: argparse.Namespace) -> int:
                       architecture=args.architecture)
     stack = LocalStack(cfg)
 
-    def on_term(_sig, _frame):
-        raise KeyboardInterrupt  # SIGTERM, or the terminal closing (SIGHUP), stops the stack as Ctrl-C does
+    with terminate_as_interrupt():  # SIGTERM, or the terminal closing (SIGHUP), stops the stack as Ctrl-C does
+        return _run_stack(stack, cfg, args)
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGHUP, on_term)
+
+def _run_stack(stack, cfg, args: argparse.Namespace) -> int:
+    """`electra up` once its stack is configured: start it, watch it, stop it (whatever happens)."""
+    from electra.security.node_security import INSECURE_BANNER
+    from electra.streaming.embedded_kafka import KafkaBinaryMissing
+
     try:
         if cfg.legacy:
             print("architecture: legacy (RocketMQ 5's single event queue, for comparisons only; "
@@ -632,7 +633,18 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
         print("usage: electra bench NAME [options]   (`electra bench NAME --help` shows NAME's options)\n"
               f"benchmarks: {', '.join(sorted(BENCHMARKS))}")
         return 0 if args.name or "-h" in extra or "--help" in extra else 2
-    return run_benchmark(args.name, extra)
+    return _interruptible(f"bench {args.name}", lambda: run_benchmark(args.name, extra))
+
+
+def _interruptible(what: str, run: Callable[[], int]) -> int:
+    """Run a command that starts processes: SIGTERM and SIGHUP unwind it as Ctrl-C does (its `finally`
+    blocks stop what it started: electra/interrupts.py), and an interrupt ends it with 130, not a traceback."""
+    with terminate_as_interrupt():
+        try:
+            return run()
+        except KeyboardInterrupt:
+            print(f"electra {what}: interrupted", file=sys.stderr)
+            return 130
 
 
 # --------------------------------------------------------------------------- electra report
@@ -646,7 +658,7 @@ def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
     if args.name not in REPORTS:
         print(f"usage: electra report NAME [options]   (`electra report NAME --help`)\nreports: {', '.join(REPORTS)}")
         return 0 if args.name in (None, "-h", "--help") else 2
-    return importlib.import_module(REPORTS[args.name]).main(extra)
+    return _interruptible(f"report {args.name}", lambda: importlib.import_module(REPORTS[args.name]).main(extra))
 
 
 def _add_broker_set_args(verb: argparse.ArgumentParser) -> None:
@@ -676,19 +688,20 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("up", help="run the whole local stack (Kafka, controllers, ingest, Spark job); Ctrl-C stops it")
     u.add_argument("--nodes", type=int, default=3, choices=[1, 3, 5])
     u.add_argument("--data-dir", default=".electra/local")
-    u.add_argument("--raft-port", type=int, default=7101)
-    u.add_argument("--http-port", type=int, default=7301)
-    u.add_argument("--ingest-port", type=int, default=7401, help="first node's heartbeat ingest port")
-    u.add_argument("--ingest-workers", type=int, default=1, help="ingest worker processes per node")
+    u.add_argument("--raft-port", type=int, minimum=1, maximum=65535, default=7101)
+    u.add_argument("--http-port", type=int, minimum=1, maximum=65535, default=7301)
+    u.add_argument("--ingest-port", type=int, minimum=1, maximum=65535, default=7401,
+                   help="first node's heartbeat ingest port")
+    u.add_argument("--ingest-workers", type=int, minimum=1, default=1, help="ingest worker processes per node")
     u.add_argument("--kafka-bootstrap", help="use this Kafka instead of starting the embedded broker")
-    u.add_argument("--kafka-port", type=int, default=19092, help="embedded broker port")
+    u.add_argument("--kafka-port", type=int, minimum=1, maximum=65535, default=19092, help="embedded broker port")
     u.add_argument("--topic-prefix", default="")
     u.add_argument("--spark-master", default="local[2]", help="Spark master URL for the streaming job")
     u.add_argument("--no-streaming", action="store_true", help="do not start the Spark job")
     u.add_argument("--tier-uri", help="Delta tables for snapshots and events (default <data-dir>/tier)")
     u.add_argument("--no-tier", action="store_true", help="no Delta tiering")
     u.add_argument("--demo", action="store_true", help="also run simulated RocketMQ brokers")
-    u.add_argument("--demo-groups", type=int, default=20, help="broker sets the demo simulates")
+    u.add_argument("--demo-groups", type=int, minimum=1, default=20, help="broker sets the demo simulates")
     u.add_argument("--insecure", action="store_true", help="no TLS, no credentials (tests only)")
     u.add_argument("--architecture", choices=["new", "legacy"], default="new",
                    help="legacy: RocketMQ 5's single event queue on the controllers, no Kafka, ingest or Spark job "
@@ -698,7 +711,7 @@ def build_parser() -> argparse.ArgumentParser:
     ing = sub.add_parser("ingest", help="heartbeat ingest workers (HTTP -> Kafka), several processes on one port")
     ing.add_argument("--listen", type=parse_addr, default=("127.0.0.1", 7401), help="HOST:PORT (default :7401)")
     ing.add_argument("--kafka-bootstrap", required=True, help="Kafka bootstrap servers, HOST:PORT[,HOST:PORT]")
-    ing.add_argument("--workers", type=int, default=2, help="worker processes sharing the port (default 2)")
+    ing.add_argument("--workers", type=int, minimum=1, default=2, help="worker processes sharing the port (default 2)")
     ing.add_argument("--topic", default="electra.heartbeats")
     ing.add_argument("--certs-dir", default=os.environ.get("ELECTRA_CERTS_DIR"),
                      help="serve HTTPS with node-<node-id>.crt and check tokens.json from here (ELECTRA_CERTS_DIR)")
@@ -714,8 +727,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--start", type=int, default=0)
     s.add_argument("--seed", type=int, help="replay exactly one seed (per workload) and print its trace on failure")
     s.add_argument("--workload", choices=("all", "kv", "controller"), default="all")
-    s.add_argument("--nodes", type=int, default=3)
-    s.add_argument("--duration-ms", type=int, default=500, help="the safety phase (clients and faults)")
+    s.add_argument("--nodes", type=int, minimum=1, default=3)
+    s.add_argument("--duration-ms", type=int, minimum=1, default=500, help="the safety phase (clients and faults)")
     s.add_argument("--settle-ms", type=int, default=1500, help="the liveness phase's limit (faults healed)")
     s.add_argument("--mutations", default="all",
                    help="deliberate bugs the simulator must catch: all, none, or a comma-separated list")
@@ -754,13 +767,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     sb = sub.add_parser("simulate-brokers", help="RocketMQ-5-like brokers over HTTP (kill/hang/revive from stdin)")
     sb.add_argument("--endpoints", default=os.environ.get("ELECTRA_ENDPOINTS", DEFAULT_ENDPOINTS))
-    sb.add_argument("--groups", type=int, default=10)
-    sb.add_argument("--replicas", type=int, default=3)
+    sb.add_argument("--groups", type=int, minimum=1, default=10)
+    sb.add_argument("--replicas", type=int, minimum=1, default=3)
     sb.add_argument("--duration", type=float, default=None, help="seconds to run (default: until quit/EOF)")
     sb.add_argument("--no-stdin", action="store_true", help="ignore stdin commands")
     sb.add_argument("--ingest-endpoints", default=os.environ.get("ELECTRA_INGEST_ENDPOINTS"),
                     help="HOST:PORT,... heartbeat ingest endpoints (Kafka pipeline); default: every controller")
-    sb.add_argument("--heartbeat-timeout-ms", type=int, default=10_000, help="heartbeatTimeoutMillis the brokers send")
+    sb.add_argument("--heartbeat-timeout-ms", type=int, minimum=1, default=10_000,
+                    help="heartbeatTimeoutMillis the brokers send")
     sb.set_defaults(fn=cmd_simulate_brokers)
 
     from electra.tiering.cli import add_history_command

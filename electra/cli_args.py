@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 
-def at_least(kind: type, minimum: float) -> Callable[[str], Any]:
-    """An argparse `type` converting with `kind` (int or float) and refusing values below `minimum`."""
+def at_least(kind: type, minimum: float, maximum: float | None = None) -> Callable[[str], Any]:
+    """An argparse `type` converting with `kind` (int or float) and refusing values outside [minimum, maximum]."""
 
     def convert(text: str) -> Any:
         value = kind(text)  # ValueError here: argparse says "invalid int value"
@@ -22,21 +22,45 @@ def at_least(kind: type, minimum: float) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {text}")
         return value
 
     convert.__name__ = kind.__name__
     return convert
 
 
+def count_list(minimum: int, maximum: int | None = None) -> Callable[[str], list[int]]:
+    """An argparse `type` for a comma list of counts (`10,100,1000`): each in [minimum, maximum], returned
+    sorted and without repeats (the benchmarks that take one run their sizes smallest first)."""
+
+    def convert(text: str) -> list[int]:
+        try:
+            counts = sorted({int(x) for x in text.split(",") if x.strip()})
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected counts like 10,100,1000, got {text!r}") from None
+        if not counts:
+            raise argparse.ArgumentTypeError(f"expected at least one count, got {text!r}")
+        if counts[0] < minimum or (maximum is not None and counts[-1] > maximum):
+            bounds = f"from {minimum} to {maximum}" if maximum is not None else f"at least {minimum}"
+            raise argparse.ArgumentTypeError(f"every count must be {bounds}, got {text}")
+        return counts
+
+    convert.__name__ = "count list"
+    return convert
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose int and float options are at least `minimum` (default 0).
 
-    `add_argument(..., minimum=1)` for counts that must be positive; `minimum=None` for a number that
-    may be negative. Sub-commands made with `add_subparsers()` are `Parser`s too.
+    `add_argument(..., minimum=1)` for counts that must be positive, `maximum=` for a bounded one (a
+    port, a fraction); `minimum=None` for a number that may be negative. Sub-commands made with
+    `add_subparsers()` are `Parser`s too.
     """
 
-    def add_argument(self, *args: Any, minimum: float | None = 0, **kwargs: Any) -> argparse.Action:
+    def add_argument(self, *args: Any, minimum: float | None = 0, maximum: float | None = None,
+                     **kwargs: Any) -> argparse.Action:
         kind = kwargs.get("type")
         if kind in (int, float) and minimum is not None:
-            kwargs["type"] = at_least(kind, minimum)
+            kwargs["type"] = at_least(kind, minimum, maximum)
         return super().add_argument(*args, **kwargs)

@@ -388,11 +388,11 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     ap.add_argument("--trigger-ms", type=int, default=1000)
     ap.add_argument("--spark-master", default=None, help="default: spark-submit's master, else local[2]")
     ap.add_argument("--topic-prefix", default="")
-    ap.add_argument("--shuffle-partitions", type=int, default=1,
+    ap.add_argument("--shuffle-partitions", type=int, minimum=1, default=1,
                     help="state store partitions, one task each per batch (size it to the executors' cores)")
-    ap.add_argument("--read-tasks", type=int, default=1,
+    ap.add_argument("--read-tasks", type=int, minimum=1, default=1,
                     help="tasks reading a batch from Kafka with the Python source (0: one per Kafka partition)")
-    ap.add_argument("--buckets", type=int, default=2,
+    ap.add_argument("--buckets", type=int, minimum=1, default=2,
                     help="stateful operator keys; broker sets are hashed into them (pinned once a checkpoint exists: "
                          "every key costs state round trips to the JVM per batch, so few is fast)")
     ap.add_argument("--source", choices=("auto", "kafka", "python"), default="auto")

@@ -43,7 +43,36 @@ def test_a_benchmark_refuses_a_negative_duration(capsys):
     with pytest.raises(SystemExit) as exc:
         api.main(["--duration", "-1"])
     assert exc.value.code == 2
-    assert "argument --duration: must be at least 0, got -1" in capsys.readouterr().err
+    assert "argument --duration: must be at least 1, got -1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["bench", "failover", "--groups", "abc"], "argument --groups: expected counts like 10,100,1000, got 'abc'"),
+    (["bench", "failover", "--groups", "100,-5"], "argument --groups: every count must be at least 1, got 100,-5"),
+    (["bench", "failover", "--groups", ","], "argument --groups: expected at least one count"),
+    (["bench", "failover", "--timeout-ms", "0"], "argument --timeout-ms: must be at least 1, got 0"),
+    (["bench", "stream", "--sets", "0"], "argument --sets: must be at least 1, got 0"),
+    (["bench", "api", "--front-ends", "0,17"], "argument --front-ends: every count must be from 0 to 16, got 0,17"),
+    (["report", "performance", "--brokers", "2,10"], "argument --brokers: every count must be at least 3, got 2,10"),
+    (["up", "--http-port", "70000"], "argument --http-port: must be at most 65535, got 70000"),
+    (["simulate-brokers", "--groups", "0"], "argument --groups: must be at least 1, got 0"),
+    (["ingest", "--workers", "0"], "argument --workers: must be at least 1, got 0"),
+])
+def test_meaningless_sizes_are_refused_before_anything_starts(capsys, argv, message):
+    """Each of these used to start processes (Kafka, nodes) and then fail with a traceback, or run
+    a benchmark of nothing; now argparse refuses them (exit 2) with the option named."""
+    from electra import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_count_list_is_sorted_without_repeats():
+    from electra.cli_args import count_list
+
+    assert count_list(1)("1000, 100,100,300") == [100, 300, 1000]
 
 
 def test_chaos_refuses_an_unknown_fault_before_starting_anything():
@@ -61,3 +90,22 @@ def test_admin_and_status_refuse_a_bad_endpoint_before_connecting(endpoints):
         args = build_parser().parse_args(argv)
         with pytest.raises(SystemExit, match="error: --endpoints: bad address"):
             args.fn(args)
+
+
+def test_sigterm_and_sighup_unwind_like_ctrl_c_once_then_the_old_handlers_are_back():
+    import os
+    import signal
+
+    from electra.interrupts import terminate_as_interrupt
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
+    cleaned = False
+    with pytest.raises(KeyboardInterrupt), terminate_as_interrupt():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next bytecode
+            raise AssertionError("SIGTERM did not interrupt")
+        finally:
+            os.kill(os.getpid(), signal.SIGHUP)  # a second signal during the cleanup is ignored
+            cleaned = True
+    assert cleaned
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before

@@ -1,0 +1,36 @@
+"""SIGTERM and SIGHUP stop a command the way Ctrl-C does, so whatever it started is stopped too.
+
+Commands that start processes (`electra up`, `chaos`, every benchmark and report) stop them in
+`finally` blocks. Python's default SIGTERM ends the process at once, without those blocks: a
+benchmark stopped by `timeout`, a CI job's cancel or a closed terminal used to leave its Kafka
+broker, controller nodes, ingest workers and Spark job running, with nobody to stop them.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Inside the block, the first SIGTERM or SIGHUP raises KeyboardInterrupt in the main thread and
+    later ones are ignored, so the cleanup the first one started is not cut short (Ctrl-C still
+    interrupts). The handlers before the block are back after it."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    for sig in SIGNALS:
+        signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
