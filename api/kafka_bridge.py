@@ -24,7 +24,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
@@ -225,8 +225,8 @@ class LivenessConsumer:
             consumer.close()
             probe.close()
 
-    def _sets_of(self, value: bytes) -> list[tuple[str, str, list[BrokerLiveInfo], int | None]]:
-        """One liveness record's sets: (cluster, set, brokers' records, the instant the job judged them at).
+    def _sets_of(self, value: bytes) -> list[tuple[str, str, list[BrokerLiveInfo]]]:
+        """One liveness record's sets: (cluster, set, its brokers' records).
 
         A record or a set that does not decode is counted in `bad_records` and skipped.
         """
@@ -239,8 +239,7 @@ class LivenessConsumer:
         out = []
         for d in sets:
             try:
-                out.append((d["clusterName"], d["brokerName"], [BrokerLiveInfo.from_wire(b) for b in d["brokers"]],
-                            _judged_ms(d.get("ts"))))
+                out.append((d["clusterName"], d["brokerName"], [BrokerLiveInfo.from_wire(b) for b in d["brokers"]]))
             except (ValueError, KeyError, TypeError):
                 self.stats["bad_records"] += 1
         return out
@@ -258,15 +257,15 @@ class LivenessConsumer:
 
     def _apply(self, batch: list) -> None:
         table = self.svc.liveness
-        for cluster, name, infos, judged_ms in batch:
+        newest = 0
+        for cluster, name, infos in batch:
             for info in infos:
                 table.put(cluster, name, info)
-            if judged_ms is not None:
-                table.advance_horizon(judged_ms)
+                newest = max(newest, info.last_update_ms)
+        if newest:
+            # The records' newest ingest stamp is the job's data horizon as far as this node knows
+            # (LivenessTable.judge_at). Never past this node's clock: a stamp from a clock running
+            # ahead, or a forged one, must not hold the horizon where the clock cannot catch up.
+            table.advance_horizon(min(newest, self.svc.now_ms()))
         self.stats["records"] += len(batch)
         self.stats["last_record_ms"] = self.svc.now_ms()
-
-
-def _judged_ms(ts: Any) -> int | None:
-    """A liveness record's judging instant (`ts`), if it is one: an int of ms since the epoch."""
-    return ts if type(ts) is int and 0 < ts < 2**63 else None

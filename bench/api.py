@@ -283,7 +283,7 @@ def main(argv: list[str]) -> int:
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", type=float, minimum=1, default=10.0, help="seconds per wrk run (default 10)")
     p.add_argument("--no-tls-run", action="store_true", help="skip the extra Electra run with TLS and tokens")
-    p.add_argument("--front-ends", default="0", type=count_list(0, 16),
+    p.add_argument("--front-ends", default="0", type=count_list(0, 16, sort=False),
                    help="front-end processes per Electra node (`electra node --front-ends`); a list such as 0,1,2 "
                         "measures each, prints requests per CPU-second of a node's processes and the 1->2 scaling; "
                         "the RESULT line and the TLS run use the first (default 0)")

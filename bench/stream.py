@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill", type=int, default=10)
     ap.add_argument("--trigger-ms", type=int, default=1000)
     ap.add_argument("--shuffle-partitions", type=int, minimum=1, default=1)
-    ap.add_argument("--read-tasks", type=int, minimum=1, default=1)
+    ap.add_argument("--read-tasks", type=int, default=1)
     ap.add_argument("--job-arg", action="append", default=[], help="extra argument for the job (repeatable)")
     ap.add_argument("--buckets", type=int, minimum=1, default=2,
                     help="operator keys; a value >= --sets is one key per set (the layout before buckets)")

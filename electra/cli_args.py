@@ -30,18 +30,21 @@ def at_least(kind: type, minimum: float, maximum: float | None = None) -> Callab
     return convert
 
 
-def count_list(minimum: int, maximum: int | None = None) -> Callable[[str], list[int]]:
-    """An argparse `type` for a comma list of counts (`10,100,1000`): each in [minimum, maximum], returned
-    sorted and without repeats (the benchmarks that take one run their sizes smallest first)."""
+def count_list(minimum: int, maximum: int | None = None, *, sort: bool = True) -> Callable[[str], list[int]]:
+    """An argparse `type` for a comma list of counts (`10,100,1000`): each in [minimum, maximum], without
+    repeats; sorted (sweeps run their sizes smallest first), or with `sort=False` in the order given
+    (where the first one means something)."""
 
     def convert(text: str) -> list[int]:
         try:
-            counts = sorted({int(x) for x in text.split(",") if x.strip()})
+            counts = list(dict.fromkeys(int(x) for x in text.split(",") if x.strip()))
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected counts like 10,100,1000, got {text!r}") from None
         if not counts:
             raise argparse.ArgumentTypeError(f"expected at least one count, got {text!r}")
-        if counts[0] < minimum or (maximum is not None and counts[-1] > maximum):
+        if sort:
+            counts.sort()
+        if min(counts) < minimum or (maximum is not None and max(counts) > maximum):
             bounds = f"from {minimum} to {maximum}" if maximum is not None else f"at least {minimum}"
             raise argparse.ArgumentTypeError(f"every count must be {bounds}, got {text}")
         return counts

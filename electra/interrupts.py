@@ -9,6 +9,7 @@ broker, controller nodes, ingest workers and Spark job running, with nobody to s
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,16 +20,22 @@ SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 def terminate_as_interrupt() -> Iterator[None]:
     """Inside the block, the first SIGTERM or SIGHUP raises KeyboardInterrupt in the main thread and
     later ones are ignored, so the cleanup the first one started is not cut short (Ctrl-C still
-    interrupts). The handlers before the block are back after it."""
+    interrupts). A signal already ignored stays ignored (`nohup` keeps a run going when its terminal
+    closes). The handlers before the block are back after it. Off the main thread (where Python
+    allows no handlers) it does nothing."""
 
     def interrupt(_signum: int, _frame: object) -> None:
         for sig in SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt
 
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
-    for sig in SIGNALS:
-        signal.signal(sig, interrupt)
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(sig, interrupt)
     try:
         yield
     finally:

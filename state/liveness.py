@@ -60,14 +60,15 @@ class LivenessTable:
         self._by_name: dict[str, dict[tuple[str, int], BrokerLiveInfo]] = {}
         self._count = 0
         self.lag_bound_ms = lag_bound_ms
-        # The newest instant the streaming job judged liveness at (its liveness records' `ts`, the
-        # job's data horizon); None while heartbeats come straight to this node.
+        # The streaming job's data horizon as this node knows it: the newest ingest stamp among the
+        # liveness records it took (api/kafka_bridge.LivenessConsumer); None while heartbeats come
+        # straight to this node.
         self.horizon_ms: int | None = None
 
-    def advance_horizon(self, judged_ms: int) -> None:
-        """The job judged a set at `judged_ms`: every heartbeat ingested before it has been seen."""
-        if self.horizon_ms is None or judged_ms > self.horizon_ms:
-            self.horizon_ms = judged_ms
+    def advance_horizon(self, stamp_ms: int) -> None:
+        """Records up to ingest stamp `stamp_ms` have arrived from the job (the horizon only moves forward)."""
+        if self.horizon_ms is None or stamp_ms > self.horizon_ms:
+            self.horizon_ms = stamp_ms
 
     def judge_at(self, now_ms: int) -> int:
         """The instant to judge this table's records at: the clock, or the job's data horizon.
@@ -76,9 +77,10 @@ class LivenessTable:
         heartbeats were ingested. Judged at the clock, every broker would look that much older
         than it is, and with batches longer than the heartbeat timeout every broker dead: no
         replica could join a sync state set and no broker-triggered election would find a
-        candidate. So, like the job itself (`streaming/detector.judge_at`), judge at the newest
-        instant the job has judged at, never later than the clock, and never more than
-        `lag_bound_ms` before it: a job that stopped does not keep brokers alive for ever.
+        candidate. So, like the job itself (`streaming/detector.judge_at`), judge at the data
+        horizon (the newest ingest stamp the job's records carried), never later than the clock,
+        and never more than `lag_bound_ms` before it: a job that stopped does not keep brokers
+        alive for ever.
         """
         if self.horizon_ms is None:
             return now_ms

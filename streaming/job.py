@@ -390,7 +390,7 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     ap.add_argument("--topic-prefix", default="")
     ap.add_argument("--shuffle-partitions", type=int, minimum=1, default=1,
                     help="state store partitions, one task each per batch (size it to the executors' cores)")
-    ap.add_argument("--read-tasks", type=int, minimum=1, default=1,
+    ap.add_argument("--read-tasks", type=int, default=1,
                     help="tasks reading a batch from Kafka with the Python source (0: one per Kafka partition)")
     ap.add_argument("--buckets", type=int, minimum=1, default=2,
                     help="stateful operator keys; broker sets are hashed into them (pinned once a checkpoint exists: "

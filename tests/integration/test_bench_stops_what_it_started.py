@@ -69,6 +69,7 @@ def test_a_signalled_benchmark_stops_its_processes(bench, sig):
         assert not [p for p in started if _alive(p)], "processes the benchmark started outlived it"
     finally:
         for p in [proc.pid, *started]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL)
+            if _alive(p):  # left over by a failure above
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
         proc.wait(timeout=10)

@@ -154,3 +154,18 @@ def test_the_jobs_batch_and_lag_replace_unavailable_once_reported():
     pipe = asyncio.run(feed.refresh())["pipeline"]
     assert pipe["spark_batch"]["batchId"] == 7 and pipe["kafka_consumer_lag"] == 4 and pipe["unavailable"] == {}
     assert (pipe["heartbeats_per_s"], pipe["dead_letters_total"]) == (2.0, 1)
+
+
+def test_with_kafka_the_masters_are_judged_at_the_jobs_data_horizon():
+    """The job's records arrive a batch late: judged at the clock a live master would show as down."""
+    clock = [(T0 + 2_500) / 1000]
+    svc = FakeService(T0)
+    feed = DashboardFeed(svc, clock=lambda: clock[0])
+    _set_with_master(svc, "a")  # master 1's newest heartbeat at T0, timeout 1 s: 2.5 s old at the clock
+    svc.liveness_consumer = SimpleNamespace(stats={"records": 1, "last_record_ms": T0 + 2_400})
+    fleet = asyncio.run(feed.refresh())["fleet"]
+    assert (fleet["live_master"], fleet["master_down"]) == (0, 1)  # no horizon known: the clock
+    svc.liveness.advance_horizon(T0 + 500)  # the job's data reached T0 + 0.5 s
+    fleet = asyncio.run(feed.refresh())["fleet"]
+    assert (fleet["live_master"], fleet["master_down"]) == (1, 0)
+    assert feed.broker_set("a")["liveness"]["1"]["alive"] is True

@@ -9,7 +9,6 @@ crashed master's set could never have grown a sync state set to fail over to.
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 
@@ -21,6 +20,7 @@ from electra.state import commands as C
 from electra.state.codes import Code
 from electra.state.liveness import PIPELINE_LAG_BOUND_MS, BrokerLiveInfo, LivenessTable
 from electra.state.machine import ControllerStateMachine
+from electra.streaming import detector, records
 
 NOW = 1_000_000_000
 TIMEOUT = 3_000
@@ -137,27 +137,42 @@ def test_the_horizon_only_moves_forward():
     assert table.horizon_ms == NOW - 1_000
 
 
-def _record(sets: list[dict]) -> bytes:
-    return json.dumps({"sets": sets}).encode()
+def _job_liveness_record(heartbeats: dict[str, list[tuple[int, int]]], batch_ms: int) -> bytes:
+    """A liveness record as the streaming job writes it: for each set, its brokers' (id, ingest stamp)
+    heartbeats through the job's own detector, processed at `batch_ms` (the job's clock)."""
+    texts = []
+    for name, beats in heartbeats.items():
+        hbs = [{"clusterName": "c", "brokerName": name, "brokerAddr": f"10.0.0.{bid}:10911", "brokerId": bid,
+                "epoch": 1, "maxOffset": 100, "confirmOffset": 100, "heartbeatTimeoutMillis": TIMEOUT,
+                "electionPriority": bid, "ts": ts} for bid, ts in beats]
+        _, outs = detector.process(None, name, hbs, [], batch_ms)
+        texts += [o.row()[2] for o in outs if o.kind == detector.LIVENESS]
+    (record,) = records.liveness_records(texts)
+    return record
 
 
-def test_the_liveness_consumer_moves_the_horizon_to_the_instants_the_job_judged_at():
+def _consumer(clock_ms: int) -> LivenessConsumer:
     svc = type("Svc", (), {})()
     svc.liveness = LivenessTable()
-    svc.now_ms = lambda: NOW
-    consumer = LivenessConsumer(svc, "127.0.0.1:9")
-    brokers = [BrokerLiveInfo(1, "10.0.0.1:10911", NOW - 4_100, TIMEOUT).to_wire()]
-    sets = consumer._sets_of(_record([
-        {"clusterName": "c", "brokerName": "a", "ts": NOW - 4_000, "brokers": brokers},
-        {"clusterName": "c", "brokerName": "b", "ts": NOW - 3_900, "brokers": brokers},
-        {"clusterName": "c", "brokerName": "d", "ts": True, "brokers": brokers},  # not an instant: no horizon
-        {"clusterName": "c", "brokerName": "e", "ts": "soon", "brokers": brokers},
-        {"clusterName": "c", "brokerName": "f", "ts": -5, "brokers": brokers},
-        {"clusterName": "c", "brokerName": "g", "brokers": brokers},  # written before records carried ts
-    ]))
-    assert [(name, judged) for _, name, _, judged in sets] == [
-        ("a", NOW - 4_000), ("b", NOW - 3_900), ("d", None), ("e", None), ("f", None), ("g", None)]
-    consumer._apply(sets)
-    assert svc.liveness.horizon_ms == NOW - 3_900
-    assert svc.liveness.group_by_name("g")[1].last_update_ms == NOW - 4_100  # records without ts still count
+    svc.now_ms = lambda: clock_ms
+    return LivenessConsumer(svc, "127.0.0.1:9")
+
+
+def test_the_horizon_is_the_newest_ingest_stamp_the_jobs_records_carry():
+    """The job writes each broker's newest heartbeat, stamped by ingest; the newest stamp is how far the
+    job's data reached, whatever the job's own clock said when it wrote the record (a batch that ran
+    late, a job whose clock is off)."""
+    consumer = _consumer(NOW)
+    record = _job_liveness_record({"a": [(1, NOW - 4_300), (2, NOW - 4_100)], "b": [(1, NOW - 4_200)]},
+                                  batch_ms=NOW + 60_000)
+    consumer._apply(consumer._sets_of(record))
+    table = consumer.svc.liveness
+    assert table.horizon_ms == NOW - 4_100
+    assert table.group_by_name("a")[2].alive_at(table.judge_at(NOW))  # 3 s timeout, 4.1 s lag: alive
     assert consumer._sets_of(b"not json") == [] and consumer.stats["bad_records"] == 1
+
+
+def test_a_stamp_ahead_of_this_nodes_clock_does_not_hold_the_horizon_there():
+    consumer = _consumer(NOW)
+    consumer._apply(consumer._sets_of(_job_liveness_record({"a": [(1, NOW + 3_600_000)]}, batch_ms=NOW)))
+    assert consumer.svc.liveness.horizon_ms == NOW  # clamped: the clock catches up at once
