@@ -330,6 +330,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     and, with --demo, simulated brokers. Ctrl-C (or SIGTERM) stops everything."""
     from electra.local_stack import LocalStack, StackConfig
 
+    for option in ("raft_port", "http_port", "ingest_port"):  # node i listens on the first port + i - 1
+        if getattr(args, option) + args.nodes - 1 > 65535:
+            print(f"error: --{option.replace('_', '-')} {getattr(args, option)}: {args.nodes} nodes need ports up to "
+                  f"{getattr(args, option) + args.nodes - 1}, past 65535", file=sys.stderr)
+            return 2
     cfg = StackConfig(data_dir=Path(args.data_dir), secure=not args.insecure, nodes=args.nodes,
                       raft_port=args.raft_port,
                       http_port=args.http_port, ingest_port=args.ingest_port, ingest_workers=args.ingest_workers,

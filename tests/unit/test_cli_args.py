@@ -143,3 +143,10 @@ def test_a_count_list_can_keep_the_order_given():
     from electra.cli_args import count_list
 
     assert count_list(0, 16, sort=False)("1,0,1") == [1, 0]
+
+
+def test_up_refuses_a_first_port_whose_nodes_would_pass_65535(capsys):
+    from electra import cli
+
+    assert cli.main(["up", "--nodes", "3", "--http-port", "65534"]) == 2
+    assert "--http-port 65534: 3 nodes need ports up to 65536, past 65535" in capsys.readouterr().err
