@@ -102,6 +102,9 @@ class Failover:
                 f"(epoch {self.master_epoch}) {self.seconds:.1f} s after the kill or hang")
 
 
+REGISTER_REPORT_S = 10.0  # while registering, failures are reported this often
+
+
 class BrokerFleet:
     """`groups` broker sets of `replicas` brokers each, all driven from one event loop."""
 
@@ -136,6 +139,7 @@ class BrokerFleet:
         self.stats = {"requests": 0, "errors": 0, "elections": 0, "role_changes": 0, "heartbeats": 0,
                       "sessions_opened": 0, "heartbeats_skipped": 0, "replica_info_polls": 0,
                       "heartbeats_refused": 0}
+        self.last_error: str | None = None  # the newest failed request's error (shown while registering)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, progress: bool = False) -> None:
@@ -159,9 +163,24 @@ class BrokerFleet:
             async with sem:
                 await register_set(brokers)
 
+        async def report_failures() -> None:
+            """While registering, say every REGISTER_REPORT_S when requests fail (wrong endpoints, no leader)."""
+            seen = 0
+            while True:
+                await asyncio.sleep(REGISTER_REPORT_S)
+                if self.stats["errors"] > seen:
+                    seen = self.stats["errors"]
+                    print(f"  brokers: {done}/{total} sets registered; still trying: {seen} requests failed, "
+                          f"the last with: {self.last_error}", flush=True)
+
         if self.ingest_endpoints:  # sessions: every broker's heartbeats from one task, from its registration on
             self._tasks.append(asyncio.create_task(self._beats()))
-        await asyncio.gather(*(bounded(bs) for bs in self.by_set.values()))
+        reporter = asyncio.create_task(report_failures()) if progress else None
+        try:
+            await asyncio.gather(*(bounded(bs) for bs in self.by_set.values()))
+        finally:
+            if reporter is not None:
+                reporter.cancel()
         if self.ingest_endpoints:  # (a registration of thousands takes minutes: idle sessions would be cut)
             self._tasks += [asyncio.create_task(self._sync(b)) for b in self.brokers]
         else:
@@ -251,6 +270,7 @@ class BrokerFleet:
             res = await coro
         except Exception as exc:
             self.stats["errors"] += 1
+            self.last_error = str(exc) or repr(exc)
             return {"code": -1, "remark": repr(exc), "header": {}, "body": None}
         return res
 
@@ -508,11 +528,18 @@ async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, dur
     fleet = BrokerFleet(endpoints, groups, replicas, ingest_endpoints=ingest_endpoints, timeout_ms=timeout_ms)
     fleet.on_failover = lambda f: print(f.describe(), flush=True)
     t0 = time.monotonic()
-    await fleet.start(progress=True)
+    end = t0 + duration_s if duration_s else None
+    try:
+        # `duration_s` bounds the whole run: registering too (brokers retry for ever, a run does not)
+        await asyncio.wait_for(fleet.start(progress=True), duration_s)
+    except TimeoutError:
+        await fleet.stop()
+        why = f"the last failed request: {fleet.last_error}" if fleet.last_error else "no controller answered yet"
+        print(f"not every broker registered within {duration_s:g}s ({why})", flush=True)
+        return {**fleet.stats, "registered": False}
     print(f"{groups} broker sets x {replicas} replicas registered in {time.monotonic() - t0:.1f}s; "
           "commands: kill SET ID | hang SET ID | revive SET ID | kill-master SET | hang-master SET | status | quit",
           flush=True)
-    end = time.monotonic() + duration_s if duration_s else None
     try:
         if commands is None:
             while end is None or time.monotonic() < end:
@@ -554,4 +581,4 @@ async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, dur
                     break
     finally:
         await fleet.stop()
-    return fleet.stats
+    return {**fleet.stats, "registered": True}

@@ -571,7 +571,7 @@ def cmd_simulate_brokers(args: argparse.Namespace) -> int:
                                       commands=commands, ingest_endpoints=ingest or None,
                                       timeout_ms=args.heartbeat_timeout_ms))
     print(f"simulator stopped: {stats}")
-    return 0
+    return 0 if stats["registered"] else 1
 
 
 # --------------------------------------------------------------------------- electra sim

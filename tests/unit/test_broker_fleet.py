@@ -62,3 +62,42 @@ def test_a_session_whose_heartbeat_is_refused_for_want_of_kafka_stays_open():
     assert b.session is s and not s.aborted and fleet.stats["heartbeats_refused"] == 1
     fleet._heartbeat_answered(b, s, 0)  # the connection failed: reconnect (to the next endpoint)
     assert b.session is None and s.aborted and b.session_skip == 1
+
+
+def test_a_simulator_whose_controllers_never_answer_ends_at_its_duration_and_says_so(capsys, monkeypatch):
+    """Brokers retry registering for ever; a simulator run with `--duration` ends then, and says why."""
+    import time
+
+    from electra import broker_simulator
+
+    async def main() -> dict:
+        return await broker_simulator.run_simulator(["127.0.0.1:1"], 1, 3, duration_s=1.5)
+
+    t0 = time.monotonic()
+    stats = asyncio.run(main())
+    assert time.monotonic() - t0 < 10
+    assert stats["registered"] is False
+    assert "not every broker registered within 1.5s" in capsys.readouterr().out
+
+
+def test_while_registering_failed_requests_are_reported(capsys, monkeypatch):
+    from electra import broker_simulator
+
+    monkeypatch.setattr(broker_simulator, "REGISTER_REPORT_S", 0.2)
+
+    async def main() -> None:
+        fleet = broker_simulator.BrokerFleet(["127.0.0.1:1"], 1, 3)
+
+        async def refused(*_args, **_kwargs):
+            raise ConnectionRefusedError("cannot connect to 127.0.0.1:1")
+
+        fleet.client.next_broker_id = refused
+        try:
+            await asyncio.wait_for(fleet.start(progress=True), 1.0)
+        except TimeoutError:
+            pass
+        await fleet.stop()
+
+    asyncio.run(main())
+    out = capsys.readouterr().out
+    assert "0/1 sets registered; still trying" in out and "cannot connect to 127.0.0.1:1" in out
