@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from electra.security.credentials import ClientCredentials
 
@@ -92,10 +93,8 @@ def test_while_registering_failed_requests_are_reported(capsys, monkeypatch):
             raise ConnectionRefusedError("cannot connect to 127.0.0.1:1")
 
         fleet.client.next_broker_id = refused
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(fleet.start(progress=True), 1.0)
-        except TimeoutError:
-            pass
         await fleet.stop()
 
     asyncio.run(main())
