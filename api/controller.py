@@ -154,4 +154,7 @@ class Controller:
         return {**st, "leader_address": self.leader_address(), "pipeline": self.pipeline_status(),
                 "http_peers": {str(k): v for k, v in sorted(self.http_peers.items())},
                 "is_leader": self.node.role == Role.LEADER, "broker_sets": len(self.sm.sets),
-                "live_brokers": len(self.liveness), **self.requests.status()}
+                # alive at the instant liveness-dependent commands are judged at; `known_brokers` also
+                # counts those whose heartbeats stopped (forgotten a minute past their timeout)
+                "live_brokers": self.liveness.alive_count(self.live_now_ms()),
+                "known_brokers": len(self.liveness), **self.requests.status()}

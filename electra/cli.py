@@ -482,7 +482,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         rc = 0
         try:
             print(f"{'endpoint':<22} {'id':>3} {'role':<10} {'term':>5} {'leader':>6} {'commit':>9} "
-                  f"{'applied':>9} {'snapshot':>9} {'sets':>6} {'live':>6}")
+                  f"{'applied':>9} {'snapshot':>9} {'sets':>6} {'live':>6} {'known':>6}")
             for ep in client.endpoints:
                 try:
                     m = await client.metadata(ep)
@@ -496,7 +496,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     continue
                 print(f"{ep:<22} {m['node_id']:>3} {m['role']:<10} {m['term']:>5} {m['leader_id']:>6} "
                       f"{m['commit_index']:>9} {m['applied_index']:>9} {m['snapshot_index']:>9} "
-                      f"{m['broker_sets']:>6} {m['live_brokers']:>6}")
+                      f"{m['broker_sets']:>6} {m['live_brokers']:>6} {m.get('known_brokers', '-'):>6}")
         finally:
             await client.close()
         return rc

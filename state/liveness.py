@@ -131,4 +131,9 @@ class LivenessTable:
         return dead
 
     def __len__(self) -> int:
+        """Brokers this table holds a record of, alive or not (`alive_count` counts the living)."""
         return self._count
+
+    def alive_count(self, now_ms: int) -> int:
+        """How many of the brokers held here are alive at `now_ms` (judge at `judge_at(clock)`)."""
+        return sum(info.alive_at(now_ms) for group in self._by_name.values() for info in group.values())

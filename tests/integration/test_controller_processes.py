@@ -73,6 +73,9 @@ def test_broker_sets_survive_a_controller_leader_sigkill(tmp_path):
             # Kill the controller leader under load (the fleet keeps running, plus new registrations).
             md = [await client.metadata(ep) for ep in http.values()]
             leader = next(m["node_id"] for m in md if m["is_leader"])
+            # the killed master is still known to the leader, no longer counted alive
+            lm = next(m for m in md if m["is_leader"])
+            assert 0 < lm["live_brokers"] < lm["known_brokers"], lm
             load = asyncio.gather(*(register(client, f"late-{g}", acked) for g in range(30)),
                                   return_exceptions=True)
             await asyncio.sleep(0.3)

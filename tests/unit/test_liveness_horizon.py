@@ -117,6 +117,18 @@ def test_register_reports_the_master_alive_at_the_horizon():
     assert register()["header"]["masterBrokerId"] == 1
 
 
+def test_live_brokers_counts_the_living_at_the_horizon_and_known_brokers_every_record():
+    """`electra status`'s `live` column: brokers alive when commands are judged, not every broker held."""
+    table = LivenessTable()
+    table.put("c", "s", BrokerLiveInfo(1, "10.0.0.1:10911", NOW - LAG - 200, TIMEOUT))  # fresh at the horizon
+    table.put("c", "s", BrokerLiveInfo(2, "10.0.0.2:10911", NOW - LAG - TIMEOUT - 1, TIMEOUT))  # its process died
+    table.put("c", "t", BrokerLiveInfo(1, "10.0.0.3:10911", NOW - LAG - 200, TIMEOUT))
+    table.advance_horizon(NOW - LAG)
+    assert len(table) == 3
+    assert table.alive_count(table.judge_at(NOW)) == 2
+    assert table.alive_count(NOW) == 0  # judged at the clock, the lagging job's records all look dead
+
+
 @pytest.mark.parametrize(("horizon", "expected"), [
     (None, NOW),  # heartbeats come straight to this node: its clock
     (NOW - 2_000, NOW - 2_000),  # the job lags 2 s: its horizon
