@@ -15,16 +15,16 @@ def history_router(uri: str, storage_options: dict[str, str] | None = None) -> A
     router = APIRouter()
 
     @router.get("/v1/admin/history", tags=["admin"])
-    async def history(at: Annotated[str, Query(description="ISO-8601 time or epoch ms")],
+    async def history(at: Annotated[str, Query(description="ISO-8601 time, epoch ms or `now`")],
                       from_: Annotated[str | None, Query(alias="from")] = None,
                       to: Annotated[str | None, Query()] = None):
         """State of every broker set as of `at`; with `from`/`to`, also the events between those instants."""
-        try:
-            for t in (at, from_, to):
+        for param, t in (("at", at), ("from", from_), ("to", to)):
+            try:
                 if t is not None:
                     parse_time(t)
-        except ValueError as exc:
-            return JSONResponse({"code": 400, "remark": f"bad time: {exc}"}, status_code=400)
+            except ValueError as exc:  # names the parameter, never repeats its value
+                return JSONResponse({"code": 400, "remark": f"bad time in `{param}`: {exc}"}, status_code=400)
         reader = TierReader(uri, storage_options)
         try:
             return await asyncio.to_thread(reader.history, at, from_, to)

@@ -13,7 +13,7 @@ from .options import parse_storage_options
 def add_history_command(sub) -> None:
     h = sub.add_parser("history", help="state of every broker set as of a past instant, from the Delta tier",
                        description="Reads the tier's Delta tables directly (no controller needed). Times are "
-                                   "ISO-8601 (UTC if no zone) or epoch milliseconds.")
+                                   "ISO-8601 (UTC if no zone), epoch milliseconds or `now`.")
     h.add_argument("--tier-uri", default=os.environ.get("ELECTRA_TIER_URI"), help="base URI of the tier tables")
     h.add_argument("--tier-options", type=parse_storage_options, default=None,
                    help="KEY=VALUE,... delta-rs storage options (object stores)")
@@ -24,17 +24,25 @@ def add_history_command(sub) -> None:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from .reader import TierReader
+    from .reader import TierReader, parse_time
 
     if not args.tier_uri:
         print("error: --tier-uri (or ELECTRA_TIER_URI) is required", file=sys.stderr)
         return 2
+    times = {}
+    for option, text in (("--at", args.at), ("--events-from", args.events_from), ("--events-to", args.events_to)):
+        if text is not None:
+            try:
+                times[option] = parse_time(text)
+            except ValueError as exc:
+                print(f"error: {option}: {exc}", file=sys.stderr)
+                return 2
     reader = TierReader(args.tier_uri, args.tier_options)
     if not reader.store.exists():
         print(f"error: no tier tables at {args.tier_uri}", file=sys.stderr)
         return 1
     try:
-        out = reader.history(args.at, args.events_from, args.events_to)
+        out = reader.history(times["--at"], times.get("--events-from"), times.get("--events-to"))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -30,18 +30,34 @@ from electra.state.machine import BrokerSet
 from .schema import GAP, fold_event, sets_from_snapshot_rows
 from .store import TierStore
 
+MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last instant `iso` can write
+
 
 def parse_time(text: str | int | float) -> int:
-    """Epoch milliseconds from an int, digits (epoch ms) or an ISO-8601 time (naive means UTC)."""
+    """Epoch milliseconds from a number, digits (epoch ms), `now`, or an ISO-8601 time (naive means UTC).
+
+    ValueError, which never repeats the text, for anything else or an instant outside 1970-9999.
+    """
     if isinstance(text, int | float):
-        return int(text)
-    s = str(text).strip()
-    if s.lstrip("-").isdigit():
-        return int(s)
-    dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return int(dt.timestamp() * 1000)
+        ms = int(text)
+    else:
+        s = str(text).strip()
+        if s.lower() == "now":
+            ms = int(datetime.now(UTC).timestamp() * 1000)
+        elif s.lstrip("-").isdigit() and len(s) <= 20:
+            ms = int(s)
+        else:
+            try:
+                dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+                if dt.tzinfo is None:
+                    dt = dt.replace(tzinfo=UTC)
+                ms = int(dt.timestamp() * 1000)
+            except (ValueError, OverflowError):
+                raise ValueError("expected an ISO-8601 time (e.g. 2026-11-27T16:00:00Z), epoch milliseconds "
+                                 "or 'now'") from None
+    if not 0 <= ms <= MAX_TIME_MS:
+        raise ValueError("the instant must lie between 1970 and the end of 9999")
+    return ms
 
 
 def iso(ms: int) -> str:
@@ -65,7 +81,7 @@ class TierReader:
         self.version = version or {}
 
     def table(self, which: str) -> pa.Table:
-        return self.store.table(which, self.version.get(which)).to_pyarrow_table()
+        return self.store.read(which, self.version.get(which))
 
     def to_pandas(self, which: str):
         return self.table(which).to_pandas()

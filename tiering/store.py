@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from .schema import EVENTS_SCHEMA, SNAPSHOTS_SCHEMA
@@ -107,6 +107,22 @@ class TierStore:
             dt.update_incremental()
         return dt
 
+    def read(self, which: str, version: int | None = None, columns: list[str] | None = None) -> pa.Table:
+        """The rows of table `which` (at `version`, or the newest) as Arrow, read by delta-rs's own engine.
+
+        Not `DeltaTable.to_pyarrow_table()`: that scans through a pyarrow dataset whose I/O threads
+        call delta-rs's Python file system handler, and they can outlive the interpreter's shutdown.
+        A short-lived process (`electra history`) then aborted at exit with "terminate called without
+        an active exception" (exit 134) in about a third of its runs here (delta-rs#2184,
+        apache/arrow#45017). The engine hands back string views; the rows are cast to the table's schema.
+        """
+        schema = SCHEMAS[which]
+        if columns:
+            schema = pa.schema([schema.field(c) for c in columns])
+        names = ", ".join('"' + c.replace('"', '""') + '"' for c in schema.names)
+        reader = QueryBuilder().register("t", self.table(which, version)).execute(f"SELECT {names} FROM t")
+        return pa.table(reader.read_all()).cast(schema)
+
     def exists(self) -> bool:
         try:
             self.table("events")
@@ -180,7 +196,7 @@ class TierStore:
     def maintain(self, *, now_ms: int, retention_ms: int, vacuum_retention_hours: int) -> dict:
         """Drop history older than the retention period (keeping the snapshot it rests on), compact, vacuum."""
         out: dict = {"deleted_events": 0, "deleted_snapshot_rows": 0}
-        snaps = self.table("snapshots").to_pyarrow_table(columns=["snapshot_index", "snapshot_ts_ms", "name"])
+        snaps = self.read("snapshots", columns=["snapshot_index", "snapshot_ts_ms", "name"])
         old = [r["snapshot_index"] for r in snaps.to_pylist()
                if r["name"] is None and r["snapshot_ts_ms"] < now_ms - retention_ms]
         if old:

@@ -132,7 +132,7 @@ def _key(r: dict) -> tuple:
 
 
 def _table_rows(uri: str, gaps: bool = False) -> list[tuple]:
-    rows = TierStore(uri).table("events").to_pyarrow_table().to_pylist()
+    rows = TierStore(uri).read("events").to_pylist()
     return sorted(_key(r) for r in rows if gaps or r["type"] != GAP)
 
 
@@ -194,7 +194,7 @@ def test_leader_killed_mid_upload_then_fenced_zombie_then_bootstrap_and_time_tra
             assert isinstance(outcome.get("error"), Fenced), outcome
             after_zombie = TierStore(uri).progress()
             assert after_zombie.term == before.term  # only the new leader commits (it keeps uploading)
-            rows = TierStore(uri).table("events").to_pyarrow_table().to_pylist()
+            rows = TierStore(uri).read("events").to_pylist()
             assert all(r["index"] <= before.upto for r in rows if r["uploader_term"] == old_term)
 
             await c.drive(40, start=72)
@@ -236,7 +236,10 @@ def test_leader_killed_mid_upload_then_fenced_zombie_then_bootstrap_and_time_tra
                     assert [e["index"] for e in body["events"]["events"]] == \
                         [e.index for e in expected if ts[idx[0]] <= e.ts <= ts[cut]]
                 bad = await http.get(f"http://{c.http[fresh.node.cfg.node_id]}/v1/admin/history", params={"at": "x"})
-                assert bad.status_code == 400
+                assert bad.status_code == 400 and "`at`" in bad.json()["remark"]
+                bad = await http.get(f"http://{c.http[fresh.node.cfg.node_id]}/v1/admin/history",
+                                     params={"at": "now", "from": "<b>forged</b>"})
+                assert bad.status_code == 400 and "forged" not in bad.text and "`from`" in bad.text
                 metrics = (await http.get(f"http://{c.http[ld.node.cfg.node_id]}/metrics")).text
                 assert "electra_tier_upload_lag_entries" in metrics and 'electra_tier_total{what="fenced"}' in metrics
         finally:
