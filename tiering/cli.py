@@ -38,14 +38,15 @@ def cmd_history(args: argparse.Namespace) -> int:
                 print(f"error: {option}: {exc}", file=sys.stderr)
                 return 2
     reader = TierReader(args.tier_uri, args.tier_options)
-    if not reader.store.exists():
-        print(f"error: no tier tables at {args.tier_uri}", file=sys.stderr)
-        return 1
     try:
+        if not reader.store.exists():
+            print(f"error: no tier tables at {args.tier_uri}", file=sys.stderr)
+            return 1
         out = reader.history(times["--at"], times.get("--events-from"), times.get("--events-to"))
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:  # an object store that cannot be reached or read, a damaged table
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        print(f"error: cannot read the tier at {args.tier_uri}: {type(exc).__name__}: {first}", file=sys.stderr)
+        return 1
     json.dump(out, sys.stdout, indent=2, sort_keys=True)
     print()
     return 0

@@ -243,6 +243,19 @@ def test_history_cli_reads_the_tables(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["state"]["index"] == 40
 
 
+def test_history_cli_says_what_it_cannot_read(tmp_path, capsys):
+    """A damaged table (or an object store that cannot be reached) is one line and exit 1, not a traceback."""
+    from electra.cli import main
+
+    for which in ("events", "snapshots"):
+        log = tmp_path / "tier" / which / "_delta_log"
+        log.mkdir(parents=True)
+        (log / "00000000000000000000.json").write_text("not a delta log\n")
+    assert main(["history", "--tier-uri", str(tmp_path / "tier"), "--at", "now"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot read the tier at {tmp_path / 'tier'}: ") and "Traceback" not in err
+
+
 def test_a_process_that_read_the_tier_exits_cleanly(tmp_path):
     """Read through pyarrow's dataset scan (`to_pyarrow_table`), a quarter to a third of the processes that
     read a tier of a few dozen files aborted at interpreter exit ("terminate called without an active
