@@ -406,6 +406,8 @@ def _run_stack(stack, cfg, args: argparse.Namespace) -> int:
             gone = stack.exited()
             if gone == ["brokers (exit 0)"]:  # the simulator was told to quit: keep the rest running
                 stack.procs.pop("brokers")
+                print("demo brokers stopped; the controllers, ingest and the streaming job keep running "
+                      "(Ctrl-C stops them)", flush=True)
                 continue
             if gone:
                 print(f"stopping the stack: {', '.join(gone)} exited (logs in {stack.logs})", file=sys.stderr)
