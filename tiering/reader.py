@@ -39,12 +39,14 @@ def parse_time(text: str | int | float) -> int:
     ValueError, which never repeats the text, for anything else or an instant outside 1970-9999.
     """
     if isinstance(text, int | float):
+        if text != text or text in (float("inf"), float("-inf")):
+            raise ValueError("the instant must be a finite number of epoch milliseconds")
         ms = int(text)
     else:
         s = str(text).strip()
         if s.lower() == "now":
             ms = int(datetime.now(UTC).timestamp() * 1000)
-        elif s.lstrip("-").isdigit() and len(s) <= 20:
+        elif s.lstrip("-").isdecimal() and len(s) <= 20:  # isdecimal: what int() takes ('²' is a digit)
             ms = int(s)
         else:
             try:
