@@ -126,3 +126,10 @@ async def check_all_acked(client: RaftClient, acked: dict) -> None:
         values = await asyncio.gather(*(client.propose(encode_get(k), deadline_s=20) for k in chunk))
         lost = [(k, acked[k], v) for k, v in zip(chunk, values, strict=True) if v != acked[k]]
         assert not lost, f"{len(lost)} acknowledged writes lost or wrong, e.g. {lost[:5]}"
+
+
+def hangup_by_default() -> None:
+    """`preexec_fn` for a child a test sends SIGHUP: the default disposition, as for a command started from
+    a terminal. Under `nohup` the test run ignores SIGHUP, a child inherits that, and the hangup the test
+    sends would never arrive."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)

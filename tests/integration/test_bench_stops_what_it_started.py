@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_cluster import hangup_by_default
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +44,8 @@ def _alive(pid: int) -> bool:
 ], ids=["raft-sigterm", "controller-sighup"])
 def test_a_signalled_benchmark_stops_its_processes(bench, sig):
     proc = subprocess.Popen([sys.executable, "-m", "electra.cli", "bench", *bench],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            preexec_fn=hangup_by_default)
     started: list[int] = []
 
     def output() -> str:

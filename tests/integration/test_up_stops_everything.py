@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_cluster import hangup_by_default
 
 pytestmark = pytest.mark.integration
 
@@ -66,11 +67,13 @@ def test_a_signal_when_the_output_is_gone_stops_every_process(tmp_path, output, 
            "--kafka-port", str(kafka_port), "--raft-port", str(raft), "--http-port", str(http),
            "--ingest-port", str(ingest)]
     if output == "pipe":
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                preexec_fn=hangup_by_default)
         reader = proc.stdout
     else:  # a terminal (pty) that is closed under it: writes then fail with EIO
         master, slave = pty.openpty()
-        proc = subprocess.Popen(cmd, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL,
+                                preexec_fn=hangup_by_default)
         os.close(slave)
         reader = os.fdopen(master, "rb", buffering=0)
     try:
