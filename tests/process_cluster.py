@@ -3,6 +3,7 @@
 One place for what every process-level Raft test needs: start, SIGKILL and restart
 nodes, find the leader, wait for a node to catch up, write under load and check
 that every acknowledged write is still there. The scenarios stay in the tests.
+Also how a test starts a process it will send SIGHUP (`hangup_by_default`).
 """
 
 from __future__ import annotations

@@ -19,15 +19,15 @@ def history_router(uri: str, storage_options: dict[str, str] | None = None) -> A
                       from_: Annotated[str | None, Query(alias="from")] = None,
                       to: Annotated[str | None, Query()] = None):
         """State of every broker set as of `at`; with `from`/`to`, also the events between those instants."""
+        times: dict[str, int | None] = {}
         for param, t in (("at", at), ("from", from_), ("to", to)):
             try:
-                if t is not None:
-                    parse_time(t)
+                times[param] = None if t is None else parse_time(t)
             except ValueError as exc:  # names the parameter, never repeats its value
                 return JSONResponse({"code": 400, "remark": f"bad time in `{param}`: {exc}"}, status_code=400)
         reader = TierReader(uri, storage_options)
         try:
-            return await asyncio.to_thread(reader.history, at, from_, to)
+            return await asyncio.to_thread(reader.history, times["at"], times["from"], times["to"])
         except Exception as exc:  # the tier is unreachable or empty
             return JSONResponse({"code": 503, "remark": f"tier unavailable: {exc!r}"}, status_code=503)
 

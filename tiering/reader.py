@@ -18,6 +18,7 @@ These tables use no deletion vectors or column mapping, so the file list is exac
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,7 +40,7 @@ def parse_time(text: str | int | float) -> int:
     ValueError, which never repeats the text, for anything else or an instant outside 1970-9999.
     """
     if isinstance(text, int | float):
-        if text != text or text in (float("inf"), float("-inf")):
+        if not math.isfinite(text):
             raise ValueError("the instant must be a finite number of epoch milliseconds")
         ms = int(text)
     else:
