@@ -25,7 +25,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from electra.consensus.errors import RaftError
 from electra.state.codes import Code
@@ -37,7 +38,8 @@ from .dashboard import dashboard_router
 from .http_limits import DEFAULT_LIMITS, BodyLimit, HTTPLimits
 from .replies import RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
 
-Name = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.:%\-]+$")]
+NAME_PATTERN = r"^[A-Za-z0-9_.:%\-]+$"  # broker-set and cluster names
+Name = Annotated[str, Field(min_length=1, max_length=255, pattern=NAME_PATTERN)]
 BrokerId = Annotated[int, Field(ge=1, le=MAX_BROKER_ID)]
 # RocketMQ's Java types (state/limits.py): numbers beyond them are a 422, never stored.
 Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
@@ -109,7 +111,7 @@ class SyncStateDataRequest(BaseModel):
 class CleanBrokerData(BaseModel):
     clusterName: Name | None = None
     brokerIds: Annotated[list[BrokerId], Field(max_length=64)] | None = None
-    cleanLivingBroker: bool = False
+    cleanLivingBroker: StrictBool = False  # destructive: `true` or `false`, never "yes" or 1
 
 
 class _Stream(StreamingResponse):
@@ -169,21 +171,53 @@ def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
     return out
 
 
+def _invalid(errors: list[dict[str, str]]) -> JSONResponse:
+    """422 with code 2005 naming each bad field: every invalid request's answer."""
+    remark = "invalid request: " + "; ".join(f"{e['field']}: {e['problem']}" for e in errors[:3])
+    return JSONResponse({"code": int(Code.CONTROLLER_INVALID_REQUEST), "remark": remark, "errors": errors},
+                        status_code=422)
+
+
+class HeadAsGet:
+    """ASGI middleware: `HEAD` on a GET route is answered as the GET (uvicorn sends the head without the
+    body), as RFC 9110 asks of every server; load balancers probe `/healthz` that way. A stream
+    (`/watch`, the dashboard's) has no end to measure, so `HEAD` there stays 405."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "HEAD" and not scope["path"].endswith(("/watch",
+                                                                                                 "/stream")):
+            scope = {**scope, "method": "GET"}  # a copy: the server's scope still says HEAD (no body sent)
+        await self.app(scope, receive, send)
+
+
 def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
                metrics: RequestMetrics | None = None) -> FastAPI:
     """The node's whole API (OpenAPI lists every route); the lean path (api/lean_path.py) serves the hot ones."""
     svc = controller.requests
-    app = FastAPI(title="Electra controller", version="0.1.0",
+    # No trailing-slash redirects: Starlette builds their `Location` from the client's `Host` header.
+    app = FastAPI(title="Electra controller", version="0.1.0", redirect_slashes=False,
                   description="RocketMQ 5 controller semantics on a Raft-replicated state machine")
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    app.add_middleware(HeadAsGet)
     watchers = 0  # open SSE watch streams on this node
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = validation_errors(exc)
-        remark = "invalid request: " + "; ".join(f"{e['field']}: {e['problem']}" for e in errors[:3])
-        return JSONResponse({"code": int(Code.CONTROLLER_INVALID_REQUEST), "remark": remark, "errors": errors},
-                            status_code=422)
+        return _invalid(validation_errors(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def framework_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """The framework's own refusals (no route, wrong method, a body it cannot parse) in the API's shape."""
+        if exc.status_code == 400:  # FastAPI: a body `json.loads` cannot read (too deep, a 4,301-digit number)
+            return _invalid([{"field": "body", "problem": "not JSON that can be read (nested too deep, a number "
+                                                          "of over 4,300 digits, or not UTF-8)"}])
+        remark = {404: "no such endpoint", 405: "method not allowed on this endpoint"}.get(exc.status_code,
+                                                                                           str(exc.detail)[:200])
+        return JSONResponse({"code": int(Code.REQUEST_CODE_NOT_SUPPORTED), "remark": remark},
+                            status_code=exc.status_code, headers=exc.headers)
     counted = metrics or RequestMetrics()
     app.state.request_metrics = counted  # shared with the lean path (api/lean_path.py)
     registry = counted.registry
@@ -224,7 +258,7 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
 
     @app.get("/v1/broker-sets/{name}/next-broker-id", tags=["broker"])
     async def next_broker_id(name: Name, request: Request,
-                             cluster: Annotated[str, Query(min_length=1, max_length=255)]):
+                             cluster: Annotated[str, Query(min_length=1, max_length=255, pattern=NAME_PATTERN)]):
         return await run("next_broker_id", request, svc.get_next_broker_id(cluster, name))
 
     @app.post("/v1/broker-sets/{name}/apply-broker-id", tags=["broker"])

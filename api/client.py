@@ -16,11 +16,16 @@ import json
 import time
 import zlib
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 
 from electra.security.credentials import ClientCredentials
+
+
+def _escaped(name: str) -> str:
+    """A broker set's name as a path segment: `%` is a legal name character and must reach the node escaped."""
+    return quote(name, safe=":")
 
 
 class UnexpectedResponse(ValueError):
@@ -159,35 +164,36 @@ class ControllerClient:
         raise TimeoutError(f"no ingest endpoint accepted the heartbeat: {last!r}")
 
     async def next_broker_id(self, cluster, name) -> dict:
-        return await self.request("GET", f"/v1/broker-sets/{name}/next-broker-id", params={"cluster": cluster})
+        return await self.request("GET", f"/v1/broker-sets/{_escaped(name)}/next-broker-id",
+                                  params={"cluster": cluster})
 
     async def apply_broker_id(self, cluster, name, broker_id, check_code) -> dict:
-        return await self.request("POST", f"/v1/broker-sets/{name}/apply-broker-id",
+        return await self.request("POST", f"/v1/broker-sets/{_escaped(name)}/apply-broker-id",
                                   json={"clusterName": cluster, "brokerId": broker_id,
                                         "registerCheckCode": check_code})
 
     async def register(self, cluster, name, broker_id, addr) -> dict:
-        return await self.request("POST", f"/v1/broker-sets/{name}/register",
+        return await self.request("POST", f"/v1/broker-sets/{_escaped(name)}/register",
                                   json={"clusterName": cluster, "brokerId": broker_id, "brokerAddress": addr})
 
     async def elect_master(self, cluster, name, broker_id, *, admin: bool = False) -> dict:
         prefix = "/v1/admin" if admin else "/v1"
-        return await self.request("POST", f"{prefix}/broker-sets/{name}/elect-master",
+        return await self.request("POST", f"{prefix}/broker-sets/{_escaped(name)}/elect-master",
                                   json={"clusterName": cluster, "brokerId": broker_id})
 
     async def alter_sync_state_set(self, name, master_id, master_epoch, new_set, sync_state_set_epoch) -> dict:
-        return await self.request("POST", f"/v1/broker-sets/{name}/sync-state-set",
+        return await self.request("POST", f"/v1/broker-sets/{_escaped(name)}/sync-state-set",
                                   json={"masterBrokerId": master_id, "masterEpoch": master_epoch,
                                         "syncStateSet": sorted(new_set), "syncStateSetEpoch": sync_state_set_epoch})
 
     async def replica_info(self, name) -> dict:
-        return await self.request("GET", f"/v1/broker-sets/{name}/replica-info")
+        return await self.request("GET", f"/v1/broker-sets/{_escaped(name)}/replica-info")
 
     async def sync_state_data(self, names) -> dict:
         return await self.request("POST", "/v1/admin/sync-state-data", json={"brokerNames": list(names)})
 
     async def clean_broker_data(self, name, *, cluster=None, ids=None, clean_living=False) -> dict:
-        return await self.request("POST", f"/v1/admin/broker-sets/{name}/clean",
+        return await self.request("POST", f"/v1/admin/broker-sets/{_escaped(name)}/clean",
                                   json={"clusterName": cluster, "brokerIds": ids, "cleanLivingBroker": clean_living})
 
     async def find_leader(self) -> int | None:

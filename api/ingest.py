@@ -253,7 +253,7 @@ def fast_heartbeat(raw: bytes) -> msgspec.Struct | None:
     """A valid heartbeat body decoded and checked in C (msgspec), or None: then take the slow way."""
     try:
         return _decode_wire(raw)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):  # (msgspec recurses on nesting)
         return None
 
 
@@ -271,7 +271,7 @@ def decode_body(raw: bytes) -> Any:
     """A request body's JSON; InvalidHeartbeat if it is not JSON."""
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # (UnicodeDecodeError is a ValueError)
         raise records.InvalidHeartbeat(f"body: invalid JSON ({exc})") from None
 
 

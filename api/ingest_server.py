@@ -55,13 +55,13 @@ _REASONS = {200: b"OK", 401: b"Unauthorized", 403: b"Forbidden",
 _NOT_DECODED = object()
 
 
-def _scope_of(decoded: object) -> tuple:
-    """What of a body a broker credential's scope is checked against (`http_auth._json_fields`): the body's
-    `clusterName` and `brokerName`, with their types (`1 == 1.0 == True`, but only some of them are kept)."""
+def _body_names(decoded: object) -> dict[str, str]:
+    """The `clusterName` and `brokerName` strings of a decoded body: what a broker credential's scope is
+    checked against (`http_auth.authorize_body`). A name of another type is left out: the heartbeat's
+    validation refuses it before anything is produced."""
     if not isinstance(decoded, dict):
-        return (None,)
-    c, b = decoded.get("clusterName"), decoded.get("brokerName")
-    return type(c), c, type(b), b
+        return {}
+    return {k: v for k in ("clusterName", "brokerName") if isinstance(v := decoded.get(k), str)}
 
 
 def _response(status: int, body: bytes, *, content_type: bytes = b"application/json", close: bool = False,
@@ -136,9 +136,9 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._reply(400, b'{"detail":"upgrade not supported"}', close=True)
+            self._reply(400, b'{"code":2005,"remark":"upgrade not supported"}', close=True)
         except httptools.HttpParserError:
-            self._reply(400, b'{"detail":"malformed HTTP request"}', close=True)
+            self._reply(400, b'{"code":2005,"remark":"malformed HTTP request"}', close=True)
 
     # httptools callbacks
     def on_message_begin(self) -> None:
@@ -197,7 +197,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
                 return
         if path == b"/v1/heartbeat":
             if method != b"POST":
-                self._reply(405, b'{"detail":"use POST"}', close=not keep)
+                self._reply(405, b'{"code":3,"remark":"method not allowed on this endpoint: use POST"}', close=not keep)
             elif self.too_large:
                 self._reply(413, b'{"code":2005,"remark":"heartbeat too large"}', close=True)
             else:
@@ -207,7 +207,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
                 self._reply(status, body, close=not keep, retry_after=status == 503)
         elif path in (b"/v1/session", b"/v1/session/goodbye"):
             if method != b"POST":
-                self._reply(405, b'{"detail":"use POST"}', close=not keep)
+                self._reply(405, b'{"code":3,"remark":"method not allowed on this endpoint: use POST"}', close=not keep)
             elif self.too_large:
                 self._reply(413, b'{"code":2005,"remark":"session request too large"}', close=True)
             else:
@@ -229,7 +229,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
             self._reply(200, ("\n".join(lines) + "\n").encode(), content_type=b"text/plain; version=0.0.4",
                         close=not keep)
         else:
-            self._reply(404, b'{"detail":"not found"}', close=not keep)
+            self._reply(404, b'{"code":3,"remark":"no such endpoint"}', close=not keep)
 
     def _check_caller(self, method: bytes, path: bytes, raw: bytes, decoded: object) -> None:
         """The credential check of `check_request`, skipped when this connection already passed it for the
@@ -241,10 +241,11 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
                 decoded = decode_body(raw)
             except records.InvalidHeartbeat as exc:
                 decoded = exc
-        key = (self.authorization, method, path, bool(raw), _scope_of(decoded), self.tokens.generation())
+        names = _body_names(decoded) if raw else None  # the names of the body this server acts on
+        key = (self.authorization, method, path, names, self.tokens.generation())
         if key == self.verified:
             return
-        check_request(self.tokens, method.decode("latin-1"), path.decode("latin-1"), self.authorization, raw)
+        check_request(self.tokens, method.decode("latin-1"), path.decode("latin-1"), self.authorization, names)
         self.verified = key
 
     def _reply(self, status: int, body: bytes, *, close: bool = False, retry_after: bool = False,

@@ -9,10 +9,10 @@ two never describe different inputs), the same auth functions check the caller
 answers and metrics, and the answer is JSON encoded by msgspec.
 
 It serves only requests it can answer exactly as FastAPI would: a canonical, valid request
-(exact types, `Content-Type: application/json`, names without percent-escapes, a
-Content-Length body). Everything else — every 422, any coercion pydantic's lax mode would
-do, odd encodings — returns `None` from `prepare` and is handed to the FastAPI application,
-which then answers it. tests/integration/test_lean_parity.py sends one table of requests,
+(exact types, no field the model does not name, `Content-Type: application/json`, names
+without percent-escapes, a Content-Length body). Everything else — every 422, any coercion
+pydantic's lax mode would do, odd encodings — is handed to the FastAPI application, which then
+answers it. tests/unit/test_lean_parity.py sends one table of requests,
 valid and invalid, through both paths and compares status, body and headers.
 
 `serve` is two halves: admission (auth, decoding) and `execute` (the controller's answer). In a
@@ -83,17 +83,28 @@ def _lean_type(annotation: Any, metadata: list) -> Any:
 
 
 def lean_struct(model: type[BaseModel]) -> type[msgspec.Struct]:
-    """A msgspec Struct that accepts exactly the canonical inputs `model` accepts (extra fields ignored)."""
+    """A msgspec Struct that accepts exactly the canonical inputs `model` accepts.
+
+    A field `model` does not name is refused here (the application then answers, ignoring it as
+    pydantic does): msgspec skips an unknown field without reading it the way Python's `json` would,
+    so bytes `json` refuses (a number of over 4,300 digits, invalid UTF-8) would pass here and fail
+    there, and the two paths would answer the same request differently."""
     fields = []
     for name, f in model.model_fields.items():
         typ = _lean_type(f.annotation, list(f.metadata))
         fields.append((name, typ) if f.default is PydanticUndefined else (name, typ, f.default))
-    return msgspec.defstruct(f"Lean{model.__name__}", fields, forbid_unknown_fields=False)
+    return msgspec.defstruct(f"Lean{model.__name__}", fields, forbid_unknown_fields=True)
 
 
 def lean_scalar(annotated: Any) -> Any:
     """The msgspec type of a path or query parameter's annotation (`models.Name`)."""
     return _lean_type(annotated, [])
+
+
+def _auth_refusal(err: AuthError) -> Reply:
+    status, headers, raw = error_reply(err)
+    return Reply(status, raw, {k.decode(): v.decode() for k, v in headers if k not in (b"content-length",
+                                                                                       b"content-type")})
 
 
 # ------------------------------------------------------------------ routes
@@ -190,8 +201,8 @@ class LeanPath:
             if q is None:
                 return None
             try:
-                cluster = q.group(1).decode("ascii")
-            except UnicodeDecodeError:
+                cluster = msgspec.convert(q.group(1).decode("ascii"), _NAME)  # a name, as the body's clusterName
+            except (UnicodeDecodeError, msgspec.ValidationError):
                 return None
         elif query:
             return None
@@ -236,23 +247,29 @@ class LeanPath:
         return out
 
     def _serve(self, req: LeanRequest, body: bytes, scheme: str) -> Reply | Awaitable[Reply] | None:
+        # The credential first (401/403 before any word on the body, as the middleware answers), then the
+        # body, then the credential's scope against the names in the body as decoded: the scope is checked
+        # on what this path acts on, never on another parser's reading of the same bytes.
+        principal = rule = cluster = None
         if self.tokens is not None:
             try:
                 principal = self.tokens.authenticate(req.authorization)
                 rule = rule_for(req.route.method.decode(), req.path)
                 cluster = authorize_path(principal, rule, req.query.encode())
-                if req.route.struct is not None:
-                    authorize_body(principal, rule, cluster, body)
             except AuthError as err:
-                status, headers, raw = error_reply(err)
-                return Reply(status, raw, {k.decode(): v.decode() for k, v in headers
-                                           if k not in (b"content-length", b"content-type")})
+                return _auth_refusal(err)
         obj = None
         if req.route.struct is not None:
             try:
                 obj = self._decoders[req.route.struct].decode(body)
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                return None
+            except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+                return None  # the application answers it (and checks the scope its own way first)
+            if principal is not None:
+                try:
+                    authorize_body(principal, rule, cluster, {"clusterName": getattr(obj, "clusterName", None),
+                                                              "brokerName": getattr(obj, "brokerName", None)})
+                except AuthError as err:
+                    return _auth_refusal(err)
         if self.forward is not None:
             return self.forward(req, obj, scheme)
         return self.execute(req, obj, scheme)

@@ -14,6 +14,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate
+from urllib.parse import quote
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -143,8 +144,9 @@ def refused(metrics: RequestMetrics, endpoint: str, exc: RaftError, leader_addre
 
 
 def request_url_on(scheme: str, path: str, query: str) -> Callable[[str], str]:
-    """This request's URL on the node at `addr` (https stays https)."""
-    tail = path + (f"?{query}" if query else "")
+    """This request's URL on the node at `addr` (https stays https). `path` is the decoded path the route
+    matched: it is escaped again, so that a set named `a%41` is not redirected to the set `aA`."""
+    tail = quote(path, safe="/:") + (f"?{query}" if query else "")
     return lambda addr: f"{scheme}://{addr}{tail}"
 
 

@@ -32,6 +32,8 @@ import secrets
 import threading
 import time
 
+from electra.state.codes import Code
+
 from .auth import READERS, AuthError, Principal, TokenStore
 
 COOKIE = "__Host-electra-dashboard"  # + "-<port>": a browser keeps one session per node of a host
@@ -114,7 +116,12 @@ async def _answer(send, status: int, body: dict | None, extra: list[tuple[bytes,
     await send({"type": "http.response.body", "body": data})
 
 
+class _TooLarge(Exception):
+    pass
+
+
 async def _read_body(receive) -> bytes | None:
+    """The body (None if the client went away); _TooLarge once it passes MAX_LOGIN_BODY."""
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -123,9 +130,13 @@ async def _read_body(receive) -> bytes | None:
         chunks.append(message.get("body", b""))
         size += len(chunks[-1])
         if size > MAX_LOGIN_BODY:
-            return None
+            raise _TooLarge
         if not message.get("more_body"):
             return b"".join(chunks)
+
+
+_SEND_JSON = "send the token as JSON: {\"token\": \"...\"}"
+_INVALID = int(Code.CONTROLLER_INVALID_REQUEST)
 
 
 async def handle(tokens: TokenStore | None, sessions: Sessions, scope, receive, send) -> None:
@@ -133,16 +144,25 @@ async def handle(tokens: TokenStore | None, sessions: Sessions, scope, receive, 
     if scope["path"] == LOGOUT_PATH:
         sessions.close(session_id(scope))
         return await _answer(send, 204, None, [_set_cookie(scope, "", 0)])
+    # The node API's refusals (docs/controller-api.md): 415, then 413 (from Content-Length before reading,
+    # or once the body passes the limit), then 422 for a body that does not hold a token.
     content_type = next((v for k, v in scope["headers"] if k == b"content-type"), b"").decode("latin-1")
     if content_type.split(";")[0].strip().lower() != "application/json":
-        return await _answer(send, 415, {"code": 400, "remark": "send the token as JSON: {\"token\": \"...\"}"})
-    body = await _read_body(receive)
+        return await _answer(send, 415, {"code": _INVALID, "remark": _SEND_JSON})
+    too_large = {"code": _INVALID, "remark": f"request body over {MAX_LOGIN_BODY} bytes"}
+    length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+    if length is not None and (not length.isdigit() or int(length) > MAX_LOGIN_BODY):
+        return await _answer(send, 413, too_large, [(b"connection", b"close")])
+    try:
+        body = await _read_body(receive)
+    except _TooLarge:
+        return await _answer(send, 413, too_large, [(b"connection", b"close")])
     try:
         token = json.loads(body)["token"] if body else None
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         token = None
     if not isinstance(token, str) or not token.strip():
-        return await _answer(send, 400, {"code": 400, "remark": "send the token as JSON: {\"token\": \"...\"}"})
+        return await _answer(send, 422, {"code": _INVALID, "remark": f"invalid request: body: {_SEND_JSON}"})
     token = token.strip()
     if tokens is None:  # insecure mode: nothing to sign in to
         return await _answer(send, 204, None)

@@ -9,7 +9,8 @@ credentials) the JSON body, and refusals get the API's error body. The routes st
 from __future__ import annotations
 
 import json
-from urllib.parse import parse_qs
+from collections.abc import Mapping
+from urllib.parse import parse_qsl
 
 from . import dashboard_login
 from .audit import AuditLog
@@ -62,7 +63,7 @@ class AuthMiddleware:
             cluster = authorize_path(principal, rule, scope.get("query_string", b""))  # before reading a body
             if principal.role == "broker" and method in ("POST", "PUT", "PATCH"):
                 body, receive = await _buffer(receive)
-                authorize_body(principal, rule, cluster, body)
+                authorize_body(principal, rule, cluster, body_names(body))
         except AuthError as err:
             status, headers, body = error_reply(err)
             if rule.audited and self.audit is not None:
@@ -138,9 +139,21 @@ async def _buffer(receive):
 def _json_fields(body: bytes) -> dict:
     try:
         data = json.loads(body) if body else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the interpreter's stack
         return {}
     return {k: v for k, v in data.items() if isinstance(v, str | int)} if isinstance(data, dict) else {}
+
+
+def body_names(body: bytes) -> dict[str, str]:
+    """The `clusterName` and `brokerName` strings of a JSON body, read as the FastAPI routes read it.
+
+    Starlette's `Request.json()` is `json.loads`: a body it cannot read (not JSON, too deep, a number
+    of over 4,300 digits, bytes that are not UTF-8) names nothing here and is refused by the route's
+    validation, never acted on. A check must read the body with the parser of the code that acts on
+    it: the lean path and the ingest server decode with msgspec and pass the names they decoded.
+    A name that is not a string is left out: validation refuses it (a str field takes no number).
+    """
+    return {k: v for k in ("clusterName", "brokerName") if isinstance(v := _json_fields(body).get(k), str)}
 
 
 def authorize_path(principal: Principal, rule: Rule, query_string: bytes) -> str | None:
@@ -152,30 +165,35 @@ def authorize_path(principal: Principal, rule: Rule, query_string: bytes) -> str
     if principal.role != "broker":
         authorize(principal, rule)
         return None
-    cluster = parse_qs(query_string.decode("latin-1")).get("cluster", [None])[0] if query_string else None
+    # Starlette's query parameters keep every value and a route reads the last one: check that one.
+    values = [v for k, v in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True) if k == "cluster"]
+    cluster = values[-1] if values else None
     authorize(principal, rule, cluster=cluster)
     return cluster
 
 
-def authorize_body(principal: Principal, rule: Rule, cluster: str | None, body: bytes) -> None:
-    """A broker's scope against the body's `clusterName` and `brokerName` (a request body of a write)."""
+def authorize_body(principal: Principal, rule: Rule, cluster: str | None, names: Mapping[str, object]) -> None:
+    """A broker's scope against a write's `clusterName` and `brokerName`, as decoded by the code that acts on
+    the body (`body_names` for the FastAPI routes, the decoded struct on the lean path)."""
     if principal.role == "broker":
-        fields = _json_fields(body)
-        authorize(principal, rule, cluster=fields.get("clusterName", cluster),
-                  broker_set=fields.get("brokerName", rule.broker_set))
+        authorize(principal, rule, cluster=_text(names.get("clusterName"), cluster),
+                  broker_set=_text(names.get("brokerName"), rule.broker_set))
+
+
+def _text(value: object, default: str | None) -> str | None:
+    return value if isinstance(value, str) else default
 
 
 def check_request(tokens: TokenStore | None, method: str, path: str, authorization: str | None,
-                  body: bytes = b"") -> Principal:
-    """The checks for the ingest server (no query): the caller's principal or AuthError."""
+                  names: Mapping[str, object] | None = None) -> Principal:
+    """The checks for the ingest server (no query): the caller's principal or AuthError. `names`: the
+    body's `clusterName` and `brokerName` as the server decoded the body it will act on (None: no body)."""
     rule = rule_for(method, path)
     if rule.public or tokens is None:
         return ANONYMOUS
     principal = tokens.authenticate(authorization)
-    if principal.role == "broker" and body:
-        fields = _json_fields(body)
-        authorize(principal, rule, cluster=fields.get("clusterName"),
-                  broker_set=fields.get("brokerName", rule.broker_set))
+    if principal.role == "broker" and names is not None:
+        authorize_body(principal, rule, None, names)
     else:
         authorize(principal, rule)
     return principal

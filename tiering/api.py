@@ -8,7 +8,16 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
-from .reader import TierReader, parse_time
+from electra.state.codes import Code
+
+from .reader import TierReader, event_window, parse_time
+
+
+def _invalid(param: str, problem: str) -> JSONResponse:
+    """A bad query parameter: the API's 422 (the shape `api/app.py` gives every invalid request)."""
+    field = f"query.{param}"
+    return JSONResponse({"code": int(Code.CONTROLLER_INVALID_REQUEST), "remark": f"invalid request: {field}: {problem}",
+                         "errors": [{"field": field, "problem": problem}]}, status_code=422)
 
 
 def history_router(uri: str, storage_options: dict[str, str] | None = None) -> APIRouter:
@@ -24,11 +33,17 @@ def history_router(uri: str, storage_options: dict[str, str] | None = None) -> A
             try:
                 times[param] = None if t is None else parse_time(t)
             except ValueError as exc:  # names the parameter, never repeats its value
-                return JSONResponse({"code": 400, "remark": f"bad time in `{param}`: {exc}"}, status_code=400)
+                return _invalid(param, str(exc))
+        try:
+            event_window(times["from"], times["to"])
+        except ValueError as exc:
+            return _invalid("from", f"{exc} (`from` is after `to`)")
         reader = TierReader(uri, storage_options)
         try:
             return await asyncio.to_thread(reader.history, times["at"], times["from"], times["to"])
-        except Exception as exc:  # the tier is unreachable or empty
-            return JSONResponse({"code": 503, "remark": f"tier unavailable: {exc!r}"}, status_code=503)
+        except Exception as exc:  # the tier is unreachable, empty or damaged: its first line, not a repr
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            return JSONResponse({"code": int(Code.SYSTEM_ERROR),
+                                 "remark": f"tier unavailable: {type(exc).__name__}: {first}"}, status_code=503)
 
     return router

@@ -24,7 +24,7 @@ def add_history_command(sub) -> None:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from .reader import TierReader, parse_time
+    from .reader import TierReader, event_window, parse_time
 
     if not args.tier_uri:
         print("error: --tier-uri (or ELECTRA_TIER_URI) is required", file=sys.stderr)
@@ -37,6 +37,11 @@ def cmd_history(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 print(f"error: {option}: {exc}", file=sys.stderr)
                 return 2
+    try:
+        event_window(times.get("--events-from"), times.get("--events-to"))
+    except ValueError:
+        print("error: --events-from is after --events-to", file=sys.stderr)
+        return 2
     reader = TierReader(args.tier_uri, args.tier_options)
     try:
         if not reader.store.exists():

@@ -21,7 +21,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,6 +32,8 @@ from .schema import GAP, fold_event, sets_from_snapshot_rows
 from .store import TierStore
 
 MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last instant `iso` can write
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
 
 
 def parse_time(text: str | int | float) -> int:
@@ -47,14 +49,14 @@ def parse_time(text: str | int | float) -> int:
         s = str(text).strip()
         if s.lower() == "now":
             ms = int(datetime.now(UTC).timestamp() * 1000)
-        elif s.lstrip("-").isdecimal() and len(s) <= 20:  # isdecimal: what int() takes ('²' is a digit)
+        elif s.lstrip("-").isdecimal() and s.isascii() and len(s) <= 20:  # ASCII: int() also takes '١٢٣'
             ms = int(s)
         else:
             try:
                 dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
                 if dt.tzinfo is None:
                     dt = dt.replace(tzinfo=UTC)
-                ms = int(dt.timestamp() * 1000)
+                ms = (dt - _EPOCH) // _MS  # exact (a float timestamp turned .123 into .122)
             except (ValueError, OverflowError):
                 raise ValueError("expected an ISO-8601 time (e.g. 2026-11-27T16:00:00Z), epoch milliseconds "
                                  "or 'now'") from None
@@ -64,7 +66,20 @@ def parse_time(text: str | int | float) -> int:
 
 
 def iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """`ms` as ISO-8601 UTC to the millisecond (exact: no float on the way)."""
+    return (_EPOCH + ms * _MS).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def event_window(events_from: int | None, events_to: int | None) -> tuple[int, int] | None:
+    """The events asked for as `[from, to]` (an open end reaches the first or last event), None if neither
+    end is given; ValueError if the window ends before it starts."""
+    if events_from is None and events_to is None:
+        return None
+    lo = 0 if events_from is None else events_from
+    hi = 2**62 if events_to is None else events_to
+    if lo > hi:
+        raise ValueError("the events' window ends before it starts")
+    return lo, hi
 
 
 @dataclass
@@ -161,11 +176,11 @@ class TierReader:
                 "gaps": gaps}
 
     def history(self, at: str | int, events_from: str | int | None = None, events_to: str | int | None = None) -> dict:
+        window = event_window(None if events_from is None else parse_time(events_from),
+                              None if events_to is None else parse_time(events_to))
         out = {"state": self.state_at(parse_time(at))}
-        if events_from is not None or events_to is not None:
-            lo = parse_time(events_from) if events_from is not None else 0
-            hi = parse_time(events_to) if events_to is not None else 2**62
-            out["events"] = self.events_between(lo, hi)
+        if window is not None:
+            out["events"] = self.events_between(*window)
         return out
 
     # ------------------------------------------------------------------ Spark

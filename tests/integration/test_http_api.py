@@ -62,6 +62,21 @@ def test_broker_flow_redirects_follower_reads_errors_metrics_and_watch(tmp_path)
                                           json={"clusterName": "c", "brokerId": 2})
                 assert redirect.status_code == 307 and redirect.json()["code"] == Code.CONTROLLER_NOT_LEADER
                 assert redirect.headers["location"].startswith(f"http://{http[leader_id]}/")
+                # `%` is a legal name character: the set `pr%41` (sent as `pr%2541`) stays itself through
+                # the client and the redirect, and never becomes the set `prA`.
+                redirect = await raw.post(f"http://{follower_ep}/v1/broker-sets/pr%2541/apply-broker-id",
+                                          json={"clusterName": "c", "brokerId": 1, "registerCheckCode": "x;1"})
+                assert redirect.status_code == 307
+                assert redirect.headers["location"] == \
+                    f"http://{http[leader_id]}/v1/broker-sets/pr%2541/apply-broker-id"
+                escaping = ControllerClient([follower_ep])
+                try:
+                    assert (await escaping.apply_broker_id("c", "pr%41", 1, "x;1"))["code"] == Code.SUCCESS
+                finally:
+                    await escaping.close()
+                assert (await raw.get(f"http://{http[leader_id]}/v1/broker-sets/pr%2541/replica-info")).status_code \
+                    == 200
+                assert (await raw.get(f"http://{http[leader_id]}/v1/broker-sets/prA/replica-info")).status_code == 404
                 metrics = (await raw.get(f"http://{http[leader_id]}/metrics")).text
                 assert 'electra_requests_total{code="0",endpoint="elect_master"}' in metrics
                 assert "electra_raft_commit_index" in metrics and 'electra_raft_role{role="leader"} 1.0' in metrics

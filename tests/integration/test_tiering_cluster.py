@@ -236,10 +236,14 @@ def test_leader_killed_mid_upload_then_fenced_zombie_then_bootstrap_and_time_tra
                     assert [e["index"] for e in body["events"]["events"]] == \
                         [e.index for e in expected if ts[idx[0]] <= e.ts <= ts[cut]]
                 bad = await http.get(f"http://{c.http[fresh.node.cfg.node_id]}/v1/admin/history", params={"at": "x"})
-                assert bad.status_code == 400 and "`at`" in bad.json()["remark"]
+                assert bad.status_code == 422 and bad.json()["code"] == 2005 and "query.at" in bad.json()["remark"]
+                assert bad.json()["errors"][0]["field"] == "query.at"
                 bad = await http.get(f"http://{c.http[fresh.node.cfg.node_id]}/v1/admin/history",
                                      params={"at": "now", "from": "<b>forged</b>"})
-                assert bad.status_code == 400 and "forged" not in bad.text and "`from`" in bad.text
+                assert bad.status_code == 422 and "forged" not in bad.text and "query.from" in bad.text
+                bad = await http.get(f"http://{c.http[fresh.node.cfg.node_id]}/v1/admin/history",
+                                     params={"at": "now", "from": 1000, "to": 999})  # a reversed window
+                assert bad.status_code == 422 and "query.from" in bad.text and "after `to`" in bad.text
                 metrics = (await http.get(f"http://{c.http[ld.node.cfg.node_id]}/metrics")).text
                 assert "electra_tier_upload_lag_entries" in metrics and 'electra_tier_total{what="fenced"}' in metrics
         finally:

@@ -102,7 +102,7 @@ def test_login_sets_a_strict_httponly_secure_cookie(tokens):
 @pytest.mark.parametrize("token,content_type,status", [
     ("not-a-token", "application/json", 401),
     ("bad token; Path=/evil", "application/json", 401),  # never echoed into a header
-    ("", "application/json", 400),
+    ("", "application/json", 422),
     (None, "application/x-www-form-urlencoded", 415),  # a cross-site form cannot send JSON
 ])
 def test_login_refuses_bad_tokens_and_non_json(tokens, token, content_type, status):
@@ -110,6 +110,18 @@ def test_login_refuses_bad_tokens_and_non_json(tokens, token, content_type, stat
     got, headers, body, _ = login(App(path), token if token is not None else made["observer"], content_type)
     assert got == status and "set-cookie" not in headers
     assert json.loads(body)["remark"]
+
+
+def test_login_refuses_big_bodies_with_413_before_reading_them_when_announced(tokens):
+    path, made = tokens
+    app = App(path)
+    announced = call(app, "POST", "/v1/dashboard/login", body=b"{",
+                     headers={"Content-Type": "application/json", "Content-Length": "5000000"})
+    sent = call(app, "POST", "/v1/dashboard/login", headers={"Content-Type": "application/json"},
+                body=json.dumps({"token": made["observer"], "pad": "x" * 5000}).encode())
+    for status, headers, body, _ in (announced, sent):
+        assert status == 413 and json.loads(body) == {"code": 2005, "remark": "request body over 4096 bytes"}
+        assert "set-cookie" not in headers
 
 
 def test_login_refuses_a_role_that_may_not_read_the_dashboard(tokens):

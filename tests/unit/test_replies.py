@@ -2,7 +2,7 @@
 
 import pytest
 
-from electra.api.replies import RequestMetrics, refused
+from electra.api.replies import RequestMetrics, refused, request_url_on
 from electra.consensus.errors import DiskFailure, NodeStopped, NoQuorum, ProposalDropped, ProposalTimeout, QuorumLost
 
 
@@ -50,3 +50,11 @@ def test_request_metrics_export_what_prometheus_clients_counter_and_histogram_di
 
     assert lines(generate_latest(ours.registry)) == lines(generate_latest(registry))
     assert 'electra_requests_total{code="2011",endpoint="elect_master"} 2.0' in generate_latest(ours.registry).decode()
+
+
+def test_a_redirect_escapes_the_decoded_path_again():
+    """The route matched `/v1/broker-sets/pr%41/...` (sent as `pr%2541`): the leader must get that set, not `prA`."""
+    url = request_url_on("https", "/v1/broker-sets/pr%41/apply-broker-id", "")("10.0.0.2:8080")
+    assert url == "https://10.0.0.2:8080/v1/broker-sets/pr%2541/apply-broker-id"
+    assert request_url_on("http", "/v1/broker-sets/a.b:c_d-e/next-broker-id", "cluster=c")("h:1") == \
+        "http://h:1/v1/broker-sets/a.b:c_d-e/next-broker-id?cluster=c"

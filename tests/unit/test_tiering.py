@@ -21,7 +21,7 @@ from electra.state.journal import JournalEntry, entry_for
 from electra.state.liveness import BrokerLiveInfo
 from electra.state.machine import ControllerStateMachine
 from electra.tiering.bootstrap import bootstrap_from_tier
-from electra.tiering.reader import TierReader, iso, parse_time
+from electra.tiering.reader import TierReader, event_window, iso, parse_time
 from electra.tiering.schema import event_rows, events_table, snapshot_rows, snapshots_table
 from electra.tiering.store import Conflict, Fenced, Moved, TierStore
 
@@ -278,14 +278,30 @@ def test_a_process_that_read_the_tier_exits_cleanly(tmp_path):
     ("1700000000000", 1_700_000_000_000), (1_700_000_000_000, 1_700_000_000_000),
     ("2023-11-14T22:13:20Z", 1_700_000_000_000), ("2023-11-14T22:13:20", 1_700_000_000_000),
     ("2023-11-14T23:13:20+01:00", 1_700_000_000_000), (" 0 ", 0),
+    ("2026-11-27T16:00:00.123Z", 1_795_795_200_123),  # exact (a float timestamp made it ...122)
+    ("2026-11-27T16:00:00.123999Z", 1_795_795_200_123),  # microseconds floor to the millisecond
 ])
 def test_parse_time(text, ms):
     assert parse_time(text) == ms
 
 
+def test_iso_is_exact_to_the_millisecond_and_round_trips():
+    assert iso(253_402_300_799_999) == "9999-12-31T23:59:59.999Z"  # was .998 through a float
+    assert iso(0) == "1970-01-01T00:00:00.000Z"
+    for ms in (1, 999, 1_795_795_200_123, 253_402_300_799_998):
+        assert parse_time(iso(ms)) == ms
+
+
+def test_event_window():
+    assert event_window(None, None) is None
+    assert event_window(5, None) == (5, 2**62) and event_window(None, 5) == (0, 5) and event_window(5, 5) == (5, 5)
+    with pytest.raises(ValueError, match="ends before it starts"):
+        event_window(6, 5)
+
+
 @pytest.mark.parametrize("text", ["", "yesterday", "-5", "2026-13-01", "9" * 21, "10000-01-01", "0001-01-01",
-                                  "99999999999999999999", "<script>", "\u00b2", "1\u00b2", float("inf"),
-                                  float("nan")])
+                                  "99999999999999999999", "<script>", "\u00b2", "1\u00b2", "\u0661\u0662\u0663",
+                                  float("inf"), float("nan")])
 def test_parse_time_refuses_without_repeating_the_text(text):
     with pytest.raises(ValueError) as err:
         parse_time(text)
