@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import msgpack
 import pytest
 
@@ -251,6 +252,17 @@ def test_forged_http_calls_answer_401_or_403_and_change_nothing(cluster):
             # a broker of set-a may not heartbeat for set-a under another cluster name either
             r = await broker_a.heartbeat("other-cluster", "set-a", 2, "6.6.6.6:10911")
             assert r["httpStatus"] == 403, r
+            # nor can set-b's broker dodge its scope with an extra field Python's json cannot read and msgspec
+            # skips (a 4,400-digit number, a byte that is not UTF-8): the heartbeat is refused, never taken
+            forged = json.dumps({"clusterName": "c", "brokerName": "set-a", "brokerId": 2,
+                                 "brokerAddr": "6.6.6.6:10911", "heartbeatTimeoutMillis": 3_600_000}).encode()[:-1]
+            async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=ca), timeout=10) as raw:
+                for junk in (b', "x": ' + b"9" * 4400 + b"}", b', "x": "\xff"}'):
+                    for ep in c.http.values():
+                        r = await raw.post(f"https://{ep}/v1/heartbeat", content=forged + junk,
+                                           headers={"content-type": "application/json",
+                                                    "authorization": f"Bearer {other_token}"})
+                        assert r.status_code in (403, 422), (junk[:10], r.status_code, r.text)
             # observers read; nothing changed
             after = await observer.replica_info("set-a")
             assert after["httpStatus"] == 200
