@@ -14,6 +14,11 @@ the payload a msgpack array whose first element is the record kind:
 
 Every segment begins with the current hard state and compaction marker, so whole
 segments that hold only compacted entries can be deleted without losing either.
+A segment is born whole: its header is written and synced under a temporary name,
+then renamed into place. So a segment that does not begin with a HARD_STATE record
+(emptied, or damaged at its start) was never written that way: recovery refuses it,
+since starting with term 0 and no vote could vote twice in a term this node already
+voted in, and would silently drop the acknowledged entries it held.
 
 Writes are buffered; `sync()` writes the buffer (looping over short writes) and
 runs one `fdatasync` (group commit). Any failed write or fsync is final: the
@@ -46,6 +51,7 @@ from .files import Files, OsFiles, WritableFile, write_all
 ENTRIES, HARD_STATE, COMPACTED, RESET = 1, 2, 3, 4
 _HEADER = struct.Struct(">II")
 _SUFFIX = ".seg"
+_STARTING = ".seg.tmp"  # a segment whose header is being written (renamed into place once synced)
 log = logging.getLogger("electra.consensus.storage")
 
 
@@ -126,7 +132,11 @@ class LogStorage:
     # ------------------------------------------------------------------ recovery
     def open(self) -> RecoveredLog:
         self.files.mkdir(self.dir)
-        segs = sorted(p for p in self.files.listdir(self.dir) if p.suffix == _SUFFIX and p.stem.isdigit())
+        names = self.files.listdir(self.dir)
+        for p in names:
+            if p.name.endswith(_STARTING):  # a segment start a crash interrupted: it held nothing yet
+                self.files.unlink(p)
+        segs = sorted(p for p in names if p.suffix == _SUFFIX and p.stem.isdigit())
         rec = RecoveredLog()
         self._gap_until = 0
         for k, seg in enumerate(segs):
@@ -148,6 +158,12 @@ class LogStorage:
         data = self.files.read_bytes(seg)
         pos, n = 0, len(data)
         seg_max = 0
+        if not self._begins_with_hard_state(data):
+            raise CorruptLogError(
+                f"Raft log segment {seg} ({n} bytes) does not begin with the node's term and vote: it was emptied "
+                "or damaged at its start, and the entries and vote it held are lost; refusing to start (starting "
+                "over could vote twice in one term). Restore this node from a peer: move its data directory "
+                "aside and start it empty, so the leader sends it a snapshot")
         while pos < n:
             problem = None
             if n - pos < _HEADER.size:
@@ -180,6 +196,21 @@ class LogStorage:
                 raise CorruptLogError(f"corrupt Raft log {seg} at offset {pos}: undecodable record: {exc}") from None
             pos = end
         self._seg_max[seg] = seg_max
+
+    @staticmethod
+    def _begins_with_hard_state(data: bytes) -> bool:
+        """Does the segment's first record hold a HARD_STATE (as `_roll` writes every segment's header)?"""
+        if len(data) < _HEADER.size:
+            return False
+        length, crc = _HEADER.unpack_from(data, 0)
+        body = data[_HEADER.size:_HEADER.size + length]
+        if length == 0 or len(body) < length or zlib.crc32(body) != crc:
+            return False
+        try:
+            first = msgpack.unpackb(body, raw=False, use_list=True)
+        except Exception:
+            return False
+        return isinstance(first, list) and bool(first) and first[0] == HARD_STATE
 
     def _apply_record(self, body: list[Any], rec: RecoveredLog) -> int:
         kind = body[0]
@@ -312,20 +343,28 @@ class LogStorage:
 
     # ------------------------------------------------------------------ segments
     def _roll(self) -> None:
-        """Start a new segment, beginning with the current hard state and compaction marker."""
+        """Start a new segment, beginning with the current hard state and compaction marker.
+
+        The header is written and synced under a temporary name and renamed into place, so
+        no crash leaves a segment without it (recovery refuses one: `_begins_with_hard_state`)."""
         self._seg_seq += 1
         path = self.dir / f"{self._seg_seq:020d}{_SUFFIX}"
-        self._open_segment(path, new=True)
         head = self._hard_state_record()
         if self._snap[0]:
             head += _record((RESET if self._last_index == self._snap[0] else COMPACTED, *self._snap))
-        assert self._file is not None
-        write_all(self._file, head)
-        self._seg_size = len(head)
-        self._seg_max[path] = 0
+        starting = self.dir / (path.name[:-len(_SUFFIX)] + _STARTING)
+        f = self.files.open_write(starting)
+        try:
+            write_all(f, head)
+            if self.fsync:
+                f.sync()
+        finally:
+            f.close()
+        self.files.replace(starting, path)
         if self.fsync:
-            self._file.sync()
             self.files.sync_dir(self.dir)
+        self._open_segment(path, new=False)
+        self._seg_max[path] = 0
 
     def _open_segment(self, path: Path, new: bool) -> None:
         if self._file is not None:

@@ -101,6 +101,45 @@ def test_corruption_before_the_tail_refuses_to_start(tmp_path):
     assert seg.name in str(info.value) and "offset" in str(info.value)
 
 
+@pytest.mark.parametrize("damage", ["emptied", "cut-inside-the-header", "header-flipped"])
+@pytest.mark.parametrize("segments", ["only", "newest", "oldest"])
+def test_a_segment_without_its_term_and_vote_refuses_to_start(tmp_path, damage, segments):
+    """Every segment is born with the hard state (term, vote); one without it lost them and its entries. Starting
+    anyway (term 0, no vote) dropped acknowledged entries in silence and could vote twice in a term."""
+    s, _ = reopen(tmp_path, segment_bytes=10_000 if segments == "only" else 500)
+    s.save_hard_state(7, 2)
+    for i in range(1, 40):
+        s.append(i, [7], [b"y" * 40])
+        s.sync()
+    s.close()
+    segs = sorted(tmp_path.glob("*.seg"))
+    assert (len(segs) == 1) == (segments == "only")
+    seg = segs[0] if segments == "oldest" else segs[-1]
+    data = bytearray(seg.read_bytes())
+    if damage == "emptied":
+        data = bytearray()
+    elif damage == "cut-inside-the-header":
+        data = data[:5]
+    else:
+        data[9] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    with pytest.raises(CorruptLogError, match="term and vote") as info:
+        reopen(tmp_path, segment_bytes=500)
+    assert seg.name in str(info.value)
+
+
+def test_a_segment_start_a_crash_interrupted_is_dropped(tmp_path):
+    """The header is written under a temporary name and renamed into place: a leftover of it held nothing."""
+    s, _ = reopen(tmp_path)
+    s.save_hard_state(3, 1)
+    s.append(1, [3], [b"a"])
+    s.close()
+    (tmp_path / f"{2:020d}.seg.tmp").write_bytes(b"\x00\x00")
+    _, rec = reopen(tmp_path)
+    assert (rec.term, rec.vote, rec.last_index) == (3, 1, 1)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
 def test_corruption_in_an_older_segment_refuses_to_start(tmp_path):
     s, _ = reopen(tmp_path, segment_bytes=500)
     for i in range(1, 60):

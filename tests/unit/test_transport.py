@@ -115,4 +115,4 @@ def test_restarted_peer_is_reconnected_and_sends_to_absent_peers_are_dropped():
             for t in ts.values():
                 await t.stop()
 
-    asyncio.run(asyncio.wait_for(main(), 30))
+    asyncio.run(asyncio.wait_for(main(), 60))  # above the sum of the waits' own bounds (30 s): they name the step
