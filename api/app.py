@@ -187,8 +187,9 @@ class HeadAsGet:
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "HEAD" and not scope["path"].endswith(("/watch",
-                                                                                                 "/stream")):
+        # (rstrip: a route's `$` also matches before a final newline, so `/watch%0A` reaches the watch route)
+        if scope["type"] == "http" and scope["method"] == "HEAD" and \
+                not scope["path"].rstrip("\n").endswith(("/watch", "/stream")):
             scope = {**scope, "method": "GET"}  # a copy: the server's scope still says HEAD (no body sent)
         await self.app(scope, receive, send)
 

@@ -277,7 +277,21 @@ def decode_body(raw: bytes) -> Any:
 
 def parse_heartbeat(raw: bytes) -> dict:
     """A request body as a validated heartbeat (records.validate_heartbeat); InvalidHeartbeat names the problem."""
-    return records.validate_heartbeat(decode_body(raw))
+    return validate_for_kafka(decode_body(raw))
+
+
+def validate_for_kafka(decoded: Any) -> dict:
+    """`records.validate_heartbeat`, and text UTF-8 can carry: Python's json decodes a lone surrogate escape
+    (`"\\ud800"`), which no Kafka key or record can hold (the key's encode raised inside the HTTP parser's
+    callback: a 400 that dropped a broker's session). The job keeps taking such records (the rule is the
+    ingest's, so records already in the topic keep their meaning); the fast path's msgspec refuses them."""
+    hb = records.validate_heartbeat(decoded)
+    for key in ("clusterName", "brokerName", "brokerAddr"):
+        try:
+            hb[key].encode()
+        except UnicodeEncodeError:
+            raise records.InvalidHeartbeat(f"{key}: text that UTF-8 cannot carry (a lone surrogate)") from None
+    return hb
 
 
 def handle_heartbeat(producer: HeartbeatProducer, raw: bytes | records.InvalidHeartbeat | Any, now_ms: int, *,
@@ -292,7 +306,7 @@ def handle_heartbeat(producer: HeartbeatProducer, raw: bytes | records.InvalidHe
         elif isinstance(raw, records.InvalidHeartbeat):
             raise raw
         else:
-            hb = records.validate_heartbeat(raw)
+            hb = validate_for_kafka(raw)
     except records.InvalidHeartbeat as exc:
         producer.stats["invalid"] += 1
         return _body(422, {"code": 2005, "remark": "invalid heartbeat", "detail": str(exc)})

@@ -25,6 +25,7 @@ import itertools
 import json
 import ssl
 from collections import deque
+from urllib.parse import quote
 
 from electra.broker_session import AnswerConnection
 from electra.security.credentials import ClientCredentials
@@ -105,7 +106,7 @@ class ReplicaInfoReader:
     async def replica_info(self, name: str) -> dict:
         """The replica info of broker set `name` from the first node (round-robin) that answers it."""
         self.stats["requests"] += 1
-        path = b"/v1/broker-sets/" + name.encode() + b"/replica-info"
+        path = b"/v1/broker-sets/" + quote(name, safe=":").encode() + b"/replica-info"  # `%` is a name character
         start = next(self._next)
         last: object = None
         for k in range(len(self.pools)):

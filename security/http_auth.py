@@ -53,7 +53,7 @@ class AuthMiddleware:
         try:
             auth = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
             sid = None
-            if auth is None and rule.cookie_ok and method == "GET":  # a browser on the dashboard's reads
+            if auth is None and rule.cookie_ok and method in ("GET", "HEAD"):  # a browser on the dashboard's reads
                 sid = dashboard_login.session_id(scope)
             if sid is not None:
                 principal = self.sessions.principal(self.tokens, sid)

@@ -294,6 +294,20 @@ def test_session_requests_are_checked():
     proto2.connection_lost(None)  # never opened: nothing to say
 
 
+def test_text_utf8_cannot_carry_is_a_422_and_the_session_connection_stays():
+    """json decodes `"\\ud800"` to a lone surrogate, which no Kafka key can hold: it was a 400 that closed the
+    connection (the key's encode raised inside the parser's callback), so a session was dropped."""
+    producer = FakeProducer()
+    proto, t = connect(producer)
+    surrogate = json.dumps(HB).replace('"b"', '"b\\ud800"', 1).encode()
+    assert b"ud800" in surrogate
+    proto.data_received(post(json.dumps(HB).encode(), "/v1/session") + post(surrogate)
+                        + post(surrogate, "/v1/session") + post(json.dumps(HB).encode()))
+    got = responses(t.data)
+    assert [s for s, _, _ in got] == [200, 422, 422, 200] and not t.closed
+    assert b"brokerName" in got[1][2] and len(producer.sent) == 2
+
+
 def test_a_session_connection_the_worker_closes_itself_says_nothing_and_may_idle_up_to_its_timeout():
     from electra.api.sessions import SessionRegistry
 
