@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -129,7 +130,16 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
                                 ssl_context_factory=(lambda _cfg, _default: http_ssl) if http_ssl else None)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # the caller owns signals
-    task = asyncio.create_task(server.serve())
+    # The listening socket is bound here, so a busy or bad address is one `error:` line from `electra node`
+    # (uvicorn itself logs its own message and exits the process with code 1 on that error).
+    try:
+        sockets = None if fronts is not None else [_bound_socket(http_host, http_port)]
+    except RuntimeError:
+        await controller.stop()
+        await node.stop()
+        audit.close()
+        raise
+    task = asyncio.create_task(server.serve(sockets=sockets))
     for _ in range(200):  # bounded wait for the socket
         if server.started or task.done():
             break
@@ -154,3 +164,17 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
     log.info("controller node %d: %s://%s:%d", cfg.node_id, scheme, http_host, http_port)
     watch = asyncio.create_task(security.tls.watch()) if security and security.tls else None
     return ControllerNode(node, controller, server, task, audit, watch, lean, fronts)
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    """The API's listening socket (as uvicorn binds it: SO_REUSEADDR); RuntimeError naming the address."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"cannot listen on {host}:{port} (--http-addr): {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock

@@ -7,6 +7,7 @@ import asyncio
 import time
 from pathlib import Path
 
+from electra.cli_args import refuse
 from electra.interrupts import terminate_as_interrupt
 
 from .nemesis import KINDS, parse_kind
@@ -67,7 +68,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         try:
             parse_kind(k)
         except ValueError as exc:
-            raise SystemExit(f"error: {exc}") from None
+            refuse(f"--faults: {exc}")
     episodes = args.episodes if args.episodes is not None else LONG_EPISODES if args.long else RunConfig.episodes
     cfg = RunConfig(out_dir=Path(args.out) / time.strftime("%Y%m%d-%H%M%S"), episodes=episodes,
                     first_episode=args.first_episode, seed=args.seed, nodes=args.nodes, kinds=kinds,
@@ -96,7 +97,7 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
         try:
             parse_entry(k)
         except ValueError as exc:
-            raise SystemExit(f"error: {exc}") from None
+            refuse(f"--faults: {exc}")
     cfg = PipelineConfig(out_dir=Path(args.out) / time.strftime("%Y%m%d-%H%M%S"),
                          episodes=args.episodes if args.episodes is not None else PipelineConfig.episodes,
                          first_episode=args.first_episode, seed=args.seed, nodes=args.nodes, kinds=kinds,

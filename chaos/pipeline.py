@@ -52,7 +52,7 @@ from .checkers import (
 )
 from .cluster import ChaosCluster
 from .history import HistoryLog
-from .nemesis import Fault, Nemesis, parse_kind, schedule
+from .nemesis import KINDS, Fault, Nemesis, parse_kind, schedule
 from .runner import (
     EpisodeResult,
     RunConfig,
@@ -103,6 +103,9 @@ def parse_entry(entry: str) -> tuple[str, str | None]:
         if mode:
             raise ValueError(f"pipeline fault {kind!r} takes no mode")
         return kind, None
+    if kind not in KINDS:  # name the pipeline's own kinds too
+        raise ValueError(f"unknown fault kind {kind!r}; known with --pipeline: {', '.join(PIPELINE_KINDS)}, "
+                         f"and the node kinds {', '.join(NODE_KINDS)}")
     return parse_kind(entry)
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from electra.api.client import ControllerClient
 from electra.broker_session import BrokerSession, SessionError, SessionTimeout
 from electra.replica_info_reader import ReplicaInfoReader
-from electra.security.credentials import ClientCredentials
+from electra.security.credentials import ClientCredentials, CredentialsError
 from electra.state.codes import Code
 
 log = logging.getLogger("electra.broker_simulator")
@@ -272,6 +272,10 @@ class BrokerFleet:
             self.stats["errors"] += 1
             self.last_error = str(exc) or repr(exc)
             return {"code": -1, "remark": repr(exc), "header": {}, "body": None}
+        if res.get("httpStatus") in (401, 403):  # no retry helps: the fleet stops and says why
+            raise CredentialsError(f"the controllers refused this fleet's credential: HTTP {res['httpStatus']}: "
+                                   f"{res.get('remark')} (the fleet sends ELECTRA_TOKEN_FILE or ELECTRA_TOKEN: a "
+                                   "broker token scoped to its sets)")
         return res
 
     async def _heartbeat(self, b: SimBroker) -> None:
@@ -532,6 +536,9 @@ async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, dur
     try:
         # `duration_s` bounds the whole run: registering too (brokers retry for ever, a run does not)
         await asyncio.wait_for(fleet.start(progress=True), duration_s)
+    except CredentialsError:
+        await fleet.stop()
+        raise
     except TimeoutError:
         await fleet.stop()
         why = f"the last failed request: {fleet.last_error}" if fleet.last_error else "no controller answered yet"

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from electra.cli_args import Parser
+from electra.cli_args import Parser, refuse
 from electra.interrupts import terminate_as_interrupt
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.tiering.options import parse_storage_options
@@ -28,11 +28,16 @@ def parse_peers(text: str) -> dict[int, tuple[str, int]]:
             ident, addr = part.split("=", 1)
             host, port = addr.rsplit(":", 1)
             node_id = int(ident)
-            peers[node_id] = (host, int(port))
+            port_no = int(port)
         except ValueError:
             raise argparse.ArgumentTypeError(f"bad peer {part!r}: expected ID=HOST:PORT") from None
         if node_id <= 0:
             raise argparse.ArgumentTypeError(f"bad peer {part!r}: node ids start at 1")
+        if not host or not 0 < port_no < 65536:
+            raise argparse.ArgumentTypeError(f"bad peer {part!r}: expected ID=HOST:PORT, port 1-65535")
+        if node_id in peers:
+            raise argparse.ArgumentTypeError(f"bad peer {part!r}: node {node_id} is named twice")
+        peers[node_id] = (host, port_no)
     if not peers:
         raise argparse.ArgumentTypeError("at least one peer is required")
     return peers
@@ -43,11 +48,19 @@ def parse_http_peers(text: str) -> dict[int, str]:
 
 
 def parse_addr(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (port 0: any free port), IPv6 as `[::1]:PORT`."""
     try:
         host, port = text.rsplit(":", 1)
-        return host, int(port)
+        port_no = int(port)
     except ValueError:
         raise argparse.ArgumentTypeError(f"bad address {text!r}: expected HOST:PORT") from None
+    if "://" in text:
+        raise argparse.ArgumentTypeError(f"bad address {text!r}: write HOST:PORT, without a scheme")
+    if not host or not 0 <= port_no < 65536:
+        raise argparse.ArgumentTypeError(f"bad address {text!r}: expected HOST:PORT, port 0-65535")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise argparse.ArgumentTypeError(f"bad address {text!r}: write an IPv6 host in brackets, [::1]:PORT")
+    return host, port_no
 
 
 # --------------------------------------------------------------------------- electra node
@@ -93,6 +106,12 @@ _NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} |
 _NODE_TYPES["bootstrap_from_tier"] = bool
 
 
+# Numbers a node takes, checked whichever source sets them (a tick of 0 ran Raft's tick in a busy loop).
+_NODE_BOUNDS = {"id": (1, 2**31 - 1), "tick_ms": (1, 60_000), "election_jitter_ticks": (1, 1000),
+                "snapshot_entries": (1, 2**62), "compaction_slack": (0, 2**62),
+                "inactive_master_scan_ms": (0, 3_600_000), "front_ends": (0, 256)}
+
+
 def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
     """Fill unset node options from ELECTRA_* variables, then the TOML file, then defaults."""
     import tomllib
@@ -103,10 +122,10 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
             with open(args.config, "rb") as f:
                 file_values = tomllib.load(f)
         except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise SystemExit(f"error: cannot read --config {args.config}: {exc}") from None
+            refuse(f"cannot read --config {args.config}: {exc}")
         unknown = set(file_values) - set(_NODE_TYPES)
         if unknown:
-            raise SystemExit(f"error: unknown keys in {args.config}: {', '.join(sorted(unknown))}")
+            refuse(f"unknown keys in {args.config}: {', '.join(sorted(unknown))}")
     for key, typ in _NODE_TYPES.items():
         if getattr(args, key) is not None:
             continue
@@ -122,22 +141,26 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
             try:
                 value = typ(value) if not isinstance(value, int) or typ is not int else value
             except (argparse.ArgumentTypeError, ValueError) as exc:
-                raise SystemExit(f"error: bad value for {key}: {exc}") from None
+                refuse(f"bad value for {key}: {exc}")
         setattr(args, key, value)
     missing = [k for k in ("id", "peers", "data_dir") if getattr(args, k) is None]
     if missing:
-        raise SystemExit(f"error: missing {', '.join(missing)} (give --{missing[0].replace('_', '-')}, "
-                         f"ELECTRA_{'NODE_ID' if missing[0] == 'id' else missing[0].upper()} or a --config key)")
+        refuse(f"missing {', '.join(missing)} (give --{missing[0].replace('_', '-')}, "
+               f"ELECTRA_{'NODE_ID' if missing[0] == 'id' else missing[0].upper()} or a --config key)")
     if args.inactive_master_scan_ms is None:
         args.inactive_master_scan_ms = 0 if args.kafka_bootstrap else 5000
     if args.architecture not in ("new", "legacy"):
-        raise SystemExit(f"error: --architecture must be new or legacy, not {args.architecture!r}")
+        refuse(f"--architecture must be new or legacy, not {args.architecture!r}")
     if args.architecture == "legacy" and args.kafka_bootstrap:
-        raise SystemExit("error: --architecture legacy keeps liveness on the leader: drop --kafka-bootstrap")
-    if args.front_ends < 0:
-        raise SystemExit(f"error: --front-ends must be 0 or more, not {args.front_ends}")
+        refuse("--architecture legacy keeps liveness on the leader: drop --kafka-bootstrap")
+    for key, (lo, hi) in _NODE_BOUNDS.items():  # every source: the command line, ELECTRA_* and the TOML file
+        value = getattr(args, key)
+        if value is not None and not lo <= value <= hi:
+            refuse(f"{key.replace('_', '-')} must be from {lo} to {hi}, not {value}")
+    if not str(args.data_dir).strip():
+        refuse("--data-dir must not be empty (it would be the current directory)")
     if args.state_machine not in ("controller", "kv", "counter"):
-        raise SystemExit(f"error: --state-machine must be controller, kv or counter, not {args.state_machine!r}")
+        refuse(f"--state-machine must be controller, kv or counter, not {args.state_machine!r}")
     return args
 
 
@@ -335,6 +358,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"error: --{option.replace('_', '-')} {getattr(args, option)}: {args.nodes} nodes need ports up to "
                   f"{getattr(args, option) + args.nodes - 1}, past 65535", file=sys.stderr)
             return 2
+    if not str(args.data_dir).strip():
+        refuse("--data-dir must not be empty (it would be the current directory)")
+    if Path(args.data_dir).exists() and not Path(args.data_dir).is_dir():
+        refuse(f"--data-dir {args.data_dir} is not a directory")
     cfg = StackConfig(data_dir=Path(args.data_dir), secure=not args.insecure, nodes=args.nodes,
                       raft_port=args.raft_port,
                       http_port=args.http_port, ingest_port=args.ingest_port, ingest_workers=args.ingest_workers,
@@ -464,14 +491,14 @@ DEFAULT_ENDPOINTS = "127.0.0.1:7301,127.0.0.1:7302,127.0.0.1:7303"
 def _endpoints(args: argparse.Namespace) -> list[str]:
     eps = [e.strip() for e in args.endpoints.split(",") if e.strip()]
     if not eps:
-        raise SystemExit("error: --endpoints is empty")
+        refuse("--endpoints is empty")
     for ep in eps:
         try:
-            host, port = parse_addr(ep)
+            _, port = parse_addr(ep)
         except argparse.ArgumentTypeError as exc:
-            raise SystemExit(f"error: --endpoints: {exc}") from None
-        if not host or not 0 < port < 65536:
-            raise SystemExit(f"error: --endpoints: bad address {ep!r}: expected HOST:PORT, port 1-65535")
+            refuse(f"--endpoints: {exc}")
+        if port == 0:
+            refuse(f"--endpoints: bad address {ep!r}: expected HOST:PORT, port 1-65535")
     return eps
 
 
@@ -774,13 +801,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     sb = sub.add_parser("simulate-brokers", help="RocketMQ-5-like brokers over HTTP (kill/hang/revive from stdin)")
     sb.add_argument("--endpoints", default=os.environ.get("ELECTRA_ENDPOINTS", DEFAULT_ENDPOINTS))
-    sb.add_argument("--groups", type=int, minimum=1, default=10)
-    sb.add_argument("--replicas", type=int, minimum=1, default=3)
+    # bounded by the simulator's addresses (10.<g // 250>.<g % 250>.<replica>) and the sync-state set's 64
+    sb.add_argument("--groups", type=int, minimum=1, maximum=64_000, default=10)
+    sb.add_argument("--replicas", type=int, minimum=1, maximum=64, default=3)
     sb.add_argument("--duration", type=float, default=None, help="seconds to run (default: until quit/EOF)")
     sb.add_argument("--no-stdin", action="store_true", help="ignore stdin commands")
     sb.add_argument("--ingest-endpoints", default=os.environ.get("ELECTRA_INGEST_ENDPOINTS"),
                     help="HOST:PORT,... heartbeat ingest endpoints (Kafka pipeline); default: every controller")
-    sb.add_argument("--heartbeat-timeout-ms", type=int, minimum=1, default=10_000,
+    sb.add_argument("--heartbeat-timeout-ms", type=int, minimum=100, maximum=3_600_000, default=10_000,
                     help="heartbeatTimeoutMillis the brokers send")
     sb.set_defaults(fn=cmd_simulate_brokers)
 
@@ -804,10 +832,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def main(argv: list[str] | None = None) -> int:
     keep_read_buffers_off_mmap()  # every command that serves or sends TLS (electra/malloc_thresholds.py)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    if args.log_level.upper() not in LOG_LEVELS:
+        parser.error(f"argument --log-level (or ELECTRA_LOG_LEVEL): choose from {', '.join(LOG_LEVELS)}, "
+                     f"not {args.log_level!r}")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # kafka-python logs every connection at INFO; its warnings and errors still show.
@@ -820,6 +854,9 @@ def main(argv: list[str] | None = None) -> int:
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return args.fn(args)
+    except KeyboardInterrupt:  # a command without its own handling (status, admin, ...): no traceback
+        print(f"electra {args.cmd}: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:
         message = explain_error(exc)
         if message is None:
@@ -833,8 +870,9 @@ def explain_error(exc: BaseException) -> str | None:
     import aiohttp
 
     from electra.api.client import UnexpectedResponse, describe_failure
+    from electra.security.credentials import CredentialsError
 
-    if isinstance(exc, UnexpectedResponse):
+    if isinstance(exc, UnexpectedResponse | CredentialsError):
         return str(exc)
     if isinstance(exc, aiohttp.ClientError | TimeoutError | ConnectionError):
         return describe_failure(exc)

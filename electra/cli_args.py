@@ -9,8 +9,16 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
+
+
+def refuse(message: str) -> NoReturn:
+    """A bad setting found after argparse (environment, TOML, a combination of options): `error: ...`, exit 2,
+    as argparse ends on a bad argument."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def at_least(kind: type, minimum: float, maximum: float | None = None) -> Callable[[str], Any]:

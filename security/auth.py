@@ -221,6 +221,17 @@ class TokenStore:
         return principal
 
 
+def _read_tokens_file(path: Path) -> dict:
+    """The tokens file's JSON ({"tokens": [...]}), or ValueError naming the file."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read tokens file {path}: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("tokens"), list):
+        raise ValueError(f"{path} is not a tokens file: expected {{\"tokens\": [...]}}")
+    return data
+
+
 def create_token(tokens_file: Path | str, role: str, name: str, *, broker_sets: list[str] | None = None,
                  clusters: list[str] | None = None) -> str:
     """Add a credential to the tokens file (created if absent); returns the token, which is stored nowhere."""
@@ -229,7 +240,7 @@ def create_token(tokens_file: Path | str, role: str, name: str, *, broker_sets: 
     if role == "broker" and not broker_sets:
         raise ValueError("a broker credential needs its broker set(s) (patterns such as 'broker-a' or 'sim-set-*')")
     path = Path(tokens_file)
-    data = json.loads(path.read_text()) if path.exists() else {"tokens": []}
+    data = _read_tokens_file(path) if path.exists() else {"tokens": []}
     token = secrets.token_urlsafe(32)
     entry = {"name": name, "role": role, "sha256": _hash(token), "created": int(time.time())}
     if role == "broker":
@@ -245,7 +256,7 @@ def create_token(tokens_file: Path | str, role: str, name: str, *, broker_sets: 
 def revoke_tokens(tokens_file: Path | str, name: str, *, keep_newest: bool = False) -> int:
     """Remove the credentials of `name` (all, or all but the newest: the end of a rotation); returns how many."""
     path = Path(tokens_file)
-    data = json.loads(path.read_text())
+    data = _read_tokens_file(path)
     mine = [t for t in data["tokens"] if t["name"] == name]
     drop = mine[:-1] if keep_newest else mine
     data["tokens"] = [t for t in data["tokens"] if t not in drop]

@@ -9,10 +9,16 @@ from pathlib import Path
 
 
 def cmd_cert(args: argparse.Namespace) -> int:
-    from .auth import ROLES, create_token, revoke_tokens
+    from .auth import create_token, revoke_tokens
     from .node_security import TOKENS_FILE
     from .pki import create_ca, create_node_cert
 
+    if not args.certs_dir.strip():
+        print("error: --certs-dir must not be empty (it would be the current directory)", file=sys.stderr)
+        return 2
+    if getattr(args, "name", "x") is not None and not getattr(args, "name", "x").strip():
+        print("error: --name must not be empty (the audit log and revocation name the holder by it)", file=sys.stderr)
+        return 2
     d = Path(args.certs_dir)
     try:
         if args.action == "create-ca":
@@ -23,8 +29,6 @@ def cmd_cert(args: argparse.Namespace) -> int:
                                         out_dir=args.out_dir)
             print(f"node {args.id}: {crt} {key}")
         elif args.action == "create-token":
-            if args.role not in ROLES:
-                raise ValueError(f"--role must be one of {', '.join(ROLES)}")
             token = create_token(args.tokens_file or d / TOKENS_FILE, args.role, args.name,
                                  broker_sets=args.broker_set, clusters=args.cluster)
             if args.out:
@@ -44,6 +48,8 @@ def cmd_cert(args: argparse.Namespace) -> int:
 
 
 def add_cert_command(sub) -> None:
+    from .auth import ROLES
+
     c = sub.add_parser("cert", help="create the cluster CA, node certificates and role tokens")
     acts = c.add_subparsers(dest="action", required=True)
 
@@ -54,15 +60,15 @@ def add_cert_command(sub) -> None:
     p = common(acts.add_parser("create-ca", help="new CA and cluster id (with --overwrite: a CA rollover that "
                                                  "keeps the old CA in the ca.crt bundle)"))
     p.add_argument("--cluster-id", help="default: the existing one, else a new random id")
-    p.add_argument("--days", type=int, default=3650)
+    p.add_argument("--days", type=int, minimum=1, maximum=36_500, default=3650, help="validity (1 to 36500)")
     p.add_argument("--overwrite", action="store_true")
     p = common(acts.add_parser("create-node", help="node certificate (Raft mutual TLS and HTTPS)"))
-    p.add_argument("--id", type=int, required=True)
+    p.add_argument("--id", type=int, minimum=1, required=True)
     p.add_argument("--host", action="append", help="address or DNS name clients dial (repeat; default loopback)")
-    p.add_argument("--days", type=int, default=365)
+    p.add_argument("--days", type=int, minimum=1, maximum=36_500, default=365, help="validity (1 to 36500)")
     p.add_argument("--out-dir", help="where to write node-<id>.crt/.key (default the certs dir)")
     p = common(acts.add_parser("create-token", help="a role credential: appends its hash to tokens.json, prints it"))
-    p.add_argument("--role", required=True, help="broker, pipeline, admin or observer")
+    p.add_argument("--role", required=True, choices=ROLES)
     p.add_argument("--name", required=True, help="who holds it (audit log, rotation and revocation use it)")
     p.add_argument("--broker-set", action="append", help="broker role: set name or pattern it may act for (repeat)")
     p.add_argument("--cluster", action="append", help="broker role: cluster name or pattern (default any)")

@@ -20,6 +20,22 @@ from pathlib import Path
 from .tls import client_context
 
 
+class CredentialsError(ValueError):
+    """The client's credential or CA cannot be used as configured (a command says so in one line)."""
+
+
+def _one_token(text: str, where: str) -> str | None:
+    """The token in `text`: one line of printable ASCII without spaces, or CredentialsError naming `where`."""
+    token = text.strip()
+    if not token:
+        return None
+    if "\n" in token or "\r" in token:
+        raise CredentialsError(f"{where} holds more than one line: it must hold one token")
+    if not token.isascii() or not token.isprintable() or " " in token or "\t" in token:
+        raise CredentialsError(f"{where} does not hold a token (printable ASCII without spaces)")
+    return token
+
+
 @dataclass(frozen=True)
 class ClientCredentials:
     token: str | None = None
@@ -28,14 +44,19 @@ class ClientCredentials:
     @classmethod
     def from_env(cls, env: dict | None = None) -> ClientCredentials:
         env = os.environ if env is None else env
-        token = env.get("ELECTRA_TOKEN") or None
+        token = _one_token(env.get("ELECTRA_TOKEN") or "", "ELECTRA_TOKEN")
         token_file = env.get("ELECTRA_TOKEN_FILE")
         if token is None and token_file:
             try:
-                token = Path(token_file).read_text().strip() or None
-            except OSError as exc:
-                raise ValueError(f"cannot read ELECTRA_TOKEN_FILE {token_file}: {exc}") from None
-        return cls(token, env.get("ELECTRA_CA_FILE") or None)
+                text = Path(token_file).read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise CredentialsError(f"cannot read ELECTRA_TOKEN_FILE {token_file}: "
+                                       f"{getattr(exc, 'strerror', None) or exc}") from None
+            token = _one_token(text, f"ELECTRA_TOKEN_FILE {token_file}")
+        ca_file = env.get("ELECTRA_CA_FILE") or None
+        if ca_file is not None and not os.path.isfile(ca_file):
+            raise CredentialsError(f"ELECTRA_CA_FILE {ca_file} is not a readable file")
+        return cls(token, ca_file)
 
     @classmethod
     def from_files(cls, token_file: str | Path | None, ca_file: str | Path | None) -> ClientCredentials:
@@ -50,7 +71,12 @@ class ClientCredentials:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def ssl_context(self) -> ssl.SSLContext | None:
-        return client_context(self.ca_file) if self.ca_file else None
+        if not self.ca_file:
+            return None
+        try:
+            return client_context(self.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise CredentialsError(f"ELECTRA_CA_FILE {self.ca_file} does not hold a CA certificate: {exc}") from None
 
     def env(self, token_file: str | Path | None = None) -> dict[str, str]:
         """Environment for a child process (the token travels as a file path when one is given)."""

@@ -320,3 +320,19 @@ def test_node_without_certs_or_with_a_foreign_data_dir_refuses_to_start(tmp_path
         shutil.copy(swapped / f"node-2.{ext}", swapped / f"node-1.{ext}")
     p = subprocess.run([*base, "--certs-dir", str(swapped)], capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 2 and "is the certificate of node 2, not of node 1" in p.stderr, p.stderr
+
+
+def test_a_node_whose_http_port_is_taken_says_so_in_one_line(tmp_path):
+    """It printed uvicorn's own log line and exited with 3 (the Raft port taken: `error:` and 1)."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        p = subprocess.run([sys.executable, "-m", "electra.cli", "node", "--id", "1", "--insecure",
+                            "--peers", f"1=127.0.0.1:{free_ports(1)[0]}", "--http-addr", f"127.0.0.1:{port}",
+                            "--data-dir", str(tmp_path / "n1")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert f"error: cannot listen on 127.0.0.1:{port} (--http-addr): Address already in use" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr

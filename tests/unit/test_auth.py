@@ -12,7 +12,7 @@ from test_ingest_server import FakeProducer, FakeTransport
 
 from electra.api.ingest_server import IngestProtocol
 from electra.security.auth import AuthError, Principal, TokenStore, authorize, create_token, revoke_tokens, rule_for
-from electra.security.credentials import ClientCredentials
+from electra.security.credentials import ClientCredentials, CredentialsError
 
 BROKER_A = Principal("a", "broker", ("set-a", "grp-*"), ("c",))
 
@@ -161,12 +161,25 @@ def test_ingest_connection_checks_a_token_once_per_scope_and_again_after_the_tok
 
 def test_client_credentials_from_env(tmp_path):
     (tmp_path / "t").write_text("tok\n")
-    c = ClientCredentials.from_env({"ELECTRA_TOKEN_FILE": str(tmp_path / "t"), "ELECTRA_CA_FILE": "/ca.crt"})
+    (tmp_path / "ca.crt").write_text("not a certificate")
+    c = ClientCredentials.from_env({"ELECTRA_TOKEN_FILE": str(tmp_path / "t"),
+                                    "ELECTRA_CA_FILE": str(tmp_path / "ca.crt")})
     assert c.token == "tok" and c.scheme == "https" and c.headers() == {"Authorization": "Bearer tok"}
     assert ClientCredentials.from_env({"ELECTRA_TOKEN": "x"}).scheme == "http"
     assert ClientCredentials.from_env({}).headers() == {}
-    with pytest.raises(ValueError, match="ELECTRA_TOKEN_FILE"):
-        ClientCredentials.from_env({"ELECTRA_TOKEN_FILE": str(tmp_path / "missing")})
+    # what a command reports in one line (CredentialsError), naming the variable and file, never the token
+    (tmp_path / "two").write_text("secret-one\nsecret-two\n")
+    (tmp_path / "spaced").write_text("secret one\n")
+    for env, problem in [({"ELECTRA_TOKEN_FILE": str(tmp_path / "missing")}, "cannot read ELECTRA_TOKEN_FILE"),
+                         ({"ELECTRA_TOKEN_FILE": str(tmp_path)}, "cannot read ELECTRA_TOKEN_FILE"),
+                         ({"ELECTRA_TOKEN_FILE": str(tmp_path / "two")}, "more than one line"),
+                         ({"ELECTRA_TOKEN_FILE": str(tmp_path / "spaced")}, "does not hold a token"),
+                         ({"ELECTRA_CA_FILE": str(tmp_path / "nope.crt")}, "ELECTRA_CA_FILE")]:
+        with pytest.raises(CredentialsError, match=problem) as err:
+            ClientCredentials.from_env(env)
+        assert "secret" not in str(err.value)
+    with pytest.raises(CredentialsError, match="does not hold a CA certificate"):
+        c.ssl_context()
 
 
 def test_admin_action_is_audited_before_the_answer_leaves(tmp_path):

@@ -100,3 +100,37 @@ def test_while_registering_failed_requests_are_reported(capsys, monkeypatch):
     asyncio.run(main())
     out = capsys.readouterr().out
     assert "0/1 sets registered; still trying" in out and "cannot connect to 127.0.0.1:1" in out
+
+
+def test_a_fleet_whose_credential_is_refused_stops_and_says_why(monkeypatch, capsys):
+    """401/403 never turn into a retry (it was `KeyError: 'header'` and a traceback): `electra simulate-brokers`
+    prints one line and exits 1."""
+    from electra import broker_simulator, cli
+
+    async def refused(*_args, **_kwargs):
+        return {"code": 16, "remark": "invalid or revoked token", "httpStatus": 401}
+
+    real = broker_simulator.BrokerFleet
+
+    def fleet_refused(*args, **kwargs):
+        fleet = real(*args, **kwargs)
+        fleet.client.next_broker_id = refused
+        return fleet
+
+    monkeypatch.setattr(broker_simulator, "BrokerFleet", fleet_refused)
+    code = cli.main(["simulate-brokers", "--endpoints", "127.0.0.1:1", "--groups", "1", "--duration", "5",
+                     "--no-stdin"])
+    err = capsys.readouterr().err
+    assert code == 1 and "error: the controllers refused this fleet's credential: HTTP 401" in err, err
+    assert "Traceback" not in err
+
+
+def test_an_interrupted_command_says_so_and_exits_130(monkeypatch, capsys):
+    from electra import cli
+
+    def interrupted(_args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_status", interrupted)
+    assert cli.main(["status", "--endpoints", "127.0.0.1:1"]) == 130
+    assert capsys.readouterr().err.strip() == "electra status: interrupted"

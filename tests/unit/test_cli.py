@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from electra.cli import build_parser, resolve_node_settings
 
 
 def _node(argv, monkeypatch, env=None):
-    for k in ("ELECTRA_NODE_ID", "ELECTRA_PEERS", "ELECTRA_DATA_DIR", "ELECTRA_HTTP_ADDR", "ELECTRA_TICK_MS"):
+    for k in ("ELECTRA_NODE_ID", "ELECTRA_PEERS", "ELECTRA_DATA_DIR", "ELECTRA_HTTP_ADDR", "ELECTRA_TICK_MS",
+              "ELECTRA_SNAPSHOT_ENTRIES", "ELECTRA_FRONT_ENDS"):
         monkeypatch.delenv(k, raising=False)
     for k, v in (env or {}).items():
         monkeypatch.setenv(k, v)
@@ -29,17 +32,42 @@ def test_toml_file_then_environment_then_command_line(tmp_path, monkeypatch):
     assert a.tick_ms == 10
 
 
-def test_clear_errors_for_missing_and_unknown_settings(tmp_path, monkeypatch):
-    with pytest.raises(SystemExit, match="missing id"):
-        _node(["--peers", "1=127.0.0.1:1", "--data-dir", "x"], monkeypatch)
+def _refused(capsys, run, match: str) -> None:
+    """A bad setting: `error: ...` naming it on stderr and exit 2, as argparse ends on a bad argument."""
+    with pytest.raises(SystemExit) as exit_:
+        run()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(match, err), err
+
+
+def test_clear_errors_for_missing_and_unknown_settings(tmp_path, monkeypatch, capsys):
+    _refused(capsys, lambda: _node(["--peers", "1=127.0.0.1:1", "--data-dir", "x"], monkeypatch), "error: missing id")
     bad = tmp_path / "bad.toml"
     bad.write_text('id = 1\ncolour = "blue"\n')
-    with pytest.raises(SystemExit, match="unknown keys.*colour"):
-        _node(["--config", str(bad)], monkeypatch)
-    with pytest.raises(SystemExit, match="cannot read"):
-        _node(["--config", str(tmp_path / "missing.toml")], monkeypatch)
-    with pytest.raises(SystemExit):
-        _node(["--peers", "one=two"], monkeypatch)  # argparse: ID=HOST:PORT expected
+    _refused(capsys, lambda: _node(["--config", str(bad)], monkeypatch), "unknown keys.*colour")
+    _refused(capsys, lambda: _node(["--config", str(tmp_path / "missing.toml")], monkeypatch), "cannot read")
+    _refused(capsys, lambda: _node(["--peers", "one=two"], monkeypatch), "ID=HOST:PORT")
+
+
+@pytest.mark.parametrize(("argv", "env", "match"), [
+    (["--tick-ms", "0"], {}, "tick-ms must be from 1 to 60000, not 0"),  # a busy loop before
+    ([], {"ELECTRA_TICK_MS": "-100"}, "tick-ms must be from 1"),  # the environment skipped every check
+    ([], {"ELECTRA_SNAPSHOT_ENTRIES": "0"}, "snapshot-entries must be from 1"),
+    ([], {"ELECTRA_FRONT_ENDS": "-1"}, "front-ends must be from 0"),
+    (["--election-jitter-ticks", "0"], {}, "election-jitter-ticks must be from 1"),
+    (["--data-dir", ""], {}, "data-dir must not be empty"),  # the current directory before
+    (["--http-addr", "127.0.0.1:70000"], {}, "port 0-65535"),  # served on 70000 - 65536 before
+    (["--peers", "1=127.0.0.1:70000"], {}, "port 1-65535"),
+    (["--peers", "1=127.0.0.1:7101,1=127.0.0.1:7102"], {}, "node 1 is named twice"),
+    (["--http-addr", "::1:7301"], {}, r"\[::1\]:PORT"),
+    (["--http-addr", "http://127.0.0.1:7301"], {}, "without a scheme"),
+])
+def test_node_settings_out_of_bounds_are_refused_from_every_source(argv, env, match, tmp_path, monkeypatch, capsys):
+    base = {"--id": "1", "--peers": "1=127.0.0.1:7101", "--data-dir": str(tmp_path)}
+    for k, v in zip(argv[::2], argv[1::2], strict=True):
+        base[k] = v
+    _refused(capsys, lambda: _node([x for kv in base.items() for x in kv], monkeypatch, env), match)
 
 
 def test_security_settings_come_through_the_same_path(tmp_path, monkeypatch):
@@ -84,14 +112,13 @@ def test_cert_command_creates_ca_node_certificates_and_tokens(tmp_path, capsys):
     assert [t["name"] for t in json.loads((d / "tokens.json").read_text())["tokens"]] == ["ops"]
 
 
-def test_architecture_is_new_unless_legacy_is_asked_for(tmp_path, monkeypatch):
+def test_architecture_is_new_unless_legacy_is_asked_for(tmp_path, monkeypatch, capsys):
     base = ["--id", "1", "--peers", "1=127.0.0.1:1", "--data-dir", str(tmp_path)]
     assert _node(base, monkeypatch).architecture == "new"
     assert _node(base, monkeypatch, {"ELECTRA_ARCHITECTURE": "legacy"}).architecture == "legacy"
-    with pytest.raises(SystemExit, match="must be new or legacy"):
-        _node([*base, "--architecture", "dledger"], monkeypatch)
-    with pytest.raises(SystemExit, match="drop --kafka-bootstrap"):
-        _node([*base, "--architecture", "legacy", "--kafka-bootstrap", "127.0.0.1:9092"], monkeypatch)
+    _refused(capsys, lambda: _node([*base, "--architecture", "dledger"], monkeypatch), "must be new or legacy")
+    _refused(capsys, lambda: _node([*base, "--architecture", "legacy", "--kafka-bootstrap", "127.0.0.1:9092"],
+                                   monkeypatch), "drop --kafka-bootstrap")
 
 
 def test_a_node_freezes_its_startup_heap_and_collects_young_objects_rarely():

@@ -75,21 +75,26 @@ def test_a_count_list_is_sorted_without_repeats():
     assert count_list(1)("1000, 100,100,300") == [100, 300, 1000]
 
 
-def test_chaos_refuses_an_unknown_fault_before_starting_anything():
-    args = build_parser().parse_args(["chaos", "--faults", "kill,bogus"])
-    with pytest.raises(SystemExit, match="unknown fault kind 'bogus'"):
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--faults", "kill,bogus"], "unknown fault kind 'bogus'"),
+    (["--faults", "kill:nobody"], "fault 'kill' has no mode 'nobody'"),
+    (["--pipeline", "--faults", "spark-kill,bogus2"], "known with --pipeline: kafka-restart, spark-kill"),
+])
+def test_chaos_refuses_an_unknown_fault_before_starting_anything(argv, match, capsys):
+    args = build_parser().parse_args(["chaos", *argv])
+    with pytest.raises(SystemExit) as exit_:
         args.fn(args)
-    args = build_parser().parse_args(["chaos", "--faults", "kill:nobody"])
-    with pytest.raises(SystemExit, match="fault 'kill' has no mode 'nobody'"):
-        args.fn(args)
+    assert exit_.value.code == 2 and match in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("endpoints", ["nonsense", "127.0.0.1:99999", "127.0.0.1:x", ":7301"])
-def test_admin_and_status_refuse_a_bad_endpoint_before_connecting(endpoints):
+@pytest.mark.parametrize("endpoints", ["nonsense", "127.0.0.1:99999", "127.0.0.1:x", ":7301", "127.0.0.1:0",
+                                       "http://127.0.0.1:7301", "::1:7301", "a,,b"])
+def test_admin_and_status_refuse_a_bad_endpoint_before_connecting(endpoints, capsys):
     for argv in (["admin", "--endpoints", endpoints, "replica-info", "s1"], ["status", "--endpoints", endpoints]):
         args = build_parser().parse_args(argv)
-        with pytest.raises(SystemExit, match="error: --endpoints: bad address"):
+        with pytest.raises(SystemExit) as exit_:
             args.fn(args)
+        assert exit_.value.code == 2 and "error: --endpoints: bad address" in capsys.readouterr().err
 
 
 def test_a_count_list_can_keep_the_order_given():
