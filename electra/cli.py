@@ -537,9 +537,9 @@ def _broker_set_arg(args: argparse.Namespace) -> str:
     """The broker set of an admin verb: positional NAME, or `--broker-set NAME` (the older spelling)."""
     given = [n for n in (args.broker_set, args.broker_set_option) if n]
     if not given:
-        raise SystemExit(f"error: admin {args.verb}: give the broker set name (e.g. `admin {args.verb} broker-0`)")
+        refuse(f"admin {args.verb}: give the broker set name (e.g. `admin {args.verb} broker-0`)")
     if len(set(given)) > 1:
-        raise SystemExit(f"error: admin {args.verb}: two different broker sets given: {given[0]!r} and {given[1]!r}")
+        refuse(f"admin {args.verb}: two different broker sets given: {given[0]!r} and {given[1]!r}")
     return given[0]
 
 
@@ -552,7 +552,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
     if args.verb == "get-sync-state":
         names = [*args.broker_sets, *(args.broker_set_option or [])]
         if not names:
-            raise SystemExit("error: admin get-sync-state: give at least one broker set name")
+            refuse("admin get-sync-state: give at least one broker set name")
     elif args.verb != "metadata":
         name = _broker_set_arg(args)
 

@@ -81,12 +81,14 @@ def test_admin_get_sync_state_accepts_both_spellings(stub):
     assert handler.seen[0][2] == {"brokerNames": ["a", "b"]}
 
 
-def test_admin_without_a_broker_set_or_with_two_is_a_clear_error(stub):
+def test_admin_without_a_broker_set_or_with_two_is_a_clear_error(stub, capsys):
     ep, _ = stub
-    with pytest.raises(SystemExit, match="give the broker set name"):
-        main(["admin", "--endpoints", ep, "replica-info"])
-    with pytest.raises(SystemExit, match="two different broker sets"):
-        main(["admin", "--endpoints", ep, "replica-info", "a", "--broker-set", "b"])
+    for argv, match in ((["replica-info"], "give the broker set name"),
+                        (["replica-info", "a", "--broker-set", "b"], "two different broker sets"),
+                        (["get-sync-state"], "give at least one broker set name")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["admin", "--endpoints", ep, *argv])
+        assert exit_.value.code == 2 and match in capsys.readouterr().err
 
 
 def test_a_reply_that_is_not_json_is_one_error_line_not_a_traceback(stub, capsys):
