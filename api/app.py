@@ -171,6 +171,10 @@ def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
     return out
 
 
+# route functions whose metrics label (the `run(...)` name) differs from the function's name
+_ENDPOINT_LABELS = {"register": "register_broker", "clean": "clean_broker_data", "admin_elect": "admin_elect_master"}
+
+
 def _invalid(errors: list[dict[str, str]]) -> JSONResponse:
     """422 with code 2005 naming each bad field: every invalid request's answer."""
     remark = "invalid request: " + "; ".join(f"{e['field']}: {e['problem']}" for e in errors[:3])
@@ -207,12 +211,20 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        count_invalid(request)
         return _invalid(validation_errors(exc))
+
+    def count_invalid(request: Request) -> None:
+        """An invalid request to a route is counted like any answer of it, under code 2005."""
+        route = getattr(request.scope.get("route"), "name", None)
+        if route is not None:
+            counted.count(_ENDPOINT_LABELS.get(route, route), str(int(Code.CONTROLLER_INVALID_REQUEST)))
 
     @app.exception_handler(StarletteHTTPException)
     async def framework_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """The framework's own refusals (no route, wrong method, a body it cannot parse) in the API's shape."""
         if exc.status_code == 400:  # FastAPI: a body `json.loads` cannot read (too deep, a 4,301-digit number)
+            count_invalid(request)
             return _invalid([{"field": "body", "problem": "not JSON that can be read (nested too deep, a number "
                                                           "of over 4,300 digits, or not UTF-8)"}])
         remark = {404: "no such endpoint", 405: "method not allowed on this endpoint"}.get(exc.status_code,

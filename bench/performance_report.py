@@ -475,6 +475,13 @@ def main(argv: list[str]) -> int:
         p.error("--etcd on: no `etcd` on PATH (Debian package etcd-server; `make setup` installs it)")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(args.out or f"reports/performance-{stamp}")
+    try:  # before minutes of measuring: the report must have somewhere to go
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".writable"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        p.error(f"--out {out_dir}: cannot write the report there ({exc.strerror or exc})")
     machine = _machine()
 
     def runs(arch: str, n: int) -> bool:

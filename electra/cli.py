@@ -502,6 +502,22 @@ def _endpoints(args: argparse.Namespace) -> list[str]:
     return eps
 
 
+def _status_failure(exc: BaseException, scheme: str) -> str:
+    """Why a node gave no metadata, in one line, with the likely fix when the cause is TLS."""
+    import ssl
+
+    import aiohttp
+
+    from electra.api.client import describe_failure
+
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError | ssl.SSLError) or \
+            isinstance(getattr(exc, "os_error", None), ssl.SSLError):
+        return f"TLS failed: {describe_failure(exc)} (is ELECTRA_CA_FILE the cluster's ca.crt?)"
+    if scheme == "http" and isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "closed the connection: a secure node speaks HTTPS (set ELECTRA_CA_FILE and ELECTRA_TOKEN_FILE)"
+    return f"unreachable: {describe_failure(exc)}"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """One line per controller node: role, term, leader, indexes, broker sets."""
     from electra.api.client import ControllerClient
@@ -520,7 +536,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     rc = 1
                     continue
                 except Exception as exc:
-                    print(f"{ep:<22} unreachable: {type(exc).__name__}")
+                    print(f"{ep:<22} {_status_failure(exc, client.scheme)}")
                     rc = 1
                     continue
                 print(f"{ep:<22} {m['node_id']:>3} {m['role']:<10} {m['term']:>5} {m['leader_id']:>6} "
@@ -757,7 +773,7 @@ def build_parser() -> argparse.ArgumentParser:
     ing.set_defaults(fn=cmd_ingest)
 
     s = sub.add_parser("sim", help="deterministic simulation of the node runtime with fault injection")
-    s.add_argument("--seeds", type=int, default=1000, help="seeds in all, shared by the workloads")
+    s.add_argument("--seeds", type=int, minimum=1, default=1000, help="seeds in all, shared by the workloads")
     s.add_argument("--start", type=int, default=0)
     s.add_argument("--seed", type=int, help="replay exactly one seed (per workload) and print its trace on failure")
     s.add_argument("--workload", choices=("all", "kv", "controller"), default="all")

@@ -30,7 +30,7 @@ def test_numbers_below_their_minimum_are_refused_with_the_option_named(capsys):
 def test_the_electra_commands_use_it_down_to_their_subcommands(capsys):
     cli = build_parser()
     assert "argument --episodes: must be at least 1" in _error(capsys, cli, ["chaos", "--episodes", "-3"])
-    assert "argument --seeds: must be at least 0" in _error(capsys, cli, ["sim", "--seeds", "-5"])
+    assert "argument --seeds: must be at least 1" in _error(capsys, cli, ["sim", "--seeds", "-5"])
     assert "argument --id: must be at least 0" in _error(capsys, cli, ["node", "--id", "-1"])
     assert "argument --first-episode: must be at least 0" in _error(capsys, cli, ["chaos", "--first-episode", "-1"])
     shard = cli.parse_args(["chaos", "--long", "--first-episode", "500", "--episodes", "500"])
@@ -57,6 +57,10 @@ def test_a_benchmark_refuses_a_negative_duration(capsys):
     (["up", "--http-port", "70000"], "argument --http-port: must be at most 65535, got 70000"),
     (["simulate-brokers", "--groups", "0"], "argument --groups: must be at least 1, got 0"),
     (["ingest", "--workers", "0"], "argument --workers: must be at least 1, got 0"),
+    (["simulate-brokers", "--groups", "64001"], "argument --groups: must be at most 64000, got 64001"),
+    (["sim", "--seeds", "0"], "argument --seeds: must be at least 1, got 0"),
+    (["report", "performance", "--brokers", "10", "--out", "/proc/no-such-dir/x"],
+     "--out /proc/no-such-dir/x: cannot write the report there"),  # checked before minutes of measuring
 ])
 def test_meaningless_sizes_are_refused_before_anything_starts(capsys, argv, message):
     """Each of these used to start processes (Kafka, nodes) and then fail with a traceback, or run

@@ -130,3 +130,39 @@ def test_the_simulator_reports_a_failed_election_after_a_kill():
     fleet._note_failed_election("sim-set-0", {"masterBrokerId": None, "masterEpoch": 2})
     assert [(f.old_master, f.new_master, f.master_epoch) for f in seen] == [(1, None, 2)]
     assert "master 1 -> none elected" in seen[0].describe()
+
+
+def test_status_says_why_a_node_gave_nothing(capsys, monkeypatch):
+    """"unreachable: ServerDisconnectedError" hid both a refused port and a secure node asked over HTTP."""
+    import socket
+    import threading
+
+    for k in ("ELECTRA_CA_FILE", "ELECTRA_TOKEN_FILE", "ELECTRA_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    closer = socket.create_server(("127.0.0.1", 0))  # accepts, then closes: what HTTP sees of a TLS port
+    stop = threading.Event()
+
+    def close_each() -> None:
+        closer.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = closer.accept()
+            except TimeoutError:
+                continue
+            conn.recv(1024)
+            conn.close()
+
+    thread = threading.Thread(target=close_each, daemon=True)
+    thread.start()
+    refused = socket.create_server(("127.0.0.1", 0))
+    refused_port = refused.getsockname()[1]
+    refused.close()
+    try:
+        assert main(["status", "--endpoints", f"127.0.0.1:{closer.getsockname()[1]},127.0.0.1:{refused_port}"]) == 1
+    finally:
+        stop.set()
+        thread.join(5)
+        closer.close()
+    out = capsys.readouterr().out
+    assert "closed the connection: a secure node speaks HTTPS (set ELECTRA_CA_FILE" in out, out
+    assert f"unreachable: cannot connect to 127.0.0.1:{refused_port}" in out, out

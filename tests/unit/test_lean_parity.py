@@ -503,6 +503,7 @@ def test_the_frameworks_own_refusals_speak_the_api_shape():
     HEAD on a GET route is its GET's head; a trailing slash is not redirected (the redirect trusted `Host`)."""
     async def main():
         _, app = _build(None)
+        counts = app.state.request_metrics.counts
         server, task, port = await _serve(app, guarded_protocol())
 
         async def ask(method: str, path: str, body: bytes | None = None, **headers: str):
@@ -518,6 +519,7 @@ def test_the_frameworks_own_refusals_speak_the_api_shape():
                                         b'{"clusterName":"c","brokerId":' + b"9" * 5000 + b"}")
             assert status == 422 and json.loads(body)["code"] == 2005
             assert json.loads(body)["errors"][0]["field"] == "body"
+            assert counts[("register_broker", "2005")] == 1  # an invalid request is counted like any answer
             status, headers, _ = await ask("GET", f"{S}/b1/replica-info/", Host="evil.example")
             assert status == 404 and "location" not in headers
             get, head = await ask("GET", f"{S}/b1/replica-info"), await ask("HEAD", f"{S}/b1/replica-info")
