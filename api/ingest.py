@@ -253,7 +253,8 @@ def fast_heartbeat(raw: bytes) -> msgspec.Struct | None:
     """A valid heartbeat body decoded and checked in C (msgspec), or None: then take the slow way."""
     try:
         return _decode_wire(raw)
-    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):  # (msgspec recurses on nesting)
+    # (msgspec recurses on nesting, and raises UnicodeDecodeError for bytes that are not UTF-8)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return None
 
 

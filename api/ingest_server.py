@@ -65,14 +65,20 @@ def _body_names(decoded: object) -> dict[str, str]:
 
 
 def _response(status: int, body: bytes, *, content_type: bytes = b"application/json", close: bool = False,
-              retry_after: bool = False) -> bytes:
+              retry_after: bool = False, allow: bytes | None = None, head_only: bool = False) -> bytes:
     head = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"")), b"content-type: " + content_type,
             b"content-length: %d" % len(body)]
     if retry_after:
         head.append(b"retry-after: 1")
+    if allow is not None:
+        head.append(b"allow: " + allow)
     if close:
         head.append(b"connection: close")
-    return b"\r\n".join(head) + b"\r\n\r\n" + body
+    return b"\r\n".join(head) + b"\r\n\r\n" + (b"" if head_only else body)  # HEAD: the head alone
+
+
+_NOT_ALLOWED = b'{"code":3,"remark":"method not allowed on this endpoint"}'
+
 
 
 class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
@@ -156,7 +162,9 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.in_head = False
-        if self.content_length > MAX_BODY:  # refuse before reading a byte of the body
+        if self.parser.should_upgrade():  # one answer (the 400), not the route's and then the 400
+            self._reply(400, b'{"code":2005,"remark":"upgrade not supported"}', close=True)
+        elif self.content_length > MAX_BODY:  # refuse before reading a byte of the body
             self._reply(413, b'{"code":2005,"remark":"heartbeat too large"}', close=True)
 
     def on_url(self, url: bytes) -> None:
@@ -165,6 +173,8 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
         if self.size > MAX_BODY:
+            if not self.too_large:  # a chunked body past the limit: refused now, not after it ends
+                self._reply(413, b'{"code":2005,"remark":"request body too large"}', close=True)
             self.too_large = True
         elif not self.too_large:
             self.body.append(body)
@@ -197,7 +207,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
                 return
         if path == b"/v1/heartbeat":
             if method != b"POST":
-                self._reply(405, b'{"code":3,"remark":"method not allowed on this endpoint: use POST"}', close=not keep)
+                self._reply(405, _NOT_ALLOWED, close=not keep, allow=b"POST")
             elif self.too_large:
                 self._reply(413, b'{"code":2005,"remark":"heartbeat too large"}', close=True)
             else:
@@ -207,7 +217,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
                 self._reply(status, body, close=not keep, retry_after=status == 503)
         elif path in (b"/v1/session", b"/v1/session/goodbye"):
             if method != b"POST":
-                self._reply(405, b'{"code":3,"remark":"method not allowed on this endpoint: use POST"}', close=not keep)
+                self._reply(405, _NOT_ALLOWED, close=not keep, allow=b"POST")
             elif self.too_large:
                 self._reply(413, b'{"code":2005,"remark":"session request too large"}', close=True)
             else:
@@ -217,6 +227,8 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
                 # idle until the next request: a session's connection may idle up to its heartbeat timeout
                 self.deadline.arm(self.transport, self.sessions.idle_limit_s(self, self.limits.idle_timeout_s))
                 self._reply(status, body, close=not keep, retry_after=status == 503)
+        elif path in (b"/healthz", b"/metrics") and method not in (b"GET", b"HEAD"):
+            self._reply(405, _NOT_ALLOWED, close=not keep, allow=b"GET, HEAD")
         elif path == b"/healthz":
             ok = self.producer.healthy
             body = json.dumps({"ok": ok, "kafka": self.producer.bootstrap, "pid": os.getpid()}).encode()
@@ -249,11 +261,12 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
         self.verified = key
 
     def _reply(self, status: int, body: bytes, *, close: bool = False, retry_after: bool = False,
-               content_type: bytes = b"application/json") -> None:
+               content_type: bytes = b"application/json", allow: bytes | None = None) -> None:
         if self.transport is None or self.transport.is_closing():
             return
+        head_only = not self.in_head and self.parser.get_method() == b"HEAD"
         self.transport.write(_response(status, body, content_type=content_type, close=close,
-                                       retry_after=retry_after))
+                                       retry_after=retry_after, allow=allow, head_only=head_only))
         if close:
             self.deadline.cancel()
             self.closed_here = True

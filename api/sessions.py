@@ -36,6 +36,10 @@ def _answer(status: int, payload: dict) -> tuple[int, bytes]:
     return status, json.dumps(payload).encode()
 
 
+def _broker(hb: dict) -> tuple:
+    return hb["clusterName"], hb["brokerName"], hb["brokerId"]
+
+
 class SessionRegistry:
     """The sessions one ingest worker holds: connection → the heartbeat its session was opened with."""
 
@@ -43,8 +47,12 @@ class SessionRegistry:
         self.producer = producer
         self.stopping = False
         self._by_conn: dict[object, dict] = {}
+        # broker -> the connection holding its session here: a broker that opens a new session (it
+        # reconnected) supersedes the old one, whose end then says nothing (its close came after the
+        # new session's heartbeats: a `connection_lost` then would fail over a live broker)
+        self._by_broker: dict[tuple, object] = {}
         self.stats = {"opened": 0, "goodbyes": 0, "lost": 0, "not_published": 0, "closed_by_stop": 0,
-                      "closed_by_worker": 0}
+                      "closed_by_worker": 0, "superseded": 0}
 
     def __len__(self) -> int:
         return len(self._by_conn)
@@ -63,7 +71,7 @@ class SessionRegistry:
 
         Only a connection the broker's side ended says anything about the broker; one this worker
         cut says nothing (as with a stopping worker), and the heartbeat timeout stays the judge."""
-        if self._by_conn.pop(conn, None) is not None:
+        if self._forget(conn) is not None:
             self.stats["closed_by_worker"] += 1
 
     def open(self, conn: object, raw: bytes, now_ms: int) -> tuple[int, bytes]:
@@ -83,21 +91,42 @@ class SessionRegistry:
             return _answer(503, {"code": 1, "remark": f"session not opened: Kafka unavailable ({exc})"})
         if held is None:
             self.stats["opened"] += 1
+        key = _broker(hb)
+        older = self._by_broker.get(key)
+        if older is not None and older is not conn and self._by_conn.pop(older, None) is not None:
+            self.stats["superseded"] += 1
         self._by_conn[conn] = hb
+        self._by_broker[key] = conn
         return _answer(200, {"code": 0, "remark": "session open"})
 
     def goodbye(self, conn: object, now_ms: int) -> tuple[int, bytes]:
-        """`POST /v1/session/goodbye`: the broker shuts down cleanly; say so at once."""
-        hb = self._by_conn.pop(conn, None)
+        """`POST /v1/session/goodbye`: the broker shuts down cleanly; say so at once.
+
+        Answered 200 only once the `shutdown` record is produced: while Kafka is unavailable it is a 503
+        (Retry-After) and the session stays, so the broker can say goodbye again."""
+        hb = self._by_conn.get(conn)
         if hb is None:
             return _answer(409, {"code": 2005, "remark": "no session on this connection"})
+        try:
+            self.producer.submit(records.disconnected_record(hb, records.SHUTDOWN, now_ms))
+        except KafkaUnavailable as exc:
+            return _answer(503, {"code": 1, "remark": f"goodbye not recorded: Kafka unavailable ({exc}); "
+                                                      "send it again"})
+        self._forget(conn)
         self.stats["goodbyes"] += 1
-        self._publish(hb, records.SHUTDOWN, now_ms)
         return _answer(200, {"code": 0, "remark": "goodbye"})
 
-    def lost(self, conn: object, now_ms: int) -> None:
-        """The connection ended: a `connection_lost` record unless this worker is stopping or there was a goodbye."""
+    def _forget(self, conn: object) -> dict | None:
+        """Drop the session `conn` holds (None if it holds none, or was superseded)."""
         hb = self._by_conn.pop(conn, None)
+        if hb is not None and self._by_broker.get(_broker(hb)) is conn:
+            del self._by_broker[_broker(hb)]
+        return hb
+
+    def lost(self, conn: object, now_ms: int) -> None:
+        """The connection ended: a `connection_lost` record unless this worker is stopping, there was a goodbye,
+        or the broker's newer session superseded this one."""
+        hb = self._forget(conn)
         if hb is None:
             return
         if self.stopping:

@@ -115,6 +115,29 @@ def test_routes_methods_limits_and_connection_close():
     assert status == 200 and headers["connection"] == "close" and transport.closed
 
 
+def test_head_gets_no_body_and_a_405_names_the_methods_allowed():
+    proto, transport = connect(FakeProducer())
+    proto.data_received(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\n\r\n")
+    head, _, rest = transport.data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"content-length: " in head
+    assert rest.startswith(b"HTTP/1.1 404")  # the HEAD's body did not come between: read as the next answer
+    transport.data = b""
+    proto.data_received(b"GET /v1/heartbeat HTTP/1.1\r\nHost: x\r\n\r\nDELETE /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    got = responses(transport.data)
+    assert [(s, h.get("allow", "").upper()) for s, h, _ in got] == [(405, "POST"), (405, "GET, HEAD")]
+
+
+def test_a_chunked_body_past_the_limit_is_refused_at_once_and_an_upgrade_gets_one_answer():
+    proto, transport = connect(FakeProducer())
+    chunk = b"8000\r\n" + b"x" * 0x8000 + b"\r\n"
+    proto.data_received(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 3)
+    [(status, _, _)] = responses(transport.data)  # no final chunk yet: answered as soon as it passed 64 KiB
+    assert status == 413 and transport.closed
+    proto, transport = connect(FakeProducer())
+    proto.data_received(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+    assert [s for s, _, _ in responses(transport.data)] == [400] and transport.closed
+
+
 def test_malformed_http_gets_400_and_the_connection_closes():
     proto, transport = connect(FakeProducer())
     proto.data_received(b"THIS IS NOT HTTP\r\n\r\n")
@@ -261,6 +284,50 @@ def test_a_session_lost_without_goodbye_publishes_disconnected_and_a_goodbye_pub
     plain.data_received(post(json.dumps(HB).encode()))
     plain.connection_lost(None)
     assert len(producer.sent) == n + 1
+
+
+def test_a_reopened_session_supersedes_the_old_one_whose_close_then_says_nothing():
+    """A broker that reconnected (a new session on this worker) and whose old connection closes later must not
+    be reported lost: that record would come after its new session's heartbeats and fail over a live broker."""
+    from electra.api.sessions import SessionRegistry
+
+    producer = FakeProducer()
+    sessions = SessionRegistry(producer)
+    old, t1 = IngestProtocol(producer, sessions=sessions), FakeTransport()
+    old.connection_made(t1)
+    old.data_received(post(json.dumps(HB).encode(), "/v1/session"))
+    new, t2 = IngestProtocol(producer, sessions=sessions), FakeTransport()
+    new.connection_made(t2)
+    new.data_received(post(json.dumps(HB).encode(), "/v1/session") + post(json.dumps(HB).encode()))
+    old.connection_lost(ConnectionResetError())
+    assert [r.get("type") for r in producer.sent] == [None, None, None] and sessions.stats["superseded"] == 1
+    new.connection_lost(ConnectionResetError())  # the live session's own loss still speaks
+    assert producer.sent[-1]["reason"] == "connection_lost" and len(sessions) == 0
+
+
+def test_a_goodbye_kafka_did_not_take_is_a_503_and_the_session_stays():
+    from electra.api.sessions import SessionRegistry
+
+    producer = FakeProducer()
+    sessions = SessionRegistry(producer)
+    proto, t = IngestProtocol(producer, sessions=sessions), FakeTransport()
+    proto.connection_made(t)
+    proto.data_received(post(json.dumps(HB).encode(), "/v1/session"))
+    producer.up = False
+    proto.data_received(post(b"", "/v1/session/goodbye"))
+    producer.up = True
+    proto.data_received(post(b"", "/v1/session/goodbye"))
+    got = responses(t.data)
+    assert [s for s, _, _ in got] == [200, 503, 200] and got[1][1]["retry-after"] == "1"
+    assert producer.sent[-1]["reason"] == "shutdown" and len(sessions) == 0
+
+
+def test_bytes_that_are_not_utf8_are_a_422_and_the_connection_stays():
+    producer = FakeProducer()
+    proto, t = connect(producer)
+    proto.data_received(post(json.dumps(HB).encode(), "/v1/session")
+                        + post(json.dumps(HB).encode().replace(b'"b"', b'"b\xff"')) + post(json.dumps(HB).encode()))
+    assert [s for s, _, _ in responses(t.data)] == [200, 422, 200] and not t.closed
 
 
 def test_a_stopping_worker_publishes_nothing_for_the_sessions_it_closes():
