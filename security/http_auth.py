@@ -166,7 +166,8 @@ def authorize_path(principal: Principal, rule: Rule, query_string: bytes) -> str
         authorize(principal, rule)
         return None
     # Starlette's query parameters keep every value and a route reads the last one: check that one.
-    values = [v for k, v in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True) if k == "cluster"]
+    values = [v for k, v in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True)
+              if k == "cluster"] if query_string else []
     cluster = values[-1] if values else None
     authorize(principal, rule, cluster=cluster)
     return cluster
