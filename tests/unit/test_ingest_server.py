@@ -8,6 +8,7 @@ import json
 
 from electra.api.ingest import KafkaUnavailable
 from electra.api.ingest_server import MAX_BODY, IngestProtocol
+from electra.api.sessions import SessionRegistry
 
 
 class FakeProducer:
@@ -257,8 +258,6 @@ def test_a_lazy_deadline_moved_earlier_fires_then_and_one_moved_later_waits():
 
 
 def test_a_session_lost_without_goodbye_publishes_disconnected_and_a_goodbye_publishes_shutdown():
-    from electra.api.sessions import SessionRegistry
-
     producer = FakeProducer()
     sessions = SessionRegistry(producer)
     crashed, t1 = IngestProtocol(producer, sessions=sessions), FakeTransport()
@@ -289,8 +288,6 @@ def test_a_session_lost_without_goodbye_publishes_disconnected_and_a_goodbye_pub
 def test_a_reopened_session_supersedes_the_old_one_whose_close_then_says_nothing():
     """A broker that reconnected (a new session on this worker) and whose old connection closes later must not
     be reported lost: that record would come after its new session's heartbeats and fail over a live broker."""
-    from electra.api.sessions import SessionRegistry
-
     producer = FakeProducer()
     sessions = SessionRegistry(producer)
     old, t1 = IngestProtocol(producer, sessions=sessions), FakeTransport()
@@ -305,14 +302,18 @@ def test_a_reopened_session_supersedes_the_old_one_whose_close_then_says_nothing
     assert producer.sent[-1]["reason"] == "connection_lost" and len(sessions) == 0
 
 
-def test_a_goodbye_kafka_did_not_take_is_a_503_and_the_session_stays():
-    from electra.api.sessions import SessionRegistry
-
+def _open_session() -> tuple[FakeProducer, SessionRegistry, IngestProtocol, FakeTransport]:
+    """A worker's session registry with one connection whose session is open."""
     producer = FakeProducer()
     sessions = SessionRegistry(producer)
     proto, t = IngestProtocol(producer, sessions=sessions), FakeTransport()
     proto.connection_made(t)
     proto.data_received(post(json.dumps(HB).encode(), "/v1/session"))
+    return producer, sessions, proto, t
+
+
+def test_a_goodbye_kafka_did_not_take_is_a_503_and_the_session_stays():
+    producer, sessions, proto, t = _open_session()
     producer.up = False
     proto.data_received(post(b"", "/v1/session/goodbye"))
     producer.up = True
@@ -331,13 +332,7 @@ def test_bytes_that_are_not_utf8_are_a_422_and_the_connection_stays():
 
 
 def test_a_stopping_worker_publishes_nothing_for_the_sessions_it_closes():
-    from electra.api.sessions import SessionRegistry
-
-    producer = FakeProducer()
-    sessions = SessionRegistry(producer)
-    proto, t = IngestProtocol(producer, sessions=sessions), FakeTransport()
-    proto.connection_made(t)
-    proto.data_received(post(json.dumps(HB).encode(), "/v1/session"))
+    producer, sessions, proto, _ = _open_session()
     assert sessions.stop() == [proto]
     proto.connection_lost(None)
     assert [r.get("type") for r in producer.sent] == [None] and sessions.stats["closed_by_stop"] == 1
@@ -376,8 +371,6 @@ def test_text_utf8_cannot_carry_is_a_422_and_the_session_connection_stays():
 
 
 def test_a_session_connection_the_worker_closes_itself_says_nothing_and_may_idle_up_to_its_timeout():
-    from electra.api.sessions import SessionRegistry
-
     producer = FakeProducer()
     sessions = SessionRegistry(producer)
     proto, t = IngestProtocol(producer, sessions=sessions), FakeTransport()
@@ -410,7 +403,6 @@ def test_broker_sessions_multiplexed_on_one_loop_speak_to_the_ingest_server():
     reads, goodbye (shutdown record) and a reset (connection_lost record)."""
     import asyncio
 
-    from electra.api.sessions import SessionRegistry
     from electra.broker_session import BrokerSession, parse_answer
 
     assert parse_answer(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}HTTP/1.1 503") == (200, 40, False)
@@ -462,7 +454,6 @@ def test_sessions_over_tls_with_tokens_read_through_the_shared_buffer_and_a_rese
     import asyncio
     import ssl
 
-    from electra.api.sessions import SessionRegistry
     from electra.broker_session import BrokerSession
     from electra.security.auth import TokenStore
     from electra.security.local import ensure_local_credentials
