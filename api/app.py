@@ -171,10 +171,6 @@ def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
     return out
 
 
-# route functions whose metrics label (the `run(...)` name) differs from the function's name
-_ENDPOINT_LABELS = {"register": "register_broker", "clean": "clean_broker_data", "admin_elect": "admin_elect_master"}
-
-
 def _invalid(errors: list[dict[str, str]]) -> JSONResponse:
     """422 with code 2005 naming each bad field: every invalid request's answer."""
     remark = "invalid request: " + "; ".join(f"{e['field']}: {e['problem']}" for e in errors[:3])
@@ -216,9 +212,9 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
 
     def count_invalid(request: Request) -> None:
         """An invalid request to a route is counted like any answer of it, under code 2005."""
-        route = getattr(request.scope.get("route"), "name", None)
+        route = getattr(request.scope.get("route"), "name", None)  # named after its metrics label
         if route is not None:
-            counted.count(_ENDPOINT_LABELS.get(route, route), str(int(Code.CONTROLLER_INVALID_REQUEST)))
+            counted.count(route, str(int(Code.CONTROLLER_INVALID_REQUEST)))
 
     @app.exception_handler(StarletteHTTPException)
     async def framework_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -279,7 +275,7 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
         return await run("apply_broker_id", request,
                          svc.apply_broker_id(req.clusterName, name, req.brokerId, req.registerCheckCode))
 
-    @app.post("/v1/broker-sets/{name}/register", tags=["broker"])
+    @app.post("/v1/broker-sets/{name}/register", tags=["broker"], name="register_broker")
     async def register(name: Name, req: RegisterBroker, request: Request):
         return await run("register_broker", request,
                          svc.register_broker(req.clusterName, name, req.brokerId, req.brokerAddress))
@@ -356,12 +352,12 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
             await asyncio.sleep(0)
         return res
 
-    @app.post("/v1/admin/broker-sets/{name}/clean", tags=["admin"])
+    @app.post("/v1/admin/broker-sets/{name}/clean", tags=["admin"], name="clean_broker_data")
     async def clean(name: Name, req: CleanBrokerData, request: Request):
         return await run("clean_broker_data", request,
                          svc.clean_broker_data(req.clusterName, name, req.brokerIds, req.cleanLivingBroker))
 
-    @app.post("/v1/admin/broker-sets/{name}/elect-master", tags=["admin"])
+    @app.post("/v1/admin/broker-sets/{name}/elect-master", tags=["admin"], name="admin_elect_master")
     async def admin_elect(name: Name, req: ElectMaster, request: Request):
         return await run("admin_elect_master", request,
                          svc.elect_master(req.clusterName, name, req.brokerId, designate=True))

@@ -31,7 +31,7 @@ import httptools
 
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.security.auth import AuthError, TokenStore
-from electra.security.http_auth import check_request
+from electra.security.http_auth import check_request, scope_names
 from electra.streaming import records
 
 from .http_limits import BUSY_REPLY, DEFAULT_LIMITS, TIMEOUT_REPLY, HTTPLimits, LazyDeadline, head_too_large
@@ -53,15 +53,6 @@ _REASONS = {200: b"OK", 401: b"Unauthorized", 403: b"Forbidden",
 
 
 _NOT_DECODED = object()
-
-
-def _body_names(decoded: object) -> dict[str, str]:
-    """The `clusterName` and `brokerName` strings of a decoded body: what a broker credential's scope is
-    checked against (`http_auth.authorize_body`). A name of another type is left out: the heartbeat's
-    validation refuses it before anything is produced."""
-    if not isinstance(decoded, dict):
-        return {}
-    return {k: v for k in ("clusterName", "brokerName") if isinstance(v := decoded.get(k), str)}
 
 
 def _response(status: int, body: bytes, *, content_type: bytes = b"application/json", close: bool = False,
@@ -253,7 +244,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
                 decoded = decode_body(raw)
             except records.InvalidHeartbeat as exc:
                 decoded = exc
-        names = _body_names(decoded) if raw else None  # the names of the body this server acts on
+        names = scope_names(decoded) if raw else None  # the names of the body this server acts on
         key = (self.authorization, method, path, names, self.tokens.generation())
         if key == self.verified:
             return

@@ -151,9 +151,17 @@ def body_names(body: bytes) -> dict[str, str]:
     of over 4,300 digits, bytes that are not UTF-8) names nothing here and is refused by the route's
     validation, never acted on. A check must read the body with the parser of the code that acts on
     it: the lean path and the ingest server decode with msgspec and pass the names they decoded.
-    A name that is not a string is left out: validation refuses it (a str field takes no number).
     """
-    return {k: v for k in ("clusterName", "brokerName") if isinstance(v := _json_fields(body).get(k), str)}
+    return scope_names(_json_fields(body))
+
+
+def scope_names(decoded: object) -> dict[str, str]:
+    """The `clusterName` and `brokerName` strings of a decoded body: what a broker credential's scope is
+    checked against (`authorize_body`). A name of another type is left out: validation refuses it
+    before anything is acted on (a str field takes no number)."""
+    if not isinstance(decoded, dict):
+        return {}
+    return {k: v for k in ("clusterName", "brokerName") if isinstance(v := decoded.get(k), str)}
 
 
 def authorize_path(principal: Principal, rule: Rule, query_string: bytes) -> str | None:

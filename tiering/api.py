@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from electra.state.codes import Code
 
-from .reader import TierReader, event_window, parse_time
+from .reader import TierReader, event_window, parse_time, tier_failure
 
 
 def _invalid(param: str, problem: str) -> JSONResponse:
@@ -42,8 +42,7 @@ def history_router(uri: str, storage_options: dict[str, str] | None = None) -> A
         try:
             return await asyncio.to_thread(reader.history, times["at"], times["from"], times["to"])
         except Exception as exc:  # the tier is unreachable, empty or damaged: its first line, not a repr
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            return JSONResponse({"code": int(Code.SYSTEM_ERROR),
-                                 "remark": f"tier unavailable: {type(exc).__name__}: {first}"}, status_code=503)
+            return JSONResponse({"code": int(Code.SYSTEM_ERROR), "remark": f"tier unavailable: {tier_failure(exc)}"},
+                                status_code=503)
 
     return router

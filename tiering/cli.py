@@ -24,7 +24,7 @@ def add_history_command(sub) -> None:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from .reader import TierReader, event_window, parse_time
+    from .reader import TierReader, event_window, parse_time, tier_failure
 
     if not args.tier_uri:
         print("error: --tier-uri (or ELECTRA_TIER_URI) is required", file=sys.stderr)
@@ -49,8 +49,7 @@ def cmd_history(args: argparse.Namespace) -> int:
             return 1
         out = reader.history(times["--at"], times.get("--events-from"), times.get("--events-to"))
     except Exception as exc:  # an object store that cannot be reached or read, a damaged table
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        print(f"error: cannot read the tier at {args.tier_uri}: {type(exc).__name__}: {first}", file=sys.stderr)
+        print(f"error: cannot read the tier at {args.tier_uri}: {tier_failure(exc)}", file=sys.stderr)
         return 1
     json.dump(out, sys.stdout, indent=2, sort_keys=True)
     print()

@@ -70,6 +70,12 @@ def iso(ms: int) -> str:
     return (_EPOCH + ms * _MS).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def tier_failure(exc: BaseException) -> str:
+    """Why the tier could not be read, in one line (delta-rs and object stores raise pages of text)."""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__}: {first}"
+
+
 def event_window(events_from: int | None, events_to: int | None) -> tuple[int, int] | None:
     """The events asked for as `[from, to]` (an open end reaches the first or last event), None if neither
     end is given; ValueError if the window ends before it starts."""
