@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from electra.state.codes import Code
@@ -131,6 +132,19 @@ def head_too_large(limit: int) -> bytes:
     return raw_error(431, _INVALID, f"request head over {limit} bytes")
 
 
+def open_line_bytes(data: bytes) -> int:
+    """The bytes after a read's last CRLF: the part of a head line the parser holds back until the line ends.
+
+    With the lines the parser passed on (URL, complete headers) they count a head that began inside a read
+    and goes on past it. (If the request line itself is unfinished its URL part is counted twice: a URL
+    thousands of bytes long, cut by a read, is refused a little early.)"""
+    return len(data) - data.rfind(b"\r\n") - 2 if b"\r\n" in data else len(data)
+
+
+class HeadRefused(Exception):
+    """Raised from a parser callback to stop parsing a request whose head was refused (431, answered)."""
+
+
 def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with the connection, head-size and slow-request limits added."""
 
@@ -142,6 +156,9 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
             self._in_request = True
             self._head_bytes = 0
             self._in_head = True
+            self._head_began = False  # a request head began in the read being parsed
+            self._chunk_len = 0
+            self._head_refused = False
             over = len(self.connections) >= limits.max_connections
             super().connection_made(transport)
             if over:
@@ -166,19 +183,64 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
                 self.transport.abort()
 
         def data_received(self, data: bytes) -> None:
+            """uvicorn's, with the head-size limit. A head is counted by the bytes read while it is in
+            progress; the part of it in the read where it begins is counted from what the parser took
+            (`_head_began`): that read also carries the end of the request before, whose bytes are not
+            the new head's. A head refused from a parser callback was answered (431) there: the parser's
+            error is not a malformed request then, and gets no second answer."""
+            if self._head_refused:  # refused, the answers before it still going out: nothing more is read
+                return
+            self._head_began, self._chunk_len = False, len(data)
             if self._in_head:
                 end = data.find(b"\r\n\r\n")  # the head may end inside this chunk, a body following
                 self._head_bytes += len(data) if end < 0 else end
                 if self._head_bytes > limits.max_header_bytes:
-                    self._deadline.cancel()
-                    self.transport.write(head_too_large(limits.max_header_bytes))
-                    self.transport.close()
+                    self._refuse_head()
                     return
-            super().data_received(data)
+            self._unset_keepalive_if_required()
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                if self._head_refused:
+                    return
+                msg = "Invalid HTTP request received."
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+                return
+            except httptools.HttpParserUpgrade:
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:
+                    self._unsupported_upgrade_warning()
+                return
+            if self._head_began and self._in_head:  # a head began in this read and goes on past it
+                self._head_bytes = self._head_so_far() + open_line_bytes(data)
+                if self._head_bytes > limits.max_header_bytes:
+                    self._refuse_head()
+
+        def _head_so_far(self) -> int:
+            return len(self.url) + 12 + sum(len(name) + len(value) + 4 for name, value in self.headers)
+
+        def _check_head(self) -> None:
+            """At a head's end: refuse it if it began in this read, the read was larger than the limit, and
+            the head itself is (the cheap tests first: most heads begin and end in a small read)."""
+            if self._head_began and self._chunk_len > limits.max_header_bytes and \
+                    self._head_so_far() > limits.max_header_bytes:
+                self._refuse_head()
+                raise HeadRefused  # stops the parser: nothing of this request reaches the application
+
+        def _refuse_head(self) -> None:
+            """431 and close, after the answers still due to the requests before this one (pipelined)."""
+            self._head_refused = True
+            self._deadline.cancel()
+            if self.pipeline or (self.cycle is not None and not self.cycle.response_complete):
+                return  # `on_response_complete` answers once they are out; what else arrives is ignored
+            self.transport.write(head_too_large(limits.max_header_bytes))
+            self.transport.close()
 
         def on_message_begin(self) -> None:
             self._begin_message()
-            self._in_head, self._head_bytes = True, 0
+            self._in_head, self._head_bytes, self._head_began = True, 0, True
             if not self._in_request:  # the connection's first request counts from the connection
                 self._in_request = True
                 self._deadline.arm(self.transport, limits.request_timeout_s, TIMEOUT_REPLY)
@@ -188,6 +250,7 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
             HttpToolsProtocol.on_message_begin(self)
 
         def on_headers_complete(self) -> None:
+            self._check_head()
             self._in_head = False
             super().on_headers_complete()
 
@@ -211,6 +274,8 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
             if self.pipeline:
                 cycle, app = self.pipeline.pop()
                 self._start_asgi_task(cycle, app)
+            elif self._head_refused:  # the answers before a refused head are out: now its 431
+                self._refuse_head()
             elif not self._in_request:  # idle until the next request: closed quietly at the keep-alive limit
                 self._deadline.arm(self.transport, self.timeout_keep_alive)
 

@@ -34,7 +34,16 @@ from electra.security.auth import AuthError, TokenStore
 from electra.security.http_auth import check_request, scope_names
 from electra.streaming import records
 
-from .http_limits import BUSY_REPLY, DEFAULT_LIMITS, TIMEOUT_REPLY, HTTPLimits, LazyDeadline, head_too_large
+from .http_limits import (
+    BUSY_REPLY,
+    DEFAULT_LIMITS,
+    TIMEOUT_REPLY,
+    HeadRefused,
+    HTTPLimits,
+    LazyDeadline,
+    head_too_large,
+    open_line_bytes,
+)
 from .ingest import HeartbeatProducer, accept_fast, decode_body, fast_heartbeat, handle_heartbeat
 from .read_buffer import SharedReadBuffer
 from .sessions import SessionRegistry
@@ -53,6 +62,10 @@ _REASONS = {200: b"OK", 401: b"Unauthorized", 403: b"Forbidden",
 
 
 _NOT_DECODED = object()
+
+
+_SESSION_NEEDS_KEEP_ALIVE = (b'{"code":2005,"remark":"a session needs a kept-alive connection: HTTP/1.1 '
+                             b'without Connection: close"}')
 
 
 def _response(status: int, body: bytes, *, content_type: bytes = b"application/json", close: bool = False,
@@ -92,6 +105,9 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
         self.deadline = LazyDeadline()
         self.head_bytes = 0
         self.in_head = True
+        self.head_began = False  # a request head began in the read being parsed
+        self.chunk_len = 0
+        self.head_size = 0  # the head's bytes as the parser took them
         self.content_length = 0
         self.closed_here = False  # this worker closed the connection (limits, errors): a session says nothing
         self.deadline.on_fire = self._closing_here
@@ -124,6 +140,9 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
             self.sessions.lost(self, int(time.time() * 1000))  # a broker session ended (api/sessions.py)
 
     def data_received(self, data: bytes) -> None:
+        # The head-size limit (as the node's protocol, `http_limits.guarded_protocol`): a head in progress is
+        # counted by the bytes read; the part of it in the read where it begins, by what the parser took.
+        self.head_began, self.chunk_len = False, len(data)
         if self.in_head:
             end = data.find(b"\r\n\r\n")
             self.head_bytes += len(data) if end < 0 else end
@@ -134,17 +153,24 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._reply(400, b'{"code":2005,"remark":"upgrade not supported"}', close=True)
-        except httptools.HttpParserError:
+        except httptools.HttpParserError:  # (after a 431 from a callback the connection is closing: no answer)
             self._reply(400, b'{"code":2005,"remark":"malformed HTTP request"}', close=True)
+        else:
+            if self.head_began and self.in_head:  # a head began in this read and goes on past it
+                self.head_bytes = self.head_size + open_line_bytes(data)
+                if self.head_bytes > self.limits.max_header_bytes:
+                    self._reply_raw(head_too_large(self.limits.max_header_bytes))
 
     # httptools callbacks
     def on_message_begin(self) -> None:
         self.url, self.body, self.size, self.too_large = b"", [], 0, False
         self.in_head, self.head_bytes, self.content_length = True, 0, 0
+        self.head_began, self.head_size = True, 12  # the request line's method and version
         self.authorization = None
         self.deadline.arm(self.transport, self.limits.request_timeout_s, TIMEOUT_REPLY)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_size += len(name) + len(value) + 4
         lname = name.lower()
         if lname == b"content-length":
             self.content_length = int(value) if value.isdigit() else MAX_BODY + 1
@@ -153,6 +179,10 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.in_head = False
+        if self.head_began and self.chunk_len > self.limits.max_header_bytes and \
+                self.head_size > self.limits.max_header_bytes:  # begun and ended in one large read
+            self._reply_raw(head_too_large(self.limits.max_header_bytes))
+            raise HeadRefused  # stops the parser: nothing of this request is acted on
         if self.parser.should_upgrade():  # one answer (the 400), not the route's and then the 400
             self._reply(400, b'{"code":2005,"remark":"upgrade not supported"}', close=True)
         elif self.content_length > MAX_BODY:  # refuse before reading a byte of the body
@@ -160,6 +190,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        self.head_size += len(url)
 
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
@@ -211,6 +242,8 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
                 self._reply(405, _NOT_ALLOWED, close=not keep, allow=b"POST")
             elif self.too_large:
                 self._reply(413, b'{"code":2005,"remark":"session request too large"}', close=True)
+            elif not keep and path == b"/v1/session":  # it would end with this answer: a session for nothing
+                self._reply(400, _SESSION_NEEDS_KEEP_ALIVE, close=True)
             else:
                 now = int(time.time() * 1000)
                 status, body = (self.sessions.open(self, b"".join(self.body), now) if path == b"/v1/session"

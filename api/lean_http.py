@@ -92,6 +92,7 @@ def lean_protocol(lean: LeanPath, limits: HTTPLimits = DEFAULT_LIMITS) -> type[H
             self.scope["headers"] = headers
 
         def on_headers_complete(self) -> None:
+            self._check_head()
             self._lean_req = None
             busy = self.cycle is not None and not self.cycle.response_complete
             if not busy and self.parser.get_http_version() == "1.1" and not self.parser.should_upgrade():

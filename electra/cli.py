@@ -157,6 +157,7 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
         value = getattr(args, key)
         if value is not None and not lo <= value <= hi:
             refuse(f"{key.replace('_', '-')} must be from {lo} to {hi}, not {value}")
+    _refuse_overlapping_ports(args)
     if not str(args.data_dir).strip():
         refuse("--data-dir must not be empty (it would be the current directory)")
     if args.state_machine not in ("controller", "kv", "counter"):
@@ -309,6 +310,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
     host, port = args.listen
     tls_files = tokens_file = None
+    if args.node_id is None and os.environ.get("ELECTRA_NODE_ID"):
+        env = os.environ["ELECTRA_NODE_ID"]
+        if not (env.isascii() and env.isdigit() and int(env) >= 1):
+            refuse("ELECTRA_NODE_ID: expected a node id, an integer of at least 1")
+        args.node_id = int(env)
     if args.insecure:
         from electra.security.node_security import INSECURE_BANNER
 
@@ -358,6 +364,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"error: --{option.replace('_', '-')} {getattr(args, option)}: {args.nodes} nodes need ports up to "
                   f"{getattr(args, option) + args.nodes - 1}, past 65535", file=sys.stderr)
             return 2
+    _refuse_overlapping_ports(args)
     if not str(args.data_dir).strip():
         refuse("--data-dir must not be empty (it would be the current directory)")
     if Path(args.data_dir).exists() and not Path(args.data_dir).is_dir():
@@ -373,6 +380,22 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     with terminate_as_interrupt():  # SIGTERM, or the terminal closing (SIGHUP), stops the stack as Ctrl-C does
         return _run_stack(stack, cfg, args)
+
+
+def _refuse_overlapping_ports(args: argparse.Namespace) -> None:
+    """Two of the stack's port ranges sharing a port would fail late, one process into the start."""
+    legacy = args.architecture == "legacy"  # no Kafka, no ingest workers
+    ranges = {option: range(getattr(args, option), getattr(args, option) + args.nodes)
+              for option in ("raft_port", "http_port") + (() if legacy else ("ingest_port",))}
+    if not args.kafka_bootstrap and not legacy:
+        ranges["kafka_port"] = range(args.kafka_port, args.kafka_port + 1)
+    names = list(ranges)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            shared = set(ranges[a]) & set(ranges[b])
+            if shared:
+                refuse(f"--{a.replace('_', '-')} {getattr(args, a)} and --{b.replace('_', '-')} {getattr(args, b)} "
+                       f"overlap at port {min(shared)} (node i listens on each first port + i - 1)")
 
 
 def _run_stack(stack, cfg, args: argparse.Namespace) -> int:
@@ -765,7 +788,7 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--topic", default="electra.heartbeats")
     ing.add_argument("--certs-dir", default=os.environ.get("ELECTRA_CERTS_DIR"),
                      help="serve HTTPS with node-<node-id>.crt and check tokens.json from here (ELECTRA_CERTS_DIR)")
-    ing.add_argument("--node-id", type=int, default=os.environ.get("ELECTRA_NODE_ID"),
+    ing.add_argument("--node-id", type=int, minimum=1, default=None,
                      help="whose certificate the ingest serves, the node it runs next to (ELECTRA_NODE_ID)")
     ing.add_argument("--tokens-file", default=os.environ.get("ELECTRA_TOKENS_FILE"),
                      help="hashed client tokens (default <certs-dir>/tokens.json; ELECTRA_TOKENS_FILE)")
@@ -779,7 +802,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workload", choices=("all", "kv", "controller"), default="all")
     s.add_argument("--nodes", type=int, minimum=1, default=3)
     s.add_argument("--duration-ms", type=int, minimum=1, default=500, help="the safety phase (clients and faults)")
-    s.add_argument("--settle-ms", type=int, default=1500, help="the liveness phase's limit (faults healed)")
+    s.add_argument("--settle-ms", type=int, minimum=500, default=1500,
+                   help="the liveness phase's limit (faults healed; at least 500: the group needs a few election "
+                        "timeouts of 100-140 ms to converge, so less reports a liveness failure of the setting)")
     s.add_argument("--mutations", default="all",
                    help="deliberate bugs the simulator must catch: all, none, or a comma-separated list")
     s.add_argument("--keep-going", action="store_true")

@@ -4,6 +4,7 @@ slow clients, connections and watchers (docs/security.md, "Containment"; docs/co
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import httpx
@@ -46,6 +47,25 @@ async def _exchange(ep: str, data: bytes, *, pause: float = 0.0, tail: bytes = b
         return reply, time.monotonic() - t0
     finally:
         writer.close()
+
+
+async def _read_all(ep: str, data: bytes, tail: bytes = b"") -> bytes:
+    """Send `data`, then `tail` a moment later, and read everything until the server closes (10 s at most)."""
+    host, port = ep.split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(data)
+        if tail:
+            await asyncio.sleep(0.2)
+            writer.write(tail)
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+def _statuses(raw: bytes) -> list[int]:
+    """The status of every response in a byte stream (a JSON body has no line end before the next one)."""
+    return [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", raw)]
 
 
 def _hb(**over):
@@ -135,6 +155,18 @@ def test_slow_and_oversized_request_heads_are_cut_off(tmp_path):
         reply, _ = await _exchange(ep, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (64 << 10) + b"\r\n\r\n")
         assert reply.startswith(b"HTTP/1.1 431"), reply
         assert (await client.get("/healthz")).status_code == 200
+        # ... also behind an earlier request on the same connection (the head then begins inside a read
+        # that carries the end of the request before), whether it ends in that read or goes on past it;
+        # one answer each, no 400 after the 431.
+        big = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (60 << 10) + b"\r\n\r\n"
+        first = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        for data, tail in ((first + big, b""), (first + big[:20 << 10], big[20 << 10:])):
+            statuses = _statuses(await _read_all(ep, data, tail))
+            assert statuses == [200, 431], statuses
+        small = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (20 << 10) + b"\r\n\r\n"
+        statuses = _statuses(await _read_all(ep, first + small + small + b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+                                             b"Connection: close\r\n\r\n"))
+        assert statuses == [200, 200, 200, 200], statuses  # the control
 
     _run(tmp_path, scenario)
 

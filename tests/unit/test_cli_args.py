@@ -31,6 +31,7 @@ def test_the_electra_commands_use_it_down_to_their_subcommands(capsys):
     cli = build_parser()
     assert "argument --episodes: must be at least 1" in _error(capsys, cli, ["chaos", "--episodes", "-3"])
     assert "argument --seeds: must be at least 1" in _error(capsys, cli, ["sim", "--seeds", "-5"])
+    assert "argument --settle-ms: must be at least 500, got 0" in _error(capsys, cli, ["sim", "--settle-ms", "0"])
     assert "argument --id: must be at least 0" in _error(capsys, cli, ["node", "--id", "-1"])
     assert "argument --first-episode: must be at least 0" in _error(capsys, cli, ["chaos", "--first-episode", "-1"])
     shard = cli.parse_args(["chaos", "--long", "--first-episode", "500", "--episodes", "500"])
@@ -112,3 +113,32 @@ def test_up_refuses_a_first_port_whose_nodes_would_pass_65535(capsys):
 
     assert cli.main(["up", "--nodes", "3", "--http-port", "65534"]) == 2
     assert "--http-port 65534: 3 nodes need ports up to 65536, past 65535" in capsys.readouterr().err
+
+
+def test_ingest_names_a_bad_node_id_from_the_environment_and_does_not_start(capsys, monkeypatch):
+    """`ELECTRA_NODE_ID` (a systemd unit sets it) is read after parsing: argparse, given it as a default, blamed
+    `--node-id`, which the user never typed."""
+    from electra.cli import main
+
+    monkeypatch.setenv("ELECTRA_NODE_ID", "abc")
+    with pytest.raises(SystemExit) as exc:
+        main(["ingest", "--kafka-bootstrap", "127.0.0.1:1", "--insecure"])
+    assert exc.value.code == 2
+    assert "ELECTRA_NODE_ID: expected a node id, an integer of at least 1" in capsys.readouterr().err
+    assert "argument --node-id: must be at least 1, got 0" in _error(capsys, build_parser(),
+                                                                     ["ingest", "--kafka-bootstrap", "k:1",
+                                                                      "--node-id", "0"])
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--http-port", "7102"], "--raft-port 7101 and --http-port 7102 overlap at port 7102"),
+    (["--ingest-port", "7303", "--nodes", "5"], "--http-port 7301 and --ingest-port 7303 overlap at port 7303"),
+    (["--kafka-port", "7402"], "--ingest-port 7401 and --kafka-port 7402 overlap at port 7402"),
+])
+def test_up_refuses_overlapping_port_ranges_before_starting_anything(argv, message, capsys, tmp_path):
+    from electra.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["up", "--data-dir", str(tmp_path / "d"), *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()  # nothing started, nothing written

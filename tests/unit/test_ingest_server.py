@@ -157,6 +157,25 @@ def test_announced_big_bodies_and_big_heads_are_refused_before_being_read():
     assert status == 431 and transport.closed and b"aaaa" not in body
 
 
+def test_a_big_head_behind_an_earlier_request_is_refused_whether_it_ends_in_its_first_read_or_later():
+    """The head limit counts a kept-alive connection's later requests too, from their first byte: the read
+    in which a head begins also carries the end of the request before, so its part of the head is counted
+    from what the parser took. Exactly one answer (the 431), no 400 after it."""
+    big = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (60 << 10) + b"\r\n\r\n"
+    proto, transport = connect(FakeProducer())
+    proto.data_received(post(json.dumps(HB).encode()) + big)  # the big head begins and ends in this read
+    assert [s for s, _, _ in responses(transport.data)] == [200, 431] and transport.closed
+    proto, transport = connect(FakeProducer())
+    proto.data_received(post(json.dumps(HB).encode()) + big[:20 << 10])  # ... or goes on into the next ones
+    proto.data_received(big[20 << 10:40 << 10])
+    proto.data_received(big[40 << 10:])
+    assert [s for s, _, _ in responses(transport.data)] == [200, 431] and transport.closed
+    proto, transport = connect(FakeProducer())  # the control: a 20 KiB head behind a request is served
+    small = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (20 << 10) + b"\r\n\r\n"
+    proto.data_received(post(json.dumps(HB).encode()) + small + small)
+    assert [s for s, _, _ in responses(transport.data)] == [200, 200, 200] and not transport.closed
+
+
 def test_slow_requests_idle_connections_and_too_many_connections_are_cut_off_on_a_real_socket():
     import asyncio
     import time
@@ -300,6 +319,22 @@ def test_a_reopened_session_supersedes_the_old_one_whose_close_then_says_nothing
     assert [r.get("type") for r in producer.sent] == [None, None, None] and sessions.stats["superseded"] == 1
     new.connection_lost(ConnectionResetError())  # the live session's own loss still speaks
     assert producer.sent[-1]["reason"] == "connection_lost" and len(sessions) == 0
+
+
+def test_a_session_on_a_connection_its_answer_would_end_is_refused_and_produces_nothing():
+    """`Connection: close` (or HTTP/1.0) ends the connection with the answer: such a session would be over at
+    once, ended by this worker, and say nothing ever. A clear 400 instead, and no heartbeat produced."""
+    for request in (post(json.dumps(HB).encode(), "/v1/session", extra="Connection: close\r\n"),
+                    post(json.dumps(HB).encode(), "/v1/session").replace(b"HTTP/1.1", b"HTTP/1.0", 1)):
+        producer = FakeProducer()
+        sessions = SessionRegistry(producer)
+        proto, t = IngestProtocol(producer, sessions=sessions), FakeTransport()
+        proto.connection_made(t)
+        proto.data_received(request)
+        [(status, headers, body)] = responses(t.data)
+        assert status == 400 and b"kept-alive" in body and headers["connection"] == "close" and t.closed
+        proto.connection_lost(None)
+        assert producer.sent == [] and len(sessions) == 0 and sessions.stats["opened"] == 0
 
 
 def _open_session() -> tuple[FakeProducer, SessionRegistry, IngestProtocol, FakeTransport]:
