@@ -157,7 +157,6 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
         value = getattr(args, key)
         if value is not None and not lo <= value <= hi:
             refuse(f"{key.replace('_', '-')} must be from {lo} to {hi}, not {value}")
-    _refuse_overlapping_ports(args)
     if not str(args.data_dir).strip():
         refuse("--data-dir must not be empty (it would be the current directory)")
     if args.state_machine not in ("controller", "kv", "counter"):
