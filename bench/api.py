@@ -32,6 +32,7 @@ import urllib.request
 from pathlib import Path
 
 from electra.cli_args import Parser, count_list
+from electra.interrupts import die_with_parent
 
 from . import wrk
 from .common import (
@@ -120,11 +121,11 @@ def start_etcd(data_dir: Path) -> tuple[list[subprocess.Popen], list[str]]:
     procs = []
     for i, name in enumerate(names):
         log = open(data_dir / f"{name}.log", "w")  # noqa: SIM115 - the process owns it until it ends
-        procs.append(subprocess.Popen(
+        procs.append(subprocess.Popen(die_with_parent(
             ["etcd", "--name", name, "--data-dir", str(data_dir / name), "--listen-peer-urls", peer[i],
              "--initial-advertise-peer-urls", peer[i], "--listen-client-urls", client[i],
              "--advertise-client-urls", client[i], "--initial-cluster", cluster,
-             "--initial-cluster-state", "new", "--initial-cluster-token", "electra-bench", "--log-level", "warn"],
+             "--initial-cluster-state", "new", "--initial-cluster-token", "electra-bench", "--log-level", "warn"]),
             stdout=log, stderr=subprocess.STDOUT))
     return procs, client
 

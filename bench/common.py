@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+from electra.interrupts import die_with_parent
+
 
 def free_ports(n: int) -> list[int]:
     socks = []
@@ -115,9 +117,10 @@ def start_controller_processes(data_dir: Path, extra_args: tuple[str, ...] = (),
     peers = ",".join(f"{i}=127.0.0.1:{ports[i - 1]}" for i in ids)
     endpoints = [f"127.0.0.1:{ports[nodes + i - 1]}" for i in ids]
     http_peers = ",".join(f"{i}={ep}" for i, ep in zip(ids, endpoints, strict=True))
-    procs = [subprocess.Popen([sys.executable, "-m", "electra.cli", "--log-level", "WARNING", "node", "--id", str(i),
-                               "--peers", peers, "--http-addr", endpoints[i - 1], "--http-peers", http_peers,
-                               "--data-dir", str(Path(data_dir) / f"n{i}"), *security, *extra_args],
+    procs = [subprocess.Popen(die_with_parent([sys.executable, "-m", "electra.cli", "--log-level", "WARNING", "node",
+                                               "--id", str(i), "--peers", peers, "--http-addr", endpoints[i - 1],
+                                               "--http-peers", http_peers, "--data-dir", str(Path(data_dir) / f"n{i}"),
+                                               *security, *extra_args]),
                               stdout=subprocess.DEVNULL) for i in ids]
     return procs, endpoints
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from kafka import KafkaProducer
 
 from electra.cli_args import Parser
+from electra.interrupts import die_with_parent
 from electra.streaming import kafka_io, records
 from electra.streaming.embedded_kafka import EmbeddedKafka, free_port
 
@@ -214,10 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=beat, daemon=True).start()
     log_path = out / "job.log"
     t_start = time.monotonic()
-    job = subprocess.Popen([sys.executable, "-m", "electra.streaming.job", "--bootstrap", kafka.bootstrap,
-                            "--controllers", f"127.0.0.1:{port}", "--checkpoint", str(out / "checkpoint"),
-                            "--trigger-ms", str(a.trigger_ms), "--shuffle-partitions", str(a.shuffle_partitions),
-                            "--buckets", str(a.buckets), "--read-tasks", str(a.read_tasks), *a.job_arg],
+    job = subprocess.Popen(die_with_parent([
+                               sys.executable, "-m", "electra.streaming.job", "--bootstrap", kafka.bootstrap,
+                               "--controllers", f"127.0.0.1:{port}", "--checkpoint", str(out / "checkpoint"),
+                               "--trigger-ms", str(a.trigger_ms), "--shuffle-partitions", str(a.shuffle_partitions),
+                               "--buckets", str(a.buckets), "--read-tasks", str(a.read_tasks), *a.job_arg]),
                            stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
                            start_new_session=True)
     summary: dict = {"sets": a.sets, "brokers": a.brokers, "heartbeats_per_record": group,

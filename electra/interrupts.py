@@ -4,10 +4,14 @@ Commands that start processes (`electra up`, `chaos`, every benchmark and report
 `finally` blocks. Python's default SIGTERM ends the process at once, without those blocks: a
 benchmark stopped by `timeout`, a CI job's cancel or a closed terminal used to leave its Kafka
 broker, controller nodes, ingest workers and Spark job running, with nobody to stop them.
+
+A SIGKILL (the OOM killer, `kill -9`) runs no `finally`: for that, the children are started
+through `die_with_parent`, so the kernel sends each a SIGTERM when its parent dies.
 """
 
 from __future__ import annotations
 
+import shutil
 import signal
 import threading
 from collections.abc import Iterator
@@ -41,3 +45,12 @@ def terminate_as_interrupt() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def die_with_parent(cmd: list[str]) -> list[str]:
+    """`cmd` run through util-linux's `setpriv --pdeathsig SIGTERM` (Debian's essential util-linux has it):
+    the child gets a SIGTERM, and stops as it would on Ctrl-C, when the process that started it dies, even
+    by SIGKILL. The kernel sends it when the *thread* that forked the child ends, so call this from the
+    main thread, or from one that lives as long as the process. Without `setpriv`, `cmd` unchanged."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "SIGTERM", "--", *cmd] if setpriv else cmd

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from electra.interrupts import die_with_parent
 from electra.security.local import LocalCredentials, ensure_local_credentials
 from electra.streaming.embedded_kafka import EmbeddedKafka
 from electra.streaming.kafka_io import ensure_topics
@@ -88,7 +89,8 @@ class LocalStack:
         # Each child leads its own process group: a Ctrl-C reaches only `electra up`, which stops the
         # children in order, and `stop()` can also end what a child started (Spark's JVM).
         env = {**os.environ, **self.role_env(role), **(env_extra or {})} if role or env_extra else None
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
+        # `die_with_parent`: a SIGKILLed `electra up` (or benchmark) leaves no process behind either.
+        proc = subprocess.Popen(die_with_parent(cmd), stdout=out, stderr=subprocess.STDOUT if out else None,
                                 stdin=stdin if stdin is not None else subprocess.DEVNULL, env=env,
                                 start_new_session=True)
         self.procs[name] = proc

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from electra.interrupts import die_with_parent
+
 log = logging.getLogger("electra.streaming.kafka")
 
 
@@ -82,9 +84,10 @@ class EmbeddedKafka:
             self.port = free_port(self.host)
         url = f"tcp://{self.host}:{self.port}"
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen([binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                                      "--storage-engine", "memory://tansu/"], stdout=out, stderr=out,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(die_with_parent([binary, "broker", "--listener-url", url,
+                                                      "--advertised-listener-url", url,
+                                                      "--storage-engine", "memory://tansu/"]),
+                                     stdout=out, stderr=out, start_new_session=True)
         if not wait_for_port(self.host, self.port, timeout):
             self.stop()
             raise RuntimeError(f"tansu did not listen on {self.bootstrap} within {timeout}s")

@@ -1,6 +1,6 @@
 """`electra up | tee` then Ctrl-C, or the terminal closing: every process the stack started stops,
 though stdout is a closed pipe (children lead their own process groups, so only `electra up` hears
-the signal and must stop them)."""
+the signal and must stop them). And when `electra up` is SIGKILLed, its children stop anyway."""
 
 from __future__ import annotations
 
@@ -57,8 +57,9 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.mark.parametrize("output,sig", [("pipe", signal.SIGINT), ("pipe", signal.SIGHUP), ("terminal", signal.SIGHUP)],
-                         ids=["ctrl-c-pipe-closed", "hangup-pipe-closed", "terminal-closed"])
+@pytest.mark.parametrize("output,sig", [("pipe", signal.SIGINT), ("pipe", signal.SIGHUP), ("terminal", signal.SIGHUP),
+                                        ("pipe", signal.SIGKILL)],
+                         ids=["ctrl-c-pipe-closed", "hangup-pipe-closed", "terminal-closed", "killed"])
 def test_a_signal_when_the_output_is_gone_stops_every_process(tmp_path, output, sig):
     data = tmp_path / "stack"
     kafka_port = _free_run(1)
@@ -92,7 +93,8 @@ def test_a_signal_when_the_output_is_gone_stops_every_process(tmp_path, output, 
         reader.close()  # the reader is gone (`tee` after Ctrl-C, a closed terminal): every write now fails
         proc.send_signal(sig)
         proc.wait(timeout=120)
-        deadline = time.monotonic() + 10
+        # (SIGKILL runs none of `electra up`'s cleanup: the kernel's parent-death signal stops the children)
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and (_processes_mentioning(str(data)) or _listening(kafka_port)):
             time.sleep(0.2)
         err = proc.stderr.read().decode() if proc.stderr else ""
