@@ -53,3 +53,10 @@ def failed(exc: BaseException) -> asyncio.Future[Any]:
     fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     fut.set_exception(exc)
     return fut
+
+
+def resolved(value: T) -> asyncio.Future[T]:
+    """A future that already holds `value` (an answer found before anything was proposed or read)."""
+    fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    fut.set_result(value)
+    return fut

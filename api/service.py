@@ -28,7 +28,7 @@ from electra.state.liveness import BrokerLiveInfo, LivenessTable
 from electra.state.machine import ControllerStateMachine
 from electra.state.results import Result
 
-from .futures import failed, then
+from .futures import failed, resolved, then
 
 if TYPE_CHECKING:
     from .controller import ControllerConfig
@@ -82,9 +82,25 @@ class ControllerService:
         return self.http_peers.get(self.node.leader_id)
 
     # ------------------------------------------------------------------ requests
+    def other_cluster(self, cluster: str | None, name: str) -> dict | None:
+        """The refusal of a request that names broker set `name` in `cluster` when the set is in another one.
+
+        A set belongs to the cluster it was created in (the state keys sets by name, as RocketMQ's
+        controller does, which never compares the two). Without this check a broker credential scoped
+        to cluster c1 could register addresses, add broker ids, keep masters "alive" or elect in a
+        set of cluster c2 by naming c1 in its request (docs/security.md). Checked against this
+        node's applied state: a set created by another request in the same instant is not seen."""
+        bs = self.sm.sets.get(name)
+        if cluster is None or bs is None or bs.cluster == cluster:
+            return None
+        return {"code": int(Code.CONTROLLER_INVALID_REQUEST),
+                "remark": f"broker set {name!r} is not in cluster {cluster!r}"}
+
     def heartbeat(self, cluster: str, name: str, broker_id: int, addr: str, *, epoch: int = -1,
                   max_offset: int = -1, confirm_offset: int = -1, timeout_ms: int = 10_000,
                   priority: int = 2**31 - 1) -> dict:
+        if (refusal := self.other_cluster(cluster, name)) is not None:
+            return refusal
         self.heartbeats_received += 1
         self.liveness.on_heartbeat(cluster, name, broker_id, addr, self.now_ms(), timeout_ms=timeout_ms,
                                    epoch=epoch, max_offset=max_offset, confirm_offset=confirm_offset,
@@ -103,6 +119,8 @@ class ControllerService:
             return failed(exc)
 
     def get_next_broker_id(self, cluster: str, name: str) -> Awaitable[dict]:
+        if (refusal := self.other_cluster(cluster, name)) is not None:
+            return resolved(refusal)
         return self._read(lambda sm: sm.get_next_broker_id(cluster, name))
 
     def get_replica_info(self, name: str, lease: bool = False) -> Awaitable[dict]:
@@ -127,6 +145,8 @@ class ControllerService:
         return then(applied, _response)
 
     def apply_broker_id(self, cluster: str, name: str, broker_id: int, check_code: str) -> Awaitable[dict]:
+        if (refusal := self.other_cluster(cluster, name)) is not None:
+            return resolved(refusal)
         return self._write(C.apply_broker_id(cluster, name, broker_id, check_code, self.now_ms()))
 
     async def _write_if_it_changes(self, cmd: bytes) -> dict:
@@ -147,6 +167,8 @@ class ControllerService:
 
     def register_broker(self, cluster: str, name: str, broker_id: int, addr: str) -> Awaitable[dict]:
         """RocketMQ writes only when the address changes; an unchanged one is answered by a read."""
+        if (refusal := self.other_cluster(cluster, name)) is not None:
+            return resolved(refusal)
         cmd = C.register_broker(cluster, name, broker_id, addr, self.live_now_ms(), self.liveness.group(cluster, name))
         bs = self.sm.sets.get(name)
         if bs is not None and broker_id in bs.brokers and bs.address(broker_id) != addr:
@@ -155,6 +177,8 @@ class ControllerService:
 
     async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False) -> dict:
         """An election that would change nothing (master still alive: 2011, or refused) is answered by a read."""
+        if (refusal := self.other_cluster(cluster or None, name)) is not None:
+            return refusal
         live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
         res = await self._write_if_it_changes(C.elect_master(cluster, name, broker_id, self.live_now_ms(), live,
                                                              designate=designate, unclean=self.unclean))
@@ -169,6 +193,8 @@ class ControllerService:
         node's clock), so apply sees the snapshot as the job did: a replica alive at detection
         is not declared dead by the seconds the proposal spent in the pipeline.
         """
+        if (refusal := self.other_cluster(cluster, name)) is not None:
+            return refusal
         now = self.now_ms() if judged_at_ms is None else min(judged_at_ms, self.now_ms())
         res = await self._write(C.elect_master(cluster, name, C.CONTROLLER_TRIGGER, now, live,
                                                unclean=self.unclean, expected_master_epoch=expected_master_epoch))
@@ -188,6 +214,8 @@ class ControllerService:
 
     async def clean_broker_data(self, cluster: str | None, name: str, ids: list[int] | None,
                                 clean_living: bool) -> dict:
+        if (refusal := self.other_cluster(cluster or None, name)) is not None:
+            return refusal
         live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
         return await self._write(C.clean_broker_data(cluster, name, ids, clean_living, self.live_now_ms(), live))
 

@@ -303,17 +303,21 @@ def _serve_until_signal(start) -> int:
 
 
 # --------------------------------------------------------------------------- electra ingest
+def _ingest_node_id(text: str) -> int:
+    """`--node-id`, whose default is `ELECTRA_NODE_ID` (a systemd unit or pod sets it, not the user's command
+    line): the refusal names both, not only the option nobody typed."""
+    if not (text.isascii() and text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"expected a node id, an integer of at least 1 (from --node-id or "
+                                         f"ELECTRA_NODE_ID), got {text!r}")
+    return int(text)
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     """Heartbeat ingest workers: POST /v1/heartbeat → Kafka, in `--workers` processes on one port."""
     from electra.api.ingest_server import serve_ingest
 
     host, port = args.listen
     tls_files = tokens_file = None
-    if args.node_id is None and os.environ.get("ELECTRA_NODE_ID"):
-        env = os.environ["ELECTRA_NODE_ID"]
-        if not (env.isascii() and env.isdigit() and int(env) >= 1):
-            refuse("ELECTRA_NODE_ID: expected a node id, an integer of at least 1")
-        args.node_id = int(env)
     if args.insecure:
         from electra.security.node_security import INSECURE_BANNER
 
@@ -787,7 +791,7 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--topic", default="electra.heartbeats")
     ing.add_argument("--certs-dir", default=os.environ.get("ELECTRA_CERTS_DIR"),
                      help="serve HTTPS with node-<node-id>.crt and check tokens.json from here (ELECTRA_CERTS_DIR)")
-    ing.add_argument("--node-id", type=int, minimum=1, default=None,
+    ing.add_argument("--node-id", type=_ingest_node_id, default=os.environ.get("ELECTRA_NODE_ID") or None,
                      help="whose certificate the ingest serves, the node it runs next to (ELECTRA_NODE_ID)")
     ing.add_argument("--tokens-file", default=os.environ.get("ELECTRA_TOKENS_FILE"),
                      help="hashed client tokens (default <certs-dir>/tokens.json; ELECTRA_TOKENS_FILE)")

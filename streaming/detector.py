@@ -122,7 +122,13 @@ class SetWatch:
 
     # ------------------------------------------------------------------ inputs
     def apply_heartbeat(self, hb: dict, now_ms: int) -> None:
-        """A validated heartbeat (`records.validate_heartbeat`); `ts` is the ingest time (default: now)."""
+        """A validated heartbeat (`records.validate_heartbeat`); `ts` is the ingest time (default: now).
+
+        One naming another cluster than the set's is ignored: a set belongs to one cluster (the
+        controllers refuse requests naming another, `ControllerService.other_cluster`), and a
+        credential scoped to cluster c1 must not keep a master of c2's set alive."""
+        if self.cluster is not None and hb["clusterName"] != self.cluster:
+            return
         bid = hb["brokerId"]
         ts = hb.get("ts") or now_ms
         epoch, max_offset, confirm = hb["epoch"], hb["maxOffset"], hb["confirmOffset"]
@@ -147,6 +153,8 @@ class SetWatch:
         a broker that said goodbye is gone at once. Ignored when a heartbeat ingested after
         the disconnect is already known (the broker reconnected) or the broker is unknown.
         """
+        if self.cluster is not None and dc["clusterName"] != self.cluster:
+            return  # another cluster's (see `apply_heartbeat`): it must not fail this set's master over
         bid, at = dc["brokerId"], dc["ts"]
         b = self.brokers.get(bid)
         if b is None or b.last_update_ms > at:
@@ -393,14 +401,17 @@ def collapse_heartbeats(heartbeats: list[dict]) -> list[dict]:
 
     Equivalent to applying them one by one; lets an adapter touch state once per broker.
     """
-    tmp = SetWatch("")
-    last: dict[int, dict] = {}
+    tmps: dict[str, SetWatch] = {}  # by cluster: a heartbeat naming another cluster is not folded into the set's
+    last: dict[tuple[str, int], dict] = {}
     for hb in heartbeats:
+        tmp = tmps.get(hb["clusterName"])
+        if tmp is None:
+            tmp = tmps[hb["clusterName"]] = SetWatch("")
         tmp.apply_heartbeat(hb, hb.get("ts") or 0)
-        last[hb["brokerId"]] = hb
+        last[(hb["clusterName"], hb["brokerId"])] = hb
     out = []
-    for bid, hb in last.items():
-        b = tmp.brokers[bid]
+    for (cluster, bid), hb in last.items():
+        b = tmps[cluster].brokers[bid]
         out.append({**hb, "epoch": b.epoch, "maxOffset": b.max_offset, "confirmOffset": b.confirm_offset,
                     "ts": b.last_update_ms or hb.get("ts")})
     return out

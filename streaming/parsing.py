@@ -145,7 +145,9 @@ def _folded(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str) -> l
     broker's heartbeats folded into its latest (at that one's position) and the set's silence span
     (`detector.span_of`, over every record before the fold) on each folded heartbeat in `RUN_FIELD`."""
     parsed: list[tuple[str, str, dict, str, int, int] | None] = []
-    last: dict[tuple[str, int], int] = {}  # (set, broker id) -> index in `parsed` of its latest heartbeat
+    # (set, broker id, cluster) -> index in `parsed` of its latest heartbeat (the cluster too: one naming another
+    # cluster than the set's is dropped by the operator, and must not take a real heartbeat's place here)
+    last: dict[tuple[str, int, str], int] = {}
     stamped: dict[str, tuple[list[dict], list[dict]]] = {}  # set -> its heartbeats and disconnects, unfolded
     for group, kind, obj, topic, part, off in _parsed(raw, heartbeats_topic, events_topic):
         if kind in (HEARTBEAT, DISCONNECTED):
@@ -154,7 +156,7 @@ def _folded(raw: Iterator[tuple], heartbeats_topic: str, events_topic: str) -> l
                 runs = stamped[group] = ([], [])
             runs[kind == DISCONNECTED].append(obj)
             if kind == HEARTBEAT:
-                key = (group, obj["brokerId"])
+                key = (group, obj["brokerId"], obj["clusterName"])
                 at = last.get(key)
                 if at is not None:
                     obj = _fold(parsed[at][2], obj)

@@ -141,6 +141,42 @@ def test_leader_failover_keeps_acknowledged_registrations(tmp_path):
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_a_request_naming_another_cluster_than_the_sets_is_refused(tmp_path):
+    """A broker set belongs to the cluster it was created in. RocketMQ's controller keys sets by name and never
+    compares: here a request naming set `b` (of cluster c) with cluster `other` is a 400 (code 2005), so a
+    credential scoped to `other` cannot change `b` by naming its own cluster (docs/security.md)."""
+    async def main():
+        nodes, http = await _cluster(tmp_path)
+        client = ControllerClient(list(http.values()))
+        try:
+            await _register_group(client, "b", 2)
+            before = await client.replica_info("b")
+            refusals = [
+                await client.register("other", "b", 1, "evil:1"),
+                await client.apply_broker_id("other", "b", 3, "evil:1;3"),
+                await client.elect_master("other", "b", 2),
+                await client.heartbeat("other", "b", 1, "evil:1", epoch=9, maxOffset=10**6),
+                await client.request("GET", "/v1/broker-sets/b/next-broker-id", params={"cluster": "other"}),
+                await client.request("POST", "/v1/admin/broker-sets/b/clean",
+                                     json={"clusterName": "other", "brokerIds": [2]}),
+            ]
+            for r in refusals:
+                assert r["code"] == Code.CONTROLLER_INVALID_REQUEST and r["httpStatus"] == 400, r
+                assert "is not in cluster 'other'" in r["remark"], r
+            after = await client.replica_info("b")
+            assert after == before  # nothing changed: same master, same address, same brokers
+            r = await client.register("c", "b", 1, "10.0.0.1:10911")  # the set's own cluster still works
+            assert r["code"] == Code.SUCCESS, r
+            r = await client.apply_broker_id("other", "fresh", 1, "10.0.0.9:10911;1")  # a new set: any cluster
+            assert r["code"] == Code.SUCCESS, r
+        finally:
+            await client.close()
+            for n in nodes.values():
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
 def test_broker_simulator_registers_sets_and_recovers_a_killed_master(tmp_path):
     from electra.broker_simulator import BrokerFleet
 

@@ -466,3 +466,34 @@ def test_state_and_liveness_json_write_brokers_as_their_wire_maps_even_with_a_lo
         assert SetWatch.from_json(w.to_json()) == w
         live = json.loads(records.dumps(w.liveness(T0 + 5)))
         assert live["brokers"] == [w.brokers[1].to_wire(), w.brokers[2].to_wire()]  # by broker id
+
+
+def test_records_naming_another_cluster_than_the_sets_neither_keep_it_alive_nor_fail_it_over():
+    """A set belongs to one cluster (the controllers refuse requests naming another). A credential scoped to
+    cluster `c9` may write heartbeats and disconnects for set `bs` of cluster `c1` through an ingest worker,
+    which cannot know the set's cluster: the job ignores them, and no fold lets them take a real one's place."""
+    from electra.streaming.detector import collapse_heartbeats
+    from electra.streaming.parsing import parse_records
+
+    def forged(record: dict) -> dict:
+        return {**record, "clusterName": "c9"}
+
+    w = started()
+    # The master (1) stops; a forged heartbeat in its name would keep it "alive" for ever.
+    w, outs = beats(w, [2, 3], T0 + 500, T0 + 1500)
+    w, out = detector.process(w, "bs", [forged(hb(1, T0 + 1900, epoch=9)), hb(2, T0 + 2500), hb(3, T0 + 2500)], [],
+                              T0 + 2500)
+    assert w.brokers[1].last_update_ms == T0 and w.brokers[1].epoch == 1  # the forged one changed nothing
+    assert [p["expectedMasterEpoch"] for p in proposals(outs + out)] == [1]  # the real master is replaced
+    # A forged disconnect of a live master fails nothing over.
+    w = started()
+    w, out = detector.process(w, "bs", [hb(1, T0 + 500), hb(2, T0 + 500), hb(3, T0 + 500)], [], T0 + 500,
+                              disconnects=[forged(dc(1, T0 + 600))])
+    w, more = detector.process(w, "bs", [hb(2, T0 + 1000), hb(3, T0 + 1000)], [], T0 + 1000)
+    assert not w.gone and not proposals(out + more)
+    # Folded apart: a forged heartbeat after the real one in the same read does not replace it.
+    real, fake = hb(1, T0 + 100), forged(hb(1, T0 + 200, epoch=9, max_offset=10**6))
+    assert sorted(h["clusterName"] for h in collapse_heartbeats([real, fake])) == ["c1", "c9"]
+    raw = [("electra.heartbeats", 0, i, json.dumps(b), T0) for i, b in enumerate([real, fake])]
+    [batch] = parse_records(iter(raw), "electra.heartbeats", "electra.events", 8)
+    assert sorted(json.loads(r["payload"])["clusterName"] for r in batch.to_pylist()) == ["c1", "c9"]
