@@ -45,7 +45,7 @@ from electra.security.auth import ANONYMOUS
 from electra.security.credentials import ClientCredentials
 from electra.state.liveness import PIPELINE_LAG_BOUND_MS
 
-from .topic_stats import TopicStats
+from .topic_stats import JOB_FIELDS, TopicStats
 
 if TYPE_CHECKING:
     from .controller import Controller
@@ -277,6 +277,7 @@ class DashboardFeed:
                 out["heartbeats_per_s"] = None
                 out["heartbeats_note"] = f"heartbeats topic offsets unavailable: {topics['error']}"
                 unavailable["dead_letters"] = out["heartbeats_note"]
+                unavailable["spark_batch"] = unavailable["kafka_consumer_lag"] = out["heartbeats_note"]
             else:
                 out["heartbeats_per_s"] = topics["heartbeats_per_s"]
                 out["heartbeats_note"] = (f"Kafka records into the heartbeats topic ({topics['heartbeats_total']} "
@@ -286,9 +287,12 @@ class DashboardFeed:
                 job = topics.get("job")
                 if job is None:
                     unavailable["spark_batch"] = "no batch report from the streaming job yet (job-stats topic empty)"
+                    unavailable["kafka_consumer_lag"] = unavailable["spark_batch"]
+                elif "invalid" in job:
+                    unavailable["spark_batch"] = f"the newest job-stats record is not a batch report: {job['invalid']}"
+                    unavailable["kafka_consumer_lag"] = unavailable["spark_batch"]
                 else:
-                    out["spark_batch"] = {k: job.get(k) for k in ("batchId", "rows", "batchMs", "proposals",
-                                                                   "liveness", "deadLetters", "ts")}
+                    out["spark_batch"] = {k: job[k] for k in JOB_FIELDS}
                     out["kafka_consumer_lag"] = job["heartbeatsLag"]
                     del unavailable["spark_batch"], unavailable["kafka_consumer_lag"]
             out["liveness_records_per_s"] = liveness_rate

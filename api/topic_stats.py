@@ -19,6 +19,9 @@ from electra.streaming.kafka_io import end_offsets, last_record, topic_partition
 from electra.streaming.records import Topics
 
 
+JOB_FIELDS = ("batchId", "rows", "batchMs", "proposals", "liveness", "deadLetters", "ts")  # a batch report's numbers
+
+
 class TopicStats:
     def __init__(self, bootstrap: str, topics: Topics, *, hwm_fix: bool = True) -> None:
         self.bootstrap = bootstrap
@@ -38,13 +41,30 @@ class TopicStats:
         return {f"{tp.topic}:{tp.partition}": n for tp, n in ends.items()}
 
     def _job(self, heartbeat_ends: dict[str, int]) -> dict | None:
-        """The job's newest batch report and its lag on the heartbeats topic (None: no report yet)."""
+        """The job's newest batch report and its lag on the heartbeats topic (None: no report yet; a report
+        that is not the job's shape: `{"invalid": why}`, which blanks nothing else of the sample).
+
+        The topic is as writable as the heartbeats topic: only the report's numbers are taken, as numbers,
+        so nothing written there reaches a dashboard page as markup."""
         (tp,) = self._tps(self.topics.job_stats)
         rec = last_record(self._consumer, tp, self.hwm_fix, poll_ms=500)
         if rec is None:
             return None
-        job = json.loads(rec.value)
-        consumed = job.pop("consumed", {})
+        try:
+            report = json.loads(rec.value)
+        except (ValueError, TypeError) as exc:
+            return {"invalid": f"not JSON ({type(exc).__name__})"}
+        if not isinstance(report, dict):
+            return {"invalid": "not a JSON object"}
+        job: dict[str, int | None] = {}
+        for key in JOB_FIELDS:
+            value = report.get(key)
+            if value is not None and (type(value) is not int or value < 0):
+                return {"invalid": f"{key} is not a non-negative integer"}
+            job[key] = value
+        consumed = report.get("consumed", {})
+        if not isinstance(consumed, dict) or any(type(v) is not int for v in consumed.values()):
+            return {"invalid": "consumed is not a map of offsets"}
         job["heartbeatsLag"] = sum(max(0, end - consumed.get(key, 0)) for key, end in heartbeat_ends.items())
         return job
 

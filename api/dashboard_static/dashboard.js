@@ -60,27 +60,27 @@ function renderFailovers(list) {
 function renderGroup(g) {
   $("leader-changes").textContent = `leader ${g.leader_id || "unknown"}; leader changes seen here: ${g.leader_changes_seen_here}`;
   $("group").tBodies[0].innerHTML = g.nodes.map((n) => n.reachable
-    ? `<tr data-node="${n.id}"><td>${n.id} <small>${esc(n.endpoint)}</small></td><td>${esc(n.role)}</td><td>${n.term}</td>
-       <td>${n.commit_index}</td><td>${n.applied_index}</td><td>${n.snapshot_index}</td><td>${n.lag}</td></tr>`
-    : `<tr data-node="${n.id}"><td>${n.id} <small>${esc(n.endpoint)}</small></td><td colspan="6" class="na">unreachable (${esc(n.error)})</td></tr>`).join("");
+    ? `<tr data-node="${esc(n.id)}"><td>${esc(n.id)} <small>${esc(n.endpoint)}</small></td><td>${esc(n.role)}</td><td>${esc(n.term)}</td>
+       <td>${esc(n.commit_index)}</td><td>${esc(n.applied_index)}</td><td>${esc(n.snapshot_index)}</td><td>${esc(n.lag)}</td></tr>`
+    : `<tr data-node="${esc(n.id)}"><td>${esc(n.id)} <small>${esc(n.endpoint)}</small></td><td colspan="6" class="na">unreachable (${esc(n.error)})</td></tr>`).join("");
 }
 
 function renderPipeline(p, tier) {
-  const fmt = (v) => v == null ? "–" : v;
+  const fmt = (v) => v == null ? "–" : esc(v);  // every value escaped: what reaches this page is data, never markup
   const rows = [["Kafka pipeline", p.kafka ? "on" : "off (heartbeats go to the controllers)"],
     ["heartbeats/s", `${fmt(p.heartbeats_per_s)} <small>${esc(p.heartbeats_note)}</small>`]];
-  if (p.dead_letters_total != null) rows.push(["dead letters (all time)", p.dead_letters_total]);
+  if (p.dead_letters_total != null) rows.push(["dead letters (all time)", fmt(p.dead_letters_total)]);
   if (p.spark_batch) {
     const b = p.spark_batch;
-    rows.push(["Spark batch", `#${b.batchId}: ${b.rows} rows in ${b.batchMs} ms; ${b.proposals} proposals, `
-      + `${b.liveness} liveness, ${b.deadLetters} dead letters <small>(${clock(b.ts)})</small>`]);
+    rows.push(["Spark batch", `#${fmt(b.batchId)}: ${fmt(b.rows)} rows in ${fmt(b.batchMs)} ms; ${fmt(b.proposals)} proposals, `
+      + `${fmt(b.liveness)} liveness, ${fmt(b.deadLetters)} dead letters <small>(${esc(clock(b.ts))})</small>`]);
   }
-  if (p.kafka_consumer_lag != null) rows.push(["job's lag on heartbeats (records)", p.kafka_consumer_lag]);
+  if (p.kafka_consumer_lag != null) rows.push(["job's lag on heartbeats (records)", fmt(p.kafka_consumer_lag)]);
   if (p.kafka) rows.push(["liveness records/s (from the job)", fmt(p.liveness_records_per_s)],
-                         ["last liveness record", clock(p.liveness_last_record_ms)]);
-  if (p.events_topic_lag != null) rows.push(["events topic lag (entries)", p.events_topic_lag]);
-  rows.push(["ElectMaster outcomes here", Object.entries(p.elections).map(([k, v]) => `${k} ${v}`).join(", ")]);
-  rows.push(tier.available ? ["tier upload lag", `${tier.lag_entries} entries, ${tier.lag_seconds} s (uploaded index ${tier.uploaded_index})`]
+                         ["last liveness record", esc(clock(p.liveness_last_record_ms))]);
+  if (p.events_topic_lag != null) rows.push(["events topic lag (entries)", fmt(p.events_topic_lag)]);
+  rows.push(["ElectMaster outcomes here", Object.entries(p.elections).map(([k, v]) => `${esc(k)} ${fmt(v)}`).join(", ")]);
+  rows.push(tier.available ? ["tier upload lag", `${fmt(tier.lag_entries)} entries, ${fmt(tier.lag_seconds)} s (uploaded index ${fmt(tier.uploaded_index)})`]
                            : ["tier upload lag", `<span class="na">unavailable: ${esc(tier.why)}</span>`]);
   for (const [k, why] of Object.entries(p.unavailable)) rows.push([k.replace(/_/g, " "), `<span class="na">unavailable: ${esc(why)}</span>`]);
   $("pipeline").tBodies[0].innerHTML = rows.map(([k, v]) => `<tr><th>${esc(k)}</th><td>${v}</td></tr>`).join("");
@@ -93,8 +93,10 @@ function render(f) {
   $("liveness-note").textContent = f.fleet.liveness_unknown_why
     ? `master liveness unknown for ${f.fleet.liveness_unknown} sets: ${f.fleet.liveness_unknown_why}` : "";
   $("unhealthy").tBodies[0].innerHTML = f.fleet.unhealthy.map((u) =>
-    `<tr><td><a href="#set=${encodeURIComponent(u.set)}">${esc(u.set)}</a></td><td>${esc(u.state)}</td><td>${esc(u.master ?? "none")}</td><td>${u.epoch}</td></tr>`).join("")
-    || `<tr><td colspan="4" class="na">every broker set has a live master</td></tr>`;
+    `<tr><td><a href="#set=${encodeURIComponent(u.set)}">${esc(u.set)}</a></td><td>${esc(u.state)}</td><td>${esc(u.master ?? "none")}</td><td>${esc(u.epoch)}</td></tr>`).join("")
+    || `<tr><td colspan="4" class="na">${f.fleet.sets === 0 ? "no broker sets yet"
+         : f.fleet.liveness_unknown ? "none known to be unhealthy: master liveness is unknown (above)"
+         : "every broker set has a live master"}</td></tr>`;
   renderFailovers(f.failovers);
   renderGroup(f.group);
   renderPipeline(f.pipeline, f.tier);
@@ -120,21 +122,21 @@ async function loadSet() {
   const st = s.state;
   const brokers = Object.entries(st.brokers).map(([id, addr]) => {
     const l = s.liveness[id];
-    return `<tr><td>${id}${+id === st.masterBrokerId ? " <b>master</b>" : ""}</td><td>${esc(addr)}</td>
+    return `<tr><td>${esc(id)}${+id === st.masterBrokerId ? " <b>master</b>" : ""}</td><td>${esc(addr)}</td>
       <td>${st.syncStateSet.includes(+id) ? "in sync" : ""}</td>
       <td>${l ? (l.alive ? "alive" : "silent") + ", last heartbeat " + clock(l.last_heartbeat_ms) : "no heartbeat here"}</td></tr>`;
   }).join("");
   const h = s.history;
   const history = h.available
     ? `<table><thead><tr><th>index</th><th>time</th><th>event</th><th>master after</th><th>epoch</th></tr></thead><tbody>`
-      + h.events.map((e) => `<tr><td>${e.index}</td><td>${esc(e.time)}</td><td>${esc(e.type)}</td>
+      + h.events.map((e) => `<tr><td>${esc(e.index)}</td><td>${esc(e.time)}</td><td>${esc(e.type)}</td>
           <td>${esc(e.state?.masterBrokerId ?? "–")}</td><td>${esc(e.state?.masterEpoch ?? "–")}</td></tr>`).join("")
       + `</tbody></table><small>${h.events.length} newest of ${h.total} events in the Delta tier</small>`
     : `<p class="na">history unavailable: ${esc(h.why)}</p>`;
-  $("setbody").innerHTML = `<p>cluster ${esc(st.clusterName)}, master ${esc(st.masterBrokerId ?? "none")}, epoch ${st.masterEpoch},
-    sync-state set [${st.syncStateSet.join(", ")}] (epoch ${st.syncStateSetEpoch})</p>
+  $("setbody").innerHTML = `<p>cluster ${esc(st.clusterName)}, master ${esc(st.masterBrokerId ?? "none")}, epoch ${esc(st.masterEpoch)},
+    sync-state set [${esc(st.syncStateSet.join(", "))}] (epoch ${esc(st.syncStateSetEpoch)})</p>
     <table><thead><tr><th>broker</th><th>address</th><th>sync</th><th>liveness here</th></tr></thead><tbody>${brokers}</tbody></table>
-    <h3>Failovers seen here</h3><p>${s.failovers.map((f) => `${clock(f.committed_ms)}: ${esc(f.old)} &rarr; ${esc(f.new)} (epoch ${f.epoch})`).join("<br>") || "none"}</p>
+    <h3>Failovers seen here</h3><p>${s.failovers.map((f) => `${clock(f.committed_ms)}: ${esc(f.old)} &rarr; ${esc(f.new)} (epoch ${esc(f.epoch)})`).join("<br>") || "none"}</p>
     <h3>History (Delta tier)</h3>${history}`;
 }
 function route() {
@@ -205,12 +207,26 @@ window.addEventListener("hashchange", () => { if (location.hash.startsWith("#tok
 
 // ---------------------------------------------------------------- the live feed
 let source = null;
+// A node sends a frame every second. One that stops (hung, partitioned, its loop stalled) keeps the connection
+// open and says nothing: what the page shows is then old, and says so.
+const STALE_AFTER_MS = 5000, RECONNECT_AFTER_MS = 15000;
+let lastFrameAt = Date.now();
+function showLive() { $("conn").textContent = "live"; $("conn").className = "badge on"; }
+setInterval(() => {
+  if (!source || source.readyState === EventSource.CLOSED) return;  // signed out, or `start` asks again
+  const quiet = Date.now() - lastFrameAt;
+  if (quiet > STALE_AFTER_MS) {
+    $("conn").textContent = `stale: no update for ${Math.round(quiet / 1000)} s`; $("conn").className = "badge off";
+  }
+  if (quiet > RECONNECT_AFTER_MS && source.readyState === EventSource.OPEN) startFeed();  // a fresh stream
+}, 1000);
+
 function startFeed() {
   if (source) source.close();
   source = new EventSource("/v1/dashboard/stream");
   source.addEventListener("history", (e) => { JSON.parse(e.data).forEach(addSample); redraw(); });
-  source.addEventListener("frame", (e) => render(JSON.parse(e.data)));
-  source.onopen = () => { $("conn").textContent = "live"; $("conn").className = "badge on"; };
+  source.addEventListener("frame", (e) => { lastFrameAt = Date.now(); showLive(); render(JSON.parse(e.data)); });
+  source.onopen = () => {};  // "live" once a frame arrives: a hung node may accept a connection and send nothing
   source.onerror = () => {
     $("conn").textContent = "reconnecting"; $("conn").className = "badge off";
     // refused for good (signed out, token revoked, too many viewers): ask who we are again, without hammering

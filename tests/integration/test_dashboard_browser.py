@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -146,6 +147,15 @@ def test_a_killed_master_appears_on_a_followers_dashboard(tmp_path):
                 expect(page.locator("#setname")).to_have_text("sim-set-1")
                 expect(page.locator("#setbody")).to_contain_text("ElectMaster", timeout=30_000)  # the tier's history
                 page.screenshot(path=str(shots / "3-set-page.png"), full_page=True)
+                # The serving node hangs (its connection stays open, no frame comes): the page says it is
+                # stale instead of "live"; once the node runs again, live again.
+                serving = procs[endpoints.index(follower)]
+                os.kill(serving.pid, signal.SIGSTOP)
+                try:
+                    expect(page.locator("#conn")).to_contain_text("stale", timeout=15_000)
+                finally:
+                    os.kill(serving.pid, signal.SIGCONT)
+                expect(page.locator("#conn")).to_have_text("live", timeout=30_000)
                 assert errors == [], errors
             finally:
                 browser.close()

@@ -54,6 +54,15 @@ def test_heartbeats_per_second_dead_letters_and_the_jobs_batch_and_lag(tmp_path)
             job = stats.sample()["job"]
             assert (job["batchId"], job["rows"], job["batchMs"], job["proposals"], job["heartbeatsLag"]) == \
                 (3, 8, 950, 1, 4)
+            # Anyone who can write to the topic can put anything there: markup in a field, or not JSON. It is
+            # reported as not a batch report, and the rest of the sample stands.
+            for bad, why in ((b'{"batchId": "<img src=x onerror=alert(1)>", "rows": 1}', "batchId is not"),
+                             (b"not json", "not JSON"), (b"[1, 2]", "not a JSON object"),
+                             (b'{"batchId": 4, "consumed": {"t:0": "x"}}', "consumed is not")):
+                producer.send(topics.job_stats, value=bad)
+                producer.flush(timeout=10)
+                sample = stats.sample()
+                assert why in sample["job"]["invalid"] and sample["heartbeats_total"] == 12, sample
         finally:
             producer.close()
             stats.close()
