@@ -18,7 +18,6 @@ from kafka import KafkaConsumer
 from electra.streaming.kafka_io import end_offsets, last_record, topic_partitions
 from electra.streaming.records import Topics
 
-
 JOB_FIELDS = ("batchId", "rows", "batchMs", "proposals", "liveness", "deadLetters", "ts")  # a batch report's numbers
 
 
