@@ -34,7 +34,7 @@ from electra.consensus.errors import RaftError
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.security.auth import TokenStore
 
-from .http_limits import HTTPLimits
+from .http_limits import HTTPLimits, tls_bounded_loop
 from .ingest_server import _listen
 from .lean_http import lean_protocol
 from .lean_path import LeanPath, LeanRequest
@@ -198,7 +198,7 @@ def main(argv: list[str]) -> int:
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
     import uvloop
 
-    uvloop.run(run(opts))
+    uvloop.run(run(opts), loop_factory=tls_bounded_loop)
     return 0
 
 

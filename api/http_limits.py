@@ -124,6 +124,25 @@ class LazyDeadline:
             t.close()
 
 
+def tls_bounded_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop whose TLS servers bound the handshake by `request_timeout_s` unless told otherwise.
+
+    A connection is handed to its HTTP protocol only once TLS's handshake is done, so none of the
+    limits above sees one that never finishes it; asyncio's and uvloop's default bound is 60 s, and
+    uvicorn, which creates the node's servers, passes none. A client opening thousands of sockets and
+    sending nothing held a file descriptor each for that minute. The `uvloop.run` of a node and of a
+    front-end use this loop (`loop_factory`); the ingest workers pass the bound themselves."""
+    import uvloop
+
+    class _Loop(uvloop.Loop):  # type: ignore[misc]
+        async def create_server(self, *args: Any, **kwargs: Any) -> asyncio.Server:
+            if kwargs.get("ssl") is not None and kwargs.get("ssl_handshake_timeout") is None:
+                kwargs["ssl_handshake_timeout"] = DEFAULT_LIMITS.request_timeout_s
+            return await super().create_server(*args, **kwargs)
+
+    return _Loop()
+
+
 TIMEOUT_REPLY = raw_error(408, _INVALID, "request not received in time")
 BUSY_REPLY = raw_error(503, _BUSY, "too many connections", retry_after=True)
 

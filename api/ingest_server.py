@@ -348,7 +348,8 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
         connections: set = set()
         server = await loop.create_server(
             lambda: IngestProtocol(producer, INGEST_LIMITS, connections, tokens, sessions),
-            sock=_listen(host, port), ssl=tls)
+            sock=_listen(host, port), ssl=tls,
+            ssl_handshake_timeout=INGEST_LIMITS.request_timeout_s if tls is not None else None)  # not 60 s
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)

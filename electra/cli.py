@@ -294,7 +294,9 @@ def _serve_until_signal(start) -> int:
     try:
         import uvloop  # the node's event loop in C: sockets, timers and callbacks (HTTP, Raft peers)
 
-        uvloop.run(main())
+        from electra.api.http_limits import tls_bounded_loop
+
+        uvloop.run(main(), loop_factory=tls_bounded_loop)
     except Exception as exc:  # startup errors (corrupt log, port in use) get one clear line
         print(f"error: {exc}", file=sys.stderr)
         return 1

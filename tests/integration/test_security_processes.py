@@ -10,6 +10,7 @@ import asyncio
 import http.client
 import json
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -336,3 +337,21 @@ def test_a_node_whose_http_port_is_taken_says_so_in_one_line(tmp_path):
     assert p.returncode == 1, (p.returncode, p.stderr)
     assert f"error: cannot listen on 127.0.0.1:{port} (--http-addr): Address already in use" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_a_connection_that_never_finishes_the_tls_handshake_is_cut_at_the_request_timeout(cluster):
+    """The node's HTTPS port: a client that connects and sends nothing is not in any HTTP limit yet (the protocol
+    sees a connection only after TLS's handshake). It is closed at the request timeout (10 s), not after the
+    event loop's default 60 s, so idle sockets cannot hold the node's file descriptors for a minute each."""
+    asyncio.run(_leader(cluster))  # the nodes are up
+    host, port = cluster.http[1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.settimeout(30)
+        t0 = time.monotonic()
+        try:
+            got = s.recv(1024)  # b"" when the server closes
+        except (ConnectionResetError, TimeoutError) as exc:
+            got = exc
+        took = time.monotonic() - t0
+    assert got == b"" or isinstance(got, ConnectionResetError), got
+    assert 8 <= took <= 15, took
