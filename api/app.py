@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field, StrictBool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from electra.consensus.errors import RaftError
+from electra.security.http_auth import credential_still_valid
 from electra.state.codes import Code
 from electra.state.limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID
 from electra.state.liveness import BrokerLiveInfo
@@ -315,13 +316,13 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
 
         async def stream():
             yield ": watching " + name + "\n\n"
-            while not await request.is_disconnected():
+            while not await request.is_disconnected() and credential_still_valid(request.scope):
                 try:
                     ev = await asyncio.wait_for(q.get(), timeout=5.0)
                 except TimeoutError:
                     yield ": keep-alive\n\n"
                     continue
-                if ev is None:  # the node is stopping
+                if ev is None or not credential_still_valid(request.scope):  # stopping, or the token revoked
                     return
                 yield f"event: role-change\ndata: {json.dumps(ev)}\n\n"
 

@@ -43,6 +43,7 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
 from electra.security.auth import ANONYMOUS
 from electra.security.credentials import ClientCredentials
+from electra.security.http_auth import credential_still_valid
 from electra.state.liveness import PIPELINE_LAG_BOUND_MS
 
 from .topic_stats import JOB_FIELDS, TopicStats
@@ -391,6 +392,10 @@ def dashboard_router(feed: DashboardFeed) -> APIRouter:
                     try:
                         chunk = await asyncio.wait_for(q.get(), timeout=5.0)
                     except TimeoutError:
+                        chunk = None
+                    if not credential_still_valid(request.scope):  # revoked, or signed out: the stream ends
+                        return
+                    if chunk is None:
                         yield b": keep-alive\n\n"
                         continue
                     feed.cost["bytes_sent"] += len(chunk)

@@ -9,7 +9,8 @@ credentials) the JSON body, and refusals get the API's error body. The routes st
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 from urllib.parse import parse_qsl
 
 from . import dashboard_login
@@ -71,10 +72,31 @@ class AuthMiddleware:
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return None
-        scope.setdefault("state", {})["principal"] = principal
+        state = scope.setdefault("state", {})
+        state["principal"] = principal
+        state["recheck"] = self._recheck(auth, sid)
         if not (rule.audited and self.audit is not None):
             return await self.app(scope, receive, send)
         return await self._audited(scope, receive, send, principal, rule)
+
+    def _recheck(self, authorization: str | None, sid: str | None) -> Callable[[], bool]:
+        """Is the request's credential still good (not revoked, its dashboard session not ended)? Asked by
+        the long-lived answers (watch and dashboard streams) as they go: a check at their start alone let a
+        revoked token or a signed-out session keep receiving for as long as the stream stayed open."""
+        tokens, sessions = self.tokens, self.sessions
+        assert tokens is not None
+
+        def still_valid() -> bool:
+            try:
+                if sid is not None:
+                    sessions.principal(tokens, sid)
+                else:
+                    tokens.authenticate(authorization)
+            except AuthError:
+                return False
+            return True
+
+        return still_valid
 
     async def _audited(self, scope, receive, send, principal: Principal, rule) -> None:
         """Run the route and write its audit record before the last byte of the answer leaves."""
@@ -206,3 +228,10 @@ def check_request(tokens: TokenStore | None, method: str, path: str, authorizati
     else:
         authorize(principal, rule)
     return principal
+
+
+def credential_still_valid(scope: Mapping[str, Any]) -> bool:
+    """For a stream, as it goes: False once the credential that opened it is revoked or its session ended
+    (`AuthMiddleware._recheck`; always True in insecure mode and for public routes)."""
+    recheck = scope.get("state", {}).get("recheck")
+    return recheck is None or recheck()

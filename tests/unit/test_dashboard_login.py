@@ -210,3 +210,36 @@ def test_electra_up_prints_a_dashboard_url_that_signs_in_as_observer(tmp_path):
     token = unquote(url.fragment.removeprefix("token="))  # in the fragment: the browser never sends it
     assert TokenStore(creds.tokens_file).authenticate(f"Bearer {token}").role == "observer"
     assert str(creds.ca_file) in hint
+
+
+def test_a_stream_learns_when_its_credential_is_revoked_or_its_session_ends(tokens):
+    """Streams ask `credential_still_valid` as they go: a check at their start alone let a revoked token or a
+    signed-out session keep receiving the fleet's data for as long as the stream stayed open."""
+    from electra.security.http_auth import credential_still_valid
+
+    path, made = tokens
+    app = App(path)
+    opened: list[dict] = []
+
+    async def stream(scope, receive, send):  # what the route keeps: its request's scope
+        opened.append(scope)
+
+    async def nothing(*_):
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    session = signed_in(app, made["observer"])
+    asyncio.run(app(stream, {"type": "http", "method": "GET", "path": "/v1/dashboard/stream", "query_string": b"",
+                             "client": ("127.0.0.1", 5), "server": ("127.0.0.1", PORT),
+                             "headers": [(k.lower().encode(), v.encode()) for k, v in session.items()]}, nothing, nothing))
+    for token in (made["admin"], made["broker"]):
+        route = "/v1/dashboard/stream" if token == made["admin"] else "/v1/broker-sets/b/watch"
+        asyncio.run(app(stream, {"type": "http", "method": "GET", "path": route, "query_string": b"",
+                                 "client": ("127.0.0.1", 5), "server": ("127.0.0.1", PORT),
+                                 "headers": [(b"authorization", f"Bearer {token}".encode())]}, nothing, nothing))
+    by_cookie, by_admin, by_broker = opened
+    assert all(credential_still_valid(s) for s in opened)
+    call(app, "POST", "/v1/dashboard/logout", headers=session)
+    assert not credential_still_valid(by_cookie) and credential_still_valid(by_admin)
+    revoke_tokens(path, "t-broker")
+    assert not credential_still_valid(by_broker) and credential_still_valid(by_admin)
+    assert credential_still_valid({"type": "http"})  # insecure mode, public routes: nothing to check
