@@ -230,7 +230,8 @@ def test_a_stream_learns_when_its_credential_is_revoked_or_its_session_ends(toke
     session = signed_in(app, made["observer"])
     asyncio.run(app(stream, {"type": "http", "method": "GET", "path": "/v1/dashboard/stream", "query_string": b"",
                              "client": ("127.0.0.1", 5), "server": ("127.0.0.1", PORT),
-                             "headers": [(k.lower().encode(), v.encode()) for k, v in session.items()]}, nothing, nothing))
+                             "headers": [(k.lower().encode(), v.encode()) for k, v in session.items()]},
+                    nothing, nothing))
     for token in (made["admin"], made["broker"]):
         route = "/v1/dashboard/stream" if token == made["admin"] else "/v1/broker-sets/b/watch"
         asyncio.run(app(stream, {"type": "http", "method": "GET", "path": route, "query_string": b"",
