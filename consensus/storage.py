@@ -20,6 +20,15 @@ then renamed into place. So a segment that does not begin with a HARD_STATE reco
 since starting with term 0 and no vote could vote twice in a term this node already
 voted in, and would silently drop the acknowledged entries it held.
 
+The term this node reached is also kept beside the log, in `raft-log.term` (one record, written
+whole under a temporary name and renamed), each time a higher term is synced into the log. A log
+that recovers to an older term than that lost synced records: its segments were deleted (`rm`,
+a restore that missed them) or cut after a complete record, which replay alone cannot tell from a
+log that never held more. Recovery refuses it, as it refuses a damaged segment start: starting
+over could vote twice in a term and help elect a leader without entries this node acknowledged.
+The mark is written only after the log's own sync, so it never runs ahead of the log, and a
+crash can only leave it behind (then it is written again with the next term).
+
 Writes are buffered; `sync()` writes the buffer (looping over short writes) and
 runs one `fdatasync` (group commit). Any failed write or fsync is final: the
 storage refuses every later write and sync with `DiskFailure`, because after a
@@ -52,6 +61,8 @@ ENTRIES, HARD_STATE, COMPACTED, RESET = 1, 2, 3, 4
 _HEADER = struct.Struct(">II")
 _SUFFIX = ".seg"
 _STARTING = ".seg.tmp"  # a segment whose header is being written (renamed into place once synced)
+_TERM_MARK = ".term"  # beside the log directory: the highest term synced into the log (see the module doc)
+TERM_MARK = 5  # the mark's one record: (5, term)
 log = logging.getLogger("electra.consensus.storage")
 
 
@@ -124,6 +135,8 @@ class LogStorage:
         self._seg_max: dict[Path, int] = {}  # segment -> highest entry index written into it
         self._gap_until = 0
         self._failed: BaseException | None = None
+        self._mark = self.dir.with_name(self.dir.name + _TERM_MARK)
+        self._marked_term = 0  # the term `_mark` holds
 
     @property
     def last_index(self) -> int:
@@ -144,6 +157,15 @@ class LogStorage:
         if self._gap_until:
             raise CorruptLogError(f"Raft log in {self.dir} misses entries up to {self._gap_until} "
                                   "(a segment file was deleted or lost); refusing to start")
+        self._marked_term = self._read_term_mark()
+        if rec.term < self._marked_term:
+            raise CorruptLogError(
+                f"Raft log in {self.dir} ends in term {rec.term}, but this node had synced term "
+                f"{self._marked_term} into it ({self._mark}): segments were deleted, or cut after a complete "
+                f"record ({len(segs)} segment(s) left), and with them its vote and entries it may have "
+                "acknowledged; refusing to start (starting so could vote twice in a term and help elect a leader "
+                "without committed entries). Restore this node from a peer: move its data directory aside and "
+                "start it empty, so the leader sends it a snapshot")
         self._term, self._vote, self._floor = rec.term, rec.vote, rec.vote_floor
         self._snap = (rec.snapshot_index, rec.snapshot_term)
         self._last_index = rec.last_index
@@ -320,12 +342,15 @@ class LogStorage:
         try:
             with self._lock:
                 buf, self._buf = self._buf, bytearray()
+                synced_term = self._term  # the newest hard state in `buf` (or synced before) holds it
             assert self._file is not None, "sync() before open()"
             if buf:
                 write_all(self._file, buf)
                 self._seg_size += len(buf)
             if self.fsync:
                 self._file.sync()
+                if synced_term > self._marked_term:  # a new term is in the log for good: mark it beside
+                    self._write_term_mark(synced_term)
             if self._seg_size >= self.segment_bytes:
                 with self._lock:
                     self._roll()
@@ -333,6 +358,37 @@ class LogStorage:
         except OSError as exc:
             self._failed = exc
             raise DiskFailure(f"writing the Raft log in {self.dir} failed: {exc}") from exc
+
+    def _read_term_mark(self) -> int:
+        """The term in `raft-log.term` (0 if there is none: a log from before the mark, or never past term 0)."""
+        if not self.files.exists(self._mark):
+            return 0
+        data = self.files.read_bytes(self._mark)
+        try:
+            length, crc = _HEADER.unpack_from(data, 0)
+            body = data[_HEADER.size:_HEADER.size + length]
+            if len(body) != length or zlib.crc32(body) != crc:
+                raise ValueError("checksum mismatch")
+            kind, term = msgpack.unpackb(body, raw=False, use_list=True)
+            if kind != TERM_MARK or type(term) is not int or term < 0:
+                raise ValueError("not a term mark")
+        except (struct.error, ValueError, TypeError) as exc:
+            raise CorruptLogError(f"the term mark {self._mark} is damaged ({exc}); refusing to start (restore this "
+                                  "node from a peer: move its data directory aside and start it empty)") from None
+        return int(term)
+
+    def _write_term_mark(self, term: int) -> None:
+        """Write the mark whole: under a temporary name, synced, renamed, the directory synced."""
+        tmp = self._mark.with_name(self._mark.name + ".tmp")
+        f = self.files.open_write(tmp)
+        try:
+            write_all(f, _record((TERM_MARK, term)))
+            f.sync()
+        finally:
+            f.close()
+        self.files.replace(tmp, self._mark)
+        self.files.sync_dir(self._mark.parent)
+        self._marked_term = term
 
     def close(self) -> None:
         if self._file is not None:

@@ -312,3 +312,53 @@ def test_vote_floor_travels_with_the_hard_state_across_segments(tmp_path):
     assert not (tmp_path / f"{1:020d}.seg").exists()  # the segment that first recorded it is gone
     _, rec = reopen(tmp_path, segment_bytes=400)
     assert (rec.term, rec.vote, rec.vote_floor) == (5, 0, (500, 3))
+
+
+@pytest.mark.parametrize("damage", ["segments-deleted", "log-directory-deleted", "cut-after-the-first-record"])
+def test_a_log_that_lost_the_term_it_had_synced_refuses_to_start(tmp_path, damage):
+    """Segments deleted, or the only one cut right after its first (complete) record: replay alone sees a log that
+    never held more, and the node started at term 0 with no vote and no entries, which let a stale peer and it
+    elect a leader without acknowledged entries. The term mark beside the log says what the log had reached."""
+    import shutil
+
+    log_dir = tmp_path / "raft-log"
+    s, _ = reopen(log_dir)
+    s.save_hard_state(3, 2)
+    s.append(1, [3] * 5, [b"e"] * 5)
+    s.sync()
+    s.close()
+    assert (tmp_path / "raft-log.term").exists()
+    segs = sorted(log_dir.glob("*.seg"))
+    if damage == "segments-deleted":
+        for seg in segs:
+            seg.unlink()
+    elif damage == "log-directory-deleted":
+        shutil.rmtree(log_dir)
+    else:
+        first = segs[0].read_bytes()
+        length = int.from_bytes(first[:4], "big")
+        segs[0].write_bytes(first[:8 + length])  # the first record (term 0, no vote) whole, nothing after it
+    with pytest.raises(CorruptLogError, match="had synced term 3") as info:
+        reopen(log_dir)
+    assert "refusing to start" in str(info.value)
+
+
+def test_the_term_mark_follows_the_synced_term_and_a_fresh_log_needs_none(tmp_path):
+    log_dir = tmp_path / "raft-log"
+    s, rec = reopen(log_dir)
+    assert rec.term == 0 and not (tmp_path / "raft-log.term").exists()  # nothing reached: no mark
+    s.save_hard_state(1, 1)
+    assert not (tmp_path / "raft-log.term").exists()  # not synced yet: the mark never runs ahead of the log
+    s.sync()
+    s.save_hard_state(4, 0)
+    s.sync()
+    s.close()
+    s, rec = reopen(log_dir)
+    assert rec.term == 4 and s._read_term_mark() == 4
+    s.close()
+    (tmp_path / "raft-log.term").write_bytes(b"\x00\x00\x00\x09garbage!!")
+    with pytest.raises(CorruptLogError, match="term mark"):
+        reopen(log_dir)
+    (tmp_path / "raft-log.term").unlink()  # a log from before the mark: opens as it did
+    _, rec = reopen(log_dir)
+    assert rec.term == 4
