@@ -144,7 +144,8 @@ class _RaftCollector:
         for key, doc in (("term", "current term"), ("commit_index", "commit index"),
                          ("applied_index", "applied index"), ("snapshot_index", "newest snapshot index"),
                          ("tick_late_p99_ms", "p99 of how late the last 100 Raft ticks ran (ms)"),
-                         ("tick_errors", "Raft ticks that raised (logged, counted, re-armed)")):
+                         ("tick_errors", "Raft ticks that raised (logged, counted, re-armed)"),
+                         ("snapshot_failures", "snapshots this node failed to take (retried with a growing wait)")):
             yield GaugeMetricFamily(f"electra_raft_{key}", doc, value=st[key])
         batches = max(1, st["batches"])
         yield GaugeMetricFamily("electra_raft_proposal_batch_avg", "average proposals per batch",

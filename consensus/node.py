@@ -184,7 +184,8 @@ class RaftNode:
                         "applied": 0, "max_batch": 0, "reads_readindex": 0, "reads_lease": 0,
                         "reads_follower": 0, "reads_stale": 0, "reads_refused": 0, "snapshots_taken": 0,
                         "snapshots_sent": 0, "snapshots_installed": 0, "tick_errors": 0,
-                        "process_errors": 0, "snapshot_chunks_refused": 0, "snapshot_transfers_aborted": 0}
+                        "process_errors": 0, "snapshot_chunks_refused": 0, "snapshot_transfers_aborted": 0,
+                        "snapshot_failures": 0}
         self._read_ids = itertools.count(1)
         # A read waits first for its read index (ctx -> (fut, deadline, fn)), then until that index
         # is applied (a heap of (index, seq, fut, deadline, fn)); one future serves both stages and
@@ -195,6 +196,8 @@ class RaftNode:
         self._snap_meta: SnapshotMeta | None = None
         self._snapshotting = False
         self._bytes_since_snap = 0
+        self._snapshot_failed_in_a_row = 0
+        self._snapshot_retry_at = 0.0  # after a failed snapshot, none is tried before this (the runtime's clock)
         self._senders: dict[int, asyncio.Queue[SnapResp | None]] = {}  # peer -> SNAP_RESP queue of the running transfer
         self._receiver = SnapshotReceiver(cfg.node_id, self.snapshots.receive_sink, max_bytes=cfg.max_snapshot_bytes)
         self._receiving_from = 0  # the leader whose snapshot transfer we are receiving
@@ -665,7 +668,8 @@ class RaftNode:
         self._wake_apply_waiters()
         last_snap = self._snap_meta.index if self._snap_meta else 0
         if not self._snapshotting and (self.applied - last_snap >= self.cfg.snapshot_entries
-                                       or self._bytes_since_snap >= self.cfg.snapshot_bytes):
+                                       or self._bytes_since_snap >= self.cfg.snapshot_bytes) \
+                and self.clock.now() >= self._snapshot_retry_at:
             self._take_snapshot()
 
     def _wake_apply_waiters(self) -> None:
@@ -778,19 +782,20 @@ class RaftNode:
         self._bytes_since_snap = 0
         try:
             _, finish = self.snapshots.create(index, term, self.sm.snapshot)
-        except Exception:
+        except Exception as exc:
             self._snapshotting = False
-            log.exception("node %d: snapshot at %d failed", self.cfg.node_id, index)
+            self._snapshot_failed(index, exc)
             return
 
         async def complete() -> None:
             try:
                 meta = await self.runtime.snapshot_disk.run(finish)
-            except Exception:
-                log.exception("node %d: writing snapshot %d failed", self.cfg.node_id, index)
+            except Exception as exc:
+                self._snapshot_failed(index, exc)
                 return
             finally:
                 self._snapshotting = False
+            self._snapshot_failed_in_a_row = 0
             if not self._running:
                 return
             if self._snap_meta is not None and self._snap_meta.index >= meta.index:
@@ -808,6 +813,22 @@ class RaftNode:
                      meta.index, meta.size, core.offset + 1)
 
         self._tasks.append(asyncio.create_task(complete()))
+
+    def _snapshot_failed(self, index: int, exc: BaseException) -> None:
+        """A snapshot could not be taken (a full disk, a read-only or unwritable snapshots directory): the log
+        keeps every entry meanwhile, and the next try waits 5 s, doubling to 5 min while it keeps failing.
+        Without the wait every applied batch tried again, about 400 tracebacks a second. The first failure
+        in a row is logged with its traceback, later ones in one line; `snapshot_failures` counts them."""
+        self._snapshot_failed_in_a_row += 1
+        self.metrics["snapshot_failures"] += 1
+        wait = min(300.0, 5.0 * 2 ** (self._snapshot_failed_in_a_row - 1))
+        self._snapshot_retry_at = self.clock.now() + wait
+        if self._snapshot_failed_in_a_row == 1:
+            log.error("node %d: snapshot at %d failed (next try in %.0f s; the log keeps every entry meanwhile)",
+                      self.cfg.node_id, index, wait, exc_info=exc)
+        else:
+            log.error("node %d: snapshot at %d failed again (%d in a row: %s); next try in %.0f s", self.cfg.node_id,
+                      index, self._snapshot_failed_in_a_row, exc, wait)
 
     def _abort_stalled_snapshot(self, now: float) -> None:
         """Drop an incoming transfer (and its temp file) whose leader went quiet or lost its role."""

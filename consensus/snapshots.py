@@ -342,7 +342,12 @@ class SnapshotReceiver:
             if m.offset != 0:
                 return self._reply(m, term, 0), None  # we have nothing of this one: start over
             self.abort()
-            self.key, self.sink, self.expected = key, self.new_sink(*key), 0
+            try:
+                sink_for_key = self.new_sink(*key)
+            except OSError as exc:  # the file cannot be created (full disk, unwritable directory): as a failed write
+                log.warning("node %d: cannot store snapshot %s (%s); transfer refused", self.me, key, exc)
+                return self._reply(m, term, 0, reject=True), None
+            self.key, self.sink, self.expected = key, sink_for_key, 0
         if m.offset != self.expected:
             return self._reply(m, term, self.expected), None
         sink = self.sink

@@ -156,3 +156,39 @@ def test_a_one_member_group_with_a_damaged_snapshot_refuses_to_start(tmp_path):
             await again.start()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_snapshot_that_cannot_be_written_is_retried_after_a_growing_wait(tmp_path, monkeypatch):
+    """A full disk or an unwritable snapshots directory: the node keeps serving from its log, counts the failure and
+    waits before the next try. Before, every applied batch tried again (about 400 tracebacks a second)."""
+
+    async def main():
+        cfg = _configs(tmp_path, snapshot_entries=20, compaction_slack=5)[1]
+        cfg.peers = {1: cfg.peers[1]}
+        node = RaftNode(cfg, KVStateMachine())
+        await node.start()
+        tries = []
+
+        def refuse(*args, **kwargs):
+            tries.append(node.applied)
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(node.snapshots, "create", refuse)
+        try:
+            await _wait(lambda: node.is_leader, what="leadership")
+            for k in range(200):  # ten times the snapshot interval, in many batches
+                await node.propose(encode_put(f"k{k}", k))
+            assert len(tries) == 1 and node.metrics["snapshot_failures"] == 1  # one try, then the wait
+            assert node.status()["snapshot_failures"] == 1
+            node._snapshot_retry_at = 0.0  # the wait is over
+            await node.propose(encode_put("again", 1))
+            assert len(tries) == 2 and node._snapshot_retry_at - node.clock.now() > 9  # 10 s: the wait doubled
+            monkeypatch.undo()  # the disk has room again
+            node._snapshot_retry_at = 0.0
+            await node.propose(encode_put("last", 1))
+            await _wait(lambda: node.metrics["snapshots_taken"] >= 1 and not node._snapshotting, what="a snapshot")
+            assert node._snapshot_failed_in_a_row == 0
+        finally:
+            await node.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -177,3 +177,18 @@ def test_an_aborted_or_failed_transfer_leaves_no_temporary_file(tmp_path):
     reply, done = receiver.on_chunk(sender.next_message(), 7)
     assert reply.reject and done is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_transfer_whose_file_cannot_be_created_is_refused_not_raised(tmp_path):
+    """An unwritable snapshots directory or a full disk fails the receiver's file open itself: the chunk is refused
+    as a failed write is (the leader retries later), not an exception out of the transport every few seconds."""
+    blob = make_blob(42, 3, b"z" * 1000)
+    meta = verify_blob(blob)
+
+    def cannot_create(index, term):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "x.recv.tmp"))
+
+    receiver = SnapshotReceiver(2, cannot_create)
+    sender = SnapshotSender(1, 2, 7, meta, lambda off, n: blob[off:off + n], chunk_size=100)
+    reply, done = receiver.on_chunk(sender.next_message(), 7)
+    assert reply.reject and done is None and receiver.key is None
