@@ -24,7 +24,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, Field, StrictBool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -142,11 +142,14 @@ class _RaftCollector:
             role.add_metric([r], 1.0 if st["role"] == r else 0.0)
         yield role
         for key, doc in (("term", "current term"), ("commit_index", "commit index"),
-                         ("applied_index", "applied index"), ("snapshot_index", "newest snapshot index"),
-                         ("tick_late_p99_ms", "p99 of how late the last 100 Raft ticks ran (ms)"),
-                         ("tick_errors", "Raft ticks that raised (logged, counted, re-armed)"),
-                         ("snapshot_failures", "snapshots this node failed to take (retried with a growing wait)")):
+                         ("applied_index", "applied index"), ("snapshot_index", "newest snapshot index")):
             yield GaugeMetricFamily(f"electra_raft_{key}", doc, value=st[key])
+        yield GaugeMetricFamily("electra_raft_tick_late_p99_seconds", "p99 of how late the last 100 Raft ticks ran",
+                                value=st["tick_late_p99_ms"] / 1000)
+        # counts that only grow are counters (`rate`, `increase` and reset handling apply; exported with `_total`)
+        for key, doc in (("tick_errors", "Raft ticks that raised (logged, counted, re-armed)"),
+                         ("snapshot_failures", "snapshots this node failed to take (retried with a growing wait)")):
+            yield CounterMetricFamily(f"electra_raft_{key}", doc, value=st[key])
         batches = max(1, st["batches"])
         yield GaugeMetricFamily("electra_raft_proposal_batch_avg", "average proposals per batch",
                                 value=st["proposals"] / batches)
@@ -156,9 +159,9 @@ class _RaftCollector:
             yield GaugeMetricFamily("electra_events_published_index", "last Raft index in the events topic",
                                     value=pipe["events_published_index"])
         if "liveness" in pipe:
-            yield GaugeMetricFamily("electra_liveness_records", "liveness records consumed from Kafka",
-                                    value=pipe["liveness"]["records"])
-        el = GaugeMetricFamily("electra_elections", "ElectMaster outcomes handled by this node", labels=["result"])
+            yield CounterMetricFamily("electra_liveness_records", "liveness records consumed from Kafka",
+                                      value=pipe["liveness"]["records"])
+        el = CounterMetricFamily("electra_elections", "ElectMaster outcomes handled by this node", labels=["result"])
         for k, v in self.svc.elections.items():
             el.add_metric([k], v)
         yield el

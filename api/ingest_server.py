@@ -258,10 +258,17 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
             body = json.dumps({"ok": ok, "kafka": self.producer.bootstrap, "pid": os.getpid()}).encode()
             self._reply(200 if ok else 503, body, close=not keep)
         elif path == b"/metrics":
-            lines = [f'electra_ingest_heartbeats{{result="{k}"}} {v}' for k, v in self.producer.stats.items()]
-            lines.append(f"electra_ingest_kafka_healthy {int(self.producer.healthy)}")
+            lines = ["# HELP electra_ingest_heartbeats_total heartbeats this worker answered, by outcome",
+                     "# TYPE electra_ingest_heartbeats_total counter"]
+            lines += [f'electra_ingest_heartbeats_total{{result="{k}"}} {v}' for k, v in self.producer.stats.items()]
+            lines += ["# HELP electra_ingest_kafka_healthy 1 while this worker's Kafka producer is connected",
+                      "# TYPE electra_ingest_kafka_healthy gauge",
+                      f"electra_ingest_kafka_healthy {int(self.producer.healthy)}",
+                      "# HELP electra_ingest_sessions_total broker sessions by what happened to them",
+                      "# TYPE electra_ingest_sessions_total counter"]
             lines += [f'electra_ingest_sessions_total{{event="{k}"}} {v}' for k, v in self.sessions.stats.items()]
-            lines.append(f"electra_ingest_sessions_open {len(self.sessions)}")
+            lines += ["# HELP electra_ingest_sessions_open broker sessions open on this worker",
+                      "# TYPE electra_ingest_sessions_open gauge", f"electra_ingest_sessions_open {len(self.sessions)}"]
             self._reply(200, ("\n".join(lines) + "\n").encode(), content_type=b"text/plain; version=0.0.4",
                         close=not keep)
         else:

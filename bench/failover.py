@@ -56,7 +56,7 @@ def _ingest_accepted(endpoints: list[str], creds) -> int:
         except OSError:
             continue
         for line in text.splitlines():
-            if line.startswith('electra_ingest_heartbeats{result="accepted"}'):
+            if line.startswith('electra_ingest_heartbeats_total{result="accepted"}'):
                 total += int(float(line.split()[-1]))
     return total
 

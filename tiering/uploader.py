@@ -31,7 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from electra.consensus.core import Role
 from electra.state.journal import EventJournal, JournalEntry, JournalGap, entry_for
@@ -300,7 +300,7 @@ class TierCollector:
         yield GaugeMetricFamily("electra_tier_snapshot_index", "newest snapshot in the tier (Raft index)",
                                 value=up.snapshot_uploaded)
         yield GaugeMetricFamily("electra_tier_uploading", "1 while this node uploads", value=1 if up.active_term else 0)
-        m = GaugeMetricFamily("electra_tier_total", "uploader counters", labels=["what"])
+        m = CounterMetricFamily("electra_tier", "uploader counters", labels=["what"])  # exported as electra_tier_total
         for k, v in up.metrics.items():
             m.add_metric([k], v)
         yield m

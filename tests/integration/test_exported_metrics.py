@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -28,6 +29,12 @@ pytestmark = pytest.mark.integration
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 PROMETHEUS_OWN = {"up"}  # series Prometheus itself creates for every target
+
+
+def _promtool() -> str:
+    path = shutil.which("promtool")
+    assert path, "promtool is missing: `make setup` installs the Debian package prometheus"
+    return path
 
 
 def _get(url: str) -> str:
@@ -66,7 +73,8 @@ def test_alerts_and_dashboard_use_exported_metrics(tmp_path):
                 for n in nodes.values():
                     await n.stop()
 
-        node = metric_names(asyncio.run(scrape_node()))
+        node_text = asyncio.run(scrape_node())
+        node = metric_names(node_text)
         port = free_ports(1)[0]
         proc = subprocess.Popen([sys.executable, "-m", "electra.cli", "--log-level", "WARNING", "ingest", "--listen",
                                  f"127.0.0.1:{port}", "--kafka-bootstrap", kafka.bootstrap, "--workers", "1",
@@ -82,6 +90,12 @@ def test_alerts_and_dashboard_use_exported_metrics(tmp_path):
         finally:
             proc.terminate()
             proc.wait(timeout=10)
+    # Prometheus's own lint: counts that only grow are counters, units are spelled out, every family has help.
+    for text in (node_text, ingest):
+        lint = subprocess.run([_promtool(), "check", "metrics"], input=text, capture_output=True, text=True,
+                              timeout=60)
+        assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert "# TYPE electra_elections_total counter" in node_text or "# TYPE electra_elections counter" in node_text
     exported = node | metric_names(ingest) | PROMETHEUS_OWN
     used = used_names()
     assert len(used) >= 15

@@ -49,9 +49,9 @@ CASES = {
         + [series("electra_raft_applied_index", {**CTL, "instance": n}, "4500x10") for n in ("a", "b")],
     ),
     "ElectraFailoverStorm": (
-        [series("electra_elections", {**CTL, "instance": "a", "result": "success"}, "0+2x40")], "8m",
+        [series("electra_elections_total", {**CTL, "instance": "a", "result": "success"}, "0+2x40")], "8m",
         {**CTL, "severity": "critical"}, "More than 20 master elections in 5 minutes in electra-controller",
-        [series("electra_elections", {**CTL, "instance": "a", "result": "success"}, "0+1x4 5x36")],
+        [series("electra_elections_total", {**CTL, "instance": "a", "result": "success"}, "0+1x4 5x36")],
     ),
     "ElectraPipelineLag": (
         [series("electra_raft_commit_index", {**CTL, "instance": "a"}, "2000x10"),
@@ -62,12 +62,12 @@ CASES = {
          series("electra_events_published_index", {**CTL, "instance": "a"}, "1990x10")] + roles("a"),
     ),
     "ElectraLivenessStalled": (
-        [series("electra_liveness_records", {**CTL, "instance": "a"}, "100x40"),
-         series("electra_ingest_heartbeats", {**ING, "result": "accepted"}, "0+100x40")] + roles("a"),
+        [series("electra_liveness_records_total", {**CTL, "instance": "a"}, "100x40"),
+         series("electra_ingest_heartbeats_total", {**ING, "result": "accepted"}, "0+100x40")] + roles("a"),
         "9m", {**CTL, "instance": "a", "severity": "critical"},
         "Heartbeats arrive but no liveness records come back from the streaming job",
-        [series("electra_liveness_records", {**CTL, "instance": "a"}, "100+10x40"),
-         series("electra_ingest_heartbeats", {**ING, "result": "accepted"}, "0+100x40")] + roles("a"),
+        [series("electra_liveness_records_total", {**CTL, "instance": "a"}, "100+10x40"),
+         series("electra_ingest_heartbeats_total", {**ING, "result": "accepted"}, "0+100x40")] + roles("a"),
     ),
     "ElectraIngestKafkaDown": (
         [series("electra_ingest_kafka_healthy", ING, "0x10")], "1m", {**ING, "severity": "critical"},
