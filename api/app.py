@@ -243,7 +243,8 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
         registry.register(tier.collector())
         app.include_router(history_router(tier.cfg.uri, tier.cfg.storage_options))
 
-    app.include_router(dashboard_router(controller.dashboard))  # read-only pages and their SSE stream
+    # read-only pages and their SSE stream, whose viewers are capped as the watchers are
+    app.include_router(dashboard_router(controller.dashboard, max_viewers=limits.max_watchers))
 
     async def run(endpoint: str, request: Request, coro) -> JSONResponse:
         t0 = time.perf_counter()

@@ -364,7 +364,7 @@ def tier_history(uri: str, storage_options: dict[str, str] | None, name: str, li
     return {"available": True, "events": out, "total": rows.num_rows}
 
 
-def dashboard_router(feed: DashboardFeed) -> APIRouter:
+def dashboard_router(feed: DashboardFeed, max_viewers: int = 200) -> APIRouter:
     router = APIRouter()
     static_files = {p.name for p in STATIC_DIR.iterdir() if p.is_file()} if STATIC_DIR.is_dir() else set()
 
@@ -380,7 +380,10 @@ def dashboard_router(feed: DashboardFeed) -> APIRouter:
 
     @router.get("/v1/dashboard/stream", tags=["dashboard"])
     async def stream(request: Request):
-        """Server-sent events: `history` once (recent samples), then one `frame` per second."""
+        """Server-sent events: `history` once (recent samples), then one `frame` per second (503 when full)."""
+        if feed.viewers >= max_viewers:  # each stream holds a connection and a queue, as a watcher does
+            return JSONResponse({"code": 2, "remark": f"this node serves at most {max_viewers} dashboard viewers"},
+                                status_code=503, headers={"Retry-After": "5"})
         q = feed.subscribe()
 
         async def events():

@@ -262,6 +262,17 @@ def test_connections_and_watchers_beyond_their_limits_get_503_with_retry_after(t
             raise AssertionError("a watcher slot was never freed")
         for cm in streams:
             await cm.__aexit__(None, None, None)
+        # Dashboard viewers are capped the same way (each holds a stream and a queue).
+        viewers = []
+        for _ in range(3):
+            cm = client.stream("GET", "/v1/dashboard/stream")
+            resp = await cm.__aenter__()
+            assert resp.status_code == 200
+            viewers.append(cm)
+        r = await client.get("/v1/dashboard/stream")
+        assert r.status_code == 503 and r.headers["retry-after"] and "dashboard viewers" in r.json()["remark"]
+        for cm in viewers:
+            await cm.__aexit__(None, None, None)
         # Connections: idle sockets up to the limit, then a 503 with Retry-After and a close.
         conns = [await asyncio.open_connection(host, int(port)) for _ in range(LIMITS.max_connections + 5)]
         try:
