@@ -225,7 +225,11 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
                 self._check_caller(method, path, raw, decoded if fast is None else
                                    {"clusterName": fast.clusterName, "brokerName": fast.brokerName})
             except AuthError as err:
-                self._reply(err.status, json.dumps(err.body()).encode(), close=not keep)
+                # On a session's connection the credential that opened it no longer passes (revoked): the
+                # session ends here, closed by this worker, so it says nothing (the heartbeat timeout judges the
+                # broker); a refused broker no longer holds a connection open with refused requests.
+                held = self.sessions.broker_of(self) is not None
+                self._reply(err.status, json.dumps(err.body()).encode(), close=not keep or held)
                 return
         if path == b"/v1/heartbeat":
             if method != b"POST":

@@ -227,7 +227,7 @@ class PeerTransport:
         except (ValueError, FrameError, asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
             self.stats["rejected_handshakes"] += 1
             self.log.warning("node %d: rejected connection from %s: %s", self.id, peername,
-                             f"TLS handshake failed: {brief(exc)}" if isinstance(exc, ssl.SSLError) else brief(exc))
+                             f"TLS handshake failed: {brief(exc)}" if isinstance(exc, ssl.SSLError) else _why(exc))
             writer.close()
             return
         writer.write(self._hello(src))
@@ -315,3 +315,12 @@ def _nodelay(writer: asyncio.StreamWriter) -> None:
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _why(exc: BaseException) -> str:
+    """What a refused peer connection did wrong, in words (a timeout's own text is empty)."""
+    if isinstance(exc, TimeoutError):
+        return "no hello frame within 5 s"
+    if isinstance(exc, asyncio.IncompleteReadError):
+        return f"closed after {len(exc.partial)} bytes, before its hello frame was whole"
+    return brief(exc) or type(exc).__name__

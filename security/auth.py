@@ -123,7 +123,8 @@ def rule_for(method: str, path: str) -> Rule:
         return Rule(frozenset({"broker"}), name)
     m = _INTERNAL.match(path)
     if m:
-        return Rule(frozenset({"pipeline"}), action=f"internal {m.group(2)} {m.group(1)}")
+        # audited: the job's elections change masters, and an attempt by another role is worth a record
+        return Rule(frozenset({"pipeline"}), action=f"internal {m.group(2)} {m.group(1)}", audited=True)
     if path in ("/v1/admin/metadata", "/v1/admin/sync-state-data", "/v1/admin/history") or (
             method == "GET" and path == "/metrics"):
         return Rule(READERS)

@@ -216,3 +216,8 @@ def test_admin_action_is_audited_before_the_answer_leaves(tmp_path):
     assert (first["who"], first["action"], first["outcome"], first["code"]) == ("ops", "clean s", "ok", 0)
     lines = [json.loads(x) for x in (tmp_path / "audit.log").read_text().splitlines()]
     assert lines[1]["who"] == "unauthenticated" and lines[1]["status"] == 401 and lines[1]["outcome"] == "refused"
+
+
+def test_the_jobs_election_proposals_are_audited():
+    rule = rule_for("POST", "/v1/internal/broker-sets/b/elect-master")
+    assert rule.audited and rule.roles == frozenset({"pipeline"})

@@ -565,3 +565,26 @@ def test_a_slow_answer_keeps_the_session_connection():
             await server.wait_closed()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_session_whose_token_is_revoked_ends_at_its_next_request_and_says_nothing(tmp_path):
+    """A refused request on a session's connection closes it as this worker's doing: no `connection_lost` (the
+    heartbeat timeout judges the broker), and a revoked broker cannot hold the connection with refused requests."""
+    from electra.security.auth import TokenStore, create_token, revoke_tokens
+
+    path = tmp_path / "tokens.json"
+    token = create_token(path, "broker", "rack-a", broker_sets=["*"])
+    producer = FakeProducer()
+    sessions = SessionRegistry(producer)
+    proto = IngestProtocol(producer, tokens=TokenStore(path, check_interval_s=0), sessions=sessions)
+    t = FakeTransport()
+    proto.connection_made(t)
+    auth = f"Authorization: Bearer {token}\r\n"
+    proto.data_received(post(json.dumps(HB).encode(), "/v1/session", extra=auth))
+    assert [s for s, _, _ in responses(t.data)] == [200] and len(sessions) == 1
+    revoke_tokens(path, "rack-a")
+    proto.data_received(post(json.dumps(HB).encode(), extra=auth))
+    assert [s for s, _, _ in responses(t.data)] == [200, 401] and t.closed
+    proto.connection_lost(None)
+    assert [r.get("type") for r in producer.sent] == [None] and len(sessions) == 0
+    assert sessions.stats["closed_by_worker"] == 1 and sessions.stats["lost"] == 0
