@@ -22,6 +22,7 @@ class AuditLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open for the node's life
+        self.failures = 0  # records the file did not take (a full disk): they are in the node's log only
 
     def record(self, *, who: str, role: str | None, action: str, status: int, code: int | None,
                remote: str | None = None, detail: str | None = None) -> dict:
@@ -33,10 +34,17 @@ class AuditLog:
         if detail:
             rec["detail"] = detail
         line = json.dumps(rec, separators=(",", ":"))
-        with self._lock:
-            self._f.write(line + "\n")
-            self._f.flush()
-            os.fsync(self._f.fileno())
+        try:
+            with self._lock:
+                self._f.write(line + "\n")
+                self._f.flush()
+                os.fsync(self._f.fileno())
+        except OSError as exc:
+            # The action already happened (its outcome is what is recorded): the answer still goes out whole,
+            # and the record is kept in the node's log at least, marked as missing from the file.
+            self.failures += 1
+            log.error("audit record NOT written to %s (%s): %s", self.path, exc, line)
+            return rec
         log.info("audit %s", line)
         return rec
 

@@ -83,6 +83,7 @@ class Rule:
     broker_set: str | None = None
     action: str = ""
     audited: bool = False  # admin actions go to the audit log
+    audit_refusals: bool = False  # only refused attempts go to the audit log
     cookie_ok: bool = False  # the dashboard's sign-in cookie may stand for the bearer token (GET reads only)
 
     @property
@@ -123,8 +124,9 @@ def rule_for(method: str, path: str) -> Rule:
         return Rule(frozenset({"broker"}), name)
     m = _INTERNAL.match(path)
     if m:
-        # audited: the job's elections change masters, and an attempt by another role is worth a record
-        return Rule(frozenset({"pipeline"}), action=f"internal {m.group(2)} {m.group(1)}", audited=True)
+        # another role's attempt at the job's elections is worth a record (the job's own, one per failover,
+        # would put an fsync per proposal on the node's loop in a failover storm: they are in the event journal)
+        return Rule(frozenset({"pipeline"}), action=f"internal {m.group(2)} {m.group(1)}", audit_refusals=True)
     if path in ("/v1/admin/metadata", "/v1/admin/sync-state-data", "/v1/admin/history") or (
             method == "GET" and path == "/metrics"):
         return Rule(READERS)

@@ -67,7 +67,7 @@ class AuthMiddleware:
                 authorize_body(principal, rule, cluster, body_names(body))
         except AuthError as err:
             status, headers, body = error_reply(err)
-            if rule.audited and self.audit is not None:
+            if (rule.audited or rule.audit_refusals) and self.audit is not None:
                 self._audit(scope, principal, rule.action, status, int(err.body()["code"]), err.remark)
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body})

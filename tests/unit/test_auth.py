@@ -3,6 +3,7 @@ ingest server's checks and the client credentials."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -218,6 +219,66 @@ def test_admin_action_is_audited_before_the_answer_leaves(tmp_path):
     assert lines[1]["who"] == "unauthenticated" and lines[1]["status"] == 401 and lines[1]["outcome"] == "refused"
 
 
-def test_the_jobs_election_proposals_are_audited():
+def test_attempts_at_the_jobs_election_proposals_by_other_roles_are_audited(tmp_path):
+    from electra.security.audit import AuditLog
+    from electra.security.http_auth import AuthMiddleware
+
     rule = rule_for("POST", "/v1/internal/broker-sets/b/elect-master")
-    assert rule.audited and rule.roles == frozenset({"pipeline"})
+    assert rule.audit_refusals and not rule.audited and rule.roles == frozenset({"pipeline"})
+    path = tmp_path / "tokens.json"
+    tokens = {role: create_token(path, role, f"t-{role}") for role in ("admin", "pipeline")}
+    audit = AuditLog(tmp_path / "audit.log")
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"code":0}'})
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message):
+        pass
+
+    middleware = AuthMiddleware(app, TokenStore(path), audit)
+    for role in ("admin", "pipeline"):
+        scope = {"type": "http", "method": "POST", "path": "/v1/internal/broker-sets/b/elect-master",
+                 "query_string": b"", "client": ("127.0.0.1", 5), "server": ("127.0.0.1", 7301),
+                 "headers": [(b"authorization", f"Bearer {tokens[role]}".encode())]}
+        asyncio.run(middleware(scope, receive, send))
+    [line] = (tmp_path / "audit.log").read_text().splitlines()  # the admin's refused attempt, not the job's call
+    assert '"role":"admin"' in line and '"outcome":"refused"' in line
+
+
+def test_an_audit_record_the_disk_refuses_leaves_the_answer_whole_and_goes_to_the_log(tmp_path, monkeypatch, caplog):
+    """The action is done by the time its outcome is recorded: a full disk must not cut the answer off (the client
+    got a truncated 200 and the node a traceback); the record goes to the node's log, marked as not written."""
+    from electra.security.audit import AuditLog
+    from electra.security.http_auth import AuthMiddleware
+
+    path = tmp_path / "tokens.json"
+    admin = create_token(path, "admin", "ops")
+    audit = AuditLog(tmp_path / "audit.log")
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"code":0,"remark":"cleaned"}'})
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    def enospc(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("os.fsync", enospc)
+    scope = {"type": "http", "method": "POST", "path": "/v1/admin/broker-sets/b/clean", "query_string": b"",
+             "client": ("127.0.0.1", 5), "server": ("127.0.0.1", 7301),
+             "headers": [(b"authorization", f"Bearer {admin}".encode())]}
+    asyncio.run(AuthMiddleware(app, TokenStore(path), audit)(scope, receive, send))
+    assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [200]
+    assert b"".join(m.get("body", b"") for m in sent) == b'{"code":0,"remark":"cleaned"}'
+    assert audit.failures == 1 and "audit record NOT written" in caplog.text and "clean b" in caplog.text
