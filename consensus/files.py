@@ -125,7 +125,11 @@ class OsFiles:
     """The real file system."""
 
     def mkdir(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # a file stands where a directory must be: say which, not "File exists"
+            blocked = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+            raise NotADirectoryError(f"{blocked} exists and is not a directory") from None
 
     def listdir(self, path: Path) -> list[Path]:
         return list(path.iterdir())

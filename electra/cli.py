@@ -159,6 +159,8 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
             refuse(f"{key.replace('_', '-')} must be from {lo} to {hi}, not {value}")
     if not str(args.data_dir).strip():
         refuse("--data-dir must not be empty (it would be the current directory)")
+    if Path(args.data_dir).exists() and not Path(args.data_dir).is_dir():
+        refuse(f"--data-dir {args.data_dir} is not a directory")
     if args.state_machine not in ("controller", "kv", "counter"):
         refuse(f"--state-machine must be controller, kv or counter, not {args.state_machine!r}")
     return args

@@ -138,3 +138,18 @@ def test_up_refuses_overlapping_port_ranges_before_starting_anything(argv, messa
         main(["up", "--data-dir", str(tmp_path / "d"), *argv])
     assert exc.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "d").exists()  # nothing started, nothing written
+
+
+def test_a_node_refuses_a_data_dir_that_is_a_file_and_names_a_file_in_its_layout(tmp_path, capsys):
+    from electra.cli import main
+    from electra.consensus.files import OsFiles
+
+    afile = tmp_path / "f"
+    afile.write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        main(["node", "--insecure", "--id", "1", "--peers", "1=127.0.0.1:1", "--data-dir", str(afile)])
+    assert exc.value.code == 2 and f"--data-dir {afile} is not a directory" in capsys.readouterr().err
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "raft-log").write_text("x")
+    with pytest.raises(NotADirectoryError, match="raft-log exists and is not a directory"):
+        OsFiles().mkdir(tmp_path / "d" / "raft-log")
