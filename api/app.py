@@ -37,10 +37,9 @@ from electra.state.liveness import BrokerLiveInfo
 from .controller import Controller
 from .dashboard import dashboard_router
 from .http_limits import DEFAULT_LIMITS, BodyLimit, HTTPLimits
+from .names import NAME_PATTERN, Name
 from .replies import RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
 
-NAME_PATTERN = r"^[A-Za-z0-9_.:%\-]+$"  # broker-set and cluster names
-Name = Annotated[str, Field(min_length=1, max_length=255, pattern=NAME_PATTERN)]
 BrokerId = Annotated[int, Field(ge=1, le=MAX_BROKER_ID)]
 # RocketMQ's Java types (state/limits.py): numbers beyond them are a 422, never stored.
 Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]

@@ -35,17 +35,20 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import aiohttp
 from fastapi import APIRouter, Request
+from fastapi import Path as FastAPIPath
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
 from electra.security.auth import ANONYMOUS
 from electra.security.credentials import ClientCredentials
 from electra.security.http_auth import credential_still_valid
+from electra.state.codes import Code
 from electra.state.liveness import PIPELINE_LAG_BOUND_MS
 
+from .names import NAME_PATTERN
 from .topic_stats import JOB_FIELDS, TopicStats
 
 if TYPE_CHECKING:
@@ -422,11 +425,12 @@ def dashboard_router(feed: DashboardFeed, max_viewers: int = 200) -> APIRouter:
         return feed.frame if feed.viewers and feed.frame else await feed.refresh()
 
     @router.get("/v1/dashboard/sets/{name}", tags=["dashboard"])
-    async def broker_set(name: str):
+    async def broker_set(name: Annotated[str, FastAPIPath(min_length=1, max_length=255, pattern=NAME_PATTERN)]):
         """One broker set: its state and liveness here, failovers seen here, its history in the Delta tier."""
         info = feed.broker_set(name)
-        if info is None:
-            return JSONResponse({"code": 404, "remark": f"no broker set {name!r}"}, status_code=404)
+        if info is None:  # the answer does not repeat the name: the page knows what it asked for
+            return JSONResponse({"code": int(Code.CONTROLLER_BROKER_METADATA_NOT_EXIST),
+                                 "remark": "no such broker set here"}, status_code=404)
         tier = getattr(feed.svc, "tier", None)
         if tier is None:
             info["history"] = {"available": False, "why": "no --tier-uri on this node"}

@@ -209,3 +209,22 @@ async def _wait_for(cond, what: str, timeout: float = 10.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting until {what}"
         await asyncio.sleep(0.05)
+
+
+def test_a_dashboard_set_page_checks_the_name_and_never_repeats_it(tmp_path):
+    async def main():
+        nodes, http = await _cluster(tmp_path)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://{next(iter(http.values()))}", timeout=10) as raw:
+                long = await raw.get("/v1/dashboard/sets/" + "Q" * 3000)
+                assert long.status_code == 422 and "QQQQ" not in long.text
+                odd = await raw.get("/v1/dashboard/sets/%3Cscript%3E")
+                assert odd.status_code == 422 and "script" not in odd.text
+                missing = await raw.get("/v1/dashboard/sets/nope-xyz")
+                assert missing.status_code == 404 and "nope-xyz" not in missing.text
+                assert missing.json()["code"] == Code.CONTROLLER_BROKER_METADATA_NOT_EXIST
+        finally:
+            for n in nodes.values():
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
