@@ -229,6 +229,9 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
                                                           "of over 4,300 digits, or not UTF-8)"}])
         remark = {404: "no such endpoint", 405: "method not allowed on this endpoint"}.get(exc.status_code,
                                                                                            str(exc.detail)[:200])
+        if exc.status_code in (404, 405):  # a misconfigured client shows up in the metrics (bounded labels)
+            counted.count("no_route" if exc.status_code == 404 else "wrong_method",
+                          int(Code.REQUEST_CODE_NOT_SUPPORTED))
         return JSONResponse({"code": int(Code.REQUEST_CODE_NOT_SUPPORTED), "remark": remark},
                             status_code=exc.status_code, headers=exc.headers)
     counted = metrics or RequestMetrics()

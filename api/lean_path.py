@@ -41,7 +41,7 @@ from electra.security.http_auth import authorize_body, authorize_path, error_rep
 
 from . import app as models
 from .futures import then
-from .replies import Reply, RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
+from .replies import Reply, RequestMetrics, answered, count_auth_refusal, pipeline_heartbeat, refused, request_url_on
 from .requests import BrokerRequests
 
 
@@ -101,8 +101,9 @@ def lean_scalar(annotated: Any) -> Any:
     return _lean_type(annotated, [])
 
 
-def _auth_refusal(err: AuthError) -> Reply:
+def _auth_refusal(metrics: RequestMetrics, err: AuthError) -> Reply:
     status, headers, raw = error_reply(err)
+    count_auth_refusal(metrics, status)
     return Reply(status, raw, {k.decode(): v.decode() for k, v in headers if k not in (b"content-length",
                                                                                        b"content-type")})
 
@@ -257,7 +258,7 @@ class LeanPath:
                 rule = rule_for(req.route.method.decode(), req.path)
                 cluster = authorize_path(principal, rule, req.query.encode())
             except AuthError as err:
-                return _auth_refusal(err)
+                return _auth_refusal(self.metrics, err)
         obj = None
         if req.route.struct is not None:
             try:
@@ -269,7 +270,7 @@ class LeanPath:
                     authorize_body(principal, rule, cluster, {"clusterName": getattr(obj, "clusterName", None),
                                                               "brokerName": getattr(obj, "brokerName", None)})
                 except AuthError as err:
-                    return _auth_refusal(err)
+                    return _auth_refusal(self.metrics, err)
         if self.forward is not None:
             return self.forward(req, obj, scheme)
         return self.execute(req, obj, scheme)

@@ -108,6 +108,13 @@ class _RequestCollector(Collector):
         return [requests, latency]
 
 
+def count_auth_refusal(metrics: RequestMetrics | None, status: int) -> None:
+    """A request refused for its credential, counted where an operator can alert on it (token guessing: 401; a
+    client with the wrong role or scope: 403), as `electra_requests_total{endpoint="unauthenticated"|"forbidden"}`."""
+    if metrics is not None:
+        metrics.count("unauthenticated" if status == 401 else "forbidden", int(Code.NO_PERMISSION))
+
+
 def answered(metrics: RequestMetrics, endpoint: str, res: dict, t0: float) -> Reply:
     """A request the controller answered (any RocketMQ code)."""
     code = res["code"]

@@ -104,7 +104,7 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
     app = create_app(controller, http_limits)
     audit = AuditLog(cfg.data_dir / "audit.log")
     tokens = security.tokens if security else None
-    app.add_middleware(AuthMiddleware, tokens=tokens, audit=audit)
+    app.add_middleware(AuthMiddleware, tokens=tokens, audit=audit, metrics=app.state.request_metrics)
     # The broker routes' lean path shares the port with the FastAPI app (api/lean_http.py).
     lean = LeanPath(controller.requests, app.state.request_metrics, tokens, controller.heartbeat_producer)
     http_ssl = security.tls.http_server_context() if security and security.tls else None

@@ -15,6 +15,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import httpx
@@ -62,6 +63,13 @@ class SecureCluster:
 
     def log(self, i: int) -> str:
         return (self.tmp / f"node{i}.log").read_text(errors="replace")
+
+
+def _get_metrics(endpoint: str, c: SecureCluster) -> str:
+    creds = c.creds.credentials("observer")
+    req = urllib.request.Request(f"https://{endpoint}/metrics", headers=creds.headers())
+    with urllib.request.urlopen(req, timeout=5, context=creds.ssl_context()) as r:
+        return r.read().decode()
 
 
 def _post_with_forged_forwarded_for(endpoint: str, ca_file: str, path: str) -> int:
@@ -291,6 +299,14 @@ def test_forged_http_calls_answer_401_or_403_and_change_nothing(cluster):
                        for x in records), records
             assert any(x["who"] == "unauthenticated" and x["status"] == 401 for x in records), records
             assert not any("203.0.113.9" in json.dumps(x) for x in records), records
+            # refusals are in the metrics, where an operator can alert on token guessing or a misconfigured client
+            refusals = 0
+            for ep in c.http.values():
+                text = await asyncio.to_thread(_get_metrics, ep, c)
+                refusals += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                                if line.startswith("electra_requests_total{") and 'code="16"' in line
+                                and ('endpoint="unauthenticated"' in line or 'endpoint="forbidden"' in line))
+            assert refusals >= 10, refusals
         finally:
             for cl in (anonymous, wrong_token, set_b, broker_a, observer, pipeline):
                 await cl.close()
