@@ -160,7 +160,7 @@ class RaftNode:
         self.sm = state_machine
         self.runtime = rt = runtime or NodeRuntime.system(cfg.node_id)
         self.clock = rt.clock
-        self.storage = LogStorage(Path(cfg.data_dir) / "raft-log", fsync=cfg.fsync, files=rt.files)
+        self.storage = LogStorage(Path(cfg.data_dir) / "raft-log", fsync=cfg.fsync, files=rt.files, clock=rt.clock.now)
         self.snapshots = SnapshotStore(Path(cfg.data_dir) / "snapshots", keep=cfg.snapshots_kept, fsync=cfg.fsync,
                                        files=rt.files)
         self.cluster_id = check_cluster_stamp(cfg.data_dir, cfg.cluster_id)
@@ -751,6 +751,7 @@ class RaftNode:
                     if rd.send_after_persist:
                         self.transport.send_many(rd.send_after_persist)
             if wrote:
+                storage.note_commit(self._live.core.commit)  # for the mark of how far the log durably held
                 try:
                     await self.runtime.disk.run(storage.sync)
                 except DiskFailure as exc:

@@ -20,14 +20,20 @@ then renamed into place. So a segment that does not begin with a HARD_STATE reco
 since starting with term 0 and no vote could vote twice in a term this node already
 voted in, and would silently drop the acknowledged entries it held.
 
-The term this node reached is also kept beside the log, in `raft-log.term` (one record, written
-whole under a temporary name and renamed), each time a higher term is synced into the log. A log
-that recovers to an older term than that lost synced records: its segments were deleted (`rm`,
-a restore that missed them) or cut after a complete record, which replay alone cannot tell from a
-log that never held more. Recovery refuses it, as it refuses a damaged segment start: starting
-over could vote twice in a term and help elect a leader without entries this node acknowledged.
-The mark is written only after the log's own sync, so it never runs ahead of the log, and a
-crash can only leave it behind (then it is written again with the next term).
+How far the log had durably reached is also kept beside it, in `raft-log.term` (one record
+`(5, term, commit)`, written whole under a temporary name and renamed): each time a higher term is
+synced into the log, and at most once a second (the host's clock) as its committed entries grow.
+`commit` is the node's commit index capped at the last index synced, so the mark holds only
+committed entries the log durably held. A log that recovers to an older term, or that ends before
+that index, lost synced records: its segments were deleted (`rm`, a restore that missed them), or
+cut after a complete record, or cut in the middle and taken for a torn tail (a torn write only
+loses what was never synced, which lies beyond every marked entry). Replay alone cannot tell
+those from a log that never held more; recovery refuses them, as it refuses a damaged segment
+start: starting over could vote twice in a term and help elect a leader without entries this
+node acknowledged. The mark is written only after the log's own sync, so it never runs ahead of
+the log, and a crash can only leave it behind. Committed entries are never truncated (Raft), and
+an installed snapshot replaces the log at or above the commit index, so a healthy log never ends
+before its mark.
 
 Writes are buffered; `sync()` writes the buffer (looping over short writes) and
 runs one `fdatasync` (group commit). Any failed write or fsync is final: the
@@ -47,6 +53,7 @@ import os
 import struct
 import threading
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,8 +68,9 @@ ENTRIES, HARD_STATE, COMPACTED, RESET = 1, 2, 3, 4
 _HEADER = struct.Struct(">II")
 _SUFFIX = ".seg"
 _STARTING = ".seg.tmp"  # a segment whose header is being written (renamed into place once synced)
-_TERM_MARK = ".term"  # beside the log directory: the highest term synced into the log (see the module doc)
-TERM_MARK = 5  # the mark's one record: (5, term)
+_TERM_MARK = ".term"  # beside the log directory: the term and committed index synced (see the module doc)
+TERM_MARK = 5  # the mark's one record: (5, term, commit)
+MARK_INTERVAL_S = 1.0  # the committed index is marked at most this often
 log = logging.getLogger("electra.consensus.storage")
 
 
@@ -115,7 +123,7 @@ def _record(payload: tuple[Any, ...]) -> bytes:
 
 class LogStorage:
     def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True, segment_bytes: int = 64 << 20,
-                 files: Files | None = None) -> None:
+                 files: Files | None = None, clock: Callable[[], float] | None = None) -> None:
         self.dir = Path(path)
         self.files: Files = files or OsFiles()
         self.fsync = fsync
@@ -137,6 +145,10 @@ class LogStorage:
         self._failed: BaseException | None = None
         self._mark = self.dir.with_name(self.dir.name + _TERM_MARK)
         self._marked_term = 0  # the term `_mark` holds
+        self._marked_commit = 0  # the committed index `_mark` holds
+        self._marked_at = float("-inf")  # when it was last written (`clock`)
+        self._commit_hint = 0  # the host's commit index (`note_commit`)
+        self._clock = clock  # None: the committed index is never marked (the term still is)
 
     @property
     def last_index(self) -> int:
@@ -157,7 +169,14 @@ class LogStorage:
         if self._gap_until:
             raise CorruptLogError(f"Raft log in {self.dir} misses entries up to {self._gap_until} "
                                   "(a segment file was deleted or lost); refusing to start")
-        self._marked_term = self._read_term_mark()
+        self._marked_term, self._marked_commit = self._read_term_mark()
+        if rec.last_index < self._marked_commit:
+            raise CorruptLogError(
+                f"Raft log in {self.dir} ends at index {rec.last_index}, but it had synced committed entries up to "
+                f"{self._marked_commit} ({self._mark}): a segment was cut or deleted, and the cut taken for a torn "
+                "tail (a torn write only loses entries never synced); refusing to start (starting so could help "
+                "elect a leader without committed entries). Restore this node from a peer: move its data directory "
+                "aside and start it empty, so the leader sends it a snapshot")
         if rec.term < self._marked_term:
             raise CorruptLogError(
                 f"Raft log in {self.dir} ends in term {rec.term}, but this node had synced term "
@@ -322,7 +341,11 @@ class LogStorage:
             self._buf += _record((COMPACTED, upto_index, upto_term))
 
     def reset(self, index: int, term: int) -> None:
-        """Drop the whole log: a snapshot at (index, term) replaced it (InstallSnapshot)."""
+        """Drop the whole log: a snapshot at (index, term) replaced it (InstallSnapshot, or a node going back to
+        an older snapshot of its own when the newest is damaged, under a vote floor). A reset below the marked
+        committed index lowers the mark first: that node knows it went back, and the floor guards its votes."""
+        if index < self._marked_commit and self.fsync:
+            self._write_term_mark(self._marked_term, index)
         with self._lock:
             self._snap = (index, term)
             self._last_index = index
@@ -343,14 +366,15 @@ class LogStorage:
             with self._lock:
                 buf, self._buf = self._buf, bytearray()
                 synced_term = self._term  # the newest hard state in `buf` (or synced before) holds it
+                synced_commit = min(self._commit_hint, self._last_index)  # committed and in the log once synced
             assert self._file is not None, "sync() before open()"
             if buf:
                 write_all(self._file, buf)
                 self._seg_size += len(buf)
             if self.fsync:
                 self._file.sync()
-                if synced_term > self._marked_term:  # a new term is in the log for good: mark it beside
-                    self._write_term_mark(synced_term)
+                if synced_term > self._marked_term or (synced_commit > self._marked_commit and self._mark_due()):
+                    self._write_term_mark(max(synced_term, self._marked_term), max(synced_commit, self._marked_commit))
             if self._seg_size >= self.segment_bytes:
                 with self._lock:
                     self._roll()
@@ -359,36 +383,48 @@ class LogStorage:
             self._failed = exc
             raise DiskFailure(f"writing the Raft log in {self.dir} failed: {exc}") from exc
 
-    def _read_term_mark(self) -> int:
-        """The term in `raft-log.term` (0 if there is none: a log from before the mark, or never past term 0)."""
+    def note_commit(self, index: int) -> None:
+        """The host's commit index, for the mark (`sync` caps it at what the log holds synced)."""
+        if index > self._commit_hint:
+            self._commit_hint = index
+
+    def _mark_due(self) -> bool:
+        return self._clock is not None and self._clock() - self._marked_at >= MARK_INTERVAL_S
+
+    def _read_term_mark(self) -> tuple[int, int]:
+        """The (term, committed index) in `raft-log.term`; (0, 0) if there is none (a log from before the mark,
+        or one that never passed term 0). A mark of one version earlier holds the term only."""
         if not self.files.exists(self._mark):
-            return 0
+            return 0, 0
         data = self.files.read_bytes(self._mark)
         try:
             length, crc = _HEADER.unpack_from(data, 0)
             body = data[_HEADER.size:_HEADER.size + length]
             if len(body) != length or zlib.crc32(body) != crc:
                 raise ValueError("checksum mismatch")
-            kind, term = msgpack.unpackb(body, raw=False, use_list=True)
-            if kind != TERM_MARK or type(term) is not int or term < 0:
+            kind, term, *rest = msgpack.unpackb(body, raw=False, use_list=True)
+            commit = rest[0] if rest else 0
+            if kind != TERM_MARK or type(term) is not int or term < 0 or type(commit) is not int or commit < 0:
                 raise ValueError("not a term mark")
         except (struct.error, ValueError, TypeError) as exc:
             raise CorruptLogError(f"the term mark {self._mark} is damaged ({exc}); refusing to start (restore this "
                                   "node from a peer: move its data directory aside and start it empty)") from None
-        return int(term)
+        return int(term), int(commit)
 
-    def _write_term_mark(self, term: int) -> None:
+    def _write_term_mark(self, term: int, commit: int) -> None:
         """Write the mark whole: under a temporary name, synced, renamed, the directory synced."""
         tmp = self._mark.with_name(self._mark.name + ".tmp")
         f = self.files.open_write(tmp)
         try:
-            write_all(f, _record((TERM_MARK, term)))
+            write_all(f, _record((TERM_MARK, term, commit)))
             f.sync()
         finally:
             f.close()
         self.files.replace(tmp, self._mark)
         self.files.sync_dir(self._mark.parent)
-        self._marked_term = term
+        self._marked_term, self._marked_commit = term, commit
+        if self._clock is not None:
+            self._marked_at = self._clock()
 
     def close(self) -> None:
         if self._file is not None:
