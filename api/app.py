@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, Field, StrictBool
@@ -36,6 +36,7 @@ from electra.state.liveness import BrokerLiveInfo
 
 from .controller import Controller
 from .dashboard import dashboard_router
+from .event_stream import EventStream
 from .http_limits import DEFAULT_LIMITS, BodyLimit, HTTPLimits
 from .names import NAME_PATTERN, Name
 from .replies import RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
@@ -112,20 +113,6 @@ class CleanBrokerData(BaseModel):
     clusterName: Name | None = None
     brokerIds: Annotated[list[BrokerId], Field(max_length=64)] | None = None
     cleanLivingBroker: StrictBool = False  # destructive: `true` or `false`, never "yes" or 1
-
-
-class _Stream(StreamingResponse):
-    """An event stream that releases its watcher slot however it ends, even before its first event."""
-
-    def __init__(self, body, release) -> None:
-        super().__init__(body, media_type="text/event-stream")
-        self.release = release
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.release()
 
 
 class _RaftCollector:
@@ -333,7 +320,7 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
                     return
                 yield f"event: role-change\ndata: {json.dumps(ev)}\n\n"
 
-        return _Stream(stream(), release)
+        return EventStream(stream(), release)
 
     @app.post("/v1/internal/broker-sets/{name}/elect-master", tags=["internal"])
     async def proposed_election(name: Name, req: ProposedElection, request: Request):

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import aiohttp
 from fastapi import APIRouter, Request
 from fastapi import Path as FastAPIPath
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse
 
 from electra.security.auth import ANONYMOUS
 from electra.security.credentials import ClientCredentials
@@ -48,6 +48,7 @@ from electra.security.http_auth import credential_still_valid
 from electra.state.codes import Code
 from electra.state.liveness import PIPELINE_LAG_BOUND_MS
 
+from .event_stream import EventStream
 from .names import NAME_PATTERN
 from .topic_stats import JOB_FIELDS, TopicStats
 
@@ -385,32 +386,31 @@ def dashboard_router(feed: DashboardFeed, max_viewers: int = 200) -> APIRouter:
     async def stream(request: Request):
         """Server-sent events: `history` once (recent samples), then one `frame` per second (503 when full)."""
         if feed.viewers >= max_viewers:  # each stream holds a connection and a queue, as a watcher does
-            return JSONResponse({"code": 2, "remark": f"this node serves at most {max_viewers} dashboard viewers"},
+            return JSONResponse({"code": int(Code.SYSTEM_BUSY),
+                                 "remark": f"this node serves at most {max_viewers} dashboard viewers"},
                                 status_code=503, headers={"Retry-After": "5"})
         q = feed.subscribe()
 
         async def events():
-            try:
-                yield f"event: history\ndata: {json.dumps(list(feed.samples))}\n\n".encode()
-                if feed.encoded:
-                    yield feed.encoded
-                while not await request.is_disconnected():
-                    try:
-                        chunk = await asyncio.wait_for(q.get(), timeout=5.0)
-                    except TimeoutError:
-                        chunk = None
-                    if not credential_still_valid(request.scope):  # revoked, or signed out: the stream ends
-                        return
-                    if chunk is None:
-                        yield b": keep-alive\n\n"
-                        continue
-                    feed.cost["bytes_sent"] += len(chunk)
-                    yield chunk
-            finally:
-                feed.unsubscribe(q)
+            yield f"event: history\ndata: {json.dumps(list(feed.samples))}\n\n".encode()
+            if feed.encoded:
+                yield feed.encoded
+            while not await request.is_disconnected():
+                try:
+                    chunk = await asyncio.wait_for(q.get(), timeout=5.0)
+                except TimeoutError:
+                    chunk = None
+                if not credential_still_valid(request.scope):  # revoked, or signed out: the stream ends
+                    return
+                if chunk is None:
+                    yield b": keep-alive\n\n"
+                    continue
+                feed.cost["bytes_sent"] += len(chunk)
+                yield chunk
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        # the viewer's slot is given back by the response, however the stream ends (even before it began)
+        return EventStream(events(), lambda: feed.unsubscribe(q),
+                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @router.get("/v1/dashboard/session", tags=["dashboard"])
     async def session(request: Request):
