@@ -210,18 +210,30 @@ class ChaosCluster(LocalStack):
         p = self.procs.get(f"node{i}")
         return None if p is None else p.poll()
 
-    def tear_tail(self, i: int, max_bytes: int, rng) -> int:
-        """Cut up to `max_bytes` off the newest log segment of a stopped node; returns the bytes cut."""
+    def tear_tail(self, i: int, max_bytes: int, rng) -> str:
+        """A write torn by the crash of stopped node i: its newest log segment loses up to `max_bytes` of what it
+        gained since its last fsync (the disk shim's log says where that was), or, when all of it was synced,
+        ends in up to `max_bytes` of a record whose append the crash tore. Returns what was done.
+
+        Only unsynced bytes: cutting synced ones is a lost disk, not a torn write, and the node refuses to
+        start on it (its log mark says how far the log durably reached; docs/raft-engine.md)."""
         assert not self.alive(i), "tear the tail of a stopped node only"
         segs = sorted((self.data_dir(i) / "raft-log").glob("*.seg"))
         if not segs:
-            return 0
+            return "no log segment"
         seg = segs[-1]
         size = seg.stat().st_size
-        cut = min(size, rng.randint(1, max_bytes))
-        with open(seg, "r+b") as f:
-            f.truncate(size - cut)
-        return cut
+        synced = last_synced_sizes(self.sync_logs[i]).get(str(seg), size)
+        if size > synced:
+            cut = min(size - synced, rng.randint(1, max_bytes))
+            with open(seg, "r+b") as f:
+                f.truncate(size - cut)
+            return f"cut {cut} unsynced bytes"
+        torn = rng.randint(1, max_bytes)  # a record header announcing more than the crash let through
+        fragment = (torn + 64).to_bytes(4, "big") + rng.randbytes(max(0, torn - 4))
+        with open(seg, "ab") as f:
+            f.write(fragment[:torn])
+        return f"{torn} bytes of a torn append"
 
     def set_clock_offset(self, i: int, offset_s: float) -> None:
         """Move node i's wall clock by `offset_s` from real time (libfaketime re-reads the file on every call)."""

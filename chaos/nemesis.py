@@ -158,7 +158,7 @@ class Nemesis:
         elif f.kind == "torn-tail":
             (i,) = f.targets
             c.kill(i)
-            f.detail = f"cut {c.tear_tail(i, int(f.param), rng)} bytes"
+            f.detail = c.tear_tail(i, int(f.param), rng)
         elif f.kind == "clock":
             c.set_clock_offset(f.targets[0], f.param)
             f.detail = f"wall clock {f.param:+.0f}s"

@@ -98,7 +98,7 @@ def test_followers_disks_fill_up_then_the_leader_dies_and_no_acknowledged_write_
         cluster.run(scenario)
 
 
-def test_a_follower_whose_newest_segment_lost_its_tail_catches_up_with_the_same_leader(tmp_path):
+def test_a_follower_whose_newest_segment_lost_its_tail_catches_up_and_one_cut_in_its_middle_refuses(tmp_path):
     cluster = Cluster(tmp_path)
     cluster.start_all()
 
@@ -113,8 +113,9 @@ def test_a_follower_whose_newest_segment_lost_its_tail_catches_up_with_the_same_
             term = (await client.status(leader))["term"]
             cluster.kill(follower)
             seg = sorted((tmp_path / f"node{follower}" / "raft-log").glob("*.seg"))[-1]
-            with open(seg, "r+b") as f:  # the tail that never reached the platter
-                f.truncate(seg.stat().st_size * 2 // 3 - 3)
+            whole = seg.read_bytes()
+            with open(seg, "ab") as f:  # the crash tore an append: a record header and a part of its body
+                f.write((5000).to_bytes(4, "big") + b"\x00\x01\x02" * 100)
             cluster.start(follower)
             st = await wait_caught_up(client, follower, leader)
             lead_st = await client.status(leader)
@@ -123,6 +124,19 @@ def test_a_follower_whose_newest_segment_lost_its_tail_catches_up_with_the_same_
             await client.propose(encode_put("after", 1))
             await wait_caught_up(client, follower, leader)
             assert "torn tail" in (tmp_path / f"node{follower}.log").read_text()
+
+            # Cut in the middle instead: synced, committed entries gone, which no torn write does. The
+            # node's log mark says how far its log durably reached: it refuses to start rather than take
+            # the cut for a torn tail (then it and a stale peer could elect a leader without those entries).
+            await asyncio.sleep(1.5)  # the mark is written at most once a second: let it cover the entries above
+            await client.propose(encode_put("marked", 1))
+            await wait_caught_up(client, follower, leader)
+            cluster.kill(follower)
+            seg.write_bytes(whole[:len(whole) * 2 // 3 - 3])
+            cluster.start(follower)
+            assert cluster.procs[follower].wait(timeout=60) != 0
+            assert "refusing to start" in (tmp_path / f"node{follower}.log").read_text()
+            await client.propose(encode_put("still-served", 1))  # the other two serve on
         finally:
             await client.close()
 
