@@ -151,6 +151,20 @@ def head_too_large(limit: int) -> bytes:
     return raw_error(431, _INVALID, f"request head over {limit} bytes")
 
 
+def head_end_in(data: bytes, before: bytes) -> int:
+    """Where a request head in progress ends in this read (after its CRLF CRLF), or -1: the marker may begin in
+    the last bytes of the read before (`before`), and then the body follows at once. Not finding it there
+    counted the whole read, a body included, as head: a 431 for a request whose head was small."""
+    end = data.find(b"\r\n\r\n")
+    if end >= 0:
+        return end
+    if before:
+        joined = (before + data[:3]).find(b"\r\n\r\n")
+        if joined >= 0:
+            return 0  # the marker ends within the first bytes of this read: nothing of the head is here
+    return -1
+
+
 def open_line_bytes(data: bytes) -> int:
     """The bytes after a read's last CRLF: the part of a head line the parser holds back until the line ends.
 
@@ -178,6 +192,7 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
             self._head_began = False  # a request head began in the read being parsed
             self._chunk_len = 0
             self._head_refused = False
+            self._last_bytes = b""  # the end of the previous read: a head's end marker may straddle two reads
             over = len(self.connections) >= limits.max_connections
             super().connection_made(transport)
             if over:
@@ -211,11 +226,12 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
                 return
             self._head_began, self._chunk_len = False, len(data)
             if self._in_head:
-                end = data.find(b"\r\n\r\n")  # the head may end inside this chunk, a body following
+                end = head_end_in(data, self._last_bytes)  # the head may end inside this chunk, a body following
                 self._head_bytes += len(data) if end < 0 else end
                 if self._head_bytes > limits.max_header_bytes:
                     self._refuse_head()
                     return
+            self._last_bytes = data[-3:]
             self._unset_keepalive_if_required()
             try:
                 self.parser.feed_data(data)

@@ -41,6 +41,7 @@ from .http_limits import (
     HeadRefused,
     HTTPLimits,
     LazyDeadline,
+    head_end_in,
     head_too_large,
     open_line_bytes,
 )
@@ -108,6 +109,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
         self.head_began = False  # a request head began in the read being parsed
         self.chunk_len = 0
         self.head_size = 0  # the head's bytes as the parser took them
+        self.last_bytes = b""  # the end of the previous read (a head's end marker may straddle two reads)
         self.content_length = 0
         self.closed_here = False  # this worker closed the connection (limits, errors): a session says nothing
         self.deadline.on_fire = self._closing_here
@@ -144,11 +146,12 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
         # counted by the bytes read; the part of it in the read where it begins, by what the parser took.
         self.head_began, self.chunk_len = False, len(data)
         if self.in_head:
-            end = data.find(b"\r\n\r\n")
+            end = head_end_in(data, self.last_bytes)
             self.head_bytes += len(data) if end < 0 else end
             if self.head_bytes > self.limits.max_header_bytes:
                 self._reply_raw(head_too_large(self.limits.max_header_bytes))
                 return
+        self.last_bytes = data[-3:]
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:

@@ -78,24 +78,23 @@ class AuthMiddleware:
             return None
         state = scope.setdefault("state", {})
         state["principal"] = principal
-        state["recheck"] = self._recheck(auth, sid)
+        state["recheck"] = self._recheck(auth, sid, rule, scope.get("query_string", b""))
         if not (rule.audited and self.audit is not None):
             return await self.app(scope, receive, send)
         return await self._audited(scope, receive, send, principal, rule)
 
-    def _recheck(self, authorization: str | None, sid: str | None) -> Callable[[], bool]:
-        """Is the request's credential still good (not revoked, its dashboard session not ended)? Asked by
-        the long-lived answers (watch and dashboard streams) as they go: a check at their start alone let a
-        revoked token or a signed-out session keep receiving for as long as the stream stayed open."""
+    def _recheck(self, authorization: str | None, sid: str | None, rule: Rule, query: bytes) -> Callable[[], bool]:
+        """Does the request's credential still pass (not revoked, its dashboard session not ended, its role and
+        scope still allowing the route)? Asked by the long-lived answers (watch and dashboard streams) as they
+        go: a check at their start alone let a revoked token or a signed-out session keep receiving for as
+        long as the stream stayed open."""
         tokens, sessions = self.tokens, self.sessions
         assert tokens is not None
 
         def still_valid() -> bool:
             try:
-                if sid is not None:
-                    sessions.principal(tokens, sid)
-                else:
-                    tokens.authenticate(authorization)
+                principal = sessions.principal(tokens, sid) if sid is not None else tokens.authenticate(authorization)
+                authorize_path(principal, rule, query)
             except AuthError:
                 return False
             return True

@@ -588,3 +588,16 @@ def test_a_session_whose_token_is_revoked_ends_at_its_next_request_and_says_noth
     proto.connection_lost(None)
     assert [r.get("type") for r in producer.sent] == [None] and len(sessions) == 0
     assert sessions.stats["closed_by_worker"] == 1 and sessions.stats["lost"] == 0
+
+
+def test_a_head_whose_end_marker_straddles_two_reads_is_not_counted_with_its_body():
+    """The read after such a split begins with the rest of CRLF CRLF and then the body: taken for head, a 40 KiB
+    body made a 431 of a request whose head was a hundred bytes."""
+    body = b'{"pad": "' + b"x" * (40 << 10) + b'"}'
+    request = post(body)
+    split = request.index(b"\r\n\r\n") + 3  # the read ends after CR LF CR
+    proto, transport = connect(FakeProducer())
+    proto.data_received(request[:split])
+    proto.data_received(request[split:])
+    [(status, _, _)] = responses(transport.data)
+    assert status != 431 and status in (413, 422), status
