@@ -22,13 +22,15 @@ from typing import Annotated, Literal
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, Field, StrictBool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from electra.consensus.errors import RaftError
+from electra.security.dashboard_login import LOGIN_PATH, LOGOUT_PATH
 from electra.security.http_auth import credential_still_valid
 from electra.state.codes import Code
 from electra.state.limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID
@@ -370,8 +372,48 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
         return JSONResponse({"ok": ok, "reason": reason, "role": st["role"], "leader_id": st["leader_id"]},
                             status_code=200 if ok else 503)
 
-    @app.get("/metrics", tags=["ops"])
+    @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse,
+             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format 0.0.4"}})
     async def metrics():
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's schema, plus what it cannot see: the bearer token every route but the public ones asks for
+    (security/http_auth.py answers 401/403 before any route), and the dashboard's sign-in and sign-out, which
+    that middleware serves itself (security/dashboard_login.py)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    schema.setdefault("components", {})["securitySchemes"] = {
+        "bearer": {"type": "http", "scheme": "bearer",
+                   "description": "a role token (`electra cert create-token`); the dashboard's reads also take "
+                                  "its session cookie"}}
+    schema["security"] = [{"bearer": []}]
+    refused = {"401": {"description": "no token, or an unknown or revoked one (code 16)"},
+               "403": {"description": "the token's role or scope does not allow this call (code 16)"}}
+    for path, ops in schema["paths"].items():
+        for op in ops.values():
+            if path in ("/healthz", "/dashboard") or path.startswith("/dashboard/static"):
+                op["security"] = []  # public
+            else:
+                op.setdefault("responses", {}).update(refused)
+    schema["paths"][LOGIN_PATH] = {"post": {
+        "tags": ["dashboard"], "summary": "Sign in: a token for a session cookie (observer or admin role)",
+        "security": [],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["token"], "properties": {"token": {"type": "string"}}}}}},
+        "responses": {"204": {"description": "signed in: `Set-Cookie` holds the session (HttpOnly, Secure, "
+                                             "SameSite=Strict)"},
+                      "401": {"description": "unknown or revoked token"},
+                      "403": {"description": "a role that may not read the dashboard"},
+                      "413": {"description": "body too large"}, "415": {"description": "not application/json"},
+                      "422": {"description": "no `token` string in the body"}}}}
+    schema["paths"][LOGOUT_PATH] = {"post": {
+        "tags": ["dashboard"], "summary": "Sign out: the session ends and its cookie is cleared", "security": [],
+        "responses": {"204": {"description": "signed out"}}}}
+    app.openapi_schema = schema
+    return schema
