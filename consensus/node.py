@@ -33,6 +33,7 @@ behind them, and followers that fell behind the compacted log get InstallSnapsho
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import logging
@@ -197,6 +198,7 @@ class RaftNode:
         self._snapshotting = False
         self._bytes_since_snap = 0
         self._snapshot_failed_in_a_row = 0
+        self._marking = False  # a log mark write in flight (`_write_mark`)
         self._snapshot_retry_at = 0.0  # after a failed snapshot, none is tried before this (the runtime's clock)
         self._senders: dict[int, asyncio.Queue[SnapResp | None]] = {}  # peer -> SNAP_RESP queue of the running transfer
         self._receiver = SnapshotReceiver(cfg.node_id, self.snapshots.receive_sink, max_bytes=cfg.max_snapshot_bytes)
@@ -769,6 +771,9 @@ class RaftNode:
                 idx, term = rd.persist_last
                 if idx:
                     core.persisted(idx, term)
+            if storage.mark_pending and not self._marking:  # after the messages: off the votes' and acks' path
+                self._marking = True
+                self._tasks.append(asyncio.create_task(self._write_mark()))
             self._kick()
 
     # ------------------------------------------------------------------ snapshots
@@ -814,6 +819,15 @@ class RaftNode:
                      meta.index, meta.size, core.offset + 1)
 
         self._tasks.append(asyncio.create_task(complete()))
+
+    async def _write_mark(self) -> None:
+        """The log's mark (`LogStorage.write_mark`), on the snapshot thread: never in the way of a log sync."""
+        try:
+            await self.runtime.snapshot_disk.run(self.storage.write_mark)
+        finally:
+            self._marking = False
+            with contextlib.suppress(ValueError):  # one a second for the node's life: not kept in `_tasks`
+                self._tasks.remove(asyncio.current_task())  # type: ignore[arg-type]
 
     def _snapshot_failed(self, index: int, exc: BaseException) -> None:
         """A snapshot could not be taken (a full disk, a read-only or unwritable snapshots directory): the log

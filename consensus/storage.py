@@ -30,8 +30,9 @@ cut after a complete record, or cut in the middle and taken for a torn tail (a t
 loses what was never synced, which lies beyond every marked entry). Replay alone cannot tell
 those from a log that never held more; recovery refuses them, as it refuses a damaged segment
 start: starting over could vote twice in a term and help elect a leader without entries this
-node acknowledged. The mark is written only after the log's own sync, so it never runs ahead of
-the log, and a crash can only leave it behind. Committed entries are never truncated (Raft), and
+node acknowledged. The mark is written only after the log's own sync (by `write_mark`, which the
+host runs off the sync's path), so it never runs ahead of the log, and a crash can only leave it
+behind. Committed entries are never truncated (Raft), and
 an installed snapshot replaces the log at or above the commit index, so a healthy log never ends
 before its mark.
 
@@ -148,6 +149,8 @@ class LogStorage:
         self._marked_commit = 0  # the committed index `_mark` holds
         self._marked_at = float("-inf")  # when it was last written (`clock`)
         self._commit_hint = 0  # the host's commit index (`note_commit`)
+        self._pending_mark: tuple[int, int] | None = None  # due since a sync, not yet written (`write_mark`)
+        self._mark_lock = threading.Lock()
         self._clock = clock  # None: the committed index is never marked (the term still is)
 
     @property
@@ -345,6 +348,8 @@ class LogStorage:
         an older snapshot of its own when the newest is damaged, under a vote floor). A reset below the marked
         committed index lowers the mark first: that node knows it went back, and the floor guards its votes."""
         if index < self._marked_commit and self.fsync:
+            with self._lock:
+                self._pending_mark = None  # due before the reset: it would raise the mark above the log again
             self._write_term_mark(self._marked_term, index)
         with self._lock:
             self._snap = (index, term)
@@ -374,7 +379,9 @@ class LogStorage:
             if self.fsync:
                 self._file.sync()
                 if synced_term > self._marked_term or (synced_commit > self._marked_commit and self._mark_due()):
-                    self._write_term_mark(max(synced_term, self._marked_term), max(synced_commit, self._marked_commit))
+                    with self._lock:  # written by `write_mark`, off this sync's path (acks and votes wait on it)
+                        self._pending_mark = (max(synced_term, self._marked_term),
+                                              max(synced_commit, self._marked_commit))
             if self._seg_size >= self.segment_bytes:
                 with self._lock:
                     self._roll()
@@ -387,6 +394,27 @@ class LogStorage:
         """The host's commit index, for the mark (`sync` caps it at what the log holds synced)."""
         if index > self._commit_hint:
             self._commit_hint = index
+
+    @property
+    def mark_pending(self) -> bool:
+        return self._pending_mark is not None
+
+    def write_mark(self) -> None:
+        """Write the mark `sync` found due, if any. The host runs this after the sync's messages left, on
+        another thread than its log syncs: three more fsyncs on a vote's path made elections on a slow disk
+        (800 ms a fsync) time out again and again. A failure is logged and the mark stays due: the log's own
+        syncs say whether the disk failed."""
+        with self._lock:
+            pending, self._pending_mark = self._pending_mark, None
+        if pending is None:
+            return
+        try:
+            self._write_term_mark(*pending)
+        except OSError as exc:
+            with self._lock:
+                if self._pending_mark is None:
+                    self._pending_mark = pending
+            log.warning("writing the log mark %s failed (%s); it is tried again after the next sync", self._mark, exc)
 
     def _mark_due(self) -> bool:
         return self._clock is not None and self._clock() - self._marked_at >= MARK_INTERVAL_S
@@ -412,7 +440,14 @@ class LogStorage:
         return int(term), int(commit)
 
     def _write_term_mark(self, term: int, commit: int) -> None:
-        """Write the mark whole: under a temporary name, synced, renamed, the directory synced."""
+        """Write the mark whole: under a temporary name, synced, renamed, the directory synced (one writer at a
+        time: `write_mark` on the host's snapshot thread, `close` and `reset` on its log thread)."""
+        with self._mark_lock:
+            if (term, commit) < (self._marked_term, self._marked_commit) and commit >= self._marked_commit:
+                return  # an older one than the mark already written
+            self._write_mark_file(term, commit)
+
+    def _write_mark_file(self, term: int, commit: int) -> None:
         tmp = self._mark.with_name(self._mark.name + ".tmp")
         f = self.files.open_write(tmp)
         try:
@@ -430,6 +465,8 @@ class LogStorage:
         if self._file is not None:
             if self._failed is None:
                 self.sync()
+                if self.fsync:
+                    self.write_mark()
             self._file.close()
             self._file = None
 
