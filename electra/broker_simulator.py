@@ -22,12 +22,14 @@ is a clean shutdown (every session says goodbye).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from electra.api.client import ControllerClient
 from electra.broker_session import BrokerSession, SessionError, SessionTimeout
@@ -110,7 +112,8 @@ class BrokerFleet:
 
     def __init__(self, endpoints: list[str], groups: int, replicas: int, *, cluster: str = "sim",
                  heartbeat_s: float = 1.0, poll_s: float = 5.0, timeout_ms: int = 10_000, seed: int = 0,
-                 ingest_endpoints: list[str] | None = None, credentials: ClientCredentials | None = None) -> None:
+                 ingest_endpoints: list[str] | None = None, credentials: ClientCredentials | None = None,
+                 ids_file: Path | None = None) -> None:
         if groups < 1 or replicas < 1:
             raise ValueError("--groups and --replicas must be at least 1")
         # `credentials`: a broker credential scoped to the simulated sets (default: ELECTRA_TOKEN_FILE, ...)
@@ -140,6 +143,11 @@ class BrokerFleet:
                       "sessions_opened": 0, "heartbeats_skipped": 0, "replica_info_polls": 0,
                       "heartbeats_refused": 0}
         self.last_error: str | None = None  # the newest failed request's error (shown while registering)
+        # Broker ids kept across runs, as a RocketMQ broker keeps its id in its store: a restarted fleet
+        # registers its brokers under the ids the controllers know, instead of applying for new ones that
+        # are in no sync-state set (then no master could ever be elected again).
+        self.ids_file = ids_file
+        self._stored_ids: dict[str, int] = _read_ids(ids_file) if ids_file is not None else {}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, progress: bool = False) -> None:
@@ -181,14 +189,24 @@ class BrokerFleet:
         finally:
             if reporter is not None:
                 reporter.cancel()
+        self.save_ids()
         if self.ingest_endpoints:  # (a registration of thousands takes minutes: idle sessions would be cut)
             self._tasks += [asyncio.create_task(self._sync(b)) for b in self.brokers]
         else:
             self._tasks += [asyncio.create_task(self._run(b)) for b in self.brokers]
 
+    def save_ids(self) -> None:
+        """Write the brokers' ids to `ids_file` (whole: a temporary file renamed)."""
+        if self.ids_file is None:
+            return
+        tmp = self.ids_file.with_name(self.ids_file.name + ".tmp")
+        tmp.write_text(json.dumps(self._stored_ids, sort_keys=True))
+        tmp.replace(self.ids_file)
+
     async def stop(self) -> None:
         """A clean shutdown of every broker: sessions say goodbye."""
         self._stopping = True  # ends every broker's loop even if a cancellation were lost
+        self.save_ids()
         tasks = [*self._tasks, *self._reconnecting]
         for t in tasks:
             t.cancel()
@@ -417,6 +435,15 @@ class BrokerFleet:
             self.stats["heartbeats_skipped"] += 1  # the previous answer has not come yet
 
     async def _join(self, b: SimBroker) -> None:
+        stored = self._stored_ids.get(_id_key(b))
+        if stored is not None and b.broker_id is None:  # registered in an earlier run: the same id again
+            b.broker_id = stored
+            await self._heartbeat(b)
+            res = await self._call(self.client.register(b.cluster, b.name, b.broker_id, b.addr))
+            if res["code"] == Code.SUCCESS:
+                self._adopt(b, res.get("header") or {}, res.get("body"))
+                return
+            b.broker_id = None  # the controllers do not know it (another cluster, cleaned data): apply again
         while b.broker_id is None:
             nxt = (await self._call(self.client.next_broker_id(b.cluster, b.name)))["header"].get("nextBrokerId")
             if nxt is None:
@@ -426,6 +453,7 @@ class BrokerFleet:
             res = await self._call(self.client.apply_broker_id(b.cluster, b.name, nxt, code))
             if res["code"] == Code.SUCCESS:
                 b.broker_id = nxt
+                self._stored_ids[_id_key(b)] = nxt
             else:
                 await asyncio.sleep(self.rng.uniform(0, 0.2))  # lost the race for that id: start over
         await self._heartbeat(b)
@@ -526,10 +554,26 @@ class BrokerFleet:
             b.sync_state_retry_at = time.monotonic() + self.poll_s
 
 
+def _id_key(b: SimBroker) -> str:
+    return f"{b.cluster}/{b.name}/{b.addr}"
+
+
+def _read_ids(path: Path) -> dict[str, int]:
+    """The ids an earlier run stored; none if the file is missing or unreadable (then brokers apply anew)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and type(v) is int and v > 0} \
+        if isinstance(data, dict) else {}
+
+
 async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, duration_s: float | None,
-                        commands=None, ingest_endpoints: list[str] | None = None, timeout_ms: int = 10_000) -> dict:
+                        commands=None, ingest_endpoints: list[str] | None = None, timeout_ms: int = 10_000,
+                        ids_file: Path | None = None) -> dict:
     """Run a fleet; `commands` is an async iterator of text lines (kill/revive/status/quit)."""
-    fleet = BrokerFleet(endpoints, groups, replicas, ingest_endpoints=ingest_endpoints, timeout_ms=timeout_ms)
+    fleet = BrokerFleet(endpoints, groups, replicas, ingest_endpoints=ingest_endpoints, timeout_ms=timeout_ms,
+                        ids_file=ids_file)
     fleet.on_failover = lambda f: print(f.describe(), flush=True)
     t0 = time.monotonic()
     end = t0 + duration_s if duration_s else None

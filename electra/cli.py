@@ -452,7 +452,8 @@ def _run_stack(stack, cfg, args: argparse.Namespace) -> int:
             stack.spawn("brokers", [*stack._py(), "simulate-brokers", "--endpoints", ",".join(stack.endpoints.values()),
                                     *([] if cfg.legacy else
                                       ["--ingest-endpoints", ",".join(stack.ingest_endpoints.values())]),
-                                    "--groups", str(args.demo_groups), *([] if interactive else ["--no-stdin"])],
+                                    "--groups", str(args.demo_groups), *([] if interactive else ["--no-stdin"]),
+                                    "--ids-file", str(Path(cfg.data_dir) / "demo-broker-ids.json")],
                         log_to_file=False, stdin=sys.stdin if interactive else None, role="broker")
             print(f"demo: {args.demo_groups} simulated broker sets x 3 replicas; type `kill-master SET` "
                   "(e.g. kill-master sim-set-0) to watch a failover, `hang-master SET`, `status`, `quit`", flush=True)
@@ -644,7 +645,8 @@ def cmd_simulate_brokers(args: argparse.Namespace) -> int:
 
     stats = uvloop.run(run_simulator(_endpoints(args), args.groups, args.replicas, duration_s=args.duration,
                                       commands=commands, ingest_endpoints=ingest or None,
-                                      timeout_ms=args.heartbeat_timeout_ms))
+                                      timeout_ms=args.heartbeat_timeout_ms,
+                                      ids_file=Path(args.ids_file) if args.ids_file else None))
     print(f"simulator stopped: {stats}")
     return 0 if stats["registered"] else 1
 
@@ -858,6 +860,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="HOST:PORT,... heartbeat ingest endpoints (Kafka pipeline); default: every controller")
     sb.add_argument("--heartbeat-timeout-ms", type=int, minimum=100, maximum=3_600_000, default=10_000,
                     help="heartbeatTimeoutMillis the brokers send")
+    sb.add_argument("--ids-file", help="where the brokers keep their broker ids across runs, as RocketMQ brokers "
+                                       "keep theirs in their store (default: none: new ids every run)")
     sb.set_defaults(fn=cmd_simulate_brokers)
 
     from electra.tiering.cli import add_history_command

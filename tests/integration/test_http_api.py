@@ -242,3 +242,40 @@ def test_a_dashboard_set_page_checks_the_name_and_never_repeats_it(tmp_path):
                 await n.stop()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_restarted_fleet_keeps_its_broker_ids_and_its_masters(tmp_path):
+    """`electra up --demo` run twice on one data dir: brokers that applied for new ids (4, 5, 6) were in no
+    sync-state set, so the job's elections for the old brokers found no candidate and every set lost its master.
+    A RocketMQ broker keeps its id in its store; the simulated ones keep theirs in `--ids-file`."""
+    from electra.broker_simulator import BrokerFleet
+
+    async def main():
+        nodes, http = await _cluster(tmp_path)
+        ids_file = tmp_path / "ids.json"
+        try:
+            first = BrokerFleet(list(http.values()), groups=2, replicas=3, heartbeat_s=0.2, poll_s=0.4,
+                                timeout_ms=800, ids_file=ids_file)
+            await first.start()
+            await _wait_for(lambda: all(first.master_of(n) for n in first.by_set), "every set has a master")
+            ids = {(b.name, b.slot): b.broker_id for b in first.brokers}
+            masters = {n: first.master_of(n).broker_id for n in first.by_set}
+            await first.stop()
+            again = BrokerFleet(list(http.values()), groups=2, replicas=3, heartbeat_s=0.2, poll_s=0.4,
+                                timeout_ms=800, ids_file=ids_file)
+            try:
+                await again.start()
+                assert {(b.name, b.slot): b.broker_id for b in again.brokers} == ids
+                await _wait_for(lambda: all(again.master_of(n) for n in again.by_set), "masters again")
+                assert {n: again.master_of(n).broker_id for n in again.by_set} == masters
+                client = ControllerClient(list(http.values()))
+                r = await client.next_broker_id("sim", "sim-set-0")
+                assert r["header"]["nextBrokerId"] == 4  # no new id was applied for
+                await client.close()
+            finally:
+                await again.stop()
+        finally:
+            for n in nodes.values():
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
