@@ -39,6 +39,7 @@ from kafka import KafkaProducer
 
 from electra.cli_args import Parser
 from electra.interrupts import die_with_parent
+from electra.security.credentials import without_credentials
 from electra.streaming import kafka_io, records
 from electra.streaming.embedded_kafka import EmbeddedKafka, free_port
 
@@ -221,7 +222,10 @@ def main(argv: list[str] | None = None) -> int:
                                "--trigger-ms", str(a.trigger_ms), "--shuffle-partitions", str(a.shuffle_partitions),
                                "--buckets", str(a.buckets), "--read-tasks", str(a.read_tasks), *a.job_arg]),
                            stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                           start_new_session=True)
+                           start_new_session=True,
+                           # its controller here is this benchmark's plaintext stand-in: a shell's exported
+                           # cluster credential (`electra up` prints one) made every proposal fail on TLS
+                           env=without_credentials(dict(os.environ)))
     summary: dict = {"sets": a.sets, "brokers": a.brokers, "heartbeats_per_record": group,
                      "hb_per_s": a.sets * a.brokers * 1000 / a.hb_interval_ms,
                      "timeout_ms": a.timeout_ms, "trigger_ms": a.trigger_ms, "out": str(out)}
@@ -293,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
                       proposed=summary.get("proposed"), killed=summary.get("killed"),
                       duplicates=summary.get("proposals_total", 0) - summary.get("proposed", 0),
                       timeout_s=a.timeout_ms / 1000))
+    if summary.get("killed") and not summary.get("proposed"):
+        print(f"error: {summary['killed']} masters were killed and no proposal reached the benchmark's controller: "
+              f"see {log_path}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -19,6 +19,14 @@ from pathlib import Path
 
 from .tls import client_context
 
+CREDENTIAL_ENV = ("ELECTRA_TOKEN", "ELECTRA_TOKEN_FILE", "ELECTRA_CA_FILE")  # what `from_env` reads
+
+
+def without_credentials(env: dict[str, str]) -> dict[str, str]:
+    """`env` without the client credential: for a child that talks to a plaintext test server of its parent's
+    (a benchmark's), whatever the operator's shell exported for a real cluster."""
+    return {k: v for k, v in env.items() if k not in CREDENTIAL_ENV}
+
 
 class CredentialsError(ValueError):
     """The client's credential or CA cannot be used as configured (a command says so in one line)."""
