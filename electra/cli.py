@@ -441,7 +441,7 @@ def _run_stack(stack, cfg, args: argparse.Namespace) -> int:
             print(INSECURE_BANNER, flush=True)
         leader = asyncio.run(_wait_for_http_leader(list(stack.endpoints.values()), timeout=30,
                                                    credentials=stack.creds.credentials("admin")
-                                                   if stack.creds else None))
+                                                   if stack.creds else None, exited=stack.exited))
         print(f"leader elected: node {leader}", flush=True)
         if not args.no_streaming and not cfg.legacy:
             stack.start_job()
@@ -499,13 +499,19 @@ def _print_or_drop(text: str) -> None:
         os.close(devnull)
 
 
-async def _wait_for_http_leader(endpoints: list[str], timeout: float, credentials=None) -> int:
+async def _wait_for_http_leader(endpoints: list[str], timeout: float, credentials=None,
+                                exited: Callable[[], list[str]] | None = None) -> int:
+    """The leader's id once one answers; TimeoutError after `timeout`, or at once when processes of the stack
+    exited (`exited()` names them: a node that cannot start is said so, not waited for)."""
     from electra.api.client import ControllerClient
 
     client = ControllerClient(endpoints, credentials=credentials)
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
+            gone = exited() if exited is not None else []
+            if gone:
+                raise TimeoutError(f"no leader: {', '.join(gone)} exited")
             leader = await client.find_leader()
             if leader is not None:
                 return leader

@@ -186,7 +186,13 @@ class LocalStack:
         return proc.returncode
 
     def exited(self) -> list[str]:
-        return [f"{name} (exit {p.returncode})" for name, p in self.procs.items() if p.poll() is not None]
+        """The stack's processes that ended, the embedded Kafka broker included (its death stopped every
+        failover without a word: nothing reached the streaming job any more)."""
+        gone = [f"{name} (exit {p.returncode})" for name, p in self.procs.items() if p.poll() is not None]
+        kafka = self.kafka.proc if self.kafka is not None else None
+        if kafka is not None and kafka.poll() is not None:
+            gone.append(f"the embedded Kafka broker, tansu (exit {kafka.returncode})")
+        return gone
 
     def stop_all(self) -> None:
         try:

@@ -153,3 +153,23 @@ def test_a_node_refuses_a_data_dir_that_is_a_file_and_names_a_file_in_its_layout
     (tmp_path / "d" / "raft-log").write_text("x")
     with pytest.raises(NotADirectoryError, match="raft-log exists and is not a directory"):
         OsFiles().mkdir(tmp_path / "d" / "raft-log")
+
+
+def test_up_names_processes_that_exited_instead_of_waiting_for_a_leader(tmp_path):
+    """Nodes that die at start were waited for 30 s ("no leader within 30s"); tansu's death went unnoticed."""
+    import asyncio
+    import subprocess
+    import time
+    from types import SimpleNamespace
+
+    from electra.cli import _wait_for_http_leader
+    from electra.local_stack import LocalStack, StackConfig
+
+    stack = LocalStack(StackConfig(data_dir=tmp_path / "d", secure=False))
+    stack.kafka = SimpleNamespace(proc=subprocess.Popen(["true"]))
+    stack.kafka.proc.wait(timeout=10)
+    assert stack.exited() == ["the embedded Kafka broker, tansu (exit 0)"]
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="no leader: the embedded Kafka broker, tansu .* exited"):
+        asyncio.run(_wait_for_http_leader(["127.0.0.1:9"], timeout=30, exited=stack.exited))
+    assert time.monotonic() - t0 < 5
