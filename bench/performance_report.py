@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import base64
 import json
+import math
 import os
 import platform
 import random
@@ -547,8 +548,14 @@ def main(argv: list[str]) -> int:
     (out_dir / "points.partial.json").unlink(missing_ok=True)
     print(f"wrote {out_dir / 'performance.html'}, {out_dir / 'performance.md'}, {out_dir / 'performance.json'}",
           flush=True)
+    unmeasured = [k for k in ("new_p99_ms", "old_p99_ms") if math.isnan(result[k]) and
+                  (new if k == "new_p99_ms" else old) is not None]
+    if unmeasured:  # no controller request in the real mix: too short a run for its 5 s polls
+        print(f"error: {' and '.join(unmeasured)}: no controller request was measured in the real request mix at "
+              f"{result['brokers']} brokers within --duration {args.duration:g} s (each broker asks every "
+              f"{REPLICA_INFO_PERIOD_S:g} s): run longer", file=sys.stderr)
     print(line, flush=True)
-    return 0
+    return 1 if unmeasured else 0
 
 
 NOTES = ("Each point starts three fresh controller processes; the brokers register (apply id, heartbeat, "
