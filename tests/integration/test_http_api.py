@@ -58,13 +58,6 @@ def test_broker_flow_redirects_follower_reads_errors_metrics_and_watch(tmp_path)
                 missing = await raw.get(f"http://{follower_ep}/v1/broker-sets/nope/replica-info")
                 assert missing.status_code == 404
                 assert missing.json()["code"] == Code.CONTROLLER_BROKER_METADATA_NOT_EXIST
-                # The API's description names what the middleware serves and asks for, too.
-                spec = (await raw.get("/openapi.json")).json()
-                assert {"/v1/dashboard/login", "/v1/dashboard/logout"} <= set(spec["paths"])
-                assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
-                assert spec["paths"]["/healthz"]["get"]["security"] == []
-                assert "401" in spec["paths"]["/v1/broker-sets/{name}/register"]["post"]["responses"]
-                assert "text/plain" in spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
                 redirect = await raw.post(f"http://{follower_ep}/v1/broker-sets/b/elect-master",
                                           json={"clusterName": "c", "brokerId": 2})
                 assert redirect.status_code == 307 and redirect.json()["code"] == Code.CONTROLLER_NOT_LEADER

@@ -244,16 +244,22 @@ def test_a_kept_alive_connection_is_closed_once_idle_past_the_keep_alive_limit_a
     _run(tmp_path, scenario, limits)
 
 
+async def _open_streams(client, path: str, n: int) -> list:
+    """`n` event streams of `path`, each answered 200 and kept open (the context managers, to close them)."""
+    streams = []
+    for _ in range(n):
+        cm = client.stream("GET", path)
+        resp = await cm.__aenter__()
+        assert resp.status_code == 200
+        streams.append(cm)
+    return streams
+
+
 def test_connections_and_watchers_beyond_their_limits_get_503_with_retry_after(tmp_path):
     async def scenario(nodes, leader, ep, client):
         host, port = ep.split(":")
         # Watchers: three streams are served, the fourth is refused until one ends.
-        streams = []
-        for _ in range(3):
-            cm = client.stream("GET", "/v1/broker-sets/b/watch")
-            resp = await cm.__aenter__()
-            assert resp.status_code == 200
-            streams.append(cm)
+        streams = await _open_streams(client, "/v1/broker-sets/b/watch", 3)
         r = await client.get("/v1/broker-sets/b/watch")
         assert r.status_code == 503 and r.headers["retry-after"] and r.json()["code"] == Code.SYSTEM_BUSY
         await streams.pop().__aexit__(None, None, None)
@@ -270,12 +276,7 @@ def test_connections_and_watchers_beyond_their_limits_get_503_with_retry_after(t
         for cm in streams:
             await cm.__aexit__(None, None, None)
         # Dashboard viewers are capped the same way (each holds a stream and a queue).
-        viewers = []
-        for _ in range(3):
-            cm = client.stream("GET", "/v1/dashboard/stream")
-            resp = await cm.__aenter__()
-            assert resp.status_code == 200
-            viewers.append(cm)
+        viewers = await _open_streams(client, "/v1/dashboard/stream", 3)
         r = await client.get("/v1/dashboard/stream")
         assert r.status_code == 503 and r.headers["retry-after"] and "dashboard viewers" in r.json()["remark"]
         for cm in viewers:

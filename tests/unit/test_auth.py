@@ -219,6 +219,31 @@ def test_admin_action_is_audited_before_the_answer_leaves(tmp_path):
     assert lines[1]["who"] == "unauthenticated" and lines[1]["status"] == 401 and lines[1]["outcome"] == "refused"
 
 
+def _through_middleware(middleware, method: str, path: str, token: str, answer: bytes = b'{"code":0}') -> list[dict]:
+    """One request through `middleware` to a route answering 200 `answer`; the ASGI messages sent back."""
+    middleware.app = _answering(answer)
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "query_string": b"", "client": ("127.0.0.1", 5),
+             "server": ("127.0.0.1", 7301), "headers": [(b"authorization", f"Bearer {token}".encode())]}
+    asyncio.run(middleware(scope, receive, send))
+    return sent
+
+
+def _answering(answer: bytes):
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": answer})
+
+    return app
+
+
 def test_attempts_at_the_jobs_election_proposals_by_other_roles_are_audited(tmp_path):
     from electra.security.audit import AuditLog
     from electra.security.http_auth import AuthMiddleware
@@ -227,24 +252,9 @@ def test_attempts_at_the_jobs_election_proposals_by_other_roles_are_audited(tmp_
     assert rule.audit_refusals and not rule.audited and rule.roles == frozenset({"pipeline"})
     path = tmp_path / "tokens.json"
     tokens = {role: create_token(path, role, f"t-{role}") for role in ("admin", "pipeline")}
-    audit = AuditLog(tmp_path / "audit.log")
-
-    async def app(scope, receive, send):
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b'{"code":0}'})
-
-    async def receive():
-        return {"type": "http.request", "body": b"{}", "more_body": False}
-
-    async def send(message):
-        pass
-
-    middleware = AuthMiddleware(app, TokenStore(path), audit)
+    middleware = AuthMiddleware(None, TokenStore(path), AuditLog(tmp_path / "audit.log"))
     for role in ("admin", "pipeline"):
-        scope = {"type": "http", "method": "POST", "path": "/v1/internal/broker-sets/b/elect-master",
-                 "query_string": b"", "client": ("127.0.0.1", 5), "server": ("127.0.0.1", 7301),
-                 "headers": [(b"authorization", f"Bearer {tokens[role]}".encode())]}
-        asyncio.run(middleware(scope, receive, send))
+        _through_middleware(middleware, "POST", "/v1/internal/broker-sets/b/elect-master", tokens[role])
     [line] = (tmp_path / "audit.log").read_text().splitlines()  # the admin's refused attempt, not the job's call
     assert '"role":"admin"' in line and '"outcome":"refused"' in line
 
@@ -259,26 +269,12 @@ def test_an_audit_record_the_disk_refuses_leaves_the_answer_whole_and_goes_to_th
     admin = create_token(path, "admin", "ops")
     audit = AuditLog(tmp_path / "audit.log")
 
-    async def app(scope, receive, send):
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b'{"code":0,"remark":"cleaned"}'})
-
-    async def receive():
-        return {"type": "http.request", "body": b"{}", "more_body": False}
-
-    sent: list[dict] = []
-
-    async def send(message):
-        sent.append(message)
-
     def enospc(fd):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("os.fsync", enospc)
-    scope = {"type": "http", "method": "POST", "path": "/v1/admin/broker-sets/b/clean", "query_string": b"",
-             "client": ("127.0.0.1", 5), "server": ("127.0.0.1", 7301),
-             "headers": [(b"authorization", f"Bearer {admin}".encode())]}
-    asyncio.run(AuthMiddleware(app, TokenStore(path), audit)(scope, receive, send))
+    sent = _through_middleware(AuthMiddleware(None, TokenStore(path), audit), "POST", "/v1/admin/broker-sets/b/clean",
+                               admin, answer=b'{"code":0,"remark":"cleaned"}')
     assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [200]
     assert b"".join(m.get("body", b"") for m in sent) == b'{"code":0,"remark":"cleaned"}'
     assert audit.failures == 1 and "audit record NOT written" in caplog.text and "clean b" in caplog.text
