@@ -460,6 +460,7 @@ def _run_stack(stack, cfg, args: argparse.Namespace) -> int:
         if stack.tier_uri:
             print(f"Delta tier: {stack.tier_uri} (`electra history --tier-uri {stack.tier_uri} --at <ISO time>`)")
         print("the stack is up; Ctrl-C stops it. `electra status` shows the controllers.", flush=True)
+        restarts: dict[str, list[float]] = {}  # name -> when it was restarted (the last minute's)
         while True:
             gone = stack.exited()
             if gone == ["brokers (exit 0)"]:  # the simulator was told to quit: keep the rest running
@@ -468,8 +469,10 @@ def _run_stack(stack, cfg, args: argparse.Namespace) -> int:
                       "(Ctrl-C stops them)", flush=True)
                 continue
             if gone:
-                print(f"stopping the stack: {', '.join(gone)} exited (logs in {stack.logs})", file=sys.stderr)
-                return 1
+                stopping = _restart_or_stop(stack, restarts)
+                if stopping:
+                    print(f"stopping the stack: {stopping} (logs in {stack.logs})", file=sys.stderr)
+                    return 1
             time.sleep(0.5)
     except KeyboardInterrupt:
         return 0
@@ -497,6 +500,27 @@ def _print_or_drop(text: str) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the flush at exit does not fail again
         os.close(devnull)
+
+
+RESTARTS_PER_MINUTE = 3  # `up` restarts a process that ended at most this often, then stops the stack
+
+
+def _restart_or_stop(stack, restarts: dict[str, list[float]]) -> str | None:
+    """Restart the stack's processes that ended (a controller node killed, the Spark job crashed: the rest of
+    the stack goes on, as it would in production); why the stack must stop instead, or None."""
+    now = time.monotonic()
+    ended = [(name, p.returncode) for name, p in stack.procs.items() if p.poll() is not None]
+    if len(ended) != len(stack.exited()):  # the embedded Kafka broker: its data went with it
+        return ", ".join(stack.exited()) + " exited"
+    for name, code in ended:
+        recent = [t for t in restarts.get(name, []) if now - t < 60]
+        if len(recent) >= RESTARTS_PER_MINUTE:
+            return f"{name} keeps exiting (exit {code}; {len(recent)} restarts in the last minute)"
+        if not stack.restart(name):
+            return f"{name} (exit {code}) exited"
+        restarts[name] = [*recent, now]
+        print(f"{name} exited (exit {code}); restarted it (log {stack.logs / (name + '.log')})", flush=True)
+    return None
 
 
 async def _wait_for_http_leader(endpoints: list[str], timeout: float, credentials=None,

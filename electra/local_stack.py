@@ -185,6 +185,27 @@ class LocalStack:
         _kill_group(proc.pid)
         return proc.returncode
 
+    def restart(self, name: str) -> bool:
+        """Start `name` again if it is one of the stack's restartable processes (a controller node, an ingest
+        process, the streaming job: each recovers its state from its data dir, checkpoint or Kafka); False
+        for the others (the demo's brokers, whose terminal input is gone)."""
+        self._kill_leftovers(name)
+        if name.startswith("node") and name[4:].isdigit():
+            self.start_node(int(name[4:]))
+        elif name.startswith("ingest") and name[6:].isdigit():
+            self.start_ingest(int(name[6:]))
+        elif name == "streaming":
+            self.start_job()
+        else:
+            return False
+        return True
+
+    def _kill_leftovers(self, name: str) -> None:
+        """What an ended process started in its group (Spark's JVM, a node's front-ends) ends with it."""
+        proc = self.procs.get(name)
+        if proc is not None:
+            _kill_group(proc.pid)
+
     def exited(self) -> list[str]:
         """The stack's processes that ended, the embedded Kafka broker included (its death stopped every
         failover without a word: nothing reached the streaming job any more)."""

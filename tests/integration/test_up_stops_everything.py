@@ -107,3 +107,51 @@ def test_a_signal_when_the_output_is_gone_stops_every_process(tmp_path, output, 
         # never leave strays on the machine: the stack's processes and its tansu
         for pid in _processes_mentioning(str(data)) + _processes_mentioning(f"tcp://127.0.0.1:{kafka_port}"):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_killed_controller_node_is_restarted_and_the_stack_goes_on(tmp_path):
+    """One controller SIGKILLed in `electra up` (a failure the group tolerates): it is started again, as a
+    supervisor would, instead of the whole stack stopping."""
+    data = tmp_path / "stack"
+    kafka_port = _free_run(1)
+    raft, http, ingest = _free_run(3), _free_run(3), _free_run(3)
+    cmd = [sys.executable, "-m", "electra.cli", "up", "--insecure", "--no-streaming", "--no-tier", "--data-dir",
+           str(data), "--kafka-port", str(kafka_port), "--raft-port", str(raft), "--http-port", str(http),
+           "--ingest-port", str(ingest)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            preexec_fn=hangup_by_default)
+    lines: list[str] = []
+
+    def read_until(text: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline().decode(errors="replace")
+            if not line:
+                return False
+            lines.append(line)
+            if text in line:
+                return True
+        return False
+
+    try:
+        assert read_until("the stack is up", 120), "".join(lines)
+        node2 = [pid for pid in _processes_mentioning(str(data / "node2")) if pid != proc.pid]
+        assert node2, "node 2 should be running"
+        for pid in node2:
+            os.kill(pid, signal.SIGKILL)
+        assert read_until("node2 exited", 20), "".join(lines)
+        assert "restarted it" in lines[-1], "".join(lines)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not _listening(http + 1):
+            time.sleep(0.2)
+        assert _listening(http + 1), "node 2's API should be back"
+        assert proc.poll() is None, "the stack should still be running"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for pid in _processes_mentioning(str(data)) + _processes_mentioning(f"tcp://127.0.0.1:{kafka_port}"):
+            os.kill(pid, signal.SIGKILL)
