@@ -16,6 +16,7 @@ A broker may open a session on its connection (`POST /v1/session`, `POST /v1/ses
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -341,8 +342,14 @@ def _raise_fd_limit(wanted: int) -> None:
 
 def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str = "warning",
                tls_files: tuple[str, str] | None = None, tokens_file: str | None = None) -> None:
-    """One worker process: its own producer and its own SO_REUSEPORT socket; stops on SIGTERM/SIGINT."""
+    """One worker process: its own producer and its own SO_REUSEPORT socket; stops on SIGTERM/SIGINT, and when
+    its parent dies, even by SIGKILL (PR_SET_PDEATHSIG)."""
+    import ctypes
+
     import uvloop
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
     keep_read_buffers_off_mmap()  # a spawned process: its TLS reads in the heap (electra/malloc_thresholds.py)
     logging.basicConfig(level=log_level.upper(),
@@ -397,16 +404,18 @@ def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topi
     procs = [ctx.Process(target=run_worker, args=(host, port, bootstrap, topic, log_level, tls_files, tokens_file),
                          daemon=False,
                          name=f"ingest-worker-{i}") for i in range(workers)]
-    for p in procs:
-        p.start()
     stop = False
 
     def on_signal(_sig, _frame) -> None:
         nonlocal stop
         stop = True
 
+    # before the workers start: a SIGTERM while they were starting ended this process by default and left
+    # them running without a parent (seen when `electra up` was killed just after it came up)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    for p in procs:
+        p.start()
     try:
         while not stop and all(p.is_alive() for p in procs):
             time.sleep(0.2)
