@@ -23,6 +23,7 @@ from .http_limits import DEFAULT_LIMITS, HTTPLimits
 from .lean_http import lean_protocol
 from .lean_path import LeanPath
 from .legacy import ARCHITECTURES, LegacyControllerService
+from .replies import count_auth_refusal
 from .service import ControllerService
 
 log = logging.getLogger("electra.api.server")
@@ -104,7 +105,8 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
     app = create_app(controller, http_limits)
     audit = AuditLog(cfg.data_dir / "audit.log")
     tokens = security.tokens if security else None
-    app.add_middleware(AuthMiddleware, tokens=tokens, audit=audit, metrics=app.state.request_metrics)
+    app.add_middleware(AuthMiddleware, tokens=tokens, audit=audit,
+                       on_refusal=lambda status: count_auth_refusal(app.state.request_metrics, status))
     # The broker routes' lean path shares the port with the FastAPI app (api/lean_http.py).
     lean = LeanPath(controller.requests, app.state.request_metrics, tokens, controller.heartbeat_producer)
     http_ssl = security.tls.http_server_context() if security and security.tls else None

@@ -443,23 +443,18 @@ class LogStorage:
         """Write the mark whole: under a temporary name, synced, renamed, the directory synced (one writer at a
         time: `write_mark` on the host's snapshot thread, `close` and `reset` on its log thread)."""
         with self._mark_lock:
-            if (term, commit) < (self._marked_term, self._marked_commit) and commit >= self._marked_commit:
-                return  # an older one than the mark already written
-            self._write_mark_file(term, commit)
-
-    def _write_mark_file(self, term: int, commit: int) -> None:
-        tmp = self._mark.with_name(self._mark.name + ".tmp")
-        f = self.files.open_write(tmp)
-        try:
-            write_all(f, _record((TERM_MARK, term, commit)))
-            f.sync()
-        finally:
-            f.close()
-        self.files.replace(tmp, self._mark)
-        self.files.sync_dir(self._mark.parent)
-        self._marked_term, self._marked_commit = term, commit
-        if self._clock is not None:
-            self._marked_at = self._clock()
+            tmp = self._mark.with_name(self._mark.name + ".tmp")
+            f = self.files.open_write(tmp)
+            try:
+                write_all(f, _record((TERM_MARK, term, commit)))
+                f.sync()
+            finally:
+                f.close()
+            self.files.replace(tmp, self._mark)
+            self.files.sync_dir(self._mark.parent)
+            self._marked_term, self._marked_commit = term, commit
+            if self._clock is not None:
+                self._marked_at = self._clock()
 
     def close(self) -> None:
         if self._file is not None:

@@ -31,11 +31,12 @@ def error_reply(err: AuthError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
 class AuthMiddleware:
     """`tokens=None` is the explicit insecure mode: every caller is an anonymous admin (still audited)."""
 
-    def __init__(self, app, tokens: TokenStore | None, audit: AuditLog | None, metrics: Any = None) -> None:
+    def __init__(self, app, tokens: TokenStore | None, audit: AuditLog | None,
+                 on_refusal: Callable[[int], None] | None = None) -> None:
         self.app = app
         self.tokens = tokens
         self.audit = audit
-        self.metrics = metrics  # api.replies.RequestMetrics: refusals are counted (`count_auth_refusal`)
+        self.on_refusal = on_refusal  # told each refusal's status (the node counts them in its metrics)
         self.sessions = dashboard_login.Sessions()
 
     async def __call__(self, scope, receive, send):
@@ -68,9 +69,8 @@ class AuthMiddleware:
                 authorize_body(principal, rule, cluster, body_names(body))
         except AuthError as err:
             status, headers, body = error_reply(err)
-            from electra.api.replies import count_auth_refusal  # the API's metrics; security does not import api
-
-            count_auth_refusal(self.metrics, status)
+            if self.on_refusal is not None:
+                self.on_refusal(status)
             if (rule.audited or rule.audit_refusals) and self.audit is not None:
                 self._audit(scope, principal, rule.action, status, int(err.body()["code"]), err.remark)
             await send({"type": "http.response.start", "status": status, "headers": headers})
