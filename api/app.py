@@ -20,7 +20,7 @@ import json
 import time
 from typing import Annotated, Literal
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -33,6 +33,7 @@ from electra.consensus.errors import RaftError
 from electra.security.dashboard_login import LOGIN_PATH, LOGOUT_PATH
 from electra.security.http_auth import credential_still_valid
 from electra.state.codes import Code
+from electra.state.journal import JournalGap
 from electra.state.limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID
 from electra.state.liveness import BrokerLiveInfo
 
@@ -42,6 +43,7 @@ from .event_stream import EventStream
 from .http_limits import DEFAULT_LIMITS, BodyLimit, HTTPLimits
 from .names import NAME_PATTERN, Name
 from .replies import RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
+from .watchers import OVERFLOW
 
 BrokerId = Annotated[int, Field(ge=1, le=MAX_BROKER_ID)]
 # RocketMQ's Java types (state/limits.py): numbers beyond them are a 422, never stored.
@@ -162,6 +164,15 @@ def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
         field = ".".join(str(p) for p in e.get("loc", ()))
         out.append({"field": field[:200], "problem": str(e.get("msg", "invalid"))[:200]})
     return out
+
+
+def _event_index(text: str) -> int | None:
+    """A `Last-Event-ID` as an event index (ASCII digits, at most INT64_MAX), else None."""
+    text = text.strip()
+    if not text or len(text) > 19 or not (text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= INT64_MAX else None
 
 
 def _invalid(errors: list[dict[str, str]]) -> JSONResponse:
@@ -295,15 +306,37 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
         return await run("replica_info", request, read)
 
     @app.get("/v1/broker-sets/{name}/watch", tags=["broker"])
-    async def watch(name: Name, request: Request):
-        """Server-sent events: one `role-change` event per election or sync-state-set change (503 when full)."""
+    async def watch(name: Name, request: Request,
+                    after: Annotated[int | None, Query(ge=0, le=INT64_MAX, description=(
+                        "resume after this event index (the `id` of the last event received)"))] = None,
+                    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", description=(
+                        "as `after`; sent by an EventSource when it reconnects, and preferred to `after`"))] = None):
+        """Server-sent events: one `role-change` event per election or sync-state-set change (503 when full).
+
+        Each event's `id` is its Raft index, the same on every node. A watcher that reconnects (to any
+        node) with `Last-Event-ID` or `after` first gets the changes it missed, or one `resync` event
+        with the set as it is now when this node no longer holds them. A watcher too slow for its queue
+        has its stream ended, and resumes the same way."""
         nonlocal watchers
+        resume = after
+        if last_event_id is not None and last_event_id.strip():  # empty: no event received yet (as the SSE spec)
+            resume = _event_index(last_event_id)
+            if resume is None:
+                return _invalid([{"field": "header.Last-Event-ID", "problem": "must be the id of an event "
+                                  "this stream sent (a Raft index: digits)"}])
         if watchers >= limits.max_watchers:
             return JSONResponse({"code": int(Code.SYSTEM_BUSY),
                                  "remark": f"this node serves at most {limits.max_watchers} watchers"},
                                 status_code=503, headers={"Retry-After": "5"})
         watchers += 1
         q = controller.watchers.subscribe(name)
+        # Read the journal in the same turn as the subscription: every event is in one or the other (or both).
+        first: list[tuple[str, dict]] = []
+        if resume is not None:
+            try:
+                first = [("role-change", ev) for ev in controller.watchers.missed(name, resume)]
+            except JournalGap:
+                first = [("resync", controller.watchers.current(name))]
 
         def release() -> None:
             nonlocal watchers
@@ -311,7 +344,11 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
             controller.watchers.unsubscribe(name, q)
 
         async def stream():
+            sent = resume if resume is not None else -1
             yield ": watching " + name + "\n\n"
+            for kind, ev in first:
+                sent = max(sent, ev["index"])
+                yield f"event: {kind}\nid: {ev['index']}\ndata: {json.dumps(ev)}\n\n"
             while not await request.is_disconnected() and credential_still_valid(request.scope):
                 try:
                     ev = await asyncio.wait_for(q.get(), timeout=5.0)
@@ -320,7 +357,13 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
                     continue
                 if ev is None or not credential_still_valid(request.scope):  # stopping, or the token revoked
                     return
-                yield f"event: role-change\ndata: {json.dumps(ev)}\n\n"
+                if ev == OVERFLOW:
+                    yield ": this watcher fell behind; reconnect with Last-Event-ID to resume\n\n"
+                    return
+                if ev["index"] <= sent:  # already sent from the journal
+                    continue
+                sent = ev["index"]
+                yield f"event: role-change\nid: {sent}\ndata: {json.dumps(ev)}\n\n"
 
         return EventStream(stream(), release)
 

@@ -149,6 +149,33 @@ def check_monotonic_epochs(log: HistoryLog, ops: list[dict[str, Any]]) -> Verdic
     return Verdict("monotonic-epochs", False, len(bad), bad[0])
 
 
+def check_watchers_miss_nothing(log: HistoryLog) -> Verdict:
+    """Each set's watcher, over all its connections (it resumes with `Last-Event-ID` on whatever node it
+    reconnects to), received every role change once and in order: event ids rise, and the sync-state-set
+    epoch, which every successful election and sync-state-set change moves by one, never skips one. A
+    `resync` event (the node no longer held the missed events) starts the count again."""
+    bad: list[str] = []
+    last: dict[str, tuple[int, int | None, str]] = {}  # set -> (id, syncStateSetEpoch, conn) of the last event
+    events = 0
+    for w in log.of_type("watch"):
+        ident, ev = w.get("id"), w["event"]
+        if ident is None:  # a record of the history before watchers resumed
+            continue
+        events += 1
+        ident, epoch = int(ident), ev.get("syncStateSetEpoch")
+        prev = last.get(w["set"])
+        if prev is not None and ident <= prev[0]:
+            bad.append(f"watcher of {w['set']}: event {ident} on {w['conn']} after {prev[0]} on {prev[2]}")
+        elif prev is not None and w.get("kind") != "resync" and prev[1] is not None and epoch is not None \
+                and epoch - prev[1] not in (0, 1):
+            bad.append(f"watcher of {w['set']}: sync-state-set epoch {prev[1]} (event {prev[0]}, {prev[2]}) then "
+                       f"{epoch} (event {ident}, {w['conn']}): a role change was missed")
+        last[w["set"]] = (ident, epoch, w["conn"])
+    if not bad:
+        return Verdict("watchers-miss-nothing", True, 0, f"{events} events to {len(last)} resuming watchers")
+    return Verdict("watchers-miss-nothing", False, len(bad), bad[0])
+
+
 def lost_acknowledged(ops: list[dict[str, Any]], final: dict[str, dict[str, Any] | None]) -> tuple[int, str]:
     """Acknowledged writes missing from the final state of their set: broker ids, epochs reached."""
     lost, example = 0, ""
@@ -197,6 +224,7 @@ def check_episode(log: HistoryLog, final: dict[str, dict[str, Any] | None], reco
     fnd.verdicts.append(check_one_master_per_epoch(log, ops))
     fnd.verdicts.append(check_one_leader_per_term(log))
     fnd.verdicts.append(check_monotonic_epochs(log, ops))
+    fnd.verdicts.append(check_watchers_miss_nothing(log))
     fnd.lost_acked, example = lost_acknowledged(ops, final)
     unread = sorted({o["set"] for o in ops} - final.keys())
     if unread:  # a set whose final state could not be read proves nothing about its writes

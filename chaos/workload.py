@@ -281,23 +281,36 @@ class Workload:
                 await asyncio.wait_for(self.stop.wait(), timeout=HEARTBEAT_INTERVAL_S)
 
     async def watch_loop(self, s: str) -> None:
+        """One watcher of set `s`, as a broker runs it: on any node, reconnecting to a random node when the stream
+        ends or fails, and resuming from the last event it received (`Last-Event-ID`)."""
         http = self.broker._http()
         conn = 0
+        last_id: str | None = None
         while not self.stop.is_set():
             ep = self.endpoints[self.rng.randrange(len(self.endpoints))]
             conn += 1
             tag = f"{s}#{conn}@{ep}"
+            headers = {"Last-Event-ID": last_id} if last_id is not None else {}
             try:
-                async with http.get(f"{self.broker.scheme}://{ep}/v1/broker-sets/{s}/watch",
+                async with http.get(f"{self.broker.scheme}://{ep}/v1/broker-sets/{s}/watch", headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=None, sock_read=8)) as r:
                     if r.status != 200:
                         await asyncio.sleep(0.2)
                         continue
+                    kind, ident = "message", None
                     async for raw in r.content:
                         line = raw.decode(errors="replace").strip()
-                        if line.startswith("data:"):
+                        if line.startswith("event:"):
+                            kind = line[6:].strip()
+                        elif line.startswith("id:"):
+                            ident = line[3:].strip()
+                        elif line.startswith("data:"):
                             with contextlib.suppress(ValueError):
-                                self.log.add("watch", set=s, node=ep, conn=tag, event=json.loads(line[5:]))
+                                self.log.add("watch", set=s, node=ep, conn=tag, kind=kind, id=ident,
+                                             event=json.loads(line[5:]))
+                            if ident is not None:
+                                last_id = ident
+                            kind, ident = "message", None
                         if self.stop.is_set():
                             break
             except (aiohttp.ClientError, TimeoutError):

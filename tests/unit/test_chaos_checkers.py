@@ -144,6 +144,30 @@ def test_epochs_going_backwards_for_one_watcher_are_caught():
     assert not v.ok and "1 after 2" in v.detail
 
 
+def _watched(log: HistoryLog, conn: str, ident: int, sse_epoch: int, kind: str = "role-change") -> None:
+    log.add("watch", set="a", node=conn[-2:], conn=conn, kind=kind, id=str(ident),
+            event={"type": "AlterSyncStateSet", "brokerName": "a", "index": ident, "syncStateSetEpoch": sse_epoch})
+
+
+def test_a_resuming_watcher_that_misses_or_repeats_a_role_change_is_caught():
+    log = HistoryLog()
+    _watched(log, "a#1@n1", 10, 2)
+    _watched(log, "a#1@n1", 12, 3)
+    _watched(log, "a#2@n2", 15, 4)  # resumed on another node: the next change, nothing missed
+    _watched(log, "a#3@n3", 30, 9, kind="resync")  # that node no longer held them: a resync restarts the count
+    _watched(log, "a#3@n3", 31, 10)
+    v = checkers.check_watchers_miss_nothing(log)
+    assert v.ok, v.detail
+    repeated = HistoryLog()
+    repeated.records = list(log.records)
+    _watched(repeated, "a#4@n1", 31, 10)  # sent again after a reconnect
+    v = checkers.check_watchers_miss_nothing(repeated)
+    assert not v.ok and "event 31 on a#4@n1 after 31" in v.detail
+    _watched(log, "a#4@n1", 40, 12)  # epoch 11's change never arrived
+    v = checkers.check_watchers_miss_nothing(log)
+    assert not v.ok and "a role change was missed" in v.detail
+
+
 def test_two_leaders_in_one_term_are_caught():
     log = HistoryLog()
     log.add("leader", node="n1", term=3)
