@@ -80,7 +80,8 @@ class FrontEndLink:
         """A future Reply for an admitted request (or a Reply at once when there is no link)."""
         endpoint = req.route.endpoint
         c = Call(0, endpoint, req.name, req.cluster,
-                 list(msgspec.structs.astuple(obj)) if obj is not None else None, scheme, req.path, req.query)
+                 list(msgspec.structs.astuple(obj)) if obj is not None else None, scheme, req.path, req.query,
+                 (req.limited.name, req.limited.clusters) if req.limited is not None else None)
         write = req.route.method == b"POST" and endpoint != "heartbeat"
         link = self.link
         if link is None:

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from electra.security.auth import Principal
+
 from .http_limits import HTTPLimits
 from .lean_path import ROUTES_BY_ENDPOINT, LeanPath, LeanRequest
 from .local_link import Answer, Call, LinkServerProtocol
@@ -53,7 +55,8 @@ def link_executor(lean: LeanPath):
     def execute(c: Call):
         route = ROUTES_BY_ENDPOINT[c.endpoint]
         obj = route.struct(*c.args) if route.struct is not None else None
-        req = LeanRequest(route, c.path, c.name, c.query, c.cluster, None, time.perf_counter())
+        req = LeanRequest(route, c.path, c.name, c.query, c.cluster, None, time.perf_counter(),
+                          Principal(c.limited[0], "broker", (), c.limited[1]) if c.limited is not None else None)
         out = lean.execute(req, obj, c.scheme)
         return answer(c.id, out) if isinstance(out, Reply) else later(c.id, out)
 

@@ -36,7 +36,14 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from electra.consensus.errors import RaftError
-from electra.security.auth import AuthError, TokenStore, rule_for
+from electra.security.auth import (
+    AuthError,
+    Principal,
+    TokenStore,
+    authorize_set_cluster,
+    limited_to_clusters,
+    rule_for,
+)
 from electra.security.http_auth import authorize_body, authorize_path, error_reply
 
 from . import app as models
@@ -158,6 +165,9 @@ class LeanRequest:
     cluster: str | None
     authorization: str | None
     t0: float
+    # A broker credential limited to some clusters: checked against the named sets' clusters where the
+    # state is (`execute`; a front-end sends it along with the call).
+    limited: Principal | None = None
 
 
 Forward = Callable[["LeanRequest", "msgspec.Struct | None", str], Awaitable[Reply]]
@@ -169,9 +179,11 @@ class LeanPath:
     PATHS_KEPT = 65_536  # routed URL paths remembered (7 routes per broker set)
 
     def __init__(self, svc: BrokerRequests | None, metrics: RequestMetrics, tokens: TokenStore | None,
-                 heartbeat_producer=None, forward: Forward | None = None) -> None:
+                 heartbeat_producer=None, forward: Forward | None = None,
+                 cluster_of: Callable[[str], str | None] | None = None) -> None:
         self.svc = svc  # None in a front-end process: `forward` sends admitted requests to the Raft process
         self.forward = forward
+        self.cluster_of = cluster_of  # a broker set's cluster in the applied state (with `svc`)
         self.metrics = metrics
         self.tokens = tokens  # None: insecure mode
         self.heartbeat_producer = heartbeat_producer  # with the Kafka pipeline: heartbeats go there
@@ -271,12 +283,21 @@ class LeanPath:
                                                               "brokerName": getattr(obj, "brokerName", None)})
                 except AuthError as err:
                     return _auth_refusal(self.metrics, err)
+        if principal is not None and limited_to_clusters(principal):
+            req.limited = principal
         if self.forward is not None:
             return self.forward(req, obj, scheme)
         return self.execute(req, obj, scheme)
 
     def execute(self, req: LeanRequest, obj: msgspec.Struct | None, scheme: str) -> Reply | Awaitable[Reply]:
         """Answer an admitted request (authenticated, its body decoded) from this process's controller."""
+        if req.limited is not None and self.cluster_of is not None:
+            try:
+                for name in (req.name, getattr(obj, "brokerName", None)):
+                    if name is not None:
+                        authorize_set_cluster(req.limited, name, self.cluster_of(name))
+            except AuthError as err:
+                return _auth_refusal(self.metrics, err)
         if req.route.endpoint == "heartbeat" and self.heartbeat_producer is not None:
             return pipeline_heartbeat(self.metrics, self.heartbeat_producer, self._encode(obj), self.svc.now_ms())
         try:

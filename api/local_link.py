@@ -54,6 +54,7 @@ class Call(msgspec.Struct, array_like=True):
     scheme: str
     path: str
     query: str
+    limited: tuple[str, tuple[str, ...]] | None = None  # a broker credential's name and cluster patterns
 
 
 class Answer(msgspec.Struct, array_like=True):

@@ -106,9 +106,11 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
     audit = AuditLog(cfg.data_dir / "audit.log")
     tokens = security.tokens if security else None
     app.add_middleware(AuthMiddleware, tokens=tokens, audit=audit,
-                       on_refusal=lambda status: count_auth_refusal(app.state.request_metrics, status))
+                       on_refusal=lambda status: count_auth_refusal(app.state.request_metrics, status),
+                       cluster_of=sm.cluster_of)
     # The broker routes' lean path shares the port with the FastAPI app (api/lean_http.py).
-    lean = LeanPath(controller.requests, app.state.request_metrics, tokens, controller.heartbeat_producer)
+    lean = LeanPath(controller.requests, app.state.request_metrics, tokens, controller.heartbeat_producer,
+                    cluster_of=sm.cluster_of)
     http_ssl = security.tls.http_server_context() if security and security.tls else None
     fronts = None
     if front_ends:  # the API port belongs to the front-ends; this process serves them on unix sockets

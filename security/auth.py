@@ -150,6 +150,22 @@ def authorize(principal: Principal, rule: Rule, *, cluster: str | None = None,
             raise AuthError(403, f"credential {principal.name!r} is not scoped to {what}")
 
 
+def limited_to_clusters(principal: Principal) -> bool:
+    """A broker credential whose cluster patterns do not cover every cluster (`authorize_set_cluster` applies)."""
+    return principal.role == "broker" and "*" not in principal.clusters
+
+
+def authorize_set_cluster(principal: Principal, name: str, set_cluster: str | None) -> None:
+    """A broker credential's cluster scope against the cluster broker set `name` belongs to (None: no such set).
+
+    The request's own cluster is not enough: RocketMQ's AlterSyncStateSet and GetReplicaInfo, and the
+    watch, name none, and a route may ignore a `cluster` the request adds. The set's cluster is read
+    from the serving node's applied state (`ControllerStateMachine.cluster_of`)."""
+    if principal.role == "broker" and set_cluster is not None and not principal.in_scope(set_cluster, None):
+        raise AuthError(403, f"credential {principal.name!r} is not scoped to cluster {set_cluster!r}, "
+                             f"which broker set {name!r} is in")
+
+
 # ------------------------------------------------------------------------------ tokens
 def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()

@@ -15,7 +15,17 @@ from urllib.parse import parse_qsl
 
 from . import dashboard_login
 from .audit import AuditLog
-from .auth import ANONYMOUS, AuthError, Principal, Rule, TokenStore, authorize, rule_for
+from .auth import (
+    ANONYMOUS,
+    AuthError,
+    Principal,
+    Rule,
+    TokenStore,
+    authorize,
+    authorize_set_cluster,
+    limited_to_clusters,
+    rule_for,
+)
 
 MAX_SCOPED_BODY = 1 << 20  # bodies read here to check a broker's scope (larger ones are refused)
 
@@ -32,11 +42,13 @@ class AuthMiddleware:
     """`tokens=None` is the explicit insecure mode: every caller is an anonymous admin (still audited)."""
 
     def __init__(self, app, tokens: TokenStore | None, audit: AuditLog | None,
-                 on_refusal: Callable[[int], None] | None = None) -> None:
+                 on_refusal: Callable[[int], None] | None = None,
+                 cluster_of: Callable[[str], str | None] | None = None) -> None:
         self.app = app
         self.tokens = tokens
         self.audit = audit
         self.on_refusal = on_refusal  # told each refusal's status (the node counts them in its metrics)
+        self.cluster_of = cluster_of  # a broker set's cluster in the node's applied state (None: not checked)
         self.sessions = dashboard_login.Sessions()
 
     async def __call__(self, scope, receive, send):
@@ -64,9 +76,16 @@ class AuthMiddleware:
             else:
                 principal = self.tokens.authenticate(auth)
             cluster = authorize_path(principal, rule, scope.get("query_string", b""))  # before reading a body
+            sets = [rule.broker_set]
             if principal.role == "broker" and method in ("POST", "PUT", "PATCH"):
                 body, receive = await _buffer(receive)
-                authorize_body(principal, rule, cluster, body_names(body))
+                names = body_names(body)
+                authorize_body(principal, rule, cluster, names)
+                sets.append(_text(names.get("brokerName"), None))
+            if self.cluster_of is not None and limited_to_clusters(principal):
+                for name in sets:
+                    if name is not None:
+                        authorize_set_cluster(principal, name, self.cluster_of(name))
         except AuthError as err:
             status, headers, body = error_reply(err)
             if self.on_refusal is not None:
@@ -95,6 +114,8 @@ class AuthMiddleware:
             try:
                 principal = sessions.principal(tokens, sid) if sid is not None else tokens.authenticate(authorization)
                 authorize_path(principal, rule, query)
+                if self.cluster_of is not None and limited_to_clusters(principal) and rule.broker_set is not None:
+                    authorize_set_cluster(principal, rule.broker_set, self.cluster_of(rule.broker_set))
             except AuthError:
                 return False
             return True

@@ -135,6 +135,12 @@ class ControllerStateMachine:
         """Call `fn(applied_index)` whenever a snapshot replaces the whole state."""
         self._restore_listeners.append(fn)
 
+    def cluster_of(self, name: str) -> str | None:
+        """The cluster broker set `name` was created in, None if there is no such set (a credential's
+        cluster scope is checked against it: security/auth.py, `authorize_set_cluster`)."""
+        bs = self.sets.get(name)
+        return None if bs is None else bs.cluster
+
     def view(self, name: str) -> BrokerSetView | None:
         """The public view of one broker set, None if there is no such set."""
         shared = self._applied_view

@@ -221,6 +221,11 @@ def test_forged_http_calls_answer_401_or_403_and_change_nothing(cluster):
             create_token(c.creds.tokens_file, "broker", "more-brokers-of-set-a", broker_sets=["set-a"],
                          clusters=["c"]), ca),
             deadline_s=10)
+        # set-a's name pattern, another cluster: RocketMQ's requests that name no cluster are checked against the
+        # cluster the set is in
+        other_cluster = ControllerClient(list(c.http.values()), credentials=ClientCredentials(
+            create_token(c.creds.tokens_file, "broker", "brokers-of-cluster-d", broker_sets=["set-*"],
+                         clusters=["d"]), ca), deadline_s=10)
         await asyncio.sleep(1.2)
         observer, pipeline = c.client("observer", deadline_s=10), c.client("pipeline", deadline_s=10)
         proposal = {"clusterName": "c", "expectedMasterEpoch": before["header"]["masterEpoch"],
@@ -261,6 +266,14 @@ def test_forged_http_calls_answer_401_or_403_and_change_nothing(cluster):
             # a broker of set-a may not heartbeat for set-a under another cluster name either
             r = await broker_a.heartbeat("other-cluster", "set-a", 2, "6.6.6.6:10911")
             assert r["httpStatus"] == 403, r
+            # nor may a broker of cluster d whose set pattern covers set-a read it, alter its sync-state set or
+            # watch it: those requests name no cluster
+            h = before["header"]
+            for r in (await other_cluster.replica_info("set-a"),
+                      await other_cluster.alter_sync_state_set("set-a", h["masterBrokerId"], h["masterEpoch"], [1],
+                                                               before["body"]["syncStateSetEpoch"]),
+                      await other_cluster.request("GET", "/v1/broker-sets/set-a/watch")):
+                assert r["httpStatus"] == 403 and "which broker set 'set-a' is in" in r["remark"], r
             # nor can set-b's broker dodge its scope with an extra field Python's json cannot read and msgspec
             # skips (a 4,400-digit number, a byte that is not UTF-8): the heartbeat is refused, never taken
             forged = json.dumps({"clusterName": "c", "brokerName": "set-a", "brokerId": 2,
@@ -308,7 +321,7 @@ def test_forged_http_calls_answer_401_or_403_and_change_nothing(cluster):
                                 and ('endpoint="unauthenticated"' in line or 'endpoint="forbidden"' in line))
             assert refusals >= 10, refusals
         finally:
-            for cl in (anonymous, wrong_token, set_b, broker_a, observer, pipeline):
+            for cl in (anonymous, wrong_token, set_b, broker_a, other_cluster, observer, pipeline):
                 await cl.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 180))

@@ -166,6 +166,19 @@ ROWS = [
     Row("broker out of its clusters (query): 403", "GET", f"{S}/b1/next-broker-id?cluster=d"),
     _post("heartbeat of a set out of scope: 403", "/v1/heartbeat", {**HB, "brokerName": "other"}),
     _post("no token and a bad body: 401 first", f"{S}/b1/register", b"{nope", token=None),
+    # a set in cluster d (SET_CLUSTERS) that the broker token's set pattern b* covers, its clusters (c) do not
+    Row("replica info of a set in another cluster: 403", "GET", f"{S}/b-far/replica-info", secure_only=True,
+        no_call=True, status=403),
+    Row("... with a cluster the route ignores in the query: 403", "GET", f"{S}/b-far/replica-info?cluster=c",
+        secure_only=True, no_call=True, status=403, lean=False),
+    _post("alter sync state set of a set in another cluster: 403", f"{S}/b-far/sync-state-set", ALTER,
+          secure_only=True, no_call=True, status=403),
+    _post("register naming its own cluster for a set in another: 403", f"{S}/b-far/register", REG,
+          secure_only=True, no_call=True, status=403),
+    _post("heartbeat for a set in another cluster: 403", "/v1/heartbeat", {**HB, "brokerName": "b-far"},
+          secure_only=True, no_call=True, status=403),
+    Row("replica info of a set in another cluster, token for every cluster", "GET", f"{S}/b-far/replica-info",
+        token="wide", status=200),
     # ---- bad input: FastAPI answers (422 naming the field, 405, 413, ...)
     _post("bad JSON", f"{S}/b1/register", b"{nope", lean=False),
     _post("empty body", f"{S}/b1/register", b"", lean=False),
@@ -306,12 +319,19 @@ async def _exchange(port: int, request: bytes) -> tuple[int, dict[str, str], byt
     return int(lines[0].split()[1]), headers, body
 
 
+SET_CLUSTERS = {"b-far": "d"}  # the cluster of each set that is not in cluster c (the state's, as cluster_of reads it)
+
+
+def _cluster_of(name: str) -> str | None:
+    return SET_CLUSTERS.get(name, "c")
+
+
 def _build(tokens: TokenStore | None):
     svc = StandIn()
     controller = SimpleNamespace(requests=svc, node=svc.node, tier=None, heartbeat_producer=None,
                                  dashboard=DashboardFeed(svc), watchers=None, elections={})
     app = create_app(controller)
-    app.add_middleware(AuthMiddleware, tokens=tokens, audit=None)
+    app.add_middleware(AuthMiddleware, tokens=tokens, audit=None, cluster_of=_cluster_of)
     return svc, app
 
 
@@ -320,7 +340,7 @@ def test_lean_path_and_fastapi_answer_every_request_alike(tmp_path, secure):
     async def main():
         tokens, tok = _tokens(tmp_path) if secure else (None, {})
         lean_svc, lean_app = _build(tokens)
-        lean = LeanPath(lean_svc, lean_app.state.request_metrics, tokens)
+        lean = LeanPath(lean_svc, lean_app.state.request_metrics, tokens, cluster_of=_cluster_of)
         fast_svc, fast_app = _build(tokens)
         servers = [await _serve(lean_app, lean_protocol(lean)), await _serve(fast_app, guarded_protocol())]
         lean_port, fast_port = servers[0][2], servers[1][2]
@@ -451,7 +471,7 @@ def test_front_end_processes_answer_every_request_like_fastapi(tmp_path, secure)
     async def main():
         tokens, tok = _tokens(tmp_path) if secure else (None, {})
         node_svc, node_app = _build(tokens)
-        node_lean = LeanPath(node_svc, node_app.state.request_metrics, tokens)
+        node_lean = LeanPath(node_svc, node_app.state.request_metrics, tokens, cluster_of=_cluster_of)
         fast_svc, fast_app = _build(tokens)
         front_lean, front_port, close = await _front_end(tmp_path, node_app, node_lean, tokens)
         fast = await _serve(fast_app, guarded_protocol())
