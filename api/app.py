@@ -37,6 +37,7 @@ from electra.state.journal import JournalGap
 from electra.state.limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID
 from electra.state.liveness import BrokerLiveInfo
 
+from .api_docs import api_docs_router
 from .controller import Controller
 from .dashboard import dashboard_router
 from .event_stream import EventStream
@@ -204,7 +205,9 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
     svc = controller.requests
     # No trailing-slash redirects: Starlette builds their `Location` from the client's `Host` header.
     app = FastAPI(title="Electra controller", version="0.1.0", redirect_slashes=False,
-                  description="RocketMQ 5 controller semantics on a Raft-replicated state machine")
+                  description="RocketMQ 5 controller semantics on a Raft-replicated state machine",
+                  docs_url=None, redoc_url=None)  # /docs below, from this machine (FastAPI's load from a CDN)
+    app.include_router(api_docs_router())
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     app.add_middleware(HeadAsGet)
     watchers = 0  # open SSE watch streams on this node

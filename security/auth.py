@@ -106,8 +106,10 @@ def rule_for(method: str, path: str) -> Rule:
     checked as the GET it is answered as (`api.app.HeadAsGet`)."""
     if method == "HEAD":
         method = "GET"
-    if path in ("/healthz", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"):
+    if path in ("/healthz", "/docs", "/openapi.json"):
         return Rule(PUBLIC)
+    if method == "GET" and path.startswith("/docs/static/"):
+        return Rule(PUBLIC)  # Swagger UI's files (api/api_docs.py): no data in them
     if method == "GET" and (path == "/dashboard" or path.startswith("/dashboard/static/")):
         return Rule(PUBLIC)  # the page shell and its scripts: no data in them
     if method == "POST" and path in ("/v1/dashboard/login", "/v1/dashboard/logout"):
