@@ -30,10 +30,10 @@ from pydantic import BaseModel, Field, StrictBool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from electra.consensus.errors import RaftError
+from electra.security.auth import limited_to_clusters
 from electra.security.dashboard_login import LOGIN_PATH, LOGOUT_PATH
 from electra.security.http_auth import credential_still_valid
 from electra.state.codes import Code
-from electra.state.journal import JournalGap
 from electra.state.limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID
 from electra.state.liveness import BrokerLiveInfo
 
@@ -44,7 +44,7 @@ from .event_stream import EventStream
 from .http_limits import DEFAULT_LIMITS, BodyLimit, HTTPLimits
 from .names import NAME_PATTERN, Name
 from .replies import RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
-from .watchers import OVERFLOW
+from .watchers import OVERFLOW, RESYNC, NotApplied
 
 BrokerId = Annotated[int, Field(ge=1, le=MAX_BROKER_ID)]
 # RocketMQ's Java types (state/limits.py): numbers beyond them are a 422, never stored.
@@ -169,8 +169,8 @@ def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
 
 def _event_index(text: str) -> int | None:
     """A `Last-Event-ID` as an event index (ASCII digits, at most INT64_MAX), else None."""
-    text = text.strip()
-    if not text or len(text) > 19 or not (text.isascii() and text.isdigit()):
+    text = text.strip().lstrip("0") or "0"
+    if len(text) > 19 or not (text.isascii() and text.isdigit()):
         return None
     value = int(text)
     return value if value <= INT64_MAX else None
@@ -333,24 +333,29 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
                                 status_code=503, headers={"Retry-After": "5"})
         watchers += 1
         q = controller.watchers.subscribe(name)
-        # Read the journal in the same turn as the subscription: every event is in one or the other (or both).
-        first: list[tuple[str, dict]] = []
-        if resume is not None:
-            try:
-                first = [("role-change", ev) for ev in controller.watchers.missed(name, resume)]
-            except JournalGap:
-                first = [("resync", controller.watchers.current(name))]
 
         def release() -> None:
             nonlocal watchers
             watchers -= 1
             controller.watchers.unsubscribe(name, q)
 
+        first: list[tuple[str, dict]] = []
+        if resume is not None:
+            principal = request.scope.get("state", {}).get("principal")
+            cluster_ok = (lambda c: principal.in_scope(c, None)) \
+                if principal is not None and limited_to_clusters(principal) else None
+            try:
+                first = await controller.watchers.resume(name, resume, cluster_ok)
+            except NotApplied as exc:
+                release()
+                return JSONResponse({"code": int(Code.SYSTEM_BUSY), "remark": f"{exc}; try another node"},
+                                    status_code=503, headers={"Retry-After": "1"})
+
         async def stream():
             sent = resume if resume is not None else -1
             yield ": watching " + name + "\n\n"
             for kind, ev in first:
-                sent = max(sent, ev["index"])
+                sent = ev["index"] if kind == RESYNC else max(sent, ev["index"])
                 yield f"event: {kind}\nid: {ev['index']}\ndata: {json.dumps(ev)}\n\n"
             while not await request.is_disconnected() and credential_still_valid(request.scope):
                 try:
@@ -363,6 +368,11 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
                 if ev == OVERFLOW:
                     yield ": this watcher fell behind; reconnect with Last-Event-ID to resume\n\n"
                     return
+                if ev == RESYNC:  # a snapshot replaced the state: the set as it has it
+                    now = controller.watchers.current(name)
+                    sent = now["index"]
+                    yield f"event: resync\nid: {sent}\ndata: {json.dumps(now)}\n\n"
+                    continue
                 if ev["index"] <= sent:  # already sent from the journal
                     continue
                 sent = ev["index"]
