@@ -350,6 +350,13 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
                 release()
                 return JSONResponse({"code": int(Code.SYSTEM_BUSY), "remark": f"{exc}; try another node"},
                                     status_code=503, headers={"Retry-After": "1"})
+            # The wait may have seen the set created in another cluster, or the credential revoked: checked
+            # again on the state `first` was read from (no await in between), before any of it is sent.
+            if not credential_still_valid(request.scope):
+                release()
+                return JSONResponse({"code": int(Code.NO_PERMISSION),
+                                     "remark": "the credential no longer allows watching this broker set"},
+                                    status_code=403)
 
         async def stream():
             sent = resume if resume is not None else -1
@@ -373,7 +380,7 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
                     sent = now["index"]
                     yield f"event: resync\nid: {sent}\ndata: {json.dumps(now)}\n\n"
                     continue
-                if ev["index"] <= sent:  # already sent from the journal
+                if ev["index"] <= sent:  # already sent by the resume, or covered by a resync
                     continue
                 sent = ev["index"]
                 yield f"event: role-change\nid: {sent}\ndata: {json.dumps(ev)}\n\n"

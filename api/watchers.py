@@ -103,12 +103,12 @@ class Watchers:
         (since removed and created again) are not for it.
         """
         deadline = time.monotonic() + CATCH_UP_S
-        while after > self.sm.applied and time.monotonic() < deadline:
+        while after > self.node.applied and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if after > self.sm.applied:
+        if after > self.node.applied:
             core = self.node.core
             if not (self.node.is_leader and core is not None and core.committed_in_term()):
-                raise NotApplied(f"this node has applied up to index {self.sm.applied}, not {after}")
+                raise NotApplied(f"this node has applied up to index {self.node.applied}, not {after}")
             return [(RESYNC, self.current(name))]
         if after < max(self._floor, self._forgot, self._trimmed.get(name, 0)):
             return [(RESYNC, self.current(name))]
@@ -116,10 +116,11 @@ class Watchers:
                 if e.index > after and (cluster_ok is None or e.cluster is None or cluster_ok(e.cluster))]
 
     def current(self, name: str) -> dict:
-        """The set's role as applied here now, at the node's applied index (a resync)."""
+        """The set's role as applied here now, at the node's applied index (a resync; the Raft index, which
+        counts the entries that carry no command too, as `/v1/admin/metadata` reports it)."""
         view = self.sm.view(name)
         role = view.role_fields() if view is not None else NO_SET_ROLE_FIELDS
-        return {"index": self.sm.applied, "brokerName": name, **role}
+        return {"index": self.node.applied, "brokerName": name, **role}
 
     def _restored(self, index: int) -> None:
         """A snapshot replaced the state: no change before it can be told, and every open watcher is sent

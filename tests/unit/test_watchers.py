@@ -47,8 +47,12 @@ class _Machine:
 
 def _watchers(leader: bool = True) -> tuple[W.Watchers, _Machine]:
     sm = _Machine()
-    node = SimpleNamespace(core=SimpleNamespace(term_at=lambda i: 1, committed_in_term=lambda: True),
-                           is_leader=leader)
+    class _Node(SimpleNamespace):
+        @property
+        def applied(self) -> int:  # the Raft index (no-op entries included; here every entry is a command)
+            return sm.applied
+
+    node = _Node(core=SimpleNamespace(term_at=lambda i: 1, committed_in_term=lambda: True), is_leader=leader)
     return W.Watchers(node, sm), sm  # type: ignore[arg-type]
 
 
