@@ -13,16 +13,23 @@ socket, in a directory only the node's user can open).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import httptools
+
+from electra.state.codes import Code
 
 log = logging.getLogger("electra.api.raft_process_proxy")
 
 _HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-connection",
         b"x-forwarded-for", b"x-forwarded-proto", b"expect"}
 _DROP_FROM_ANSWER = {b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"}
-_UNAVAILABLE = b'{"detail":"the node\'s Raft process is not reachable from this front-end"}'
+# The API's error shape (`code`, `remark`), as every other refusal of the node speaks it.
+_UNAVAILABLE = json.dumps({"code": int(Code.SYSTEM_BUSY),
+                           "remark": "the node's Raft process is not reachable from this front-end"}).encode()
+_CLOSED = json.dumps({"code": int(Code.SYSTEM_ERROR),
+                      "remark": "the node's Raft process closed the connection before answering"}).encode()
 _READ_CHUNK = 64 << 10
 
 
@@ -61,7 +68,7 @@ class RaftProcessProxy:
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.socket_path), 5)
         except (TimeoutError, OSError):
-            await _send_simple(send, 503, _UNAVAILABLE)
+            await _send_simple(send, 503, _UNAVAILABLE, [(b"retry-after", b"1")])
             return
         pump = None
         try:
@@ -126,7 +133,7 @@ class RaftProcessProxy:
                 data = b""
             if not data:
                 if not started:
-                    await _send_simple(send, 502, b'{"detail":"the Raft process closed the connection"}')
+                    await _send_simple(send, 502, _CLOSED)
                     return
                 break
             try:
@@ -142,7 +149,8 @@ class RaftProcessProxy:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _send_simple(send, status: int, body: bytes) -> None:
+async def _send_simple(send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+                + (extra or [])})
     await send({"type": "http.response.body", "body": body})

@@ -173,3 +173,43 @@ def test_a_peer_sending_an_oversized_frame_is_cut_off(tmp_path):
         server.close()
 
     asyncio.run(main())
+
+
+def test_the_relay_answers_in_the_apis_shape_when_the_raft_process_is_gone_or_hangs_up(tmp_path):
+    """A front-end's relay (api/raft_process_proxy.py): no Raft process socket is a 503 to retry; a Raft
+    process that closes before answering is a 502; both in the `code`/`remark` shape every refusal uses."""
+    import json
+
+    from electra.api.raft_process_proxy import RaftProcessProxy
+
+    async def through(proxy: RaftProcessProxy) -> tuple[int, dict, dict]:
+        sent: list[dict] = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(msg):
+            sent.append(msg)
+
+        scope = {"type": "http", "method": "GET", "raw_path": b"/healthz", "query_string": b"", "headers": [],
+                 "client": ("127.0.0.1", 5), "scheme": "http"}
+        await asyncio.wait_for(proxy(scope, receive, send), 10)
+        return sent[0]["status"], dict(sent[0]["headers"]), json.loads(sent[1]["body"])
+
+    async def main():
+        status, headers, body = await through(RaftProcessProxy(str(tmp_path / "none.sock")))
+        assert status == 503 and headers[b"retry-after"] == b"1", (status, headers)
+        assert body["code"] == 2 and "not reachable" in body["remark"]
+
+        async def hang_up(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.close()
+
+        server = await asyncio.start_unix_server(hang_up, str(tmp_path / "raft.sock"))
+        try:
+            status, _, body = await through(RaftProcessProxy(str(tmp_path / "raft.sock")))
+        finally:
+            server.close()
+        assert status == 502 and body["code"] == 1 and "closed the connection" in body["remark"]
+
+    asyncio.run(main())
