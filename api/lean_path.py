@@ -40,7 +40,7 @@ from electra.security.auth import (
     AuthError,
     Principal,
     TokenStore,
-    authorize_set_cluster,
+    authorize_set_clusters,
     limited_to_clusters,
     rule_for,
 )
@@ -291,11 +291,9 @@ class LeanPath:
 
     def execute(self, req: LeanRequest, obj: msgspec.Struct | None, scheme: str) -> Reply | Awaitable[Reply]:
         """Answer an admitted request (authenticated, its body decoded) from this process's controller."""
-        if req.limited is not None and self.cluster_of is not None:
+        if req.limited is not None:
             try:
-                for name in (req.name, getattr(obj, "brokerName", None)):
-                    if name is not None:
-                        authorize_set_cluster(req.limited, name, self.cluster_of(name))
+                authorize_set_clusters(req.limited, (req.name, getattr(obj, "brokerName", None)), self.cluster_of)
             except AuthError as err:
                 return _auth_refusal(self.metrics, err)
         if req.route.endpoint == "heartbeat" and self.heartbeat_producer is not None:

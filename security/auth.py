@@ -32,6 +32,7 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,19 +154,25 @@ def authorize(principal: Principal, rule: Rule, *, cluster: str | None = None,
 
 
 def limited_to_clusters(principal: Principal) -> bool:
-    """A broker credential whose cluster patterns do not cover every cluster (`authorize_set_cluster` applies)."""
+    """A broker credential whose cluster patterns do not cover every cluster (`authorize_set_clusters` applies)."""
     return principal.role == "broker" and "*" not in principal.clusters
 
 
-def authorize_set_cluster(principal: Principal, name: str, set_cluster: str | None) -> None:
-    """A broker credential's cluster scope against the cluster broker set `name` belongs to (None: no such set).
+def authorize_set_clusters(principal: Principal, names: Iterable[str | None],
+                           cluster_of: Callable[[str], str | None] | None) -> None:
+    """A cluster-limited broker credential against the cluster each named broker set is in (`cluster_of`: the
+    serving node's applied state, `ControllerStateMachine.cluster_of`; None where there is no state).
 
     The request's own cluster is not enough: RocketMQ's AlterSyncStateSet and GetReplicaInfo, and the
-    watch, name none, and a route may ignore a `cluster` the request adds. The set's cluster is read
-    from the serving node's applied state (`ControllerStateMachine.cluster_of`)."""
-    if principal.role == "broker" and set_cluster is not None and not principal.in_scope(set_cluster, None):
-        raise AuthError(403, f"credential {principal.name!r} is not scoped to cluster {set_cluster!r}, "
-                             f"which broker set {name!r} is in")
+    watch, name none, and a route may ignore a `cluster` the request adds. A set not in the state yet
+    (being created) is checked against the cluster its request names, elsewhere."""
+    if cluster_of is None or not limited_to_clusters(principal):
+        return
+    for name in names:
+        set_cluster = cluster_of(name) if name is not None else None
+        if set_cluster is not None and not principal.in_scope(set_cluster, None):
+            raise AuthError(403, f"credential {principal.name!r} is not scoped to cluster {set_cluster!r}, "
+                                 f"which broker set {name!r} is in")
 
 
 # ------------------------------------------------------------------------------ tokens

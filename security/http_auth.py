@@ -22,8 +22,7 @@ from .auth import (
     Rule,
     TokenStore,
     authorize,
-    authorize_set_cluster,
-    limited_to_clusters,
+    authorize_set_clusters,
     rule_for,
 )
 
@@ -82,10 +81,7 @@ class AuthMiddleware:
                 names = body_names(body)
                 authorize_body(principal, rule, cluster, names)
                 sets.append(_text(names.get("brokerName"), None))
-            if self.cluster_of is not None and limited_to_clusters(principal):
-                for name in sets:
-                    if name is not None:
-                        authorize_set_cluster(principal, name, self.cluster_of(name))
+            authorize_set_clusters(principal, sets, self.cluster_of)
         except AuthError as err:
             status, headers, body = error_reply(err)
             if self.on_refusal is not None:
@@ -114,8 +110,7 @@ class AuthMiddleware:
             try:
                 principal = sessions.principal(tokens, sid) if sid is not None else tokens.authenticate(authorization)
                 authorize_path(principal, rule, query)
-                if self.cluster_of is not None and limited_to_clusters(principal) and rule.broker_set is not None:
-                    authorize_set_cluster(principal, rule.broker_set, self.cluster_of(rule.broker_set))
+                authorize_set_clusters(principal, [rule.broker_set], self.cluster_of)
             except AuthError:
                 return False
             return True

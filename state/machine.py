@@ -137,7 +137,7 @@ class ControllerStateMachine:
 
     def cluster_of(self, name: str) -> str | None:
         """The cluster broker set `name` was created in, None if there is no such set (a credential's
-        cluster scope is checked against it: security/auth.py, `authorize_set_cluster`)."""
+        cluster scope is checked against it: security/auth.py, `authorize_set_clusters`)."""
         bs = self.sets.get(name)
         return None if bs is None else bs.cluster
 
