@@ -76,6 +76,10 @@ class FrontEndLink:
                 log.warning("front-end %d: the link to the Raft process broke; re-dialling", os.getpid())
             await asyncio.sleep(RECONNECT_S)
 
+    def raft_process_stalled(self) -> bool:
+        """The link is up but the Raft process has stopped answering it (`LinkClient.stalled`)."""
+        return self.link is not None and self.link.stalled
+
     def forward(self, req: LeanRequest, obj, scheme: str):
         """A future Reply for an admitted request (or a Reply at once when there is no link)."""
         endpoint = req.route.endpoint
@@ -163,7 +167,8 @@ async def run(opts: dict) -> None:
     link = FrontEndLink(opts["link"], metrics)
     lean = LeanPath(None, metrics, tokens, forward=link.forward)
     http_ssl = tls.http_server_context() if tls else None
-    config = uvicorn.Config(RaftProcessProxy(opts["app_socket"]), log_level="warning", lifespan="off",
+    relay = RaftProcessProxy(opts["app_socket"], link.raft_process_stalled)
+    config = uvicorn.Config(relay, log_level="warning", lifespan="off",
                             access_log=False, http=lean_protocol(lean, limits), proxy_headers=False,
                             timeout_keep_alive=limits.idle_timeout_s,
                             timeout_graceful_shutdown=limits.stop_grace_s,

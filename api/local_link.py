@@ -21,6 +21,14 @@ kernel's socket buffer, not memory, absorbs an overrun.
 When the link breaks, the front-end's open calls end: a write whose call was sent has an
 unknown outcome (`LinkLost`, 504 like a proposal timeout, `api/replies.py`); a read, or a call
 not yet sent, changed nothing (`LinkDown`, 503, retry).
+
+A Raft process can also stop answering with the link still open (stopped by SIGSTOP, or its event
+loop blocked). The front-end notices: when it has heard nothing on the link for `PROBE_AFTER_S`
+it sends a ping, which the Raft process answers in the turn it reads it; a ping unanswered for
+`STALL_AFTER_S` marks the link stalled. A stalled link ends its open calls as a broken one does
+(a write's outcome is unknown: it may commit when the process resumes) and refuses new ones
+with `LinkDown` until a frame arrives again, so callers get a 503 or 504 within seconds instead
+of waiting as long as they are willing to.
 """
 
 from __future__ import annotations
@@ -40,6 +48,9 @@ log = logging.getLogger("electra.api.local_link")
 
 MAX_FRAME = 8 << 20  # a request body is at most 1 MiB (the lean path's limit): one always fits
 MAX_IN_FLIGHT = 4096  # open calls per link
+PROBE_AFTER_S = 1.0  # a link silent this long gets a ping
+STALL_AFTER_S = 3.0  # a ping unanswered this long: the Raft process is stalled
+PING = "ping"  # the endpoint of a ping Call: answered by the link itself, never executed
 _LEN = struct.Struct(">I")
 
 
@@ -168,6 +179,10 @@ class LinkClient(asyncio.Protocol):
         self._room = asyncio.Event()
         self.connected = asyncio.Event()
         self.closed = asyncio.Event()
+        self.stalled = False  # a ping went unanswered for STALL_AFTER_S; cleared by the next frame
+        self._heard_at = 0.0  # loop time of the last frame from the Raft process (or of connecting)
+        self._ping_sent_at: float | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
 
     @property
     def in_flight(self) -> int:
@@ -188,6 +203,8 @@ class LinkClient(asyncio.Protocol):
         """
         if not self.connected.is_set() or self.closed.is_set():
             raise LinkDown("this front-end has no link to the node's Raft process")
+        if self.stalled:
+            raise LinkDown(f"the node's Raft process has not answered this front-end for over {STALL_AFTER_S:.0f}s")
         self._next_id += 1
         c.id = self._next_id
         fut = asyncio.get_running_loop().create_future()
@@ -212,6 +229,24 @@ class LinkClient(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self._out.transport = transport
         self.connected.set()
+        loop = asyncio.get_running_loop()
+        self._heard_at = loop.time()
+        self._watchdog = loop.call_later(PROBE_AFTER_S, self._watch)
+
+    def _watch(self) -> None:
+        """Once a second: ping a silent link; mark it stalled, and end its open calls, when a ping goes unanswered."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._ping_sent_at is None and now - self._heard_at >= PROBE_AFTER_S:
+            self._ping_sent_at = now
+            self._next_id += 1
+            self._out.queue(Call(self._next_id, PING, None, None, None, "", "", ""))
+        elif self._ping_sent_at is not None and now - self._ping_sent_at >= STALL_AFTER_S and not self.stalled:
+            self.stalled = True
+            log.warning("the node's Raft process has not answered a ping for %.0fs: ending %d open calls, refusing "
+                        "new ones until it answers", STALL_AFTER_S, len(self._open))
+            self._end_open_calls("the node's Raft process stopped answering")
+        self._watchdog = loop.call_later(PROBE_AFTER_S, self._watch)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -220,6 +255,12 @@ class LinkClient(asyncio.Protocol):
             log.error("link to the Raft process: %s; closing it", exc)
             self._out.transport.close()
             return
+        if frames:
+            self._heard_at = asyncio.get_running_loop().time()
+            self._ping_sent_at = None
+            if self.stalled:
+                self.stalled = False
+                log.warning("the node's Raft process answers again")
         for frame in frames:
             self.stats["frames_in"] += 1
             for a in frame:
@@ -237,17 +278,22 @@ class LinkClient(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed.set()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._end_open_calls("the link to the node's Raft process broke")
+        self._out.outbox.clear()
+
+    def _end_open_calls(self, why: str) -> None:
+        """Fail every open call: a write already sent with LinkLost (it may commit), anything else with LinkDown."""
         unsent = {c.id for c in self._out.outbox}
         for cid, (fut, write) in self._open.items():
             if not fut.done():
                 self.stats["lost"] += 1
                 if write and cid not in unsent:
-                    fut.set_exception(LinkLost("the link to the node's Raft process broke; the write may "
-                                               "have committed"))
+                    fut.set_exception(LinkLost(f"{why}; the write may have committed"))
                 else:
-                    fut.set_exception(LinkDown("the link to the node's Raft process broke"))
+                    fut.set_exception(LinkDown(why))
         self._open.clear()
-        self._out.outbox.clear()
         self._room.set()
 
 
@@ -314,6 +360,9 @@ class LinkServerProtocol(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _run(self, c: Call) -> None:
+        if c.endpoint == PING:
+            self._out.queue(Answer(c.id, 200, b"", {}))
+            return
         self.stats["calls"] += 1
         try:
             out = self.execute(c)

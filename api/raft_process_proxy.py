@@ -8,6 +8,13 @@ request): the request body streams up while the answer streams back (so a 413 ca
 the body, and SSE streams flow), hop-by-hop headers are dropped, and the caller's address and
 scheme go in `X-Forwarded-For` / `X-Forwarded-Proto` (the Raft process trusts them only on that
 socket, in a directory only the node's user can open).
+
+A Raft process that stops answering (SIGSTOP, a blocked event loop) accepts the relay's
+connection and never answers. Until the answer's first byte the relay therefore checks, every
+`STALL_CHECK_S`, whether the front-end's link to the same process has gone stalled
+(`api/local_link.py`: an unanswered ping); then it answers at once, 503 for a read (nothing
+changed) and 504 for anything else (it may yet take effect), instead of waiting as long as the
+caller does. A slow answer from a live process (a leadership transfer, a history query) is not cut.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 
 import httptools
 
@@ -30,7 +38,13 @@ _UNAVAILABLE = json.dumps({"code": int(Code.SYSTEM_BUSY),
                            "remark": "the node's Raft process is not reachable from this front-end"}).encode()
 _CLOSED = json.dumps({"code": int(Code.SYSTEM_ERROR),
                       "remark": "the node's Raft process closed the connection before answering"}).encode()
+_STALLED_READ = json.dumps({"code": int(Code.SYSTEM_BUSY),
+                           "remark": "the node's Raft process is not answering; try another node"}).encode()
+_STALLED_WRITE = json.dumps({"code": int(Code.SYSTEM_ERROR),
+                            "remark": "the node's Raft process stopped answering; the outcome is unknown"}).encode()
 _READ_CHUNK = 64 << 10
+STALL_CHECK_S = 1.0
+_SAFE = {"GET", "HEAD", "OPTIONS"}
 
 
 class _Answer:
@@ -59,11 +73,15 @@ class _Answer:
 class RaftProcessProxy:
     """ASGI app: relay each HTTP request to the FastAPI application behind `socket_path`."""
 
-    def __init__(self, socket_path: str) -> None:
+    def __init__(self, socket_path: str, stalled: Callable[[], bool] = lambda: False) -> None:
         self.socket_path = socket_path
+        self.stalled = stalled  # the front-end's link to the same process has gone unanswered
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
+            return
+        if self.stalled():
+            await self._refuse_stalled(scope, send)
             return
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.socket_path), 5)
@@ -74,7 +92,8 @@ class RaftProcessProxy:
         try:
             chunked = self._write_head(scope, writer)
             pump = asyncio.ensure_future(self._pump_body(receive, writer, chunked))
-            await self._relay_answer(reader, send)
+            if not await self._relay_answer(reader, send):
+                await self._refuse_stalled(scope, send)
         finally:
             if pump is not None:
                 pump.cancel()
@@ -123,18 +142,32 @@ class RaftProcessProxy:
             writer.close()
 
     @staticmethod
-    async def _relay_answer(reader: asyncio.StreamReader, send) -> None:
+    async def _refuse_stalled(scope, send) -> None:
+        if scope["method"] in _SAFE:
+            await _send_simple(send, 503, _STALLED_READ, [(b"retry-after", b"1")])
+        else:
+            await _send_simple(send, 504, _STALLED_WRITE)
+
+    async def _relay_answer(self, reader: asyncio.StreamReader, send) -> bool:
+        """Stream the answer to the caller; False when the process went stalled before its first byte."""
         ans = _Answer()
         started = False
         while not ans.complete:
             try:
-                data = await reader.read(_READ_CHUNK)
+                if started:
+                    data = await reader.read(_READ_CHUNK)
+                else:
+                    data = await asyncio.wait_for(reader.read(_READ_CHUNK), STALL_CHECK_S)
+            except TimeoutError:
+                if self.stalled():
+                    return False
+                continue
             except OSError:
                 data = b""
             if not data:
                 if not started:
                     await _send_simple(send, 502, _CLOSED)
-                    return
+                    return True
                 break
             try:
                 ans.parser.feed_data(data)
@@ -147,6 +180,7 @@ class RaftProcessProxy:
             ans.events.clear()
         if started:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return True
 
 
 async def _send_simple(send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:

@@ -142,8 +142,34 @@ def test_front_ends_serve_each_node_and_are_replaced_when_killed(tmp_path):
                 await write_and_read(leader_ep, "s0", n)
                 return _calls_by_pid(await metrics(leader_ep)).get(newcomer, 0) >= 2
             await _until(newcomer_serves, "the new front-end serving", 30)
-            # SIGKILL a follower node: its front-ends end with it (they hold a pipe from it).
+            # SIGSTOP a follower node's Raft process: its front-ends, alive, notice the link's unanswered ping
+            # and answer at once, a lean read and a relayed route alike, 503 (no waiting on a stopped process);
+            # after SIGCONT they serve again.
             follower = next(i for i in range(3) if i != leader - 1)
+            follower_ep = endpoints[follower]
+            procs[follower].send_signal(signal.SIGSTOP)
+            try:
+                async with httpx.AsyncClient(verify=broker.ssl_context(), headers=broker.headers(),
+                                             timeout=15) as c:
+                    t0 = time.monotonic()
+                    r = await c.get(f"https://{follower_ep}/v1/broker-sets/s0/replica-info")
+                    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+                    r = await c.get(f"https://{follower_ep}/healthz")
+                    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+                    assert time.monotonic() - t0 < 8, "a stopped Raft process kept its front-ends' callers waiting"
+            finally:
+                procs[follower].send_signal(signal.SIGCONT)
+
+            async def serves_again() -> bool:
+                nonlocal n
+                n += 1
+                try:
+                    await write_and_read(follower_ep, "s2", n)
+                except AssertionError:
+                    return False
+                return True
+            await _until(serves_again, "the resumed node's front-ends serving", 30)
+            # SIGKILL a follower node: its front-ends end with it (they hold a pipe from it).
             orphans = fronts[endpoints[follower]]
             procs[follower].send_signal(signal.SIGKILL)
             procs[follower].wait(timeout=10)

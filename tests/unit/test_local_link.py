@@ -213,3 +213,134 @@ def test_the_relay_answers_in_the_apis_shape_when_the_raft_process_is_gone_or_ha
         assert status == 502 and body["code"] == 1 and "closed the connection" in body["remark"]
 
     asyncio.run(main())
+
+
+def test_a_raft_process_that_stops_answering_ends_open_calls_and_refuses_new_ones_until_it_answers(tmp_path,
+                                                                                                  monkeypatch):
+    """A stopped Raft process (SIGSTOP) keeps the link open and says nothing: an unanswered ping marks the link
+    stalled, which ends the open calls (a sent write's outcome unknown, a read not applied) and refuses new
+    ones; the first frame after it clears the mark. A live process that is merely slow is not cut: it answers
+    the pings while its calls wait."""
+    import electra.api.local_link as local_link
+
+    monkeypatch.setattr(local_link, "PROBE_AFTER_S", 0.05)
+    monkeypatch.setattr(local_link, "STALL_AFTER_S", 0.2)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        path = str(tmp_path / "silent.sock")
+        peers: list[asyncio.StreamWriter] = []
+
+        async def silent(reader, writer):  # reads everything, answers nothing: a stopped process
+            peers.append(writer)
+            while await reader.read(65536):
+                pass
+
+        server = await asyncio.start_unix_server(silent, path)
+        _, client = await loop.create_unix_connection(LinkClient, path)
+        t0 = loop.time()
+        write = client.submit(_call(0), write=True)
+        read = client.submit(_call(0, endpoint="replica_info", args=None), write=False)
+        with pytest.raises(LinkLost, match="stopped answering"):
+            await asyncio.wait_for(write, 5)
+        with pytest.raises(LinkDown):
+            await asyncio.wait_for(read, 5)
+        assert client.stalled and loop.time() - t0 < 2
+        with pytest.raises(LinkDown, match="has not answered"):
+            client.submit(_call(0), write=True)
+        peers[0].write(b"".join(encode_frames([Answer(999, 200, b"", {})])))  # it resumes: any frame
+        for _ in range(100):  # bounded
+            if not client.stalled:
+                break
+            await asyncio.sleep(0.01)
+        assert not client.stalled
+        client.close()
+        server.close()
+
+        def slow(c: Call):
+            async def later():
+                await asyncio.sleep(0.6)  # three stall periods
+                return Answer(c.id, 200, b"{}", {})
+            return later()
+
+        server2, client2, end = await _pair(tmp_path, slow)
+        answer = await asyncio.wait_for(client2.submit(_call(0), write=True), 5)
+        assert answer.status == 200 and not client2.stalled
+        assert end.stats["calls"] == 1  # the pings were answered by the link, not executed
+        client2.close()
+        server2.close()
+
+    asyncio.run(main())
+
+
+def test_the_relay_answers_at_once_when_the_raft_process_has_stalled(tmp_path, monkeypatch):
+    """Before an answer's first byte the relay checks the link's stall mark: a read is a 503 to retry elsewhere,
+    anything else a 504 (it may yet take effect); while the process is not stalled, a slow answer is awaited."""
+    import json
+
+    import electra.api.raft_process_proxy as proxy_mod
+    from electra.api.raft_process_proxy import RaftProcessProxy
+
+    monkeypatch.setattr(proxy_mod, "STALL_CHECK_S", 0.05)
+
+    async def main():
+        stalled = {"now": False}
+        requests: list[bytes] = []
+
+        async def stopped(reader, writer):  # takes the request, never answers until told
+            requests.append(await reader.readuntil(b"\r\n\r\n"))
+            for _ in range(200):  # bounded: 2 s
+                if stalled.get("answer"):
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                    await writer.drain()
+                    break
+                await asyncio.sleep(0.01)
+            writer.close()
+
+        server = await asyncio.start_unix_server(stopped, str(tmp_path / "raft.sock"))
+        proxy = RaftProcessProxy(str(tmp_path / "raft.sock"), lambda: stalled["now"])
+
+        async def through(method: str) -> list[dict]:
+            sent: list[dict] = []
+
+            async def receive():
+                await asyncio.sleep(5)
+                return {"type": "http.disconnect"}
+
+            async def send(msg):
+                sent.append(msg)
+
+            scope = {"type": "http", "method": method, "raw_path": b"/v1/admin/x", "query_string": b"",
+                     "headers": [(b"content-length", b"0")], "client": ("127.0.0.1", 5), "scheme": "http"}
+            await asyncio.wait_for(proxy(scope, receive, send), 5)
+            return sent
+
+        async def stall_soon():
+            await asyncio.sleep(0.2)
+            stalled["now"] = True
+
+        for method, status in (("GET", 503), ("POST", 504)):
+            stalled["now"] = False
+            flip = asyncio.ensure_future(stall_soon())
+            sent = await through(method)  # in flight when the process stalls
+            await flip
+            assert sent[0]["status"] == status, (method, sent)
+            body = json.loads(sent[1]["body"])
+            assert body["code"] == (2 if status == 503 else 1) and "answering" in body["remark"]
+            assert (b"retry-after", b"1") in sent[0]["headers"] if status == 503 else True
+        n = len(requests)
+        sent = await through("GET")  # stalled already: refused before any connection is made
+        assert sent[0]["status"] == 503 and len(requests) == n
+        stalled["now"] = False  # a live process answering after several checks is relayed
+
+        async def answer_soon():
+            await asyncio.sleep(0.3)
+            stalled["answer"] = True
+
+        soon = asyncio.ensure_future(answer_soon())
+        sent = await through("GET")
+        await soon
+        assert sent[0]["status"] == 200
+        server.close()
+
+    asyncio.run(main())
