@@ -26,7 +26,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from pydantic import BaseModel, Field, StrictBool
+from pydantic import BaseModel, BeforeValidator, Field, StrictBool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from electra.consensus.errors import RaftError
@@ -46,12 +46,25 @@ from .names import NAME_PATTERN, Name
 from .replies import RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
 from .watchers import OVERFLOW, RESYNC, NotApplied
 
-BrokerId = Annotated[int, Field(ge=1, le=MAX_BROKER_ID)]
+
+def _not_a_boolean(value: object) -> object:
+    """pydantic's lax mode reads `true` as 1; a number here (a broker id, an epoch) never comes as a boolean.
+
+    A decimal string ("2", as RocketMQ's header fields are) and an integral float (2.0) are still read as
+    numbers; `true` was, and `{"brokerIds": [true]}` cleaned broker 1."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a number")
+    return value
+
+
+NOT_A_BOOLEAN = BeforeValidator(_not_a_boolean)
+BrokerId = Annotated[int, NOT_A_BOOLEAN, Field(ge=1, le=MAX_BROKER_ID)]
 # RocketMQ's Java types (state/limits.py): numbers beyond them are a 422, never stored.
-Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
-Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
-Epoch = Annotated[int, Field(ge=0, le=INT32_MAX)]
-Millis = Annotated[int, Field(ge=0, le=INT64_MAX)]
+Int32 = Annotated[int, NOT_A_BOOLEAN, Field(ge=INT32_MIN, le=INT32_MAX)]
+Int64 = Annotated[int, NOT_A_BOOLEAN, Field(ge=INT64_MIN, le=INT64_MAX)]
+Epoch = Annotated[int, NOT_A_BOOLEAN, Field(ge=0, le=INT32_MAX)]
+Millis = Annotated[int, NOT_A_BOOLEAN, Field(ge=0, le=INT64_MAX)]
+TimeoutMillis = Annotated[int, NOT_A_BOOLEAN, Field(ge=100, le=3_600_000)]
 
 
 class Heartbeat(BaseModel):
@@ -62,7 +75,7 @@ class Heartbeat(BaseModel):
     epoch: Int32 = -1
     maxOffset: Int64 = -1
     confirmOffset: Int64 = -1
-    heartbeatTimeoutMillis: Annotated[int, Field(ge=100, le=3_600_000)] = 10_000
+    heartbeatTimeoutMillis: TimeoutMillis = 10_000
     electionPriority: Int32 = 2**31 - 1
 
 
@@ -83,11 +96,16 @@ class ElectMaster(BaseModel):
     brokerId: BrokerId
 
 
+class AdminElectMaster(ElectMaster):
+    # Destructive (a master that may lack acknowledged messages): `true` or `false`, never "yes" or 1.
+    unclean: StrictBool = False
+
+
 class LiveBroker(BaseModel):
     broker_id: BrokerId
     broker_addr: Annotated[str, Field(min_length=1, max_length=255)]
     last_update_ms: Millis
-    timeout_ms: Annotated[int, Field(ge=100, le=3_600_000)] = 10_000
+    timeout_ms: TimeoutMillis = 10_000
     epoch: Int32 = -1
     max_offset: Int64 = -1
     confirm_offset: Int64 = -1
@@ -418,9 +436,9 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
                          svc.clean_broker_data(req.clusterName, name, req.brokerIds, req.cleanLivingBroker))
 
     @app.post("/v1/admin/broker-sets/{name}/elect-master", tags=["admin"], name="admin_elect_master")
-    async def admin_elect(name: Name, req: ElectMaster, request: Request):
+    async def admin_elect(name: Name, req: AdminElectMaster, request: Request):
         return await run("admin_elect_master", request,
-                         svc.elect_master(req.clusterName, name, req.brokerId, designate=True))
+                         svc.elect_master(req.clusterName, name, req.brokerId, designate=True, unclean=req.unclean))
 
     @app.get("/v1/admin/metadata", tags=["admin"])
     async def metadata():

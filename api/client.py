@@ -176,10 +176,11 @@ class ControllerClient:
         return await self.request("POST", f"/v1/broker-sets/{_escaped(name)}/register",
                                   json={"clusterName": cluster, "brokerId": broker_id, "brokerAddress": addr})
 
-    async def elect_master(self, cluster, name, broker_id, *, admin: bool = False) -> dict:
+    async def elect_master(self, cluster, name, broker_id, *, admin: bool = False, unclean: bool = False) -> dict:
+        """Broker-triggered, or with `admin` designated (`unclean`: also outside the sync-state set)."""
         prefix = "/v1/admin" if admin else "/v1"
-        return await self.request("POST", f"{prefix}/broker-sets/{_escaped(name)}/elect-master",
-                                  json={"clusterName": cluster, "brokerId": broker_id})
+        body = {"clusterName": cluster, "brokerId": broker_id} | ({"unclean": True} if unclean else {})
+        return await self.request("POST", f"{prefix}/broker-sets/{_escaped(name)}/elect-master", json=body)
 
     async def alter_sync_state_set(self, name, master_id, master_epoch, new_set, sync_state_set_epoch) -> dict:
         return await self.request("POST", f"/v1/broker-sets/{_escaped(name)}/sync-state-set",

@@ -131,8 +131,9 @@ class Controller:
     def leader_address(self) -> str | None:
         return self.requests.leader_address()
 
-    async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False) -> dict:
-        return await self.requests.elect_master(cluster, name, broker_id, designate)
+    async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False,
+                           unclean: bool = False) -> dict:
+        return await self.requests.elect_master(cluster, name, broker_id, designate, unclean)
 
     async def propose_election(self, cluster: str, name: str, expected_master_epoch: int,
                                live: list[BrokerLiveInfo], judged_at_ms: int | None = None) -> dict:

@@ -141,11 +141,12 @@ class LegacyControllerService(ControllerService):
             lambda: C.register_broker(cluster, name, broker_id, addr, self.now_ms(),
                                       self.liveness.group(cluster, name))))
 
-    async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False) -> dict:
+    async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False,
+                           unclean: bool = False) -> dict:
         def build() -> bytes:
             live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
             return C.elect_master(cluster, name, broker_id, self.now_ms(), live, designate=designate,
-                                  unclean=self.unclean)
+                                  unclean=self.unclean or unclean)
 
         res = await self._append_event(self._write_event(build))
         self._count_election(res)

@@ -58,8 +58,11 @@ class BrokerRequests(Protocol):
         """REGISTER_BROKER (1003): a write when the address changes."""
         ...
 
-    async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False) -> dict:
-        """ELECT_MASTER (1002): broker-triggered, or admin-designated with `designate`."""
+    async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False,
+                           unclean: bool = False) -> dict:
+        """ELECT_MASTER (1002): broker-triggered, or admin-designated with `designate`; `unclean` (an admin's
+        choice for this one election) lets it pick a live replica outside the sync-state set, as the node's
+        `--unclean-election` (RocketMQ's enableElectUncleanMaster) does for every election it proposes."""
         ...
 
     async def propose_election(self, cluster: str, name: str, expected_master_epoch: int,

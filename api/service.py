@@ -175,13 +175,15 @@ class ControllerService:
             return self._write(cmd)  # a new address: no need to try it against the state first
         return self._write_if_it_changes(cmd)
 
-    async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False) -> dict:
+    async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False,
+                           unclean: bool = False) -> dict:
         """An election that would change nothing (master still alive: 2011, or refused) is answered by a read."""
         if (refusal := self.other_cluster(cluster or None, name)) is not None:
             return refusal
         live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
         res = await self._write_if_it_changes(C.elect_master(cluster, name, broker_id, self.live_now_ms(), live,
-                                                             designate=designate, unclean=self.unclean))
+                                                             designate=designate,
+                                                             unclean=self.unclean or unclean))
         self._count_election(res)
         return res
 

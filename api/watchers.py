@@ -2,7 +2,7 @@
 
 The state machine reports every event it applies (`on_event`); this piece is their one owner
 on a node. It keeps the event journal by Raft index (the Kafka events publisher and the Delta
-tier read it) and fans ElectMaster/AlterSyncStateSet out to NOTIFY_BROKER_ROLE_CHANGED watchers.
+tier read it) and fans ElectMaster/AlterSyncStateSet/CleanBrokerData out to NOTIFY_BROKER_ROLE_CHANGED watchers.
 
 A watcher that reconnects, to this node or another, names the last event it received (its Raft
 index, the same on every node) and gets what it missed (`resume`): from the set's recent role
@@ -27,7 +27,9 @@ from electra.state.views import NO_SET_ROLE_FIELDS
 
 log = logging.getLogger("electra.api.watchers")
 
-WATCHED_EVENTS = ("ElectMaster", "AlterSyncStateSet")
+# Role changes: an election, a sync-state-set change, and a clean of broker data (it can remove the
+# master, fencing it with a new master epoch, drop sync-state-set members, or remove the whole set).
+WATCHED_EVENTS = ("ElectMaster", "AlterSyncStateSet", "CleanBrokerData")
 OVERFLOW = "overflow"  # put in a watcher's queue in place of the events it could not take
 RESYNC = "resync"      # put in every watcher's queue when a snapshot replaced the state
 RECENT_PER_SET = 128   # role changes kept per set for watchers that resume (older ones: a resync)
@@ -149,17 +151,18 @@ class Watchers:
         entry = entry_for(self.sm, index, term or 0, ev)
         self.journal.append(entry)
         name = ev.get("brokerName") or ""
-        if entry.state is None and name in self._recent:  # the set is gone: its changes are not kept
-            del self._recent[name]
-            self._trim(name, index)
         if ev.get("type") not in WATCHED_EVENTS:
             return
-        recent = self._recent.get(name)
-        if recent is None:
-            recent = self._recent[name] = deque()
-        elif len(recent) >= RECENT_PER_SET:
-            self._trim(name, recent.popleft().index)
-        recent.append(entry)
+        if entry.state is None:  # the set is gone: its changes are not kept (a resume gets a resync)
+            self._recent.pop(name, None)
+            self._trim(name, index)
+        else:
+            recent = self._recent.get(name)
+            if recent is None:
+                recent = self._recent[name] = deque()
+            elif len(recent) >= RECENT_PER_SET:
+                self._trim(name, recent.popleft().index)
+            recent.append(entry)
         qs = self._queues.get(name)
         if not qs:
             return

@@ -100,10 +100,12 @@ NODE_DEFAULTS = {"state_machine": "controller", "http_addr": ("127.0.0.1", 7301)
                  "inactive_master_scan_ms": None, "kafka_bootstrap": None, "topic_prefix": "",
                  "tier_uri": None, "tier_options": None, "bootstrap_from_tier": False,
                  "unsafe_no_fsync": False, "certs_dir": None, "tokens_file": None, "cluster_id": None,
-                 "insecure": False, "architecture": "new", "front_ends": 0}
+                 "insecure": False, "architecture": "new", "front_ends": 0,
+                 "unclean_election": False}
 _NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} | {"unsafe_no_fsync": bool,
                                                                                    "insecure": bool}
 _NODE_TYPES["bootstrap_from_tier"] = bool
+_NODE_TYPES["unclean_election"] = bool
 
 
 # Numbers a node takes, checked whichever source sets them (a tick of 0 ran Raft's tick in a busy loop).
@@ -225,7 +227,8 @@ def cmd_node(args: argparse.Namespace) -> int:
                                               topics=Topics.prefixed(args.topic_prefix),
                                               tier=tier, bootstrap_from_tier=args.bootstrap_from_tier,
                                               security=None if security.insecure else security,
-                                              architecture=args.architecture, front_ends=args.front_ends)
+                                              architecture=args.architecture, front_ends=args.front_ends,
+                                              unclean_election=args.unclean_election)
             scheme = "http" if security.insecure else "https"
             print(f"controller node {args.id} raft={raft} http={scheme}://{host}:{port} data={args.data_dir} "
                   f"cluster-id={ctl.node.cluster_id}", flush=True)
@@ -639,7 +642,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
             if args.verb == "get-sync-state":
                 res = await client.sync_state_data(names)
             elif args.verb == "elect-master":
-                res = await client.elect_master(args.cluster, name, args.broker_id, admin=True)
+                res = await client.elect_master(args.cluster, name, args.broker_id, admin=True, unclean=args.unclean)
             elif args.verb == "clean-broker-data":
                 res = await client.clean_broker_data(name, cluster=args.cluster,
                                                      ids=args.broker_ids or None, clean_living=args.clean_living)
@@ -793,6 +796,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="benchmarks only: acks before data is durable")
     n.add_argument("--bootstrap-from-tier", action="store_true", default=None,
                    help="with --tier-uri: an empty data dir starts from the tier's newest state")
+    n.add_argument("--unclean-election", action="store_true", default=None,
+                   help="elections may pick a live broker outside the sync-state set when none in it is alive "
+                        "(RocketMQ's enableElectUncleanMaster; it may lack acknowledged messages)")
     n.add_argument("--insecure", action="store_true", default=None,
                    help="plaintext and no authentication (tests only; printed loudly)")
     n.set_defaults(fn=cmd_node)
@@ -869,6 +875,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_broker_set_args(v)
     v.add_argument("--cluster", required=True)
     v.add_argument("--broker-id", type=int, required=True)
+    v.add_argument("--unclean", action="store_true",
+                   help="may pick a live broker outside the sync-state set (it may lack acknowledged messages)")
     v = verbs.add_parser("clean-broker-data", help="remove broker ids, or a whole set (CLEAN_BROKER_DATA)")
     _add_broker_set_args(v)
     v.add_argument("--cluster")

@@ -177,6 +177,50 @@ def test_a_request_naming_another_cluster_than_the_sets_is_refused(tmp_path):
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_clean_of_the_master_is_watched_and_an_unclean_election_recovers_the_set(tmp_path):
+    """CleanBrokerData of a set's master (and only sync-state member) leaves no master and an empty sync-state
+    set: watchers are told at once, a normal election can pick nobody (2012: no one in sync), and an admin's
+    unclean election (`unclean: true`; RocketMQ's enableElectUncleanMaster) makes a live replica master."""
+    async def main():
+        nodes, http = await start_cluster(tmp_path, scan_interval_s=0)
+        client = ControllerClient(list(http.values()))
+        leader_ep = next(http[i] for i, n in nodes.items() if n.node.is_leader)
+        try:
+            await _register_group(client, "u", 2)
+            r = await client.elect_master("c", "u", 1)
+            assert r["code"] == Code.SUCCESS and r["header"]["masterBrokerId"] == 1, r
+            events: list[dict] = []
+
+            async def watch() -> None:
+                async with httpx.AsyncClient(timeout=30) as raw, \
+                        raw.stream("GET", f"http://{leader_ep}/v1/broker-sets/u/watch") as resp:
+                    async for line in resp.aiter_lines():
+                        if line.startswith("data:"):
+                            events.append(json.loads(line[5:]))
+                            return
+
+            watcher = asyncio.ensure_future(watch())
+            await asyncio.sleep(0.5)  # the stream is open
+            r = await client.request("POST", "/v1/admin/broker-sets/u/clean",
+                                     json={"clusterName": "c", "brokerIds": [1], "cleanLivingBroker": True})
+            assert r["code"] == Code.SUCCESS, r
+            await asyncio.wait_for(watcher, 10)
+            assert events[0]["type"] == "CleanBrokerData" and events[0]["masterBrokerId"] is None, events
+            await client.heartbeat("c", "u", 2, "10.0.0.2:10911", epoch=1, maxOffset=200, heartbeatTimeoutMillis=5000)
+            r = await client.elect_master("c", "u", 2, admin=True)
+            assert r["code"] == Code.CONTROLLER_ELECT_MASTER_FAILED, r
+            r = await client.elect_master("c", "u", 2, admin=True, unclean=True)
+            assert r["code"] == Code.SUCCESS and r["header"]["masterBrokerId"] == 2, r
+            info = await client.replica_info("u")
+            assert info["header"]["masterBrokerId"] == 2, info
+        finally:
+            await client.close()
+            for n in nodes.values():
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
 def test_broker_simulator_registers_sets_and_recovers_a_killed_master(tmp_path):
     from electra.broker_simulator import BrokerFleet
 

@@ -83,6 +83,17 @@ def test_security_settings_come_through_the_same_path(tmp_path, monkeypatch):
     assert a.insecure is True
 
 
+def test_unclean_election_is_off_unless_a_source_turns_it_on(tmp_path, monkeypatch):
+    monkeypatch.delenv("ELECTRA_UNCLEAN_ELECTION", raising=False)
+    cfg = tmp_path / "node.toml"
+    cfg.write_text('id = 1\ndata_dir = "d"\npeers = "1=127.0.0.1:7101"\n')
+    assert _node(["--config", str(cfg)], monkeypatch).unclean_election is False
+    assert _node(["--config", str(cfg), "--unclean-election"], monkeypatch).unclean_election is True
+    assert _node(["--config", str(cfg)], monkeypatch, {"ELECTRA_UNCLEAN_ELECTION": "true"}).unclean_election is True
+    cfg.write_text('id = 1\ndata_dir = "d"\npeers = "1=127.0.0.1:7101"\nunclean_election = true\n')
+    assert _node(["--config", str(cfg)], monkeypatch).unclean_election is True
+
+
 def test_cert_command_creates_ca_node_certificates_and_tokens(tmp_path, capsys):
     import json
 

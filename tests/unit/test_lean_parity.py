@@ -550,6 +550,15 @@ def test_the_frameworks_own_refusals_speak_the_api_shape():
                 status, _, body = await ask("POST", "/v1/admin/broker-sets/b1/clean",
                                             b'{"brokerIds":null,"cleanLivingBroker":' + flag + b"}")
                 assert status == 422 and "cleanLivingBroker" in json.loads(body)["remark"]
+            # A boolean is never a number: pydantic's lax mode read `[true]` as broker 1 and cleaned it.
+            for path, raw in (("/v1/admin/broker-sets/b1/clean", b'{"brokerIds":[true]}'),
+                              (f"{S}/b1/register", b'{"clusterName":"c","brokerId":true,"brokerAddress":"a:1"}'),
+                              (f"{S}/b1/sync-state-set", b'{"masterBrokerId":1,"masterEpoch":true,'
+                                                         b'"syncStateSet":[1],"syncStateSetEpoch":1}'),
+                              ("/v1/admin/broker-sets/b1/elect-master",
+                               b'{"clusterName":"c","brokerId":1,"unclean":"yes"}')):
+                status, _, body = await ask("POST", path, raw)
+                assert status == 422 and json.loads(body)["code"] == 2005, (path, body)
         finally:
             server.should_exit = True
             await asyncio.wait_for(task, 10)

@@ -63,7 +63,7 @@ def _resume(w: W.Watchers, name: str, after: int, cluster_ok=None) -> list[tuple
 def test_a_resume_gets_the_sets_changes_after_its_index_only():
     w, sm = _watchers()
     a1, _, a2 = sm.change("a"), sm.change("b"), sm.change("a")
-    sm.change("a", kind="CleanBrokerData")  # not a role change (the set is still there)
+    sm.change("a", kind="UpdateBrokerAddress")  # not a role change
     assert _resume(w, "a", 0) == [("role-change", a1), ("role-change", a2)]
     assert _resume(w, "a", a1) == [("role-change", a2)]
     assert _resume(w, "a", sm.applied) == []
@@ -129,3 +129,36 @@ def test_open_watchers_are_sent_a_resync_when_a_snapshot_replaces_the_state():
         assert q.get_nowait()["index"] == sm.applied
 
     asyncio.run(main())
+
+
+def test_a_clean_of_broker_data_is_a_role_change_watchers_are_told():
+    """CleanBrokerData can remove the master (Electra fences it with a new master epoch), drop sync-state-set
+    members, or remove the whole set: watchers get each as a `role-change` with the set's role after it, live
+    and on a resume, so nobody keeps following a master that no longer exists."""
+    from electra.state import commands as C
+    from electra.state.liveness import BrokerLiveInfo
+    from electra.state.machine import ControllerStateMachine
+
+    sm = ControllerStateMachine()
+    node = SimpleNamespace(core=SimpleNamespace(term_at=lambda i: 1, committed_in_term=lambda: True),
+                           is_leader=True, applied=0)
+    w = W.Watchers(node, sm)  # type: ignore[arg-type]
+    live = [BrokerLiveInfo(i, f"10.0.0.{i}:1", 1_000) for i in (1, 2)]
+    cmds = [C.apply_broker_id("c1", "s", 1, "10.0.0.1:1;1"), C.apply_broker_id("c1", "s", 2, "10.0.0.2:1;2"),
+            C.register_broker("c1", "s", 1, "10.0.0.1:1", 1_000, live),
+            C.elect_master("c1", "s", 1, 1_000, live)]
+    for i, data in enumerate(cmds, 1):
+        node.applied = i
+        sm.apply(i, data)
+    q = w.subscribe("s")
+    node.applied = 5
+    sm.apply(5, C.clean_broker_data("c1", "s", [1], True, 2_000, live))
+    ev = q.get_nowait()
+    assert ev["type"] == "CleanBrokerData" and ev["index"] == 5
+    assert ev["masterBrokerId"] is None and ev["masterEpoch"] == 2, ev
+    assert [kind for kind, _ in asyncio.run(w.resume("s", 4))] == ["role-change"]
+    node.applied = 6
+    sm.apply(6, C.clean_broker_data("c1", "s", None, True, 2_000, live))  # the whole set
+    ev = q.get_nowait()
+    assert ev["type"] == "CleanBrokerData" and ev["index"] == 6 and ev["masterBrokerId"] is None
+    assert [kind for kind, _ in asyncio.run(w.resume("s", 5))] == ["resync"]
