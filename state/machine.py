@@ -116,6 +116,11 @@ _snapshot_encoder = msgspec.msgpack.Encoder()
 _snapshot_decoder = msgspec.msgpack.Decoder(_Snapshot)
 
 
+def _java(value: object) -> str:
+    """A value as RocketMQ's remark prints it (Java's `null`, not Python's `None`)."""
+    return "null" if value is None else str(value)
+
+
 class ControllerStateMachine:
     def __init__(self) -> None:
         self.sets: dict[str, BrokerSet] = {}
@@ -274,7 +279,7 @@ class ControllerStateMachine:
                            "The newSyncStateSet is equal with oldSyncStateSet, no needed to update syncStateSet")
         if bs.master_id is None or bs.master_id != cmd.master_id:
             return refused(Code.CONTROLLER_INVALID_MASTER,
-                           f"Rejecting alter syncStateSet request because the current leader is:{bs.master_id}, "
+                           f"Rejecting alter syncStateSet request because the current leader is:{_java(bs.master_id)}, "
                            f"not {cmd.master_id}")
         if cmd.master_epoch != bs.master_epoch:
             return refused(Code.CONTROLLER_FENCED_MASTER_EPOCH,
