@@ -90,10 +90,17 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
     if architecture == "legacy" and kafka_bootstrap:
         raise ValueError("the legacy architecture keeps liveness on the leader: it runs without --kafka-bootstrap")
     if tier is not None and bootstrap_from_tier:  # an empty data dir starts from the tier's newest state
+        from electra.tiering.bootstrap import BootstrapError
         from electra.tiering.bootstrap import bootstrap_from_tier as bootstrap
+        from electra.tiering.reader import tier_failure
 
-        await asyncio.to_thread(bootstrap, cfg.data_dir, tier.uri, tier.storage_options, fsync=cfg.fsync,
-                                keep=cfg.snapshots_kept)
+        try:
+            await asyncio.to_thread(bootstrap, cfg.data_dir, tier.uri, tier.storage_options, fsync=cfg.fsync,
+                                    keep=cfg.snapshots_kept)
+        except BootstrapError:
+            raise
+        except Exception as exc:  # the tier unreadable: say that it was the bootstrap that failed, and why
+            raise BootstrapError(f"bootstrap from the tier at {tier.uri}: {tier_failure(exc)}") from exc
     sm = ControllerStateMachine()
     node = RaftNode(cfg, sm)
     await node.start()

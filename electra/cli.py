@@ -163,6 +163,8 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
         refuse("--data-dir must not be empty (it would be the current directory)")
     if Path(args.data_dir).exists() and not Path(args.data_dir).is_dir():
         refuse(f"--data-dir {args.data_dir} is not a directory")
+    if args.bootstrap_from_tier and not args.tier_uri:
+        refuse("--bootstrap-from-tier needs --tier-uri: the tier to start this node from")
     if args.state_machine not in ("controller", "kv", "counter"):
         refuse(f"--state-machine must be controller, kv or counter, not {args.state_machine!r}")
     return args

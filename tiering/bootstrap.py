@@ -27,6 +27,10 @@ from .reader import TierReader
 log = logging.getLogger("electra.tiering.bootstrap")
 
 
+class BootstrapError(RuntimeError):
+    """The tier cannot give this node a state to start from; the node does not start."""
+
+
 @dataclass(frozen=True)
 class Bootstrapped:
     index: int
@@ -52,18 +56,20 @@ def bootstrap_from_tier(data_dir: str | Path, uri: str, storage_options: dict[st
             return None
         reader = TierReader(uri, storage_options)
         if not reader.store.exists():
-            log.warning("bootstrap: no tier tables at %s; starting empty", uri)
-            return None
+            # Asked to restore, and nothing to restore from (a wrong path, an unmounted volume): starting
+            # empty would create a new cluster state and, with it, fresh tables at that path.
+            raise BootstrapError(f"bootstrap from the tier: no tier tables at {uri}; nothing to start this node "
+                                 "from (check the path; to start it empty, drop --bootstrap-from-tier)")
         st = reader.state_at_index(None)
         if st.index == 0:
             return None
         if not st.complete:
             log.warning("bootstrap: the tier's state at %d crosses gaps %s", st.index, st.gaps)
-        ev, sp = reader.store.progress("events"), reader.store.progress("snapshots")
-        term = st.term or (ev.upto_term if st.index == ev.upto else sp.upto_term)
+        term = st.term  # from the rows, or the progress at exactly that index (`state_at_index`)
         if term == 0:
-            raise RuntimeError(f"bootstrap: the tier does not record the term of entry {st.index}")
-        hard_term = max(term, ev.term, sp.term, rec.term)
+            raise BootstrapError(f"bootstrap from the tier: it does not record the term of entry {st.index}")
+        ev, sp = reader.store.progress("events"), reader.store.progress("snapshots")
+        hard_term = max(term, ev.term, sp.term, rec.term)  # uploaders' terms, read now: never lower
         sm = ControllerStateMachine()
         sm.sets, sm.applied = st.sets, st.index
         _, finish = snaps.create(st.index, term, sm.snapshot)

@@ -71,9 +71,11 @@ def iso(ms: int) -> str:
 
 
 def tier_failure(exc: BaseException) -> str:
-    """Why the tier could not be read, in one line (delta-rs and object stores raise pages of text)."""
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
-    return f"{type(exc).__name__}: {first}"
+    """Why the tier could not be read, in one line (delta-rs and object stores raise pages of text): the first
+    line says what failed, the last one usually why ("Permission denied", "Connection refused")."""
+    lines = [ln.strip(" \t↳") for ln in str(exc).splitlines() if ln.strip(" \t↳")] or [""]
+    text = lines[0][:300] + (f" ... {lines[-1][:200]}" if len(lines) > 1 else "")
+    return f"{type(exc).__name__}: {text}"
 
 
 def event_window(events_from: int | None, events_to: int | None) -> tuple[int, int] | None:
@@ -112,15 +114,28 @@ class TierReader:
 
     # ------------------------------------------------------------------ state by index
     def state_at_index(self, index: int | None = None) -> TierState:
-        """The exact state after Raft index `index` (default: everything the events table covers)."""
-        snaps = self.table("snapshots")
-        events = self.table("events")
-        if index is None:
-            p = self.store.progress("events") if not self.version else None
-            covered = p.upto if p else (pc.max(events["index"]).as_py() or 0)
-            # A gap bridge commits its full snapshot before the events, so it can be ahead of them.
-            index = max(covered, pc.max(snaps["snapshot_index"]).as_py() or 0)
-        return self._fold(snaps, events, index)
+        """The exact state after Raft index `index` (default: everything the tables cover).
+
+        For the default, each table's rows are read at the very version its progress was read from:
+        an upload committing between the two reads would otherwise label the rows of version V with
+        the index of V+1, and a node bootstrapped from that would silently lack the entries between.
+        The entry's term then comes from the fold or, when the newest entries produced no event (a new
+        leader's first entry), from the progress that covers exactly that index."""
+        if index is not None or self.version:
+            snaps, events = self.table("snapshots"), self.table("events")
+            if index is None:
+                index = max(pc.max(events["index"]).as_py() or 0, pc.max(snaps["snapshot_index"]).as_py() or 0)
+            return self._fold(snaps, events, index)
+        ev = self.store.progress("events")
+        events = self.store.read("events", ev.version)
+        sp = self.store.progress("snapshots")
+        snaps = self.store.read("snapshots", sp.version)
+        # A gap bridge commits its full snapshot before the events, so it can be ahead of them.
+        index = max(ev.upto, pc.max(snaps["snapshot_index"]).as_py() or 0)
+        st = self._fold(snaps, events, index)
+        if st.term == 0:
+            st.term = ev.upto_term if index == ev.upto else sp.upto_term if index == sp.upto else 0
+        return st
 
     def _fold(self, snaps: pa.Table, events: pa.Table, cut: int) -> TierState:
         markers = snaps.filter(pc.and_(pc.is_null(snaps["name"]), pc.less_equal(snaps["snapshot_index"], cut)))
@@ -131,11 +146,12 @@ class TierReader:
             rows = snaps.filter(pc.equal(snaps["snapshot_index"], snap_index)).to_pylist()
             term = rows[0]["snapshot_term"]
             sets = sets_from_snapshot_rows(rows)
-        elif snaps.num_rows and events.num_rows:
+        elif snaps.num_rows:
             # No snapshot at or below the cut: the empty state is a valid start only if retention
-            # has not dropped the events before the oldest snapshot.
-            ev_min = pc.min(events["index"]).as_py()
-            complete = ev_min < pc.min(snaps["snapshot_index"]).as_py()
+            # has not dropped the events before the oldest snapshot (when it dropped every event, none
+            # is left to say so: that is not an exact answer either).
+            complete = bool(events.num_rows) and (pc.min(events["index"]).as_py()
+                                                  < pc.min(snaps["snapshot_index"]).as_py())
         lo = snap_index or 0
         rng = events.filter(pc.and_(pc.greater(events["index"], lo), pc.less_equal(events["index"], cut)))
         rng = rng.sort_by([("index", "ascending"), ("seq", "ascending")])
@@ -146,8 +162,8 @@ class TierReader:
                 continue
             fold_event(sets, r["type"], json.loads(r["payload"]), json.loads(r["state"]) if r["state"] else None)
             term = r["term"]
-        if rng.num_rows and rng["index"][-1].as_py() < cut:
-            term = 0  # the entry at the cut produced no event; its term is not in the rows
+        if (rng["index"][-1].as_py() if rng.num_rows else lo) < cut:
+            term = 0  # the entry at the cut produced no event (or no snapshot is at it): its term is not known here
         return TierState(cut, term, sets, snap_index, gaps, complete and not gaps)
 
     # ------------------------------------------------------------------ time travel

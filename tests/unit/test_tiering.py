@@ -212,6 +212,9 @@ def test_time_travel_and_fold_match_replayed_state(tmp_path):
         restored.restore(f)
     assert {n: bs.to_wire() for n, bs in restored.sets.items()} == states[300]
     assert bootstrap_from_tier(tmp_path / "node", uri, fsync=False) is None  # never over existing state
+    quiet = TierStore(tmp_path / "tier")  # a later pass, once no event is left (a quiet cluster)
+    quiet.table("events").delete("index <= 300")
+    assert not reader.state_at(ts[150])["complete"]  # no event left to tell: still not an exact answer
 
 
 def _bs(wire):
@@ -334,3 +337,68 @@ def test_node_options_for_tiering():
     plain = resolve_node_settings(build_parser().parse_args(["node", "--id", "1", "--peers", "1=127.0.0.1:7001",
                                                              "--data-dir", "d"]))
     assert plain.tier_uri is None and plain.bootstrap_from_tier is False
+
+
+def test_bootstrap_takes_the_term_of_an_entry_that_produced_no_event(tmp_path):
+    """A new leader's first entry (a no-op) produces no event: the tier's newest index can be one whose term is in
+    no row, only in the progress that covers it. Bootstrap must use that term, not the snapshot's before it: a
+    node started with the snapshot's older term at that index never matches the leader's log again."""
+    uri = str(tmp_path / "tier")
+    store = TierStore(uri)
+    store.ensure()
+    entries, states, ts, _ = _replay(_workload(130))
+    _upload(store, entries, states, [50, 120], snapshot_at={120}, ts=ts)  # the snapshot at 120 has term 2
+    store.commit("events", events_table([]), upto=121, upto_term=9, uploader_term=9, expect_upto=120)
+    st = TierReader(uri).state_at_index(None)
+    assert (st.index, st.term) == (121, 9)
+    b = bootstrap_from_tier(tmp_path / "node", uri, fsync=False)
+    assert (b.index, b.term) == (121, 9)
+
+
+def test_bootstrap_reads_rows_and_progress_of_one_table_version(tmp_path):
+    """An upload that commits while bootstrap reads the tier must not label the rows of version V with the index
+    of version V+1 (the node would silently miss the entries between)."""
+    uri = str(tmp_path / "tier")
+    store = TierStore(uri)
+    store.ensure()
+    entries, states, ts, _ = _replay(_workload(200))
+    _upload(store, entries, states, [80], ts=ts)
+    reader = TierReader(uri)
+    read = reader.store.read
+    landed = []
+
+    def read_then_an_upload_lands(which, version=None, columns=None):
+        rows = read(which, version, columns)
+        if which == "events" and not landed:
+            landed.append(1)
+            _upload(TierStore(uri), entries, states, [150], ts=ts)
+        return rows
+
+    reader.store.read = read_then_an_upload_lands  # type: ignore[method-assign]
+    st = reader.state_at_index(None)
+    assert landed and {n: bs.to_wire() for n, bs in st.sets.items()} == states[st.index], st.index
+
+
+def test_bootstrap_refuses_when_there_is_nothing_to_start_from(tmp_path, capsys):
+    """Asked to restore from a tier that is not there (a wrong path, an unmounted volume), a node does not start
+    empty (it would begin a new cluster state and create fresh tables there): it stops with the reason."""
+    from electra.cli import build_parser, resolve_node_settings
+    from electra.tiering.bootstrap import BootstrapError
+
+    with pytest.raises(BootstrapError, match="no tier tables"):
+        bootstrap_from_tier(tmp_path / "node", str(tmp_path / "missing"), fsync=False)
+    assert not (tmp_path / "missing" / "events").exists()
+    args = build_parser().parse_args(["node", "--id", "1", "--peers", "1=127.0.0.1:7101", "--data-dir",
+                                      str(tmp_path / "d"), "--insecure", "--bootstrap-from-tier"])
+    with pytest.raises(SystemExit) as exit_:
+        resolve_node_settings(args)
+    assert exit_.value.code == 2 and "--bootstrap-from-tier needs --tier-uri" in capsys.readouterr().err
+
+
+def test_a_tier_failure_keeps_the_cause():
+    from electra.tiering.reader import tier_failure
+
+    exc = OSError("Kernel error -> Generic LocalFileSystem error: Unable to open file /t/_last_checkpoint\n"
+                  "  ↳ Permission denied (os error 13)")
+    assert tier_failure(exc) == ("OSError: Kernel error -> Generic LocalFileSystem error: Unable to open file "
+                                 "/t/_last_checkpoint ... Permission denied (os error 13)")
