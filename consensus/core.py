@@ -212,6 +212,9 @@ class RaftCore:
 
         self._snap_requests: list[int] = []
         self.refused_terms = 0  # messages dropped for a term jump beyond MAX_TERM_JUMP
+        # Set when a leader's log contradicts an entry committed here: this node's log cannot be
+        # trusted (a bad bootstrap, a data dir copied from elsewhere). The host must fail-stop.
+        self.diverged: str | None = None
         self._msgs: list[Message] = []
         self._hard_dirty = False
         self._role_changed = False
@@ -670,6 +673,16 @@ class RaftCore:
     def _handle_append(self, m: Append) -> None:
         log = self.log
         prev = m.prev_index
+        if prev <= log.commit:
+            mine = log.term_at(prev)
+            if mine is not None and mine != m.prev_term:
+                # Committed entries are in every later leader's log (Leader Completeness): a leader that
+                # has another term at a committed index means this log is not the cluster's. Answering
+                # would only loop (the leader backs off to the commit index, which "matches", and tries
+                # again); refuse it and let the host stop (etcd's raft panics here).
+                self.diverged = (f"entry {prev} is committed here in term {mine}, but leader {m.src} (term "
+                                 f"{m.term}) has it in term {m.prev_term}")
+                return
         if prev < log.commit:
             # Already committed here; answer with what we know so the leader moves on (never
             # more than this log holds: the leader counts the answer as a replica).

@@ -80,3 +80,12 @@ class DiskFailure(RaftError):
     """
 
     outcome_known = False
+    advice = "free space or fix the disk, then restart: the node recovers its log and catches up from the leader"
+
+
+class LogDiverged(DiskFailure):
+    """The leader's log contradicts an entry this node has committed: its data dir is not this cluster's
+    log (a bad bootstrap, a data dir copied from another node or cluster). Fail-stop, as on a disk fault."""
+
+    advice = ("this node's data dir contradicts the cluster's committed log: move it aside and restart the node "
+              "with an empty one (it catches up from the leader)")

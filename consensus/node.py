@@ -51,6 +51,7 @@ from .errors import (
     DiskFailure,
     FollowerBehind,
     LeadershipLost,
+    LogDiverged,
     NodeStopped,
     NoQuorum,
     NotLeader,
@@ -314,8 +315,8 @@ class RaftNode:
         """The log cannot be made durable: stop serving now, acknowledge nothing more."""
         if self.failure is not None:
             return
-        log.critical("node %d: FATAL disk failure, stopping without acknowledging anything more: %s",
-                     self.cfg.node_id, exc)
+        log.critical("node %d: FATAL %s, stopping without acknowledging anything more: %s", self.cfg.node_id,
+                     "log divergence" if isinstance(exc, LogDiverged) else "disk failure", exc)
         self.failure = exc
         self._running = False  # no more ticks, messages, proposals, acks or votes
         if self._tick_handle:
@@ -516,7 +517,11 @@ class RaftNode:
             if q is not None:
                 q.put_nowait(msg)
         else:
-            self._live.core.step(msg)
+            core = self._live.core
+            core.step(msg)
+            if core.diverged is not None:
+                self._fail_stop(LogDiverged(core.diverged))
+                return
         self._kick()
 
     def _on_tick(self) -> None:

@@ -291,8 +291,8 @@ def _serve_until_signal(start) -> int:
         if node.failed.done():
             # Fail-stop: the node already stopped serving; exit now, running nothing that could
             # touch the disk or answer a client (etcd and PostgreSQL panic on a failed fsync too).
-            print(f"FATAL: {node.failed.result()}; exiting with code {EXIT_DISK_FAILURE} (free space or fix "
-                  "the disk, then restart: the node recovers its log and catches up from the leader)",
+            failure = node.failed.result()
+            print(f"FATAL: {failure}; exiting with code {EXIT_DISK_FAILURE} ({failure.advice})",
                   file=sys.stderr, flush=True)
             logging.shutdown()
             os._exit(EXIT_DISK_FAILURE)

@@ -629,3 +629,27 @@ def test_answers_read_late_do_not_make_a_cut_off_leader_look_connected():
         leader.step(m)
     leader.tick()
     assert leader.role == Role.LEADER and leader.quorum_silent
+
+
+def test_a_follower_whose_committed_entry_has_another_term_than_the_leaders_says_it_diverged():
+    """What a bad bootstrap left (QA): a snapshot at index N in a term the leader's log does not have at N. The
+    follower's reject hint and the leader's back-off met at N forever (both at 100% CPU); now the follower
+    refuses the append and reports the divergence, for its host to fail-stop (etcd's raft panics here)."""
+    net = Net()
+    leader = net.elect()
+    leader.propose([b"e%d" % i for i in range(20)])
+    net.tick(3)
+    f = next(c for c in net.cores.values() if c is not leader)
+    n = leader.last_index()
+    assert f.log.commit == n
+    wrong = leader.log.term_at(n) - 1
+    bad = RaftCore(f.id, f.peers, f.cfg, term=f.term, vote=f.vote, log_offset=n, offset_term=wrong,
+                   commit=n, applied=n, snapshot=(n, wrong), rng=random.Random(5), clock=frozen_clock)
+    net.cores[f.id] = bad
+    leader.propose([b"after"])
+    sent_before = len(net.sent)
+    net.tick(3)
+    assert bad.diverged is not None and f"entry {n} is committed here in term {wrong}" in bad.diverged
+    answers = [m for m in net.sent[sent_before:] if m.src == bad.id and m.type == MsgType.APP_RESP]
+    assert answers == []  # no reject/hint ping-pong with the leader
+    assert bad.last_index() == n
