@@ -1,21 +1,70 @@
-"""The cluster id stamped in a node's data directory.
+"""What a node's data directory belongs to: its cluster, its member, and the one process using it.
 
-A data directory belongs to one cluster for life: the first start writes the cluster id to
-`<data_dir>/cluster-id`, and a later start with another cluster id refuses, so a stale node from
-another cluster cannot join a fresh one and impose its log. The id itself is generated when the
-cluster is bootstrapped (with its CA: `electra cert create-ca`, `electra up`).
+A data directory belongs to one cluster and one member for life:
+
+* `<data_dir>/cluster-id`: the first start with a cluster id writes it, and a later start with
+  another id refuses, so a stale node from another cluster cannot join a fresh one and impose its
+  log. The id itself is generated when the cluster is bootstrapped (with its CA: `electra cert
+  create-ca`, `electra up`). A directory that already holds a Raft log but no id (written by an
+  `--insecure` node, or by another cluster) is not adopted silently either.
+* `<data_dir>/member`: the node id and the ids of every member (`--peers`), written at the first
+  start. A start as another node (its vote and log would be another member's), or with another set
+  of members, refuses: Electra has no online reconfiguration, and a node restarted with a smaller
+  peer list elects itself in a majority of its own (two leaders, conflicting writes). Peer
+  addresses may change. Changing the members takes every node stopped first, then each started
+  once with `--accept-new-peers`.
+* `<data_dir>/LOCK`: an exclusive `flock` held by the process serving the directory (`electra
+  node`), so a second process on the same directory refuses instead of writing the same log (two
+  "replicas" on one disk).
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 from pathlib import Path
 
 STAMP = "cluster-id"
+MEMBER = "member"
+LOCK = "LOCK"
 
 
 class ClusterIdMismatch(RuntimeError):
     pass
+
+
+class MemberMismatch(RuntimeError):
+    pass
+
+
+class DataDirInUse(RuntimeError):
+    pass
+
+
+def _holds_raft_state(data_dir: Path) -> bool:
+    for sub in ("raft-log", "snapshots"):
+        try:
+            if any(os.scandir(data_dir / sub)):
+                return True
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return False
+
+
+def _write_durably(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def check_cluster_stamp(data_dir: Path | str, cluster_id: str | None) -> str | None:
@@ -23,7 +72,8 @@ def check_cluster_stamp(data_dir: Path | str, cluster_id: str | None) -> str | N
 
     No configured id: the stamped one is used (None if the directory was never stamped).
     """
-    path = Path(data_dir) / STAMP
+    data_dir = Path(data_dir)
+    path = data_dir / STAMP
     try:
         stamped = path.read_text().strip() or None
     except FileNotFoundError:
@@ -35,16 +85,56 @@ def check_cluster_stamp(data_dir: Path | str, cluster_id: str | None) -> str | N
                                 "refusing to start (point --data-dir at this cluster's directory, or wipe it to "
                                 "join this cluster as a new member)")
     if stamped is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(STAMP + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(cluster_id + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        if _holds_raft_state(data_dir):
+            raise ClusterIdMismatch(
+                f"data directory {data_dir} holds a Raft log but no cluster id (it was written by an --insecure "
+                f"node or by another cluster); refusing to adopt it into cluster {cluster_id!r}. If it is this "
+                f"cluster's, write {cluster_id} to {path}; otherwise point --data-dir elsewhere or empty it")
+        _write_durably(path, cluster_id + "\n")
     return cluster_id
+
+
+def check_member_stamp(data_dir: Path | str, node_id: int, members: list[int], *, accept_new: bool = False) -> None:
+    """Stamp `data_dir` with this node's id and the members' ids, or check them (see the module docstring)."""
+    data_dir = Path(data_dir)
+    path = data_dir / MEMBER
+    want = {"node_id": node_id, "members": sorted(members)}
+    try:
+        stamped = json.loads(path.read_text())
+    except FileNotFoundError:
+        stamped = None
+    except (OSError, ValueError) as exc:
+        raise MemberMismatch(f"cannot read {path}: {exc}") from None
+    if stamped is not None and stamped.get("node_id") != node_id:
+        raise MemberMismatch(f"data directory {data_dir} belongs to node {stamped.get('node_id')}, not node {node_id}; "
+                             "refusing to start (each node needs its own data directory)")
+    if stamped is not None and stamped.get("members") != want["members"] and not accept_new:
+        raise MemberMismatch(
+            f"data directory {data_dir} was started with members {stamped.get('members')}, and this start names "
+            f"{want['members']}; refusing to start. Electra has no online reconfiguration: a node started with "
+            "other members can form a majority of its own. To change the members, stop every node, then start "
+            "each once with --accept-new-peers and the new --peers")
+    if stamped != want:
+        _write_durably(path, json.dumps(want) + "\n")
+
+
+def lock_data_dir(data_dir: Path | str) -> int:
+    """Take `<data_dir>/LOCK` for this process (the returned descriptor holds it until the process exits)."""
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+        raise DataDirInUse(f"data directory {data_dir} is in use by another process (pid {holder}); refusing "
+                           "to start (two processes on one directory would write the same log)") from None
+    try:  # who holds it, for the refusal above; a full disk must not stop a restart here
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError:
+        pass
+    return fd

@@ -198,6 +198,22 @@ def cmd_node(args: argparse.Namespace) -> int:
     if security.insecure:
         print(INSECURE_BANNER, file=sys.stderr, flush=True)
         logging.warning(INSECURE_BANNER)
+    from electra.consensus.cluster_stamp import (
+        ClusterIdMismatch,
+        DataDirInUse,
+        MemberMismatch,
+        check_cluster_stamp,
+        check_member_stamp,
+        lock_data_dir,
+    )
+
+    try:  # what the data dir belongs to, and that no other process serves it (consensus/cluster_stamp.py)
+        lock_data_dir(args.data_dir)  # held until this process exits
+        check_cluster_stamp(args.data_dir, security.cluster_id)
+        check_member_stamp(args.data_dir, args.id, list(args.peers), accept_new=args.accept_new_peers)
+    except (DataDirInUse, ClusterIdMismatch, MemberMismatch, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     cfg = NodeConfig(node_id=args.id, peers=args.peers, data_dir=Path(args.data_dir),
                      tick_s=args.tick_ms / 1000, fsync=not args.unsafe_no_fsync,
                      snapshot_entries=args.snapshot_entries, compaction_slack=args.compaction_slack,
@@ -798,6 +814,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="benchmarks only: acks before data is durable")
     n.add_argument("--bootstrap-from-tier", action="store_true", default=None,
                    help="with --tier-uri: an empty data dir starts from the tier's newest state")
+    n.add_argument("--accept-new-peers", action="store_true", default=False,
+                   help="this start's --peers replace the members recorded in the data dir; only with every node "
+                        "of the cluster stopped first (Electra has no online reconfiguration)")
     n.add_argument("--unclean-election", action="store_true", default=None,
                    help="elections may pick a live broker outside the sync-state set when none in it is alive "
                         "(RocketMQ's enableElectUncleanMaster; it may lack acknowledged messages)")

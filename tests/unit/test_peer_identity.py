@@ -187,3 +187,42 @@ def test_rotated_node_certificate_is_reloaded_into_the_live_contexts(pki, tmp_pa
     create_node_cert(d, 1, ["127.0.0.1"])
     assert tls.reload_if_changed()
     assert ctx.cert_store_stats()["x509_ca"] == before + 1
+
+
+def test_a_data_dir_belongs_to_one_member_and_one_process(tmp_path):
+    """QA: a node restarted with only itself in --peers elected itself (two leaders); `--id 2` on node 3's data
+    dir was accepted; two processes wrote one log. Each now refuses with the reason."""
+    import os
+
+    from electra.consensus.cluster_stamp import (
+        DataDirInUse,
+        MemberMismatch,
+        check_member_stamp,
+        lock_data_dir,
+    )
+
+    d = tmp_path / "n3"
+    check_member_stamp(d, 3, [1, 2, 3])
+    check_member_stamp(d, 3, [3, 2, 1])  # the same members in another order
+    with pytest.raises(MemberMismatch, match="belongs to node 3, not node 2"):
+        check_member_stamp(d, 2, [1, 2, 3])
+    with pytest.raises(MemberMismatch, match=r"started with members \[1, 2, 3\].*names \[3\]"):
+        check_member_stamp(d, 3, [3])
+    check_member_stamp(d, 3, [1, 2, 3, 4, 5], accept_new=True)  # every node stopped, then restarted once so
+    check_member_stamp(d, 3, [1, 2, 3, 4, 5])
+    fd = lock_data_dir(d)
+    try:
+        with pytest.raises(DataDirInUse, match=f"pid {os.getpid()}"):
+            lock_data_dir(d)
+    finally:
+        os.close(fd)
+    os.close(lock_data_dir(d))  # free again once the holder is gone
+
+
+def test_a_secure_node_does_not_adopt_an_unstamped_raft_log(tmp_path):
+    (tmp_path / "raft-log").mkdir()
+    (tmp_path / "raft-log" / "00000000000000000001.seg").write_bytes(b"x")
+    with pytest.raises(ClusterIdMismatch, match="holds a Raft log but no cluster id"):
+        check_cluster_stamp(tmp_path, "prod")
+    assert not (tmp_path / "cluster-id").exists()
+    assert check_cluster_stamp(tmp_path, None) is None  # an insecure node without an id: as before
