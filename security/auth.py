@@ -23,6 +23,7 @@ allow the call; both in the API's error body shape with code 16 (RocketMQ NO_PER
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
@@ -274,10 +275,8 @@ def create_token(tokens_file: Path | str, role: str, name: str, *, broker_sets: 
     if role == "broker":
         entry |= {"broker_sets": list(broker_sets or []), "clusters": list(clusters or ["*"])}
     data["tokens"].append(entry)
-    tmp = path.with_name(path.name + ".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    _rewrite_tokens_file(path, data)
     return token
 
 
@@ -288,7 +287,28 @@ def revoke_tokens(tokens_file: Path | str, name: str, *, keep_newest: bool = Fal
     mine = [t for t in data["tokens"] if t["name"] == name]
     drop = mine[:-1] if keep_newest else mine
     data["tokens"] = [t for t in data["tokens"] if t not in drop]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    _rewrite_tokens_file(path, data)
     return len(drop)
+
+
+def _rewrite_tokens_file(path: Path, data: dict) -> None:
+    """Replace the tokens file atomically, keeping its mode and owner (0644 for a new one: it holds hashes only).
+
+    Under an operator's umask 077 a rewrite made the file 0600 root's: the nodes (running as their own user)
+    could no longer re-read it and kept their old tokens, so a revocation did not take effect."""
+    try:
+        st: os.stat_result | None = path.stat()
+    except FileNotFoundError:
+        st = None
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, (st.st_mode & 0o7777) if st is not None else 0o644)
+        if st is not None and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+            with contextlib.suppress(PermissionError):  # not root: the file keeps this user's ownership
+                os.fchown(fd, st.st_uid, st.st_gid)
+        os.write(fd, (json.dumps(data, indent=1) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)

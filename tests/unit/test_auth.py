@@ -278,3 +278,23 @@ def test_an_audit_record_the_disk_refuses_leaves_the_answer_whole_and_goes_to_th
     assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [200]
     assert b"".join(m.get("body", b"") for m in sent) == b'{"code":0,"remark":"cleaned"}'
     assert audit.failures == 1 and "audit record NOT written" in caplog.text and "clean b" in caplog.text
+
+
+def test_rewriting_the_tokens_file_keeps_its_mode_whatever_the_umask(tmp_path):
+    """QA: under umask 077 a create/revoke made tokens.json 0600, the node (another user) could not re-read it,
+    and a revocation silently did not take effect."""
+    import os
+    import stat
+
+    path = tmp_path / "tokens.json"
+    create_token(path, "observer", "a")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # hashes only: readable by the node's user
+    os.chmod(path, 0o640)
+    old = os.umask(0o077)
+    try:
+        create_token(path, "observer", "b")
+        revoke_tokens(path, "a")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert [t["name"] for t in json.loads(path.read_text())["tokens"]] == ["b"]
