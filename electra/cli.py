@@ -123,7 +123,7 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
         try:
             with open(args.config, "rb") as f:
                 file_values = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+        except (OSError, ValueError) as exc:  # TOMLDecodeError, or bytes that are not UTF-8
             refuse(f"cannot read --config {args.config}: {exc}")
         unknown = set(file_values) - set(_NODE_TYPES)
         if unknown:
@@ -135,6 +135,11 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
         value = env if env is not None else file_values.get(key)
         if isinstance(value, dict):  # TOML tables: {"1" = "host:port", ...}
             value = ",".join(f"{k}={v}" for k, v in value.items())
+        if env is None and value is not None:  # from the file: TOML has types; `id = 1.5` is not node 1
+            want = bool if typ is bool else int if typ is int else str
+            if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+                kind = {bool: "a boolean", int: "an integer", str: "a string"}[want]
+                refuse(f"{key} in {args.config} must be {kind}, not {type(value).__name__}")
         if value is None:
             value = NODE_DEFAULTS.get(key)
         elif typ is bool:

@@ -48,6 +48,17 @@ def test_clear_errors_for_missing_and_unknown_settings(tmp_path, monkeypatch, ca
     _refused(capsys, lambda: _node(["--config", str(bad)], monkeypatch), "unknown keys.*colour")
     _refused(capsys, lambda: _node(["--config", str(tmp_path / "missing.toml")], monkeypatch), "cannot read")
     _refused(capsys, lambda: _node(["--peers", "one=two"], monkeypatch), "ID=HOST:PORT")
+    # TOML has types: a value of another type is refused, not coerced (`id = 1.5` ran as node 1) or a traceback
+    for line, match in (("id = 1.5", "id in .* must be an integer, not float"),
+                        ("id = true", "id in .* must be an integer, not bool"),
+                        ("id = [1]", "id in .* must be an integer, not list"),
+                        ("peers = 5", "peers in .* must be a string, not int"),
+                        ('data_dir = 5\nid = 1\npeers = "1=127.0.0.1:1"', "data_dir in .* must be a string, not int"),
+                        ('id = 1\ninsecure = "yes"', "insecure in .* must be a boolean, not str")):
+        bad.write_text(line + "\n")
+        _refused(capsys, lambda: _node(["--config", str(bad)], monkeypatch), match)
+    bad.write_bytes(b"\xff\xfe\x00binary")
+    _refused(capsys, lambda: _node(["--config", str(bad)], monkeypatch), "cannot read --config")
 
 
 @pytest.mark.parametrize(("argv", "env", "match"), [
