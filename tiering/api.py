@@ -43,6 +43,6 @@ def history_router(uri: str, storage_options: dict[str, str] | None = None) -> A
             return await asyncio.to_thread(reader.history, times["at"], times["from"], times["to"])
         except Exception as exc:  # the tier is unreachable, empty or damaged: its first line, not a repr
             return JSONResponse({"code": int(Code.SYSTEM_ERROR), "remark": f"tier unavailable: {tier_failure(exc)}"},
-                                status_code=503)
+                                status_code=503, headers={"retry-after": "5"})
 
     return router

@@ -7,17 +7,19 @@ import json
 
 
 def parse_storage_options(text: str) -> dict[str, str]:
-    """delta-rs `storage_options` from `KEY=VALUE,KEY=VALUE` or a JSON object."""
+    """delta-rs `storage_options` from `KEY=VALUE,KEY=VALUE` or a JSON object.
+
+    A refusal never repeats the text: these options hold object-store credentials."""
     text = text.strip()
     if text.startswith("{"):
         try:
             return {str(k): str(v) for k, v in json.loads(text).items()}
         except (ValueError, AttributeError):
-            raise argparse.ArgumentTypeError(f"bad storage options {text!r}: not a JSON object") from None
+            raise argparse.ArgumentTypeError("bad storage options: not a JSON object of KEY: VALUE") from None
     out = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
+    for n, part in enumerate(filter(None, (p.strip() for p in text.split(","))), 1):
         if "=" not in part:
-            raise argparse.ArgumentTypeError(f"bad storage option {part!r}: expected KEY=VALUE")
+            raise argparse.ArgumentTypeError(f"bad storage option #{n}: expected KEY=VALUE")
         k, v = part.split("=", 1)
         out[k.strip()] = v.strip()
     return out

@@ -37,11 +37,13 @@ from electra.consensus.core import Role
 from electra.state.journal import EventJournal, JournalEntry, JournalGap, entry_for
 from electra.state.machine import ControllerStateMachine
 
-from .reader import TierReader
+from .reader import TierReader, tier_failure
 from .schema import event_rows, events_table, gap_row, snapshot_rows, snapshots_table
 from .store import Conflict, Fenced, Moved, TierStore
 
 log = logging.getLogger("electra.tiering.uploader")
+
+MAX_BACKOFF_S = 60.0  # rounds that keep failing (a damaged or unreachable tier) are retried at most this far apart
 
 
 @dataclass
@@ -96,24 +98,46 @@ class TierUploader:
         return await asyncio.get_running_loop().run_in_executor(self._exec, fn, *args)
 
     async def _run(self) -> None:
+        failures = 0
         while True:
             try:
                 await self._thread(self.store.ensure)
                 break
-            except Exception:
-                log.exception("cannot create the tier tables at %s; retrying", self.cfg.uri)
-                await asyncio.sleep(max(1.0, self.cfg.interval_s))
+            except Exception as exc:
+                failures += 1
+                self._log_failure(f"cannot create the tier tables at {self.cfg.uri}", exc, failures)
+                await asyncio.sleep(self._backoff(failures))
+        failures = 0
         while True:
             try:
                 await self.round()
+                if failures:
+                    log.warning("tier uploads work again after %d failed rounds", failures)
+                failures = 0
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 self.metrics["errors"] += 1
-                log.exception("tier upload round failed")
+                failures += 1
+                self._log_failure("tier upload round failed", exc, failures)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.cfg.interval_s)
+                await asyncio.wait_for(self._wake.wait(), self._backoff(failures))
+
+    def _backoff(self, failures: int) -> float:
+        """The wait before the next round: the interval, doubled per failure in a row up to MAX_BACKOFF_S."""
+        if not failures:
+            return self.cfg.interval_s
+        return min(MAX_BACKOFF_S, max(1.0, self.cfg.interval_s) * 2 ** min(failures - 1, 16))
+
+    @staticmethod
+    def _log_failure(what: str, exc: Exception, failures: int) -> None:
+        """The first failure of a run with its traceback, later ones in one line (a damaged or unreachable tier
+        logged some 40 lines a second: 190 MB a day); the errors counter counts them all."""
+        if failures == 1:
+            log.error("%s (retrying with back-off)", what, exc_info=exc)
+        else:
+            log.error("%s again (%d in a row): %s", what, failures, tier_failure(exc))
 
     # ------------------------------------------------------------------ state
     def _leading(self) -> int:

@@ -232,3 +232,22 @@ def test_capacity_default_results_file(monkeypatch):
     monkeypatch.delenv("ELECTRA_BENCH_RESULTS", raising=False)
     out = execute("capacity.ipynb", {}, monkeypatch)
     assert "7 runs of 5 benchmarks in data/bench-results.txt" in out
+
+
+def test_fleet_health_on_a_secure_cluster(fleet, tmp_path, monkeypatch):
+    """QA: the notebook spoke plain HTTP without a token, and reported a secure (default) cluster as down."""
+    from electra.bench.common import bench_credentials, start_controller_processes, stop_processes
+
+    procs, endpoints = start_controller_processes(tmp_path)
+    try:
+        creds = bench_credentials(tmp_path)
+        env = {"ELECTRA_ENDPOINTS": ",".join(endpoints), "ELECTRA_TIER_URI": fleet.tier, **creds.env("observer")}
+        out = ""
+        for _ in range(20):  # bounded: until the three processes answer and have a leader (about 10 s here)
+            out = execute("fleet_health.ipynb", env, monkeypatch)
+            if "controllers reachable: 3/3" in out and "quorum: yes" in out:
+                break
+            time.sleep(1)
+        assert "controllers reachable: 3/3" in out and "quorum: yes" in out, out[:3000]
+    finally:
+        stop_processes(procs)

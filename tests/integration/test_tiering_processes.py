@@ -115,7 +115,9 @@ def test_sigkilled_leader_process_leaves_no_gap_or_duplicate(tmp_path):
         if data:
             sm.apply(i, data)
     progress = TierStore(uri).progress()
-    assert progress.upto == rec.last_index
+    # All of it was uploaded, but for what the final stop appended: a leader stopped with SIGTERM hands over first,
+    # and the next leader's first entry (a no-op, no event) reaches this log before it stops.
+    assert progress.upto <= rec.last_index and not any(rec.datas[progress.upto:]), (progress, rec.last_index)
     rows = TierStore(uri).read("events").to_pylist()
     assert not [r for r in rows if r["type"] == GAP]
     key = ("index", "seq", "term", "ts_ms", "type", "cluster", "broker_set", "payload", "state")

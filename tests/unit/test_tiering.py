@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -402,3 +403,24 @@ def test_a_tier_failure_keeps_the_cause():
                   "  ↳ Permission denied (os error 13)")
     assert tier_failure(exc) == ("OSError: Kernel error -> Generic LocalFileSystem error: Unable to open file "
                                  "/t/_last_checkpoint ... Permission denied (os error 13)")
+
+
+def test_a_tier_that_keeps_failing_is_retried_with_back_off_and_logged_in_one_line(caplog):
+    """QA: a damaged or unreachable tier logged a 40-line traceback every second (190 MB a day)."""
+    import logging
+
+    from electra.tiering.uploader import MAX_BACKOFF_S, TierUploader
+
+    up = TierUploader.__new__(TierUploader)
+    up.cfg = SimpleNamespace(interval_s=0.5)
+    assert [up._backoff(n) for n in (0, 1, 2, 3)] == [0.5, 1.0, 2.0, 4.0]
+    assert up._backoff(30) == MAX_BACKOFF_S
+    with caplog.at_level(logging.ERROR, logger="electra.tiering.uploader"):
+        for n in (1, 2, 3):
+            try:
+                raise OSError("Generic S3 error\n  ↳ Connection refused")
+            except OSError as exc:
+                TierUploader._log_failure("tier upload round failed", exc, n)
+    records = [r for r in caplog.records if r.name == "electra.tiering.uploader"]
+    assert records[0].exc_info is not None and all(r.exc_info is None for r in records[1:])
+    assert "3 in a row" in records[2].getMessage() and "Connection refused" in records[2].getMessage()
