@@ -34,6 +34,12 @@ CASES = {
         roles(None), "2m", {**CTL, "severity": "critical"}, "No controller leads group electra-controller",
         roles("a"),
     ),
+    "ElectraSplitLeadership": (
+        [series("electra_raft_role", {**CTL, "instance": n, "role": "leader"}, f"{int(n != 'c')}x40")
+         for n in "abc"], "2m", {**CTL, "severity": "critical"},
+        "2 controllers of group electra-controller report the leader role",
+        roles("a"),
+    ),
     "ElectraControllerDown": (
         [series("up", {**CTL, "instance": "b:7301"}, "0x10")], "2m",
         {**CTL, "instance": "b:7301", "severity": "warning"}, "Controller b:7301 is not scraped",
