@@ -121,6 +121,10 @@ class ProposedElection(BaseModel):
     proposedAtMs: Millis | None = None  # the instant the job judged liveness at
 
 
+class LeadershipTransfer(BaseModel):
+    to: Annotated[int, NOT_A_BOOLEAN, Field(ge=1, le=2**31 - 1)] | None = None  # None: the most caught-up follower
+
+
 class AlterSyncStateSet(BaseModel):
     masterBrokerId: BrokerId
     masterEpoch: Epoch
@@ -439,6 +443,12 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
     async def admin_elect(name: Name, req: AdminElectMaster, request: Request):
         return await run("admin_elect_master", request,
                          svc.elect_master(req.clusterName, name, req.brokerId, designate=True, unclean=req.unclean))
+
+    @app.post("/v1/admin/leadership", tags=["admin"], name="transfer_leadership")
+    async def transfer_leadership(req: LeadershipTransfer, request: Request):
+        """Move leadership (before maintenance on the leader's host): to node `to`, or to the most caught-up
+        follower; on a follower, a 307 to the leader."""
+        return await run("transfer_leadership", request, controller.transfer_leadership(req.to))
 
     @app.get("/v1/admin/metadata", tags=["admin"])
     async def metadata():

@@ -182,6 +182,10 @@ class ControllerClient:
         body = {"clusterName": cluster, "brokerId": broker_id} | ({"unclean": True} if unclean else {})
         return await self.request("POST", f"{prefix}/broker-sets/{_escaped(name)}/elect-master", json=body)
 
+    async def transfer_leadership(self, to: int | None = None) -> dict:
+        """Move leadership to node `to`, or to the leader's most caught-up follower (admin)."""
+        return await self.request("POST", "/v1/admin/leadership", json={} if to is None else {"to": to})
+
     async def alter_sync_state_set(self, name, master_id, master_epoch, new_set, sync_state_set_epoch) -> dict:
         return await self.request("POST", f"/v1/broker-sets/{_escaped(name)}/sync-state-set",
                                   json={"masterBrokerId": master_id, "masterEpoch": master_epoch,

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from electra.consensus.core import Role
+from electra.consensus.errors import NotLeader, ProposalDropped
 from electra.consensus.node import RaftNode
+from electra.state.codes import Code
 from electra.state.liveness import BrokerLiveInfo, LivenessTable
 from electra.state.machine import ControllerStateMachine
 from electra.streaming.records import Topics
@@ -138,6 +140,25 @@ class Controller:
     async def propose_election(self, cluster: str, name: str, expected_master_epoch: int,
                                live: list[BrokerLiveInfo], judged_at_ms: int | None = None) -> dict:
         return await self.requests.propose_election(cluster, name, expected_master_epoch, live, judged_at_ms)
+
+    async def transfer_leadership(self, to: int | None) -> dict[str, Any]:
+        """An operator's leadership transfer (before maintenance on the leader's host): to node `to`, or to the
+        most caught-up follower. NotLeader on a follower (redirected), ProposalTimeout if it did not move."""
+        node = self.node
+        if node.role != Role.LEADER:
+            raise NotLeader(node.leader_id)
+        me = node.cfg.node_id
+        if to is not None and (to not in node.cfg.peers or to == me):
+            why = "this node already leads" if to == me else f"no node {to} in this group ({sorted(node.cfg.peers)})"
+            return {"code": int(Code.CONTROLLER_INVALID_REQUEST), "remark": f"cannot transfer to node {to}: {why}"}
+        if len(node.cfg.peers) == 1:
+            return {"code": int(Code.CONTROLLER_INVALID_REQUEST), "remark": "this node is alone in its group"}
+        target = to if to is not None else node.best_transferee()
+        if target is None:  # a 503 to retry: followers may be back in a moment
+            raise ProposalDropped("no follower has been heard from within an election timeout: nobody to hand over to")
+        await node.transfer_leadership(target, node.election_timeout_s)
+        return {"code": int(Code.SUCCESS), "remark": f"node {target} leads now", "leader": target,
+                "leaderAddress": self.http_peers.get(target)}
 
     def pipeline_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

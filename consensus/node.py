@@ -506,23 +506,29 @@ class RaftNode:
             await asyncio.sleep(self.cfg.tick_s / 2)
         raise ProposalTimeout(f"leadership did not move to node {target} within {timeout}s")
 
+    @property
+    def election_timeout_s(self) -> float:
+        return self._live.core.cfg.election_ticks * self.cfg.tick_s
+
+    def best_transferee(self) -> int | None:
+        """The leader's most caught-up follower heard from within an election timeout (None: no such follower)."""
+        core = self._live.core
+        if core.role != Role.LEADER:
+            return None
+        now = core.clock()
+        followers = [(pr.match, peer) for peer, pr in core.progress.items()
+                     if peer != self.cfg.node_id and (pr.recent_active or now - pr.heard_at < self.election_timeout_s)]
+        return max(followers)[1] if followers else None
+
     async def hand_over_leadership(self) -> int | None:
         """A leader about to stop hands over to its most caught-up live follower (etcd does the same on a
         graceful stop): writes then pause for a round trip and a vote, not for an election timeout. Returns
         the new leader's id, or None (not leading, alone, or no follower took over within an election
         timeout, after which the core gives the transfer up by itself)."""
-        core = self._live.core
-        if not self._running or core.role != Role.LEADER:
+        if not self._running or (target := self.best_transferee()) is None:
             return None
-        election_s = core.cfg.election_ticks * self.cfg.tick_s
-        now = core.clock()
-        followers = [(pr.match, peer) for peer, pr in core.progress.items()
-                     if peer != self.cfg.node_id and (pr.recent_active or now - pr.heard_at < election_s)]
-        if not followers:
-            return None
-        target = max(followers)[1]
         try:
-            await self.transfer_leadership(target, election_s)
+            await self.transfer_leadership(target, self.election_timeout_s)
         except (RaftError, ValueError) as exc:
             log.warning("node %d: leadership not handed over before stopping: %s", self.cfg.node_id, exc)
             return None

@@ -656,7 +656,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
         names = [*args.broker_sets, *(args.broker_set_option or [])]
         if not names:
             refuse("admin get-sync-state: give at least one broker set name")
-    elif args.verb != "metadata":
+    elif args.verb not in ("metadata", "transfer-leader"):
         name = _broker_set_arg(args)
 
     async def main() -> int:
@@ -671,6 +671,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
                                                      ids=args.broker_ids or None, clean_living=args.clean_living)
             elif args.verb == "replica-info":
                 res = await client.replica_info(name)
+            elif args.verb == "transfer-leader":
+                res = await client.transfer_leadership(args.to)
             else:  # metadata
                 res = {"code": 0, "body": [await client.metadata(ep) for ep in client.endpoints]}
         except PermissionError as exc:
@@ -911,6 +913,9 @@ def build_parser() -> argparse.ArgumentParser:
     v = verbs.add_parser("replica-info", help="master, epochs and sync-state set of one broker set")
     _add_broker_set_args(v)
     verbs.add_parser("metadata", help="every node's controller metadata")
+    v = verbs.add_parser("transfer-leader", help="move leadership off the current leader (before maintenance on its "
+                                                 "host); a leader stopped with SIGTERM hands over by itself")
+    v.add_argument("--to", type=int, help="the node to lead (default: the most caught-up follower)")
     ad.set_defaults(fn=cmd_admin)
 
     sb = sub.add_parser("simulate-brokers", help="RocketMQ-5-like brokers over HTTP (kill/hang/revive from stdin)")

@@ -342,3 +342,27 @@ def test_a_leader_that_stops_hands_leadership_over_first(tmp_path):
                 await n.stop()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_an_operator_moves_leadership_with_one_request(tmp_path):
+    async def main():
+        nodes, http = await _cluster(tmp_path)
+        client = ControllerClient(list(http.values()), deadline_s=5)
+        try:
+            old = next(i for i, n in nodes.items() if n.node.is_leader)
+            target = next(i for i in nodes if i != old)
+            r = await client.transfer_leadership(target)  # sent anywhere: a follower redirects to the leader
+            assert r["code"] == Code.SUCCESS and r["leader"] == target, r
+            assert nodes[target].node.is_leader and not nodes[old].node.is_leader
+            r = await client.transfer_leadership()  # to the most caught-up follower
+            assert r["code"] == Code.SUCCESS and r["leader"] != target, r
+            r = await client.transfer_leadership(9)
+            assert r["code"] == Code.CONTROLLER_INVALID_REQUEST and "no node 9" in r["remark"], r
+            r = await client.request("POST", "/v1/admin/leadership", json={"to": True})
+            assert r["httpStatus"] == 422, r
+        finally:
+            await client.close()
+            for n in nodes.values():
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
