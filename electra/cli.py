@@ -613,7 +613,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         client = ControllerClient(_endpoints(args), timeout=2.0)
         rc = 0
         try:
-            print(f"{'endpoint':<22} {'id':>3} {'role':<10} {'term':>5} {'leader':>6} {'commit':>9} "
+            print(f"{'endpoint':<22} {'id':>3} {'role':<13} {'term':>5} {'leader':>6} {'commit':>9} "
                   f"{'applied':>9} {'snapshot':>9} {'sets':>6} {'live':>6} {'known':>6}")
             for ep in client.endpoints:
                 try:
@@ -626,7 +626,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     print(f"{ep:<22} {_status_failure(exc, client.scheme)}")
                     rc = 1
                     continue
-                print(f"{ep:<22} {m['node_id']:>3} {m['role']:<10} {m['term']:>5} {m['leader_id']:>6} "
+                print(f"{ep:<22} {m['node_id']:>3} {m['role']:<13} {m['term']:>5} {m['leader_id']:>6} "
                       f"{m['commit_index']:>9} {m['applied_index']:>9} {m['snapshot_index']:>9} "
                       f"{m['broker_sets']:>6} {m['live_brokers']:>6} {m.get('known_brokers', '-'):>6}")
         finally:

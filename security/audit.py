@@ -28,7 +28,7 @@ class AuditLog:
                remote: str | None = None, detail: str | None = None) -> dict:
         rec = {"ts": round(time.time(), 3), "who": who, "role": role, "action": action,
                "outcome": "ok" if status < 300 and code in (0, None) else "refused" if status in (401, 403)
-               else "failed", "status": status, "code": code}
+               else "redirected" if status in (307, 308) else "failed", "status": status, "code": code}
         if remote:
             rec["remote"] = remote
         if detail:

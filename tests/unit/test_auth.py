@@ -298,3 +298,13 @@ def test_rewriting_the_tokens_file_keeps_its_mode_whatever_the_umask(tmp_path):
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
     assert [t["name"] for t in json.loads(path.read_text())["tokens"]] == ["b"]
+
+
+def test_an_audited_redirect_is_not_a_failure(tmp_path):
+    """QA: a follower's 307 to the leader was recorded as `failed`; the leader records the action itself."""
+    from electra.security.audit import AuditLog
+
+    log = AuditLog(tmp_path / "audit.log")
+    rec = log.record(who="ops", role="admin", action="clean s", status=307, code=2007)
+    assert rec["outcome"] == "redirected"
+    assert log.record(who="ops", role="admin", action="clean s", status=504, code=1)["outcome"] == "failed"
