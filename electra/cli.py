@@ -37,6 +37,9 @@ def parse_peers(text: str) -> dict[int, tuple[str, int]]:
             raise argparse.ArgumentTypeError(f"bad peer {part!r}: expected ID=HOST:PORT, port 1-65535")
         if node_id in peers:
             raise argparse.ArgumentTypeError(f"bad peer {part!r}: node {node_id} is named twice")
+        same = [i for i, a in peers.items() if a == (host, port_no)]
+        if same:  # both would be one process: the group could never elect
+            raise argparse.ArgumentTypeError(f"bad peer {part!r}: node {same[0]} has that address too")
         peers[node_id] = (host, port_no)
     if not peers:
         raise argparse.ArgumentTypeError("at least one peer is required")

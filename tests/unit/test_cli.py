@@ -71,6 +71,7 @@ def test_clear_errors_for_missing_and_unknown_settings(tmp_path, monkeypatch, ca
     (["--http-addr", "127.0.0.1:70000"], {}, "port 0-65535"),  # served on 70000 - 65536 before
     (["--peers", "1=127.0.0.1:70000"], {}, "port 1-65535"),
     (["--peers", "1=127.0.0.1:7101,1=127.0.0.1:7102"], {}, "node 1 is named twice"),
+    (["--peers", "1=127.0.0.1:7101,2=127.0.0.1:7101"], {}, "node 1 has that address too"),
     (["--http-addr", "::1:7301"], {}, r"\[::1\]:PORT"),
     (["--http-addr", "http://127.0.0.1:7301"], {}, "without a scheme"),
 ])
