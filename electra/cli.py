@@ -87,6 +87,10 @@ NODE_OPTIONS = [
     ("--topic-prefix", str, "prefix of the Kafka topic names (several Electra clusters on one Kafka)"),
     ("--tier-uri", str, "upload snapshots and events to Delta tables under this path or object-store URI"),
     ("--tier-options", parse_storage_options, "KEY=VALUE,... delta-rs storage options for --tier-uri"),
+    ("--tier-retention-days", float, "history older than this is dropped from the tier, keeping the snapshot it "
+                                     "rests on (default 30; docs/tiering.md)"),
+    ("--tier-maintenance-every-s", float, "how often the leader applies retention and compacts the tier's files "
+                                          "(default 3600)"),
     ("--certs-dir", str, "ca.crt, node-<id>.crt/.key and tokens.json (electra cert ...): mutual TLS between peers, "
                          "HTTPS and token authentication; required unless --insecure"),
     ("--tokens-file", str, "hashed client tokens (default <certs-dir>/tokens.json); re-read when it changes"),
@@ -104,7 +108,7 @@ NODE_DEFAULTS = {"state_machine": "controller", "http_addr": ("127.0.0.1", 7301)
                  "tier_uri": None, "tier_options": None, "bootstrap_from_tier": False,
                  "unsafe_no_fsync": False, "certs_dir": None, "tokens_file": None, "cluster_id": None,
                  "insecure": False, "architecture": "new", "front_ends": 0,
-                 "unclean_election": False}
+                 "unclean_election": False, "tier_retention_days": 30.0, "tier_maintenance_every_s": 3600.0}
 _NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} | {"unsafe_no_fsync": bool,
                                                                                    "insecure": bool}
 _NODE_TYPES["bootstrap_from_tier"] = bool
@@ -114,7 +118,8 @@ _NODE_TYPES["unclean_election"] = bool
 # Numbers a node takes, checked whichever source sets them (a tick of 0 ran Raft's tick in a busy loop).
 _NODE_BOUNDS = {"id": (1, 2**31 - 1), "tick_ms": (1, 60_000), "election_jitter_ticks": (1, 1000),
                 "snapshot_entries": (1, 2**62), "compaction_slack": (0, 2**62),
-                "inactive_master_scan_ms": (0, 3_600_000), "front_ends": (0, 256)}
+                "inactive_master_scan_ms": (0, 3_600_000), "front_ends": (0, 256),
+                "tier_retention_days": (0.001, 36_500), "tier_maintenance_every_s": (1, 30 * 86_400)}
 
 
 def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
@@ -139,9 +144,10 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
         if isinstance(value, dict):  # TOML tables: {"1" = "host:port", ...}
             value = ",".join(f"{k}={v}" for k, v in value.items())
         if env is None and value is not None:  # from the file: TOML has types; `id = 1.5` is not node 1
-            want = bool if typ is bool else int if typ is int else str
-            if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-                kind = {bool: "a boolean", int: "an integer", str: "a string"}[want]
+            want = bool if typ is bool else int if typ is int else float if typ is float else str
+            if not isinstance(value, (int, float) if want is float else want) or (
+                    want in (int, float) and isinstance(value, bool)):
+                kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}[want]
                 refuse(f"{key} in {args.config} must be {kind}, not {type(value).__name__}")
         if value is None:
             value = NODE_DEFAULTS.get(key)
@@ -246,7 +252,8 @@ def cmd_node(args: argparse.Namespace) -> int:
             if args.tier_uri:
                 from electra.tiering.uploader import TierConfig
 
-                tier = TierConfig(args.tier_uri, args.tier_options)
+                tier = TierConfig(args.tier_uri, args.tier_options, retention_days=args.tier_retention_days,
+                                  maintenance_every_s=args.tier_maintenance_every_s)
             ctl = await start_controller_node(cfg, host, port, http_peers,
                                               scan_interval_s=args.inactive_master_scan_ms / 1000,
                                               kafka_bootstrap=args.kafka_bootstrap,

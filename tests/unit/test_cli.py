@@ -72,6 +72,8 @@ def test_clear_errors_for_missing_and_unknown_settings(tmp_path, monkeypatch, ca
     (["--peers", "1=127.0.0.1:70000"], {}, "port 1-65535"),
     (["--peers", "1=127.0.0.1:7101,1=127.0.0.1:7102"], {}, "node 1 is named twice"),
     (["--peers", "1=127.0.0.1:7101,2=127.0.0.1:7101"], {}, "node 1 has that address too"),
+    (["--tier-retention-days", "0"], {}, "tier-retention-days must be from"),
+    ([], {"ELECTRA_TIER_RETENTION_DAYS": "nan"}, "tier-retention-days must be from"),
     (["--http-addr", "::1:7301"], {}, r"\[::1\]:PORT"),
     (["--http-addr", "http://127.0.0.1:7301"], {}, "without a scheme"),
 ])
@@ -159,3 +161,13 @@ def test_a_node_freezes_its_startup_heap_and_collects_young_objects_rarely():
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_tier_retention_comes_from_every_source(tmp_path, monkeypatch):
+    monkeypatch.delenv("ELECTRA_TIER_RETENTION_DAYS", raising=False)
+    cfg = tmp_path / "node.toml"
+    cfg.write_text('id = 1\ndata_dir = "d"\npeers = "1=127.0.0.1:7101"\ntier_retention_days = 7\n')
+    a = _node(["--config", str(cfg)], monkeypatch)
+    assert (a.tier_retention_days, a.tier_maintenance_every_s) == (7, 3600.0)
+    a = _node(["--config", str(cfg), "--tier-retention-days", "0.5"], monkeypatch)
+    assert a.tier_retention_days == 0.5
