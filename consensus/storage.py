@@ -150,6 +150,7 @@ class LogStorage:
         self._marked_at = float("-inf")  # when it was last written (`clock`)
         self._commit_hint = 0  # the host's commit index (`note_commit`)
         self._pending_mark: tuple[int, int] | None = None  # due since a sync, not yet written (`write_mark`)
+        self._mark_failures = 0  # failed mark writes in a row (logged at the first and then every 100th)
         self._mark_lock = threading.Lock()
         self._clock = clock  # None: the committed index is never marked (the term still is)
 
@@ -414,7 +415,14 @@ class LogStorage:
             with self._lock:
                 if self._pending_mark is None:
                     self._pending_mark = pending
-            log.warning("writing the log mark %s failed (%s); it is tried again after the next sync", self._mark, exc)
+            self._mark_failures += 1
+            if self._mark_failures % 100 == 1:  # a full disk failed it 30-80 times a second before the fail-stop
+                log.warning("writing the log mark %s failed (%s; %d in a row); it is tried again after the next sync",
+                            self._mark, exc, self._mark_failures)
+            return
+        if self._mark_failures:
+            log.warning("the log mark %s is written again after %d failures", self._mark, self._mark_failures)
+            self._mark_failures = 0
 
     def _mark_due(self) -> bool:
         return self._clock is not None and self._clock() - self._marked_at >= MARK_INTERVAL_S

@@ -411,3 +411,26 @@ def test_a_reset_below_the_marked_index_lowers_the_mark_first(tmp_path):
     s.close()
     s, rec = reopen(log_dir)
     assert rec.last_index == 20 and s._read_term_mark() == (1, 20)
+
+
+def test_a_mark_write_that_keeps_failing_is_logged_once_per_hundred(tmp_path, caplog, monkeypatch):
+    """QA: on a full disk the mark write failed 30-80 times a second, each a WARNING, until the fail-stop."""
+    import logging
+
+    s = LogStorage(tmp_path / "raft-log", fsync=False)
+    s.open()
+
+    def full(*_a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(s, "_write_term_mark", full)
+    with caplog.at_level(logging.WARNING, logger="electra.consensus.storage"):
+        for _ in range(150):
+            s._pending_mark = (2, 10)
+            s.write_mark()
+        monkeypatch.setattr(s, "_write_term_mark", lambda *_a: None)
+        s.write_mark()  # the mark stayed due: written now
+    said = [r.getMessage() for r in caplog.records if r.name == "electra.consensus.storage"]
+    assert len(said) == 3 and "1 in a row" in said[0] and "101 in a row" in said[1], said
+    assert "written again after 150 failures" in said[2]
+    s.close()
