@@ -538,6 +538,7 @@ def _print_or_drop(text: str) -> None:
         os.close(devnull)
 
 
+ENDPOINTS_HELP = "controllers' HTTP addresses, HOST:PORT,... (default: $ELECTRA_ENDPOINTS when set; now %(default)s)"
 RESTARTS_PER_MINUTE = 3  # `up` restarts a process that ended at most this often, then stops the stack
 
 
@@ -898,11 +899,13 @@ def build_parser() -> argparse.ArgumentParser:
     register_chaos(sub)  # electra chaos: fault injection on real processes (chaos/)
 
     st = sub.add_parser("status", help="role, term, leader and indexes of every controller node")
-    st.add_argument("--endpoints", default=os.environ.get("ELECTRA_ENDPOINTS", DEFAULT_ENDPOINTS))
+    st.add_argument("--endpoints", default=os.environ.get("ELECTRA_ENDPOINTS", DEFAULT_ENDPOINTS),
+                    help=ENDPOINTS_HELP)
     st.set_defaults(fn=cmd_status)
 
     ad = sub.add_parser("admin", help="mqadmin-style controller verbs")
-    ad.add_argument("--endpoints", default=os.environ.get("ELECTRA_ENDPOINTS", DEFAULT_ENDPOINTS))
+    ad.add_argument("--endpoints", default=os.environ.get("ELECTRA_ENDPOINTS", DEFAULT_ENDPOINTS),
+                    help=ENDPOINTS_HELP)
     verbs = ad.add_subparsers(dest="verb", required=True)
     # One style for every verb: the broker set is positional (`admin replica-info broker-0`);
     # `--broker-set NAME`, the older spelling of some verbs, is still accepted.
@@ -929,7 +932,8 @@ def build_parser() -> argparse.ArgumentParser:
     ad.set_defaults(fn=cmd_admin)
 
     sb = sub.add_parser("simulate-brokers", help="RocketMQ-5-like brokers over HTTP (kill/hang/revive from stdin)")
-    sb.add_argument("--endpoints", default=os.environ.get("ELECTRA_ENDPOINTS", DEFAULT_ENDPOINTS))
+    sb.add_argument("--endpoints", default=os.environ.get("ELECTRA_ENDPOINTS", DEFAULT_ENDPOINTS),
+                    help=ENDPOINTS_HELP)
     # bounded by the simulator's addresses (10.<g // 250>.<g % 250>.<replica>) and the sync-state set's 64
     sb.add_argument("--groups", type=int, minimum=1, maximum=64_000, default=10)
     sb.add_argument("--replicas", type=int, minimum=1, maximum=64, default=3)
