@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from typing import Annotated, Literal
 
@@ -26,7 +27,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from pydantic import BaseModel, BeforeValidator, Field, StrictBool
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from electra.consensus.errors import RaftError
@@ -46,25 +47,29 @@ from .names import NAME_PATTERN, Name
 from .replies import RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
 from .watchers import OVERFLOW, RESYNC, NotApplied
 
+_JAVA_LONG_TEXT = re.compile(r"[+-]?[0-9]+")
 
-def _not_a_boolean(value: object) -> object:
-    """pydantic's lax mode reads `true` as 1; a number here (a broker id, an epoch) never comes as a boolean.
 
-    A decimal string ("2", as RocketMQ's header fields are) and an integral float (2.0) are still read as
-    numbers; `true` was, and `{"brokerIds": [true]}` cleaned broker 1."""
+def _java_integer(value: object) -> object:
+    """An integer as RocketMQ's fields carry one: a JSON number, or decimal text as `Long.parseLong` reads it.
+
+    pydantic's lax mode also read `true` as 1 (`{"brokerIds": [true]}` cleaned broker 1), and "1_0" as 10
+    and " 1" as 1, which Java refuses. An integral float (2.0) is still read as the number."""
     if isinstance(value, bool):
         raise ValueError("a boolean is not a number")
+    if isinstance(value, str) and not _JAVA_LONG_TEXT.fullmatch(value):
+        raise ValueError("not an integer (decimal digits, an optional sign)")
     return value
 
 
-NOT_A_BOOLEAN = BeforeValidator(_not_a_boolean)
-BrokerId = Annotated[int, NOT_A_BOOLEAN, Field(ge=1, le=MAX_BROKER_ID)]
+JAVA_INTEGER = BeforeValidator(_java_integer)
+BrokerId = Annotated[int, JAVA_INTEGER, Field(ge=1, le=MAX_BROKER_ID)]
 # RocketMQ's Java types (state/limits.py): numbers beyond them are a 422, never stored.
-Int32 = Annotated[int, NOT_A_BOOLEAN, Field(ge=INT32_MIN, le=INT32_MAX)]
-Int64 = Annotated[int, NOT_A_BOOLEAN, Field(ge=INT64_MIN, le=INT64_MAX)]
-Epoch = Annotated[int, NOT_A_BOOLEAN, Field(ge=0, le=INT32_MAX)]
-Millis = Annotated[int, NOT_A_BOOLEAN, Field(ge=0, le=INT64_MAX)]
-TimeoutMillis = Annotated[int, NOT_A_BOOLEAN, Field(ge=100, le=3_600_000)]
+Int32 = Annotated[int, JAVA_INTEGER, Field(ge=INT32_MIN, le=INT32_MAX)]
+Int64 = Annotated[int, JAVA_INTEGER, Field(ge=INT64_MIN, le=INT64_MAX)]
+Epoch = Annotated[int, JAVA_INTEGER, Field(ge=0, le=INT32_MAX)]
+Millis = Annotated[int, JAVA_INTEGER, Field(ge=0, le=INT64_MAX)]
+TimeoutMillis = Annotated[int, JAVA_INTEGER, Field(ge=100, le=3_600_000)]
 
 
 class Heartbeat(BaseModel):
@@ -122,7 +127,9 @@ class ProposedElection(BaseModel):
 
 
 class LeadershipTransfer(BaseModel):
-    to: Annotated[int, NOT_A_BOOLEAN, Field(ge=1, le=2**31 - 1)] | None = None  # None: the most caught-up follower
+    model_config = ConfigDict(extra="forbid")  # `{"too": 3}` must not move leadership to anyone at all
+
+    to: Annotated[int, JAVA_INTEGER, Field(ge=1, le=2**31 - 1)] | None = None  # None: the most caught-up follower
 
 
 class AlterSyncStateSet(BaseModel):

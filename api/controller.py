@@ -148,9 +148,12 @@ class Controller:
         if node.role != Role.LEADER:
             raise NotLeader(node.leader_id)
         me = node.cfg.node_id
-        if to is not None and (to not in node.cfg.peers or to == me):
-            why = "this node already leads" if to == me else f"no node {to} in this group ({sorted(node.cfg.peers)})"
-            return {"code": int(Code.CONTROLLER_INVALID_REQUEST), "remark": f"cannot transfer to node {to}: {why}"}
+        if to == me:  # idempotent: a script that asks for the leader it already has succeeds
+            return {"code": int(Code.SUCCESS), "remark": f"node {me} leads already", "leader": me,
+                    "leaderAddress": self.http_peers.get(me)}
+        if to is not None and to not in node.cfg.peers:
+            return {"code": int(Code.CONTROLLER_INVALID_REQUEST),
+                    "remark": f"cannot transfer to node {to}: no such node in this group ({sorted(node.cfg.peers)})"}
         if len(node.cfg.peers) == 1:
             return {"code": int(Code.CONTROLLER_INVALID_REQUEST), "remark": "this node is alone in its group"}
         target = to if to is not None else node.best_transferee()

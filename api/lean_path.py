@@ -64,8 +64,8 @@ def _meta(metadata: list) -> msgspec.Meta | None:
             kw["min_length"] = m.min_length
         elif isinstance(m, MaxLen):
             kw["max_length"] = m.max_length
-        elif m is models.NOT_A_BOOLEAN:
-            continue  # msgspec's int is strict: a boolean is refused already
+        elif m is models.JAVA_INTEGER:
+            continue  # msgspec's int is strict: it takes JSON integers only
         elif getattr(m, "pattern", None) is not None:
             # msgspec searches with Python's re, where `$` also matches before a final newline;
             # pydantic's `$` is the end of the string: `\Z` is that in Python.

@@ -101,10 +101,17 @@ def check_member_stamp(data_dir: Path | str, node_id: int, members: list[int], *
     want = {"node_id": node_id, "members": sorted(members)}
     try:
         stamped = json.loads(path.read_text())
+        recorded = True
     except FileNotFoundError:
-        stamped = None
+        stamped, recorded = None, False
     except (OSError, ValueError) as exc:
         raise MemberMismatch(f"cannot read {path}: {exc}") from None
+    if recorded and not (
+            isinstance(stamped, dict) and type(stamped.get("node_id")) is int
+            and isinstance(stamped.get("members"), list) and all(type(m) is int for m in stamped["members"])):
+        raise MemberMismatch(f"{path} is not a member record ({{\"node_id\": N, \"members\": [...]}}); refusing to "
+                             "start. If this is the node's own data dir, delete that file: the next start records "
+                             "the node again")
     if stamped is not None and stamped.get("node_id") != node_id:
         raise MemberMismatch(f"data directory {data_dir} belongs to node {stamped.get('node_id')}, not node {node_id}; "
                              "refusing to start (each node needs its own data directory)")

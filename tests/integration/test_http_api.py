@@ -356,10 +356,15 @@ def test_an_operator_moves_leadership_with_one_request(tmp_path):
             assert nodes[target].node.is_leader and not nodes[old].node.is_leader
             r = await client.transfer_leadership()  # to the most caught-up follower
             assert r["code"] == Code.SUCCESS and r["leader"] != target, r
+            leader = r["leader"]
+            r = await client.transfer_leadership(leader)  # idempotent
+            assert r["code"] == Code.SUCCESS and r["leader"] == leader and nodes[leader].node.is_leader, r
             r = await client.transfer_leadership(9)
-            assert r["code"] == Code.CONTROLLER_INVALID_REQUEST and "no node 9" in r["remark"], r
-            r = await client.request("POST", "/v1/admin/leadership", json={"to": True})
-            assert r["httpStatus"] == 422, r
+            assert r["code"] == Code.CONTROLLER_INVALID_REQUEST and "no such node" in r["remark"], r
+            for bad in ({"to": True}, {"too": 3}):
+                r = await client.request("POST", "/v1/admin/leadership", json=bad)
+                assert r["httpStatus"] == 422, r
+            assert nodes[leader].node.is_leader
         finally:
             await client.close()
             for n in nodes.values():

@@ -556,7 +556,11 @@ def test_the_frameworks_own_refusals_speak_the_api_shape():
                               (f"{S}/b1/sync-state-set", b'{"masterBrokerId":1,"masterEpoch":true,'
                                                          b'"syncStateSet":[1],"syncStateSetEpoch":1}'),
                               ("/v1/admin/broker-sets/b1/elect-master",
-                               b'{"clusterName":"c","brokerId":1,"unclean":"yes"}')):
+                               b'{"clusterName":"c","brokerId":1,"unclean":"yes"}'),
+                              # text Java's Long.parseLong refuses: pydantic read "1_0" as 10, " 1" as 1
+                              (f"{S}/b1/register", b'{"clusterName":"c","brokerId":"1_0","brokerAddress":"a:1"}'),
+                              (f"{S}/b1/register", b'{"clusterName":"c","brokerId":" 1","brokerAddress":"a:1"}'),
+                              (f"{S}/b1/register", b'{"clusterName":"c","brokerId":"2.0","brokerAddress":"a:1"}')):
                 status, _, body = await ask("POST", path, raw)
                 assert status == 422 and json.loads(body)["code"] == 2005, (path, body)
         finally:

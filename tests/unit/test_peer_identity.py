@@ -208,6 +208,11 @@ def test_a_data_dir_belongs_to_one_member_and_one_process(tmp_path):
         check_member_stamp(d, 2, [1, 2, 3])
     with pytest.raises(MemberMismatch, match=r"started with members \[1, 2, 3\].*names \[3\]"):
         check_member_stamp(d, 3, [3])
+    for junk in ("[]", "1", '"x"', "null", '{"node_id": "3", "members": [1, 2, 3]}', "{not json"):
+        (tmp_path / "junk").mkdir(exist_ok=True)
+        (tmp_path / "junk" / "member").write_text(junk)
+        with pytest.raises(MemberMismatch, match="member record|cannot read"):
+            check_member_stamp(tmp_path / "junk", 3, [1, 2, 3])
     check_member_stamp(d, 3, [1, 2, 3, 4, 5], accept_new=True)  # every node stopped, then restarted once so
     check_member_stamp(d, 3, [1, 2, 3, 4, 5])
     fd = lock_data_dir(d)
