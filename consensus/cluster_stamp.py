@@ -144,4 +144,7 @@ def lock_data_dir(data_dir: Path | str) -> int:
         os.write(fd, f"{os.getpid()}\n".encode())
     except OSError:
         pass
+    if not os.access(data_dir, os.W_OK | os.X_OK):  # a read-only directory failed on every sync, after starting
+        os.close(fd)
+        raise DataDirInUse(f"data directory {data_dir} is not writable by this user; refusing to start")
     return fd

@@ -112,6 +112,7 @@ NODE_DEFAULTS = {"state_machine": "controller", "http_addr": ("127.0.0.1", 7301)
 _NODE_TYPES = {opt[2:].replace("-", "_"): typ for opt, typ, _ in NODE_OPTIONS} | {"unsafe_no_fsync": bool,
                                                                                    "insecure": bool}
 _NODE_TYPES["bootstrap_from_tier"] = bool
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 _NODE_TYPES["unclean_election"] = bool
 
 
@@ -152,7 +153,11 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
         if value is None:
             value = NODE_DEFAULTS.get(key)
         elif typ is bool:
-            value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+            if not isinstance(value, bool):
+                text = str(value).strip().lower()
+                if text not in _TRUE + _FALSE:  # `on`/`maybe` meant off before, silently
+                    refuse(f"bad value for {key}: expected one of {', '.join(_TRUE + _FALSE)}")
+                value = text in _TRUE
         else:
             try:
                 value = typ(value) if not isinstance(value, int) or typ is not int else value
@@ -552,11 +557,13 @@ def _restart_or_stop(stack, restarts: dict[str, list[float]]) -> str | None:
     for name, code in ended:
         recent = [t for t in restarts.get(name, []) if now - t < 60]
         if len(recent) >= RESTARTS_PER_MINUTE:
-            return f"{name} keeps exiting (exit {code}; {len(recent)} restarts in the last minute)"
+            return (f"{name} keeps exiting (exit {code}{stack.why_exited(name)}; {len(recent)} restarts in the "
+                    "last minute)")
         if not stack.restart(name):
             return f"{name} (exit {code}) exited"
         restarts[name] = [*recent, now]
-        print(f"{name} exited (exit {code}); restarted it (log {stack.logs / (name + '.log')})", flush=True)
+        print(f"{name} exited (exit {code}{stack.why_exited(name)}); restarted it (log {stack.logs / (name + '.log')})",
+              flush=True)
     return None
 
 

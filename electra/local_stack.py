@@ -209,14 +209,14 @@ class LocalStack:
     def exited(self) -> list[str]:
         """The stack's processes that ended, the embedded Kafka broker included (its death stopped every
         failover without a word: nothing reached the streaming job any more)."""
-        gone = [f"{name} (exit {p.returncode}{self._why(name)})" for name, p in self.procs.items()
+        gone = [f"{name} (exit {p.returncode}{self.why_exited(name)})" for name, p in self.procs.items()
                 if p.poll() is not None]
         kafka = self.kafka.proc if self.kafka is not None else None
         if kafka is not None and kafka.poll() is not None:
             gone.append(f"the embedded Kafka broker, tansu (exit {kafka.returncode})")
         return gone
 
-    def _why(self, name: str) -> str:
+    def why_exited(self, name: str) -> str:
         """The last `error:` or `FATAL:` line of a process's log (a node refusing its data dir says why there)."""
         try:
             with open(self.logs / f"{name}.log", "rb") as f:

@@ -295,7 +295,10 @@ def _rewrite_tokens_file(path: Path, data: dict) -> None:
     """Replace the tokens file atomically, keeping its mode and owner (0644 for a new one: it holds hashes only).
 
     Under an operator's umask 077 a rewrite made the file 0600 root's: the nodes (running as their own user)
-    could no longer re-read it and kept their old tokens, so a revocation did not take effect."""
+    could no longer re-read it and kept their old tokens, so a revocation did not take effect. A symlink is
+    followed: the file it names is rewritten (the link itself was replaced, and the nodes kept reading the old
+    target)."""
+    path = path.resolve()
     try:
         st: os.stat_result | None = path.stat()
     except FileNotFoundError:

@@ -41,6 +41,9 @@ def cmd_cert(args: argparse.Namespace) -> int:
         else:  # revoke-token
             n = revoke_tokens(args.tokens_file or d / TOKENS_FILE, args.name, keep_newest=args.keep_newest)
             print(f"revoked {n} token(s) of {args.name!r}")
+            if n == 0 and not args.keep_newest:  # a misspelt name revoked nothing: say so in the exit code
+                print(f"error: no credential named {args.name!r}", file=sys.stderr)
+                return 1
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -70,10 +71,14 @@ def iso(ms: int) -> str:
     return (_EPOCH + ms * _MS).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def tier_failure(exc: BaseException) -> str:
     """Why the tier could not be read, in one line (delta-rs and object stores raise pages of text): the first
     line says what failed, the last one usually why ("Permission denied", "Connection refused")."""
-    lines = [ln.strip(" \t↳") for ln in str(exc).splitlines() if ln.strip(" \t↳")] or [""]
+    text = _ANSI.sub("", str(exc))  # delta-rs colours some of its messages for a terminal
+    lines = [ln.strip(" \t↳") for ln in text.splitlines() if ln.strip(" \t↳")] or [""]
     text = lines[0][:300] + (f" ... {lines[-1][:200]}" if len(lines) > 1 else "")
     return f"{type(exc).__name__}: {text}"
 

@@ -308,3 +308,13 @@ def test_an_audited_redirect_is_not_a_failure(tmp_path):
     rec = log.record(who="ops", role="admin", action="clean s", status=307, code=2007)
     assert rec["outcome"] == "redirected"
     assert log.record(who="ops", role="admin", action="clean s", status=504, code=1)["outcome"] == "failed"
+
+
+def test_a_symlinked_tokens_file_is_rewritten_where_it_points(tmp_path):
+    real = tmp_path / "shared" / "tokens.json"
+    real.parent.mkdir()
+    create_token(real, "observer", "a")
+    link = tmp_path / "tokens.json"
+    link.symlink_to(real)
+    create_token(link, "observer", "b")
+    assert link.is_symlink() and [t["name"] for t in json.loads(real.read_text())["tokens"]] == ["a", "b"]

@@ -104,6 +104,10 @@ def test_unclean_election_is_off_unless_a_source_turns_it_on(tmp_path, monkeypat
     assert _node(["--config", str(cfg)], monkeypatch).unclean_election is False
     assert _node(["--config", str(cfg), "--unclean-election"], monkeypatch).unclean_election is True
     assert _node(["--config", str(cfg)], monkeypatch, {"ELECTRA_UNCLEAN_ELECTION": "true"}).unclean_election is True
+    assert _node(["--config", str(cfg)], monkeypatch, {"ELECTRA_UNCLEAN_ELECTION": "off"}).unclean_election is False
+    with pytest.raises(SystemExit):  # `maybe` meant off, silently
+        _node(["--config", str(cfg)], monkeypatch, {"ELECTRA_UNCLEAN_ELECTION": "maybe"})
+    monkeypatch.delenv("ELECTRA_UNCLEAN_ELECTION")
     cfg.write_text('id = 1\ndata_dir = "d"\npeers = "1=127.0.0.1:7101"\nunclean_election = true\n')
     assert _node(["--config", str(cfg)], monkeypatch).unclean_election is True
 
@@ -135,6 +139,7 @@ def test_cert_command_creates_ca_node_certificates_and_tokens(tmp_path, capsys):
     assert oct((tmp_path / "ops.token").stat().st_mode)[-3:] == "600"
     assert main(["cert", "revoke-token", "--certs-dir", str(d), "--name", "b"]) == 0
     assert [t["name"] for t in json.loads((d / "tokens.json").read_text())["tokens"]] == ["ops"]
+    assert main(["cert", "revoke-token", "--certs-dir", str(d), "--name", "bb"]) == 1  # a misspelt name
 
 
 def test_architecture_is_new_unless_legacy_is_asked_for(tmp_path, monkeypatch, capsys):
