@@ -93,7 +93,8 @@ class EventsPublisher:
 
     async def _lead(self, term: int) -> None:
         """Publish from the topic's last index while this node leads in `term`."""
-        await asyncio.to_thread(ensure_topics, self.bootstrap, self.topics.partitions())
+        # bounded: its thread cannot be cancelled, and a stopping node waits for it (the loop retries instead)
+        await asyncio.to_thread(ensure_topics, self.bootstrap, self.topics.partitions(), 5.0)
         if self._producer is None:
             self._producer = await asyncio.to_thread(
                 KafkaProducer, bootstrap_servers=self.bootstrap, client_id="electra-events", acks="all",

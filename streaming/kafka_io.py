@@ -36,8 +36,11 @@ def ensure_topics(bootstrap: str, partitions: dict[str, int], timeout_s: float =
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
+            # Each attempt within the deadline: the client's own bootstrap wait is 30 s, and a node stopping
+            # while Kafka is gone waited for it (its thread holds the process's exit).
+            wait_ms = int(max(0.5, min(5.0, deadline - time.monotonic())) * 1000)
             admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="electra-admin",
-                                     request_timeout_ms=5000, **kafka_client_kwargs())
+                                     request_timeout_ms=5000, bootstrap_timeout_ms=wait_ms, **kafka_client_kwargs())
         except Exception as exc:  # broker not up yet
             last = exc
             time.sleep(0.2)
