@@ -5,6 +5,7 @@ whole cluster, time travel over HTTP checked against the replayed Raft log."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import threading
 import time
@@ -15,7 +16,7 @@ import pytest
 from electra.api.server import start_controller_node
 from electra.bench.common import free_ports
 from electra.consensus.core import RaftConfig
-from electra.consensus.errors import RaftError
+from electra.consensus.errors import NotLeader, ProposalTimeout, RaftError
 from electra.consensus.node import NodeConfig
 from electra.state.journal import JournalEntry, entry_for
 from electra.state.machine import ControllerStateMachine
@@ -273,15 +274,24 @@ def test_restarted_leader_bridges_journal_gap(tmp_path, slack):
             await c.drive(50, start=12)
             ld = await c.leader()
             lid = ld.node.cfg.node_id
+
+            async def no_hand_over() -> None:  # the leader goes as a crashed one does: leadership is elected again
+                return None
+
+            ld.node.hand_over_leadership = no_hand_over
             await c.stop(lid)
             await c.start(lid)  # restores its newest snapshot: the journal starts there
             restarted = c.nodes[lid]
             assert restarted.service.journal.floor > mark
             for n in c.nodes.values():
                 n.tier.before_commit = None
-            cur = await c.leader()
-            if cur is not restarted:
-                await cur.node.transfer_leadership(lid)
+            for _ in range(4):  # bounded: a transfer gives up after an election timeout (0.5 s here) while the
+                cur = await c.leader()  # restarted node still installs a snapshot; ask again until it leads
+                if cur is restarted:
+                    break
+                with contextlib.suppress(ProposalTimeout, NotLeader):
+                    await cur.node.transfer_leadership(lid, timeout=3.0)
+            assert (await c.leader()) is restarted
             await c.drive(10, start=62)
             ld = await c.uploaded()
             assert ld is restarted
