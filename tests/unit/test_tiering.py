@@ -403,6 +403,7 @@ def test_a_tier_failure_keeps_the_cause():
                   "  ↳ Permission denied (os error 13)")
     assert tier_failure(exc) == ("OSError: Kernel error -> Generic LocalFileSystem error: Unable to open file "
                                  "/t/_last_checkpoint ... Permission denied (os error 13)")
+    assert tier_failure(OSError("\x1b[31mGeneric S3 error\x1b[0m")) == "OSError: Generic S3 error"  # no colour codes
 
 
 def test_a_tier_that_keeps_failing_is_retried_with_back_off_and_logged_in_one_line(caplog):
