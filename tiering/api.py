@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from electra.state.codes import Code
 
-from .reader import TierReader, event_window, parse_time, tier_failure
+from .reader import MAX_EVENTS, TierReader, event_window, parse_time, tier_failure
 
 
 def _invalid(param: str, problem: str) -> JSONResponse:
@@ -26,7 +26,8 @@ def history_router(uri: str, storage_options: dict[str, str] | None = None) -> A
     @router.get("/v1/admin/history", tags=["admin"])
     async def history(at: Annotated[str, Query(description="ISO-8601 time, epoch ms or `now`")],
                       from_: Annotated[str | None, Query(alias="from")] = None,
-                      to: Annotated[str | None, Query()] = None):
+                      to: Annotated[str | None, Query()] = None,
+                      limit: Annotated[int, Query(ge=1, le=MAX_EVENTS, description="events at most")] = MAX_EVENTS):
         """State of every broker set as of `at`; with `from`/`to`, also the events between those instants."""
         times: dict[str, int | None] = {}
         for param, t in (("at", at), ("from", from_), ("to", to)):
@@ -40,7 +41,7 @@ def history_router(uri: str, storage_options: dict[str, str] | None = None) -> A
             return _invalid("from", f"{exc} (`from` is after `to`)")
         reader = TierReader(uri, storage_options)
         try:
-            return await asyncio.to_thread(reader.history, times["at"], times["from"], times["to"])
+            return await asyncio.to_thread(reader.history, times["at"], times["from"], times["to"], limit)
         except Exception as exc:  # the tier is unreachable, empty or damaged: its first line, not a repr
             return JSONResponse({"code": int(Code.SYSTEM_ERROR), "remark": f"tier unavailable: {tier_failure(exc)}"},
                                 status_code=503, headers={"retry-after": "5"})

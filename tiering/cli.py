@@ -20,7 +20,15 @@ def add_history_command(sub) -> None:
     h.add_argument("--at", required=True, help="instant whose state to show")
     h.add_argument("--events-from", help="also list events from this instant ...")
     h.add_argument("--events-to", help="... to this one (inclusive)")
+    h.add_argument("--limit", type=_event_limit, default=100_000,
+                   help="events at most (1-100000, default 100000; `truncated` says when more matched)")
     h.set_defaults(fn=cmd_history)
+
+
+def _event_limit(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 100_000):
+        raise argparse.ArgumentTypeError("expected a whole number of events from 1 to 100000")
+    return int(text)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -47,7 +55,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         if not reader.store.exists():
             print(f"error: no tier tables at {args.tier_uri}", file=sys.stderr)
             return 1
-        out = reader.history(times["--at"], times.get("--events-from"), times.get("--events-to"))
+        out = reader.history(times["--at"], times.get("--events-from"), times.get("--events-to"), args.limit)
     except Exception as exc:  # an object store that cannot be reached or read, a damaged table
         print(f"error: cannot read the tier at {args.tier_uri}: {tier_failure(exc)}", file=sys.stderr)
         return 1

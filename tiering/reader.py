@@ -71,6 +71,7 @@ def iso(ms: int) -> str:
     return (_EPOCH + ms * _MS).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+MAX_EVENTS = 100_000  # events in one history answer at most (`limit`; `truncated` says when more matched)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -184,7 +185,7 @@ class TierReader:
                 "complete": st.complete, "gaps": st.gaps,
                 "brokerSets": [bs.view().to_public() for _, bs in sorted(st.sets.items())]}
 
-    def events_between(self, from_ms: int, to_ms: int, limit: int = 100_000) -> dict:
+    def events_between(self, from_ms: int, to_ms: int, limit: int = MAX_EVENTS) -> dict:
         """Events with from_ms <= time <= to_ms, in Raft index order, and any gap markers among them."""
         events = self.table("events")
         rng = events.filter(pc.and_(pc.greater_equal(events["ts_ms"], from_ms), pc.less_equal(events["ts_ms"], to_ms)))
@@ -202,12 +203,13 @@ class TierReader:
         return {"from_ms": from_ms, "to_ms": to_ms, "events": out, "truncated": len(out) < rng.num_rows - len(gaps),
                 "gaps": gaps}
 
-    def history(self, at: str | int, events_from: str | int | None = None, events_to: str | int | None = None) -> dict:
+    def history(self, at: str | int, events_from: str | int | None = None, events_to: str | int | None = None,
+                limit: int = MAX_EVENTS) -> dict:
         window = event_window(None if events_from is None else parse_time(events_from),
                               None if events_to is None else parse_time(events_to))
         out = {"state": self.state_at(parse_time(at))}
         if window is not None:
-            out["events"] = self.events_between(*window)
+            out["events"] = self.events_between(*window, limit=limit)
         return out
 
     # ------------------------------------------------------------------ Spark

@@ -245,6 +245,13 @@ def test_leader_killed_mid_upload_then_fenced_zombie_then_bootstrap_and_time_tra
                 bad = await http.get(f"http://{c.http[fresh.node.cfg.node_id]}/v1/admin/history",
                                      params={"at": "now", "from": 1000, "to": 999})  # a reversed window
                 assert bad.status_code == 422 and "query.from" in bad.text and "after `to`" in bad.text
+                for limit in (0, -1, 100_001, "x"):
+                    bad = await http.get(f"http://{c.http[fresh.node.cfg.node_id]}/v1/admin/history",
+                                         params={"at": "now", "from": 0, "limit": limit})
+                    assert bad.status_code == 422 and "query.limit" in bad.text, bad.text
+                r = await http.get(f"http://{c.http[fresh.node.cfg.node_id]}/v1/admin/history",
+                                   params={"at": "now", "from": 0, "limit": 2})
+                assert len(r.json()["events"]["events"]) == 2 and r.json()["events"]["truncated"], r.text
                 metrics = (await http.get(f"http://{c.http[ld.node.cfg.node_id]}/metrics")).text
                 assert "electra_tier_upload_lag_entries" in metrics and 'electra_tier_total{what="fenced"}' in metrics
         finally:

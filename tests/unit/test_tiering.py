@@ -245,6 +245,11 @@ def test_history_cli_reads_the_tables(tmp_path, capsys):
     assert "error: --events-to: the instant must lie between 1970" in capsys.readouterr().err
     assert main(["history", "--tier-uri", uri, "--at", "now"]) == 0
     assert json.loads(capsys.readouterr().out)["state"]["index"] == 40
+    assert main(["history", "--tier-uri", uri, "--at", "now", "--events-from", "0", "--limit", "3"]) == 0
+    events = json.loads(capsys.readouterr().out)["events"]
+    assert len(events["events"]) == 3 and events["truncated"]
+    with pytest.raises(SystemExit):
+        main(["history", "--tier-uri", uri, "--at", "now", "--limit", "0"])
 
 
 def test_history_cli_says_what_it_cannot_read(tmp_path, capsys):
