@@ -164,6 +164,9 @@ class _RaftCollector:
         for key, doc in (("term", "current term"), ("commit_index", "commit index"),
                          ("applied_index", "applied index"), ("snapshot_index", "newest snapshot index")):
             yield GaugeMetricFamily(f"electra_raft_{key}", doc, value=st[key])
+        yield GaugeMetricFamily("electra_raft_commit_stalled_seconds",
+                                "how long this leader's commit index has stood still with entries waiting",
+                                value=st["commit_stalled_s"])
         yield GaugeMetricFamily("electra_raft_tick_late_p99_seconds", "p99 of how late the last 100 Raft ticks ran",
                                 value=st["tick_late_p99_ms"] / 1000)
         # counts that only grow are counters (`rate`, `increase` and reset handling apply; exported with `_total`)
@@ -464,7 +467,8 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
     # ------------------------------------------------------------------ operations
     @app.get("/healthz", tags=["ops"])
     async def healthz():
-        """503 when this node is stopped, its Raft ticks stalled, or no leader was known for an election timeout."""
+        """503 when this node is stopped, its Raft ticks stalled, no leader was known for an election timeout,
+        or it leads but its commit index stood still with entries waiting for three election timeouts."""
         st = controller.node.status()
         ok, reason = controller.node.health()
         return JSONResponse({"ok": ok, "reason": reason, "role": st["role"], "leader_id": st["leader_id"]},

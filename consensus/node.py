@@ -209,6 +209,9 @@ class RaftNode:
         self._tick_due = 0.0
         self.tick_lateness: deque[float] = deque(maxlen=100)  # how late (s) each of the last 100 ticks ran
         self.leader_seen_at = 0.0  # monotonic time this node last knew a leader (itself included)
+        # The leader's commit watch: (commit index, since when it has not moved while entries wait).
+        self._commit_watch = (0, 0.0)
+        self._commit_stall_logged = False
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -381,7 +384,7 @@ class RaftNode:
             "snapshot_index": c.snap_index if c else 0, "log_first_index": c.offset + 1 if c else 0,
             "fsync": self.cfg.fsync, "refused_terms": c.refused_terms if c else 0, **self.metrics,
             **{f"peer_{k}": v for k, v in self.transport.stats.items()},
-            **self._tick_lateness_ms(),
+            **self._tick_lateness_ms(), "commit_stalled_s": round(self.commit_stalled_s(), 3),
         }
 
     def _tick_lateness_ms(self) -> dict[str, float]:
@@ -565,6 +568,7 @@ class RaftNode:
             core.tick()
             if core.lead:
                 self.leader_seen_at = now
+            self._watch_commit(core, now)
             if (self._waiters or self._read_waiters) and core.quorum_silent:
                 self._fail_uncommitted_waiters()
                 self._fail_read_waiters(NoQuorum(f"leader {self.cfg.node_id} has heard from no quorum for an "
@@ -586,8 +590,43 @@ class RaftNode:
                 self._tick_due = self.last_tick_at + delay
                 self._tick_handle = self.clock.call_later(delay, self._on_tick)
 
+    def commit_stall_limit_s(self) -> float:
+        """How long a leader's commit index may stand still with entries waiting before it is unhealthy:
+        three election timeouts (a slow fsync or a follower catching up is shorter than that)."""
+        return 3 * self.cfg.election_timeout_s()
+
+    def _watch_commit(self, core: RaftCore, now: float) -> None:
+        """Note when the leader's commit index stopped moving while its log holds entries beyond it.
+
+        A leader that hears from a quorum (so CheckQuorum keeps it leading) but cannot commit is
+        the one failure a role and a term do not show: its followers refuse its entries (a log
+        that conflicts with theirs), or its disk does not finish a write. Every write and read
+        then times out while each node looked healthy (docs/raft-engine.md, "Health")."""
+        commit, since = self._commit_watch
+        if core.role != Role.LEADER or core.commit != commit or core.last_index() <= core.commit:
+            if self._commit_stall_logged:
+                log.warning("node %d: commit index moves again (%d)", self.cfg.node_id, core.commit)
+                self._commit_stall_logged = False
+            self._commit_watch = (core.commit, now)
+            return
+        if not self._commit_stall_logged and now - since > self.commit_stall_limit_s():
+            self._commit_stall_logged = True
+            log.error("node %d: leader in term %d cannot commit: commit index %d has not moved for %.1fs with "
+                      "entries up to %d; its followers refuse its entries or its disk does not finish writes "
+                      "(check every node's log; /healthz answers 503 until it moves)", self.cfg.node_id,
+                      core.term, core.commit, now - since, core.last_index())
+
+    def commit_stalled_s(self) -> float:
+        """How long this leader's commit index has stood still with entries waiting (0: it moves, or not leader)."""
+        core = self.core
+        commit, since = self._commit_watch
+        if core is None or core.role != Role.LEADER or core.commit != commit or core.last_index() <= commit:
+            return 0.0
+        return max(0.0, self.clock.now() - since)
+
     def health(self) -> tuple[bool, str]:
-        """(healthy, reason): unhealthy once ticks stop or no leader was known for an election timeout."""
+        """(healthy, reason): unhealthy once ticks stop, no leader was known for an election timeout, or
+        this leader could not commit for `commit_stall_limit_s`."""
         if not self._running:
             return False, "stopped"
         now = self.clock.now()
@@ -596,6 +635,11 @@ class RaftNode:
             return False, f"no Raft tick for {now - self.last_tick_at:.1f}s"
         if self._live.core.lead == 0 and now - self.leader_seen_at > limit:
             return False, f"no leader known for {now - self.leader_seen_at:.1f}s"
+        stalled = self.commit_stalled_s()
+        if stalled > self.commit_stall_limit_s():
+            core = self._live.core
+            return False, (f"leader cannot commit: commit index {core.commit} has not moved for {stalled:.1f}s "
+                           f"with entries up to {core.last_index()}")
         return True, "ok"
 
     def _kick(self) -> None:

@@ -126,3 +126,32 @@ def test_a_stalled_snapshot_transfer_is_aborted_and_its_temp_file_removed(tmp_pa
         await leader.propose(encode_put("k", 1), timeout=5)
 
     _run(tmp_path, scenario, snapshot_stall_s=0.5)
+
+
+def test_a_leader_that_cannot_commit_turns_unhealthy_and_recovers(tmp_path, caplog):
+    """Followers that answer heartbeats but get none of the leader's entries keep it leading (CheckQuorum is
+    satisfied) while nothing commits: /healthz must say so after three election timeouts, and recover."""
+    from electra.consensus.messages import Append
+
+    async def scenario(nodes):
+        leader = await _leader(nodes)
+        followers = [n for n in nodes.values() if n is not leader]
+        real_send = leader.transport.send
+        leader.transport.send = lambda m: None if isinstance(m, Append) else real_send(m)  # entries never arrive
+        fut = leader.propose_future(encode_put("k", 1), timeout=30)
+        limit = leader.commit_stall_limit_s()
+        await asyncio.sleep(limit / 2)
+        assert leader.health() == (True, "ok") and leader.is_leader
+        deadline = time.monotonic() + limit + 2
+        while leader.health()[0] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        ok, reason = leader.health()
+        assert not ok and reason.startswith("leader cannot commit") and leader.is_leader, reason
+        assert leader.status()["commit_stalled_s"] > limit
+        assert any("cannot commit" in r.getMessage() for r in caplog.records)
+        assert all(f.health() == (True, "ok") for f in followers)
+        leader.transport.send = real_send
+        await asyncio.wait_for(fut, 10)
+        assert leader.health() == (True, "ok") and leader.status()["commit_stalled_s"] == 0
+
+    _run(tmp_path, scenario)

@@ -40,6 +40,11 @@ CASES = {
         "2 controllers of group electra-controller report the leader role",
         roles("a"),
     ),
+    "ElectraCommitStalled": (
+        [series("electra_raft_commit_stalled_seconds", {**CTL, "instance": "a"}, "0+15x100")], "2m",
+        {**CTL, "instance": "a", "severity": "critical"}, "Leader a has not committed for 2m 0s",
+        [series("electra_raft_commit_stalled_seconds", {**CTL, "instance": "a"}, "0 2 0 1 0 3 0 0 0 0 0 0")],
+    ),
     "ElectraControllerDown": (
         [series("up", {**CTL, "instance": "b:7301"}, "0x10")], "2m",
         {**CTL, "instance": "b:7301", "severity": "warning"}, "Controller b:7301 is not scraped",
