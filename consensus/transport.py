@@ -26,12 +26,13 @@ from typing import Any
 
 import msgpack
 
-from .framing import MAX_HANDSHAKE, FrameError, brief, pack_frame, read_frame
+from .framing import FrameError, brief, pack_frame, read_frame, read_hello_frame
 from .messages import Message
 from .peer_identity import identity_from_peercert
 
 PROTO = "electra-raft/1"
 HIGH_WATER = 64 << 20
+HUNG_UP_LOG_EVERY_S = 30.0  # a peer that keeps closing this node's dials mid-handshake is logged this often
 
 
 class _Peer:
@@ -67,6 +68,7 @@ class PeerTransport:
         self.stats = dict.fromkeys(("frames_sent", "frames_received", "dropped", "malformed",
                                     "rejected_handshakes", "rejected_messages", "reconnects",
                                     "unencodable", "handler_errors"), 0)
+        self._refusals_logged: dict[tuple[str, str], tuple[float, int]] = {}  # (host, why) -> (logged at, not since)
         self._server: asyncio.base_events.Server | None = None
         self._listener: socket.socket | None = None
         self._handshakes: set[asyncio.Task[None]] = set()
@@ -211,8 +213,11 @@ class PeerTransport:
         except (OSError, TimeoutError) as exc:
             sock.close()
             self.stats["rejected_handshakes"] += 1
-            self.log.warning("node %d: rejected connection from %s: TLS handshake failed: %s", self.id, addr,
-                             str(exc) or repr(exc))
+            why = str(exc) or repr(exc)
+            if "WRONG_VERSION_NUMBER" in why or "HTTP_REQUEST" in why:
+                why += (" (the peer spoke plaintext: it runs --insecure, or is not a Raft peer, while this node has "
+                        "TLS certificates; every member of a group must run the same way)")
+            self._log_refusal(addr, f"TLS handshake failed: {why}")
             return
         await self._accept(reader, asyncio.StreamWriter(transport, protocol, reader, loop))
 
@@ -220,21 +225,37 @@ class PeerTransport:
         _nodelay(writer)
         peername = writer.get_extra_info("peername")
         try:
-            frame = await asyncio.wait_for(read_frame(reader, MAX_HANDSHAKE), timeout=5)
+            frame = await asyncio.wait_for(read_hello_frame(reader), timeout=5)
             src = self._check_hello(frame, None, writer)
             if src > self.id:  # lower ids dial higher ones, so there is one connection per pair
                 raise ValueError(f"node {src} must accept connections from node {self.id}, not dial it")
         except (ValueError, FrameError, asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
             self.stats["rejected_handshakes"] += 1
-            self.log.warning("node %d: rejected connection from %s: %s", self.id, peername,
-                             f"TLS handshake failed: {brief(exc)}" if isinstance(exc, ssl.SSLError) else _why(exc))
+            self._log_refusal(peername, f"TLS handshake failed: {brief(exc)}" if isinstance(exc, ssl.SSLError)
+                              else _why(exc))
             writer.close()
             return
         writer.write(self._hello(src))
         self._attach(self.peers[src], reader, writer)
 
+    def _log_refusal(self, addr: Any, why: str) -> None:
+        """Log a refused connection; the same refusal of the same host at most once per HUNG_UP_LOG_EVERY_S
+        (a misconfigured peer redials several times a second), with the count of those not logged."""
+        key = (addr[0] if isinstance(addr, tuple) and addr else str(addr), why)
+        now = asyncio.get_running_loop().time()
+        last, quiet = self._refusals_logged.get(key, (-HUNG_UP_LOG_EVERY_S, 0))
+        if now < last + HUNG_UP_LOG_EVERY_S:
+            self._refusals_logged[key] = (last, quiet + 1)
+            return
+        if len(self._refusals_logged) >= 1024:  # bounded: many hosts or reasons only cost repeated lines
+            self._refusals_logged.clear()
+        self._refusals_logged[key] = (now, 0)
+        more = f" ({quiet} more like it from this host not logged)" if quiet else ""
+        self.log.warning("node %d: rejected connection from %s: %s%s", self.id, addr, why, more)
+
     async def _dial_forever(self, pid: int) -> None:
         backoff = 0.05
+        hung_up_logged = -HUNG_UP_LOG_EVERY_S
         peer = self.peers[pid]
         host, port = self.addrs[pid]
         while not self._stopping:
@@ -244,10 +265,18 @@ class PeerTransport:
                                             ssl_handshake_timeout=5 if self.client_ssl else None), timeout=7)
                 _nodelay(writer)
                 writer.write(self._hello(pid))
-                self._check_hello(await asyncio.wait_for(read_frame(reader, MAX_HANDSHAKE), timeout=5), pid, writer)
+                self._check_hello(await asyncio.wait_for(read_hello_frame(reader), timeout=5), pid, writer)
             except (OSError, TimeoutError, ValueError, FrameError, asyncio.IncompleteReadError) as exc:
                 if isinstance(exc, ValueError | FrameError | ssl.SSLError):
                     self.log.warning("node %d: handshake with node %d failed: %s", self.id, pid, brief(exc))
+                elif isinstance(exc, asyncio.IncompleteReadError | ConnectionResetError) \
+                        and asyncio.get_running_loop().time() >= hung_up_logged + HUNG_UP_LOG_EVERY_S:
+                    # The peer accepted and then closed without a word: it refused this node (its log says
+                    # why). Said at most twice a minute: the dial is retried several times a second.
+                    hung_up_logged = asyncio.get_running_loop().time()
+                    self.log.warning("node %d: node %d closed the connection during the handshake: it refuses this "
+                                     "node (TLS on one side and --insecure on the other, another cluster id or "
+                                     "member list: its log says which)", self.id, pid)
                 await asyncio.sleep(backoff * (0.5 + random.random()))
                 # Capped low: a link still backing off from a peer's restart when the leader fails holds
                 # the election up (docs/chaos.md, "Failover"); a dead peer costs two dials a second.

@@ -231,3 +231,55 @@ def test_a_secure_node_does_not_adopt_an_unstamped_raft_log(tmp_path):
         check_cluster_stamp(tmp_path, "prod")
     assert not (tmp_path / "cluster-id").exists()
     assert check_cluster_stamp(tmp_path, None) is None  # an insecure node without an id: as before
+
+
+@pytest.mark.parametrize("secure_id", [1, 2])
+def test_tls_and_insecure_members_refuse_each_other_and_say_why_once(pki, caplog, secure_id):
+    """A group started half with certificates and half --insecure: both sides name the mistake (the lower id
+    dials), and the dials repeated several times a second are logged once each, not once per dial."""
+    caplog.set_level(logging.WARNING, logger="electra.consensus.transport")
+
+    async def main():
+        ports = free_ports(2)
+        peers = {1: ("127.0.0.1", ports[0]), 2: ("127.0.0.1", ports[1])}
+        ts = {}
+        for i in peers:
+            tls = _tls(pki["good"], i) if i == secure_id else None
+            ts[i] = PeerTransport(i, peers, lambda m: None, cluster_id=pki["cid"],
+                                  server_ssl=tls.peer_server_context() if tls else None,
+                                  client_ssl=tls.peer_client_context() if tls else None)
+            await ts[i].start()
+        try:
+            await _until(lambda: ts[2].stats["rejected_handshakes"] >= 5)
+            assert not ts[1].connected(2) and not ts[2].connected(1)
+        finally:
+            for t in ts.values():
+                await t.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    lines = [r.getMessage() for r in caplog.records]
+    refusals = [m for m in lines if m.startswith("node 2: rejected connection")]
+    hints = {1: "a TLS handshake arrived: the peer runs with TLS certificates and this node with --insecure",
+             2: "the peer spoke plaintext: it runs --insecure"}
+    assert len(refusals) == 1 and hints[secure_id] in refusals[0], lines
+    dialer = [m for m in lines if m.startswith("node 1: node 2 closed the connection during the handshake")]
+    assert len(dialer) == 1, lines
+
+
+def test_an_http_request_on_the_raft_port_is_named(caplog):
+    caplog.set_level(logging.WARNING, logger="electra.consensus.transport")
+
+    async def main():
+        port = free_ports(1)[0]
+        t = PeerTransport(1, {1: ("127.0.0.1", port)}, lambda m: None)
+        await t.start()
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert await asyncio.wait_for(r.read(), 5) == b""
+            w.close()
+        finally:
+            await t.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert any("an HTTP request arrived on the Raft peer port" in r.getMessage() for r in caplog.records)
