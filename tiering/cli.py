@@ -13,7 +13,9 @@ from .options import parse_storage_options
 def add_history_command(sub) -> None:
     h = sub.add_parser("history", help="state of every broker set as of a past instant, from the Delta tier",
                        description="Reads the tier's Delta tables directly (no controller needed). Times are "
-                                   "ISO-8601 (UTC if no zone), epoch milliseconds or `now`.")
+                                   "ISO-8601 (UTC if no zone; 20261127 is a date), epoch milliseconds or `now`. "
+                                   "A long event list comes in pages: --limit, then --after with the answer's "
+                                   "events.next_after.")
     h.add_argument("--tier-uri", default=os.environ.get("ELECTRA_TIER_URI"), help="base URI of the tier tables")
     h.add_argument("--tier-options", type=parse_storage_options, default=None,
                    help="KEY=VALUE,... delta-rs storage options (object stores)")
@@ -22,7 +24,19 @@ def add_history_command(sub) -> None:
     h.add_argument("--events-to", help="... to this one (inclusive)")
     h.add_argument("--limit", type=_event_limit, default=100_000,
                    help="events at most (1-100000, default 100000; `truncated` says when more matched)")
+    h.add_argument("--after", type=_cursor, default=None,
+                   help="events after this cursor only: a truncated answer's `next_after` (INDEX:SEQ), "
+                        "or a Raft index")
     h.set_defaults(fn=cmd_history)
+
+
+def _cursor(text: str) -> tuple[int, int]:
+    from .reader import parse_cursor
+
+    try:
+        return parse_cursor(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _event_limit(text: str) -> int:
@@ -45,6 +59,9 @@ def cmd_history(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 print(f"error: {option}: {exc}", file=sys.stderr)
                 return 2
+    if args.after is not None and args.events_from is None and args.events_to is None:
+        print("error: --after pages through events: give --events-from or --events-to too", file=sys.stderr)
+        return 2
     try:
         event_window(times.get("--events-from"), times.get("--events-to"))
     except ValueError:
@@ -55,7 +72,8 @@ def cmd_history(args: argparse.Namespace) -> int:
         if not reader.store.exists():
             print(f"error: no tier tables at {args.tier_uri}", file=sys.stderr)
             return 1
-        out = reader.history(times["--at"], times.get("--events-from"), times.get("--events-to"), args.limit)
+        out = reader.history(times["--at"], times.get("--events-from"), times.get("--events-to"), args.limit,
+                             args.after)
     except Exception as exc:  # an object store that cannot be reached or read, a damaged table
         print(f"error: cannot read the tier at {args.tier_uri}: {tier_failure(exc)}", file=sys.stderr)
         return 1

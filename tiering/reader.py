@@ -50,6 +50,8 @@ def parse_time(text: str | int | float) -> int:
         s = str(text).strip()
         if s.lower() == "now":
             ms = int(datetime.now(UTC).timestamp() * 1000)
+        elif len(s) == 8 and s.isdecimal() and s.isascii() and _is_basic_date(s):
+            ms = (datetime.strptime(s, "%Y%m%d").replace(tzinfo=UTC) - _EPOCH) // _MS  # ISO's basic date, UTC
         elif s.lstrip("-").isdecimal() and s.isascii() and len(s) <= 20:  # ASCII: int() also takes '١٢٣'
             ms = int(s)
         else:
@@ -64,6 +66,16 @@ def parse_time(text: str | int | float) -> int:
     if not 0 <= ms <= MAX_TIME_MS:
         raise ValueError("the instant must lie between 1970 and the end of 9999")
     return ms
+
+
+def _is_basic_date(s: str) -> bool:
+    """Eight digits that are a calendar date (YYYYMMDD, year 1971 on): ISO-8601's basic form, which
+    `20261127` means to anyone typing it. As epoch milliseconds it would be 1970-01-01 05:37, an
+    instant no tier holds."""
+    try:
+        return datetime.strptime(s, "%Y%m%d").year > 1970
+    except ValueError:
+        return False
 
 
 def iso(ms: int) -> str:
@@ -82,6 +94,16 @@ def tier_failure(exc: BaseException) -> str:
     lines = [ln.strip(" \t↳") for ln in text.splitlines() if ln.strip(" \t↳")] or [""]
     text = lines[0][:300] + (f" ... {lines[-1][:200]}" if len(lines) > 1 else "")
     return f"{type(exc).__name__}: {text}"
+
+
+def parse_cursor(text: str) -> tuple[int, int]:
+    """A page cursor: `index:seq` (a truncated answer's `next_after`) or a Raft index alone (its events all
+    come after it). ValueError, which never repeats the text, otherwise."""
+    index, colon, seq = text.strip().partition(":")
+    if not (index.isascii() and index.isdecimal() and len(index) <= 18
+            and (not colon or (seq.isascii() and seq.isdecimal() and len(seq) <= 9))):
+        raise ValueError("expected a cursor `INDEX:SEQ` (an answer's next_after) or a Raft index")
+    return int(index), int(seq) if seq else 2**31 - 1  # seq is an int32 column
 
 
 def event_window(events_from: int | None, events_to: int | None) -> tuple[int, int] | None:
@@ -185,10 +207,19 @@ class TierReader:
                 "complete": st.complete, "gaps": st.gaps,
                 "brokerSets": [bs.view().to_public() for _, bs in sorted(st.sets.items())]}
 
-    def events_between(self, from_ms: int, to_ms: int, limit: int = MAX_EVENTS) -> dict:
-        """Events with from_ms <= time <= to_ms, in Raft index order, and any gap markers among them."""
+    def events_between(self, from_ms: int, to_ms: int, limit: int = MAX_EVENTS,
+                       after: tuple[int, int] | None = None) -> dict:
+        """Events with from_ms <= time <= to_ms, in Raft index order, and any gap markers among them.
+
+        `after` (index, seq) pages: only events after that one; a truncated answer's `next_after` is the
+        cursor of the next page (its last event's `index:seq`)."""
         events = self.table("events")
-        rng = events.filter(pc.and_(pc.greater_equal(events["ts_ms"], from_ms), pc.less_equal(events["ts_ms"], to_ms)))
+        keep = pc.and_(pc.greater_equal(events["ts_ms"], from_ms), pc.less_equal(events["ts_ms"], to_ms))
+        if after is not None:
+            keep = pc.and_(keep, pc.or_(pc.greater(events["index"], after[0]),
+                                        pc.and_(pc.equal(events["index"], after[0]),
+                                                pc.greater(events["seq"], after[1]))))
+        rng = events.filter(keep)
         rng = rng.sort_by([("index", "ascending"), ("seq", "ascending")])
         out, gaps = [], []
         for r in rng.to_pylist():
@@ -200,16 +231,17 @@ class TierReader:
                             "time": iso(r["ts_ms"]), "type": r["type"], "cluster": r["cluster"],
                             "brokerSet": r["broker_set"], "event": json.loads(r["payload"]),
                             "state": json.loads(r["state"]) if r["state"] else None})
-        return {"from_ms": from_ms, "to_ms": to_ms, "events": out, "truncated": len(out) < rng.num_rows - len(gaps),
-                "gaps": gaps}
+        truncated = len(out) < rng.num_rows - len(gaps)
+        return {"from_ms": from_ms, "to_ms": to_ms, "events": out, "truncated": truncated,
+                "next_after": f"{out[-1]['index']}:{out[-1]['seq']}" if truncated else None, "gaps": gaps}
 
     def history(self, at: str | int, events_from: str | int | None = None, events_to: str | int | None = None,
-                limit: int = MAX_EVENTS) -> dict:
+                limit: int = MAX_EVENTS, after: tuple[int, int] | None = None) -> dict:
         window = event_window(None if events_from is None else parse_time(events_from),
                               None if events_to is None else parse_time(events_to))
         out = {"state": self.state_at(parse_time(at))}
         if window is not None:
-            out["events"] = self.events_between(*window, limit=limit)
+            out["events"] = self.events_between(*window, limit=limit, after=after)
         return out
 
     # ------------------------------------------------------------------ Spark

@@ -252,6 +252,16 @@ def test_leader_killed_mid_upload_then_fenced_zombie_then_bootstrap_and_time_tra
                 r = await http.get(f"http://{c.http[fresh.node.cfg.node_id]}/v1/admin/history",
                                    params={"at": "now", "from": 0, "limit": 2})
                 assert len(r.json()["events"]["events"]) == 2 and r.json()["events"]["truncated"], r.text
+                first, cursor = r.json()["events"]["events"], r.json()["events"]["next_after"]
+                r = await http.get(f"http://{c.http[fresh.node.cfg.node_id]}/v1/admin/history",
+                                   params={"at": "now", "from": 0, "limit": 2, "after": cursor})
+                nxt = r.json()["events"]["events"]
+                assert r.status_code == 200 and nxt and (nxt[0]["index"], nxt[0]["seq"]) > \
+                    (first[-1]["index"], first[-1]["seq"]), r.text
+                for after, params in (("x:1", {"from": 0}), ("5", {})):
+                    bad = await http.get(f"http://{c.http[fresh.node.cfg.node_id]}/v1/admin/history",
+                                         params={"at": "now", "after": after, **params})
+                    assert bad.status_code == 422 and "query.after" in bad.text and "x:1" not in bad.text, bad.text
                 metrics = (await http.get(f"http://{c.http[ld.node.cfg.node_id]}/metrics")).text
                 assert "electra_tier_upload_lag_entries" in metrics and 'electra_tier_total{what="fenced"}' in metrics
         finally:

@@ -250,6 +250,26 @@ def test_history_cli_reads_the_tables(tmp_path, capsys):
     assert len(events["events"]) == 3 and events["truncated"]
     with pytest.raises(SystemExit):
         main(["history", "--tier-uri", uri, "--at", "now", "--limit", "0"])
+    # pages: --after the previous answer's next_after, until an answer is not truncated
+    pages, after = [], None
+    for _ in range(len(entries)):  # bounded: each page holds at least one event
+        argv = ["history", "--tier-uri", uri, "--at", "now", "--events-from", "0", "--limit", "7"]
+        assert main(argv + (["--after", after] if after else [])) == 0
+        page = json.loads(capsys.readouterr().out)["events"]
+        pages.append([(e["index"], e["seq"]) for e in page["events"]])
+        after = page["next_after"]
+        if not page["truncated"]:
+            assert after is None
+            break
+    assert [k for p in pages for k in p] == [(e["index"], e["seq"]) for e in event_rows(entries, 0)]
+    assert all(len(p) == 7 for p in pages[:-1])
+    assert main(["history", "--tier-uri", uri, "--at", "now", "--events-from", "0", "--after", "3"]) == 0
+    assert all(e["index"] > 3 for e in json.loads(capsys.readouterr().out)["events"]["events"])
+    assert main(["history", "--tier-uri", uri, "--at", "now", "--after", "3"]) == 2
+    assert "give --events-from or --events-to too" in capsys.readouterr().err
+    for bad in ("x", "3:", ":4", "-1", "3:4:5", "1" * 19):
+        with pytest.raises(SystemExit):
+            main(["history", "--tier-uri", uri, "--at", "now", "--events-from", "0", "--after", bad])
 
 
 def test_history_cli_says_what_it_cannot_read(tmp_path, capsys):
@@ -289,6 +309,8 @@ def test_a_process_that_read_the_tier_exits_cleanly(tmp_path):
     ("2023-11-14T23:13:20+01:00", 1_700_000_000_000), (" 0 ", 0),
     ("2026-11-27T16:00:00.123Z", 1_795_795_200_123),  # exact (a float timestamp made it ...122)
     ("2026-11-27T16:00:00.123999Z", 1_795_795_200_123),  # microseconds floor to the millisecond
+    ("20261127", 1_795_737_600_000),  # eight digits that are a date: ISO's basic form, not 1970-01-01 05:37
+    ("19700101", 19_700_101), ("12345678", 12_345_678),  # no date of 1971 on: epoch milliseconds
 ])
 def test_parse_time(text, ms):
     assert parse_time(text) == ms
