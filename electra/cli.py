@@ -423,7 +423,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                       kafka_bootstrap=args.kafka_bootstrap, kafka_port=args.kafka_port,
                       topic_prefix=args.topic_prefix, spark_master=args.spark_master, log_level=args.log_level,
                       tier_uri=args.tier_uri or ("default" if not args.no_tier else None),
-                      architecture=args.architecture)
+                      architecture=args.architecture, accept_new_peers=args.accept_new_peers)
     stack = LocalStack(cfg)
 
     with terminate_as_interrupt():  # SIGTERM, or the terminal closing (SIGHUP), stops the stack as Ctrl-C does
@@ -870,6 +870,10 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--architecture", choices=["new", "legacy"], default="new",
                    help="legacy: RocketMQ 5's single event queue on the controllers, no Kafka, ingest or Spark job "
                         "(for comparisons only, docs/architectures.md)")
+    u.add_argument("--accept-new-peers", action="store_true",
+                   help="start the nodes of an existing --data-dir with another --nodes count (their data dirs "
+                        "recorded the old member list and refuse otherwise); the whole stack restarts together, "
+                        "so no old and new member lists run at once")
     u.set_defaults(fn=cmd_up)
 
     ing = sub.add_parser("ingest", help="heartbeat ingest workers (HTTP -> Kafka), several processes on one port")

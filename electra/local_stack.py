@@ -46,6 +46,7 @@ class StackConfig:
     job_args: list[str] = field(default_factory=list)
     secure: bool = True  # False: every process runs --insecure (plaintext, no credentials)
     architecture: str = "new"  # "legacy": RocketMQ 5's design for comparisons (no Kafka, ingest or Spark job)
+    accept_new_peers: bool = False  # nodes take a member list other than their data dirs recorded (a resize)
 
     @property
     def legacy(self) -> bool:
@@ -130,7 +131,8 @@ class LocalStack:
                                        "--tick-ms", str(self.cfg.tick_ms), "--state-machine", "controller",
                                        *self._liveness_args(),
                                        *(["--tier-uri", self.tier_uri] if self.tier_uri else []),
-                                       *self._security_args(), *self.node_args(i)],
+                                       *self._security_args(), *self.node_args(i),
+                                       *(["--accept-new-peers"] if self.cfg.accept_new_peers else [])],
                           role="observer",  # the dashboard reads its peers' metadata as an observer
                           env_extra=self.node_env(i))
 

@@ -173,3 +173,23 @@ def test_up_names_processes_that_exited_instead_of_waiting_for_a_leader(tmp_path
     with pytest.raises(TimeoutError, match="no leader: the embedded Kafka broker, tansu .* exited"):
         asyncio.run(_wait_for_http_leader(["127.0.0.1:9"], timeout=30, exited=stack.exited))
     assert time.monotonic() - t0 < 5
+
+
+def test_up_passes_accept_new_peers_to_every_node(tmp_path, monkeypatch):
+    """`electra up --accept-new-peers` resizes a local stack's data dir (each node's member file refuses otherwise)."""
+    from electra import cli
+    from electra.local_stack import LocalStack
+
+    seen = {}
+
+    def fake_run(stack, cfg, args):
+        for i in range(1, cfg.nodes + 1):
+            seen[i] = stack.start_node(i)
+        return 0
+
+    monkeypatch.setattr(cli, "_run_stack", fake_run)
+    monkeypatch.setattr(LocalStack, "spawn", lambda self, name, cmd, **kw: cmd)
+    for flag, expect in ((["--accept-new-peers"], True), ([], False)):
+        seen.clear()
+        assert cli.main(["up", "--insecure", "--nodes", "3", "--data-dir", str(tmp_path / "d"), *flag]) == 0
+        assert len(seen) == 3 and all(("--accept-new-peers" in cmd) == expect for cmd in seen.values()), seen
