@@ -251,3 +251,18 @@ def test_fleet_health_on_a_secure_cluster(fleet, tmp_path, monkeypatch):
         assert "controllers reachable: 3/3" in out and "quorum: yes" in out, out[:3000]
     finally:
         stop_processes(procs)
+
+
+@pytest.mark.parametrize(("name", "env", "message"), [
+    ("fleet_health.ipynb", {"ELECTRA_ENDPOINTS": ","}, "parameter endpoints (ELECTRA_ENDPOINTS): expected"),
+    ("time_travel.ipynb", {"ELECTRA_WINDOW_MIN": "-5"}, "parameter window_min (ELECTRA_WINDOW_MIN): expected a "
+                                                        "number >= 0, got '-5'"),
+    ("failover_analysis.ipynb", {"ELECTRA_SINCE": "yesterday"}, "parameter since (ELECTRA_SINCE): expected an instant"),
+    ("capacity.ipynb", {"ELECTRA_BROKERS": "lots"}, "parameter brokers (ELECTRA_BROKERS): expected a whole number"),
+])
+def test_a_bad_parameter_stops_the_first_cell_naming_it(name, env, message, monkeypatch):
+    from nbclient.exceptions import CellExecutionError
+
+    with pytest.raises(CellExecutionError) as err:
+        execute(name, env, monkeypatch)
+    assert "ParameterError" in str(err.value) and message in str(err.value), str(err.value)[-2000:]
