@@ -13,7 +13,8 @@ from .options import parse_storage_options
 def add_history_command(sub) -> None:
     h = sub.add_parser("history", help="state of every broker set as of a past instant, from the Delta tier",
                        description="Reads the tier's Delta tables directly (no controller needed). Times are "
-                                   "ISO-8601 (UTC if no zone; 20261127 is a date), epoch milliseconds or `now`. "
+                                   "ISO-8601 (UTC if no zone; 20261127 is a date), epoch milliseconds (13 digits; "
+                                   "0 is the beginning) or `now`. "
                                    "A long event list comes in pages: --limit, then --after with the answer's "
                                    "events.next_after.")
     h.add_argument("--tier-uri", default=os.environ.get("ELECTRA_TIER_URI"), help="base URI of the tier tables")

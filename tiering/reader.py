@@ -34,6 +34,9 @@ from .store import TierStore
 
 MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last instant `iso` can write
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Typed digits below this (1973-03-03) are not an instant anyone means in epoch ms: `$(date +%s)` (seconds),
+# a year (`2026`). They are refused rather than answered with an empty 1970 state. 0 stays: "the beginning".
+MIN_TYPED_MS = 100_000_000_000
 _MS = timedelta(milliseconds=1)
 
 
@@ -54,6 +57,10 @@ def parse_time(text: str | int | float) -> int:
             ms = (datetime.strptime(s, "%Y%m%d").replace(tzinfo=UTC) - _EPOCH) // _MS  # ISO's basic date, UTC
         elif s.lstrip("-").isdecimal() and s.isascii() and len(s) <= 20:  # ASCII: int() also takes '١٢٣'
             ms = int(s)
+            if 0 < ms < MIN_TYPED_MS:
+                raise ValueError("digits alone are epoch milliseconds (13 digits today); this one would be "
+                                 "before 1973: epoch seconds or a year? Give milliseconds, an ISO-8601 time "
+                                 "(e.g. 2026-11-27T16:00:00Z) or 'now' (0 is the beginning)")
         else:
             try:
                 dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
