@@ -33,12 +33,13 @@ log = logging.getLogger("electra.api.raft_process_proxy")
 _HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-connection",
         b"x-forwarded-for", b"x-forwarded-proto", b"expect"}
 _DROP_FROM_ANSWER = {b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"}
-# The API's error shape (`code`, `remark`), as every other refusal of the node speaks it.
-_UNAVAILABLE = json.dumps({"code": int(Code.SYSTEM_BUSY),
+# The API's error shape (`code`, `remark`), as every other refusal of the node speaks it; the code is the
+# one the lean path gives the same condition (`LinkDown` through `replies.refused`: SYSTEM_ERROR).
+_UNAVAILABLE = json.dumps({"code": int(Code.SYSTEM_ERROR),
                            "remark": "the node's Raft process is not reachable from this front-end"}).encode()
 _CLOSED = json.dumps({"code": int(Code.SYSTEM_ERROR),
                       "remark": "the node's Raft process closed the connection before answering"}).encode()
-_STALLED_READ = json.dumps({"code": int(Code.SYSTEM_BUSY),
+_STALLED_READ = json.dumps({"code": int(Code.SYSTEM_ERROR),
                            "remark": "the node's Raft process is not answering; try another node"}).encode()
 _STALLED_WRITE = json.dumps({"code": int(Code.SYSTEM_ERROR),
                             "remark": "the node's Raft process stopped answering; the outcome is unknown"}).encode()

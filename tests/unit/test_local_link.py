@@ -199,7 +199,7 @@ def test_the_relay_answers_in_the_apis_shape_when_the_raft_process_is_gone_or_ha
     async def main():
         status, headers, body = await through(RaftProcessProxy(str(tmp_path / "none.sock")))
         assert status == 503 and headers[b"retry-after"] == b"1", (status, headers)
-        assert body["code"] == 2 and "not reachable" in body["remark"]
+        assert body["code"] == 1 and "not reachable" in body["remark"]  # as the lean path's LinkDown
 
         async def hang_up(reader, writer):
             await reader.readuntil(b"\r\n\r\n")
@@ -326,7 +326,7 @@ def test_the_relay_answers_at_once_when_the_raft_process_has_stalled(tmp_path, m
             await flip
             assert sent[0]["status"] == status, (method, sent)
             body = json.loads(sent[1]["body"])
-            assert body["code"] == (2 if status == 503 else 1) and "answering" in body["remark"]
+            assert body["code"] == 1 and "answering" in body["remark"]  # SYSTEM_ERROR, as the lean path says it
             assert (b"retry-after", b"1") in sent[0]["headers"] if status == 503 else True
         n = len(requests)
         sent = await through("GET")  # stalled already: refused before any connection is made
