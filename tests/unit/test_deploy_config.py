@@ -454,6 +454,9 @@ def test_systemd_units_verify(tmp_path):
 def test_systemd_node_unit_matches_the_node_settings():
     text = (DEPLOY / "systemd" / "electra-node@.service").read_text()
     assert "Environment=ELECTRA_NODE_ID=%i" in text and "ExecStart=/opt/electra/venv/bin/electra node" in text
+    from electra.cli import EXIT_DISK_FAILURE  # a fail-stop is not restarted every 2 s: a restart cannot fix it
+
+    assert f"RestartPreventExitStatus={EXIT_DISK_FAILURE}" in text.splitlines()
     example = dict(line.split("=", 1) for line in (DEPLOY / "systemd" / "node.env.example").read_text().splitlines()
                    if line and not line.startswith("#"))
     parse_peers(example["ELECTRA_PEERS"])
