@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from . import mutations
-from .cluster_stamp import check_cluster_stamp
 from .core import RaftConfig, RaftCore, Ready, Role
+from .data_dir_claims import check_cluster_stamp
 from .errors import (
     DiskFailure,
     FollowerBehind,

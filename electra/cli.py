@@ -217,7 +217,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     if security.insecure:
         print(INSECURE_BANNER, file=sys.stderr, flush=True)
         logging.warning(INSECURE_BANNER)
-    from electra.consensus.cluster_stamp import (
+    from electra.consensus.data_dir_claims import (
         ClusterIdMismatch,
         DataDirInUse,
         MemberMismatch,
@@ -226,7 +226,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         lock_data_dir,
     )
 
-    try:  # what the data dir belongs to, and that no other process serves it (consensus/cluster_stamp.py)
+    try:  # what the data dir belongs to, and that no other process serves it (consensus/data_dir_claims.py)
         lock_data_dir(args.data_dir)  # held until this process exits
         check_cluster_stamp(args.data_dir, security.cluster_id)
         check_member_stamp(args.data_dir, args.id, list(args.peers), accept_new=args.accept_new_peers)

@@ -23,7 +23,6 @@ allow the call; both in the API's error body shape with code 16 (RocketMQ NO_PER
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import hashlib
 import json
@@ -37,6 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from electra.atomic_file import replace_file
 from electra.state.codes import Code
 
 log = logging.getLogger("electra.security.auth")
@@ -303,15 +303,6 @@ def _rewrite_tokens_file(path: Path, data: dict) -> None:
         st: os.stat_result | None = path.stat()
     except FileNotFoundError:
         st = None
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, (st.st_mode & 0o7777) if st is not None else 0o644)
-        if st is not None and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
-            with contextlib.suppress(PermissionError):  # not root: the file keeps this user's ownership
-                os.fchown(fd, st.st_uid, st.st_gid)
-        os.write(fd, (json.dumps(data, indent=1) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    replace_file(path, (json.dumps(data, indent=1) + "\n").encode(),
+                 mode=(st.st_mode & 0o7777) if st is not None else 0o644,
+                 owner=(st.st_uid, st.st_gid) if st is not None else None)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 import uuid
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from electra.atomic_file import replace_file
 from electra.consensus.peer_identity import node_uri
 
 CA_CERT, CA_KEY, CLUSTER_ID = "ca.crt", "ca.key", "cluster-id"
@@ -44,19 +44,11 @@ def read_cluster_id(certs_dir: Path | str) -> str:
 
 def _write_private(path: Path, data: bytes) -> None:
     """Write a secret readable by its owner only, atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    replace_file(path, data, mode=0o600)
 
 
 def _write_public(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    replace_file(path, data, mode=0o644)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:

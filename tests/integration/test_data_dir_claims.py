@@ -1,4 +1,4 @@
-"""A data dir belongs to one member and one process (consensus/cluster_stamp.py), checked by real `electra node`s."""
+"""A data dir belongs to one member and one process (consensus/data_dir_claims.py), checked by real `electra node`s."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import msgpack
 import pytest
 
 from electra.bench.common import free_ports
-from electra.consensus.cluster_stamp import ClusterIdMismatch, check_cluster_stamp
+from electra.consensus.data_dir_claims import ClusterIdMismatch, check_cluster_stamp
 from electra.consensus.framing import pack_frame
 from electra.consensus.messages import Append, Heartbeat, Message
 from electra.consensus.peer_identity import identity_from_peercert, node_uri
@@ -194,7 +194,7 @@ def test_a_data_dir_belongs_to_one_member_and_one_process(tmp_path):
     dir was accepted; two processes wrote one log. Each now refuses with the reason."""
     import os
 
-    from electra.consensus.cluster_stamp import (
+    from electra.consensus.data_dir_claims import (
         DataDirInUse,
         MemberMismatch,
         check_member_stamp,

@@ -25,6 +25,8 @@ import json
 import os
 from pathlib import Path
 
+from electra.atomic_file import replace_file
+
 STAMP = "cluster-id"
 MEMBER = "member"
 LOCK = "LOCK"
@@ -54,17 +56,7 @@ def _holds_raft_state(data_dir: Path) -> bool:
 
 def _write_durably(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    replace_file(path, text.encode())
 
 
 def check_cluster_stamp(data_dir: Path | str, cluster_id: str | None) -> str | None:
