@@ -183,10 +183,15 @@ class TierReader:
             sets = sets_from_snapshot_rows(rows)
         elif snaps.num_rows:
             # No snapshot at or below the cut: the empty state is a valid start only if retention
-            # has not dropped the events before the oldest snapshot (when it dropped every event, none
-            # is left to say so: that is not an exact answer either).
-            complete = bool(events.num_rows) and (pc.min(events["index"]).as_py()
-                                                  < pc.min(snaps["snapshot_index"]).as_py())
+            # has not dropped the events before the oldest snapshot. The events table says so itself
+            # (`history_from`: 0 until retention ran); a table from before it did is judged by its
+            # rows (when retention dropped every event, none is left to say so: not exact either).
+            history_from = self.store.history_from(self.version.get("events"))
+            if history_from is not None:
+                complete = history_from == 0
+            else:
+                complete = bool(events.num_rows) and (pc.min(events["index"]).as_py()
+                                                      < pc.min(snaps["snapshot_index"]).as_py())
         lo = snap_index or 0
         rng = events.filter(pc.and_(pc.greater(events["index"], lo), pc.less_equal(events["index"], cut)))
         rng = rng.sort_by([("index", "ascending"), ("seq", "ascending")])

@@ -39,6 +39,9 @@ log = logging.getLogger("electra.tiering.store")
 APP_TERM = "electra.term"
 APP_UPTO_TERM = "electra.upto_term"
 APPS = {"events": "electra.events", "snapshots": "electra.snapshots"}
+# On the events table: the Raft index after which the table holds every event (0 from its creation;
+# retention moves it to the snapshot it keeps). Absent on tables created before it was recorded.
+APP_HISTORY_FROM = "electra.history_from"
 SCHEMAS = {"events": EVENTS_SCHEMA, "snapshots": SNAPSHOTS_SCHEMA}
 
 
@@ -91,7 +94,10 @@ class TierStore:
             if not DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
                 try:
                     DeltaTable.create(uri, SCHEMAS[which], mode="ignore", name=f"electra_{which}",
-                                      storage_options=self.storage_options)
+                                      storage_options=self.storage_options,
+                                      commit_properties=CommitProperties(
+                                          app_transactions=[Transaction(APP_HISTORY_FROM, 0)])
+                                      if which == "events" else None)
                 except Exception:
                     if not DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
                         raise
@@ -135,6 +141,11 @@ class TierStore:
     def _progress(dt: DeltaTable, which: str) -> Progress:
         return Progress(dt.transaction_version(APPS[which]) or 0, dt.transaction_version(APP_UPTO_TERM) or 0,
                         dt.transaction_version(APP_TERM) or 0, dt.version())
+
+    def history_from(self, version: int | None = None) -> int | None:
+        """The Raft index after which the events table holds every event (None: a table from before
+        this was recorded, whose history is judged by its rows)."""
+        return self.table("events", version).transaction_version(APP_HISTORY_FROM)
 
     def progress(self, which: str = "events") -> Progress:
         return self._progress(self.table(which), which)
@@ -203,7 +214,8 @@ class TierStore:
             base = max(old)
             res = self.table("snapshots").delete(f"snapshot_index < {base}")
             out["deleted_snapshot_rows"] = res.get("num_deleted_rows", 0)
-            res = self.table("events").delete(f"index <= {base}")
+            res = self.table("events").delete(f"index <= {base}", commit_properties=CommitProperties(
+                app_transactions=[Transaction(APP_HISTORY_FROM, base)]))
             out["deleted_events"] = res.get("num_deleted_rows", 0)
             out["base_snapshot"] = base
         for which in ("events", "snapshots"):

@@ -218,6 +218,27 @@ def test_time_travel_and_fold_match_replayed_state(tmp_path):
     assert not reader.state_at(ts[150])["complete"]  # no event left to tell: still not an exact answer
 
 
+def test_a_fresh_tier_is_complete_before_its_first_snapshot_and_not_once_retention_dropped_it(tmp_path):
+    """QA: the first snapshot of a new tier is often at a leader's first entries, whose no-op has no event, so
+    "the events start before the oldest snapshot" could not tell a fresh tier from one retention cut. The
+    events table now says from where it holds every event (`history_from`: 0, then retention's base)."""
+    uri = str(tmp_path / "tier")
+    store = TierStore(uri)
+    store.ensure()
+    entries, states, ts, _ = _replay(_workload(60))
+    assert store.history_from() == 0
+    assert any(e.index == 2 for e in entries)
+    _upload(store, [e for e in entries if e.index > 1], states, [2, 60], snapshot_at={2, 60}, ts=ts)  # 1: a no-op
+    reader = TierReader(uri)
+    assert reader.state_at(ts[1])["complete"] and reader.state_at(T0 - 1) | {"at": 0, "at_ms": 0} == {
+        "at": 0, "at_ms": 0, "index": 0, "snapshot_index": None, "complete": True, "gaps": [], "brokerSets": []}
+    assert reader.state_at_index(1).complete
+    store.maintain(now_ms=ts[60] + 10, retention_ms=ts[60] - ts[2] - 1 + 10, vacuum_retention_hours=0)
+    assert store.history_from() == 2
+    assert not reader.state_at(ts[1])["complete"] and not reader.state_at_index(1).complete
+    assert reader.state_at_index(2).complete and reader.state_at(ts[60])["complete"]
+
+
 def _bs(wire):
     from electra.state.machine import BrokerSet
 
