@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import errno
 import gc
+import ipaddress
 import logging
 import os
 import signal
@@ -37,13 +38,25 @@ def parse_peers(text: str) -> dict[int, tuple[str, int]]:
             raise argparse.ArgumentTypeError(f"bad peer {part!r}: expected ID=HOST:PORT, port 1-65535")
         if node_id in peers:
             raise argparse.ArgumentTypeError(f"bad peer {part!r}: node {node_id} is named twice")
-        same = [i for i, a in peers.items() if a == (host, port_no)]
+        same = [i for i, (h, p) in peers.items() if (_host_key(h), p) == (_host_key(host), port_no)]
         if same:  # both would be one process: the group could never elect
             raise argparse.ArgumentTypeError(f"bad peer {part!r}: node {same[0]} has that address too")
         peers[node_id] = (host, port_no)
     if not peers:
         raise argparse.ArgumentTypeError("at least one peer is required")
     return peers
+
+
+def _host_key(host: str) -> str:
+    """A host as an address compares: `localhost` is the loopback address, an IP literal in its
+    canonical form (`[::1]`, `0:0::1`), a name case-insensitively. Names are not resolved here."""
+    h = host.strip("[]").lower().rstrip(".")
+    if h == "localhost":
+        return "127.0.0.1"
+    try:
+        return str(ipaddress.ip_address(h))
+    except ValueError:
+        return h
 
 
 def parse_http_peers(text: str) -> dict[int, str]:

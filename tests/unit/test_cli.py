@@ -72,6 +72,9 @@ def test_clear_errors_for_missing_and_unknown_settings(tmp_path, monkeypatch, ca
     (["--peers", "1=127.0.0.1:70000"], {}, "port 1-65535"),
     (["--peers", "1=127.0.0.1:7101,1=127.0.0.1:7102"], {}, "node 1 is named twice"),
     (["--peers", "1=127.0.0.1:7101,2=127.0.0.1:7101"], {}, "node 1 has that address too"),
+    (["--peers", "1=localhost:7101,2=127.0.0.1:7101"], {}, "node 1 has that address too"),  # one socket
+    (["--peers", "1=[::1]:7101,2=[0:0::1]:7101"], {}, "node 1 has that address too"),
+    (["--peers", "1=Node-A:7101,2=node-a.:7101"], {}, "node 1 has that address too"),
     (["--tier-retention-days", "0"], {}, "tier-retention-days must be from"),
     ([], {"ELECTRA_TIER_RETENTION_DAYS": "nan"}, "tier-retention-days must be from"),
     (["--http-addr", "::1:7301"], {}, r"\[::1\]:PORT"),
