@@ -1,8 +1,10 @@
 """`electra bench flood`: how late the leader's Raft ticks run while hostile HTTP clients flood it.
 
-Three `electra node` processes (100 ms ticks, elections after 1-2 s). After a quiet
-phase, a separate load process floods the leader's HTTP API for `--duration` seconds
-with everything issue #15's probe used: bodies announcing 100 MB, heartbeats from
+Three `electra node` processes as deployed (HTTPS, role tokens; 100 ms ticks, elections after
+1-2 s). After a quiet phase, the leader's HTTP API is flooded for `--duration` seconds with
+everything issue #15's probe used, by holders of valid credentials (a broker token for the
+heartbeats, an observer's for the reads and watchers: what reaches the handlers; an
+anonymous client is refused before): bodies announcing 100 MB, heartbeats from
 `--concurrency` clients, SSE watchers beyond the per-node cap, 10,000-set
 sync-state reads and slowloris connections that never finish their heads. Each node
 keeps how late its last 100 ticks ran (`tick_late_p99_ms`, `tick_late_max_ms` in
@@ -21,27 +23,33 @@ import urllib.request
 from pathlib import Path
 
 from electra.cli_args import Parser
+from electra.security.credentials import ClientCredentials
 
-from .common import result_line, start_controller_processes, stop_processes
+from .common import bench_credentials, result_line, start_controller_processes, stop_processes
 
 
-def _metadata(ep: str) -> dict | None:
+class NoLeader(RuntimeError):
+    pass
+
+
+def _metadata(ep: str, creds: ClientCredentials) -> dict | None:
+    req = urllib.request.Request(f"{creds.scheme}://{ep}/v1/admin/metadata", headers=creds.headers())
     try:
-        with urllib.request.urlopen(f"http://{ep}/v1/admin/metadata", timeout=2) as r:
+        with urllib.request.urlopen(req, timeout=2, context=creds.ssl_context()) as r:
             return json.loads(r.read())
     except OSError:
         return None
 
 
-def _leader(endpoints: list[str], timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
+def _leader(endpoints: list[str], creds: ClientCredentials, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout  # bounded: a loaded machine imports and elects in seconds
     while time.monotonic() < deadline:
         for ep in endpoints:
-            md = _metadata(ep)
+            md = _metadata(ep, creds)
             if md and md["is_leader"] and md["commit_index"] >= 1:
                 return {**md, "ep": ep}
         time.sleep(0.1)
-    raise RuntimeError("no leader")
+    raise NoLeader(f"no controller reported itself leader within {timeout:.0f}s")
 
 
 def _peak_rss_mib(pid: int) -> float:
@@ -51,7 +59,8 @@ def _peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
-async def _flood(ep: str, duration: float, concurrency: int, counts: dict[str, int]) -> None:
+async def _flood(ep: str, duration: float, concurrency: int, counts: dict[str, int], broker: ClientCredentials,
+                 observer: ClientCredentials) -> None:
     import logging
 
     import httpx
@@ -66,7 +75,7 @@ async def _flood(ep: str, duration: float, concurrency: int, counts: dict[str, i
 
     async def raw(data: bytes) -> None:
         try:
-            reader, writer = await asyncio.open_connection(host, int(port))
+            reader, writer = await asyncio.open_connection(host, int(port), ssl=broker.ssl_context())
             writer.write(data)
             reply = await asyncio.wait_for(reader.read(200), 15)
             writer.close()
@@ -85,7 +94,7 @@ async def _flood(ep: str, duration: float, concurrency: int, counts: dict[str, i
         while time.monotonic() < stop:
             await raw(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nX-A: ")  # never finishes its head
 
-    async def heartbeats(client: httpx.AsyncClient, k: int) -> None:
+    async def heartbeats(client: httpx.AsyncClient, k: int) -> None:  # a broker's credential
         while time.monotonic() < stop:
             body = {"clusterName": "c", "brokerName": f"flood-{k % 50}", "brokerAddr": f"10.9.0.{k % 250}:1",
                     "brokerId": 1 + k % 3, "epoch": 1, "maxOffset": k}
@@ -111,11 +120,16 @@ async def _flood(ep: str, duration: float, concurrency: int, counts: dict[str, i
         except httpx.HTTPError:
             counts["conn_errors"] = counts.get("conn_errors", 0) + 1
 
-    limits = httpx.Limits(max_connections=concurrency + 400, max_keepalive_connections=concurrency + 400)
-    async with httpx.AsyncClient(base_url=f"http://{ep}", timeout=20, limits=limits) as client:
+    def client(creds: ClientCredentials, connections: int) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=f"{creds.scheme}://{ep}", timeout=20, headers=creds.headers(),
+                                 verify=creds.ssl_context() or False,
+                                 limits=httpx.Limits(max_connections=connections,
+                                                     max_keepalive_connections=connections))
+
+    async with client(broker, concurrency) as brokers, client(observer, 310) as observers:
         await asyncio.gather(*(big_bodies() for _ in range(4)), *(slowloris() for _ in range(50)),
-                             *(heartbeats(client, k) for k in range(concurrency)),
-                             *(big_reads(client) for _ in range(3)), *(watcher(client) for _ in range(300)))
+                             *(heartbeats(brokers, k) for k in range(concurrency)),
+                             *(big_reads(observers) for _ in range(3)), *(watcher(observers) for _ in range(300)))
 
 
 def main(argv: list[str]) -> int:
@@ -125,18 +139,22 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="electra-flood-") as tmp:
         procs, endpoints = start_controller_processes(Path(tmp), ("--tick-ms", "100"))
+        creds = bench_credentials(Path(tmp))
+        broker, observer = creds.credentials("broker"), creds.credentials("observer")
         try:
-            leader = _leader(endpoints)
+            leader = _leader(endpoints, observer)
             time.sleep(11)  # a quiet phase: 100 ticks with nothing but Raft
-            quiet = _metadata(leader["ep"])
+            quiet = _metadata(leader["ep"], observer)
+            if quiet is None:
+                raise NoLeader(f"the leader at {leader['ep']} stopped answering before the flood")
             term0 = quiet["term"]
             pid = procs[endpoints.index(leader["ep"])].pid
             counts: dict[str, int] = {}
             t0 = time.monotonic()
-            asyncio.run(_flood(leader["ep"], args.duration, args.concurrency, counts))
+            asyncio.run(_flood(leader["ep"], args.duration, args.concurrency, counts, broker, observer))
             flood_s = time.monotonic() - t0
-            after = _leader(endpoints)
-            flood = _metadata(leader["ep"]) or {}
+            after = _leader(endpoints, observer)
+            flood = _metadata(leader["ep"], observer) or {}
             print(f"quiet: tick lateness p99 {quiet['tick_late_p99_ms']} ms, max {quiet['tick_late_max_ms']} ms")
             print(f"flood ({flood_s:.1f}s): tick lateness p99 {flood.get('tick_late_p99_ms')} ms, "
                   f"max {flood.get('tick_late_max_ms')} ms; responses {counts}")
@@ -147,6 +165,9 @@ def main(argv: list[str]) -> int:
                               leader_changes=after["term"] - term0,
                               http_5xx_unintended=counts.get("5xx_unintended", 0),
                               leader_peak_rss_mib=round(_peak_rss_mib(pid), 1)))
+        except NoLeader as exc:
+            print(f"error: {exc}")
+            return 1
         finally:
             stop_processes(procs)
     return 0
