@@ -30,6 +30,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from electra.api.client import ControllerClient
 from electra.broker_session import BrokerSession, SessionError, SessionTimeout
@@ -143,6 +144,8 @@ class BrokerFleet:
                       "sessions_opened": 0, "heartbeats_skipped": 0, "replica_info_polls": 0,
                       "heartbeats_refused": 0}
         self.last_error: str | None = None  # the newest failed request's error (shown while registering)
+        self.endpoints = list(endpoints)
+        self.registered_sets = 0  # sets whose brokers all registered (`start`)
         # Broker ids kept across runs, as a RocketMQ broker keeps its id in its store: a restarted fleet
         # registers its brokers under the ids the controllers know, instead of applying for new ones that
         # are in no sync-state set (then no master could ever be elected again).
@@ -153,15 +156,14 @@ class BrokerFleet:
     async def start(self, progress: bool = False) -> None:
         """Register every broker (sets in parallel, replicas of a set in order), then run them."""
         _quiet_closed_tls_connections(asyncio.get_running_loop())
-        done = 0
         total = len(self.by_set)
 
         async def register_set(brokers: list[SimBroker]) -> None:
-            nonlocal done
             for b in brokers:
                 await self._join(b)
             await self._elect_if_needed(brokers[0])
-            done += 1
+            self.registered_sets += 1
+            done = self.registered_sets
             if progress and (done % max(1, total // 10) == 0 or done == total):
                 print(f"  brokers: {done}/{total} sets registered", flush=True)
 
@@ -172,14 +174,20 @@ class BrokerFleet:
                 await register_set(brokers)
 
         async def report_failures() -> None:
-            """While registering, say every REGISTER_REPORT_S when requests fail (wrong endpoints, no leader)."""
-            seen = 0
+            """While registering, say every REGISTER_REPORT_S when requests fail (wrong endpoints, no leader)
+            or nothing moved at all (requests still retrying inside the client: nothing answers)."""
+            seen, before = 0, -1
             while True:
                 await asyncio.sleep(REGISTER_REPORT_S)
+                done = self.registered_sets
                 if self.stats["errors"] > seen:
                     seen = self.stats["errors"]
                     print(f"  brokers: {done}/{total} sets registered; still trying: {seen} requests failed, "
                           f"the last with: {self.last_error}", flush=True)
+                elif done == before:
+                    print(f"  brokers: {done}/{total} sets registered; still waiting for an answer from "
+                          f"{', '.join(self.endpoints)}", flush=True)
+                before = done
 
         if self.ingest_endpoints:  # sessions: every broker's heartbeats from one task, from its registration on
             self._tasks.append(asyncio.create_task(self._beats()))
@@ -568,68 +576,165 @@ def _read_ids(path: Path) -> dict[str, int]:
         if isinstance(data, dict) else {}
 
 
+COMMANDS = ("kill SET ID | hang SET ID | revive SET ID | kill-master SET | hang-master SET | list [SET] | status "
+            "| quit")
+_USAGE = {"kill": "kill SET ID", "hang": "hang SET ID", "revive": "revive SET ID", "kill-master": "kill-master SET",
+          "hang-master": "hang-master SET", "list": "list [SET]"}
+
+
+class _Usage(Exception):
+    """A command line that cannot be carried out: the message says what to type instead."""
+
+
+def _broker_arg(fleet: BrokerFleet, parts: list[str]) -> tuple[str, int]:
+    if len(parts) != 3 or not parts[2].isdecimal():
+        raise _Usage(f"usage: {_USAGE[parts[0]]} (ID: a broker id, see `list SET`)")
+    name = _set_arg(fleet, parts[:2])
+    return name, int(parts[2])
+
+
+def _set_arg(fleet: BrokerFleet, parts: list[str]) -> str:
+    if len(parts) != 2:
+        raise _Usage(f"usage: {_USAGE[parts[0]]}")
+    if parts[1] not in fleet.by_set:
+        first = ", ".join(list(fleet.by_set)[:3])
+        raise _Usage(f"unknown broker set {parts[1]!r} (this fleet's sets: {first}, ...; `list` shows them)")
+    return parts[1]
+
+
+def _listing(fleet: BrokerFleet, parts: list[str]) -> str:
+    if len(parts) == 1:
+        names = list(fleet.by_set)
+        more = f" ... ({len(names)} sets)" if len(names) > 20 else ""
+        return "sets: " + " ".join(names[:20]) + more
+    name = _set_arg(fleet, parts)
+
+    def state(b: SimBroker) -> str:
+        return "killed" if not b.alive else "hung" if b.hung else b.role
+
+    return f"{name}: " + ", ".join(f"{b.broker_id} {b.addr} {state(b)}" for b in fleet.by_set[name])
+
+
+def _carry_out(fleet: BrokerFleet, parts: list[str]) -> str:
+    """One registered-fleet command; the line to print."""
+    verb = parts[0]
+    if verb in ("kill", "hang"):
+        name, bid = _broker_arg(fleet, parts)
+        b = (fleet.kill if verb == "kill" else fleet.hang)(name, bid)
+        fleet.watch_failover(name)
+        return f"{'killed' if verb == 'kill' else 'hung'} {b.addr}"
+    if verb == "revive":
+        name, bid = _broker_arg(fleet, parts)
+        b = fleet._find(name, bid)
+        if b.alive and not b.hung:
+            return f"broker {bid} of {name} is neither killed nor hung: nothing to revive"
+        return f"revived {fleet.revive(name, bid).addr}"
+    if verb in ("kill-master", "hang-master"):
+        name = _set_arg(fleet, parts)
+        m = fleet.master_of(name)
+        if m is None:
+            return f"{name} has no live master"
+        (fleet.kill if verb == "kill-master" else fleet.hang)(name, m.broker_id)
+        fleet.watch_failover(name)
+        return f"{'killed' if verb == 'kill-master' else 'hung'} master {m.broker_id} of {name}"
+    if verb == "list":
+        return _listing(fleet, parts)
+    if verb == "status":
+        masters = sum(1 for n in fleet.by_set if fleet.master_of(n))
+        return f"sets with a live master: {masters}/{len(fleet.by_set)}; {fleet.stats}"
+    raise _Usage(f"unknown command {verb!r}; commands: {COMMANDS}")
+
+
 async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, duration_s: float | None,
                         commands=None, ingest_endpoints: list[str] | None = None, timeout_ms: int = 10_000,
                         ids_file: Path | None = None) -> dict:
-    """Run a fleet; `commands` is an async iterator of text lines (kill/revive/status/quit)."""
+    """Run a fleet; `commands` is an async iterator of text lines (see COMMANDS), EOF ending the run.
+
+    `duration_s` bounds the whole run, registering included (brokers retry for ever, a run does not),
+    whatever arrives on `commands`. Commands are read from the start: `quit` and `status` act at
+    once, while the others wait for the fleet to be registered (a script piped in works as before)."""
     fleet = BrokerFleet(endpoints, groups, replicas, ingest_endpoints=ingest_endpoints, timeout_ms=timeout_ms,
                         ids_file=ids_file)
     fleet.on_failover = lambda f: print(f.describe(), flush=True)
     t0 = time.monotonic()
     end = t0 + duration_s if duration_s else None
+    events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    starting = asyncio.create_task(fleet.start(progress=True))
+    starting.add_done_callback(lambda t: events.put_nowait(("registered", t)))
+    feeder = asyncio.create_task(_feed(commands, events)) if commands is not None else None
+    registered, waiting, eof, quit_asked = False, [], False, False
     try:
-        # `duration_s` bounds the whole run: registering too (brokers retry for ever, a run does not)
-        await asyncio.wait_for(fleet.start(progress=True), duration_s)
-    except CredentialsError:
-        await fleet.stop()
-        raise
-    except TimeoutError:
-        await fleet.stop()
-        why = f"the last failed request: {fleet.last_error}" if fleet.last_error else "no controller answered yet"
-        print(f"not every broker registered within {duration_s:g}s ({why})", flush=True)
-        return {**fleet.stats, "registered": False}
-    print(f"{groups} broker sets x {replicas} replicas registered in {time.monotonic() - t0:.1f}s; "
-          "commands: kill SET ID | hang SET ID | revive SET ID | kill-master SET | hang-master SET | status | quit",
-          flush=True)
-    try:
-        if commands is None:
-            while end is None or time.monotonic() < end:
-                await asyncio.sleep(1.0)
-        else:
-            async for line in commands:
-                parts = line.split()
-                if not parts:
-                    continue
-                try:
-                    if parts[0] == "quit":
-                        break
-                    if parts[0] == "kill":
-                        print(f"killed {fleet.kill(parts[1], int(parts[2])).addr}", flush=True)
-                        fleet.watch_failover(parts[1])
-                    elif parts[0] == "hang":
-                        print(f"hung {fleet.hang(parts[1], int(parts[2])).addr}", flush=True)
-                        fleet.watch_failover(parts[1])
-                    elif parts[0] == "revive":
-                        print(f"revived {fleet.revive(parts[1], int(parts[2])).addr}", flush=True)
-                    elif parts[0] == "kill-master":
-                        m = fleet.master_of(parts[1])
-                        print(f"killed master {m.broker_id} of {parts[1]}" if m and fleet.kill(parts[1], m.broker_id)
-                              else f"{parts[1]} has no live master", flush=True)
-                        fleet.watch_failover(parts[1])
-                    elif parts[0] == "hang-master":
-                        m = fleet.master_of(parts[1])
-                        print(f"hung master {m.broker_id} of {parts[1]}" if m and fleet.hang(parts[1], m.broker_id)
-                              else f"{parts[1]} has no live master", flush=True)
-                        fleet.watch_failover(parts[1])
-                    elif parts[0] == "status":
-                        masters = sum(1 for n in fleet.by_set if fleet.master_of(n))
-                        print(f"sets with a live master: {masters}/{len(fleet.by_set)}; {fleet.stats}", flush=True)
-                    else:
-                        print(f"unknown command {parts[0]!r}", flush=True)
-                except (IndexError, ValueError, KeyError) as exc:
-                    print(f"bad command {line.strip()!r}: {exc}", flush=True)
-                if end is not None and time.monotonic() >= end:
+        while True:
+            if registered and eof and not waiting:
+                break
+            timeout = None if end is None else end - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                if not registered:
+                    why = (f"the last failed request: {fleet.last_error}" if fleet.last_error
+                           else "no controller answered yet")
+                    print(f"not every broker registered within {duration_s:g}s ({why})", flush=True)
+                break
+            try:
+                kind, item = await asyncio.wait_for(events.get(), timeout)
+            except TimeoutError:
+                continue
+            if kind == "registered":
+                if item.cancelled():
                     break
+                if item.exception() is not None:
+                    raise item.exception()
+                registered = True
+                print(f"{groups} broker sets x {replicas} replicas registered in {time.monotonic() - t0:.1f}s; "
+                      f"commands: {COMMANDS}", flush=True)
+                lines, waiting = waiting, []
+                if any(_command(fleet, line) for line in lines):
+                    quit_asked = True
+                    break
+                continue
+            if kind == "eof":
+                eof = True
+                continue
+            parts = item.split()
+            if not parts:
+                continue
+            if parts[0] == "quit":
+                quit_asked = True
+                break
+            if not registered:
+                if parts[0] == "status":
+                    print(f"registering: {fleet.registered_sets}/{groups} sets; requests {fleet.stats['requests']}, "
+                          f"failed {fleet.stats['errors']}"
+                          + (f", the last with: {fleet.last_error}" if fleet.last_error else ""), flush=True)
+                else:
+                    waiting.append(item)
+                continue
+            if _command(fleet, item):
+                quit_asked = True
+                break
     finally:
+        for task in (starting, feeder):
+            if task is not None and not task.done():
+                task.cancel()
+        await asyncio.gather(*(t for t in (starting, feeder) if t is not None), return_exceptions=True)
         await fleet.stop()
-    return {**fleet.stats, "registered": True}
+    return {**fleet.stats, "registered": registered, "quit": quit_asked}
+
+
+def _command(fleet: BrokerFleet, line: str) -> bool:
+    """Carry out one command line of a registered fleet; True for `quit`."""
+    parts = line.split()
+    if not parts:
+        return False
+    if parts[0] == "quit":
+        return True
+    try:
+        print(_carry_out(fleet, parts), flush=True)
+    except (_Usage, KeyError) as exc:
+        print(exc.args[0] if exc.args else str(exc), flush=True)
+    return False
+
+
+async def _feed(commands, events: asyncio.Queue) -> None:
+    async for line in commands:
+        events.put_nowait(("line", line))
+    events.put_nowait(("eof", None))

@@ -721,11 +721,23 @@ def cmd_simulate_brokers(args: argparse.Namespace) -> int:
     from electra.broker_simulator import run_simulator
 
     async def stdin_lines():
+        """stdin's lines, read by a daemon thread: a blocked read never holds up Ctrl-C or the end of
+        `--duration` (the loop's executor, which the read used before, is joined at shutdown)."""
+        import threading
+
         loop = asyncio.get_running_loop()
-        while True:
-            line = await loop.run_in_executor(None, sys.stdin.readline)
-            if not line:
+        lines: asyncio.Queue[str | None] = asyncio.Queue()
+
+        def read() -> None:
+            try:
+                for line in sys.stdin:
+                    loop.call_soon_threadsafe(lines.put_nowait, line)
+                loop.call_soon_threadsafe(lines.put_nowait, None)
+            except (RuntimeError, OSError, ValueError):  # the loop closed, or stdin did
                 return
+
+        threading.Thread(target=read, name="stdin", daemon=True).start()
+        while (line := await lines.get()) is not None:
             yield line
 
     commands = None if args.no_stdin or not sys.stdin or sys.stdin.closed else stdin_lines()
@@ -737,7 +749,7 @@ def cmd_simulate_brokers(args: argparse.Namespace) -> int:
                                       timeout_ms=args.heartbeat_timeout_ms,
                                       ids_file=Path(args.ids_file) if args.ids_file else None))
     print(f"simulator stopped: {stats}")
-    return 0 if stats["registered"] else 1
+    return 0 if stats["registered"] or stats.get("quit") else 1  # quitting before registration is no failure
 
 
 # --------------------------------------------------------------------------- electra sim

@@ -134,3 +134,88 @@ def test_an_interrupted_command_says_so_and_exits_130(monkeypatch, capsys):
     monkeypatch.setattr(cli, "cmd_status", interrupted)
     assert cli.main(["status", "--endpoints", "127.0.0.1:1"]) == 130
     assert capsys.readouterr().err.strip() == "electra status: interrupted"
+
+
+def _registered_fleet():
+    """Two sets of three brokers, as if registered: ids 1-3, broker 1 the master."""
+    from electra.broker_simulator import BrokerFleet
+
+    fleet = BrokerFleet(["127.0.0.1:1"], 2, 3, credentials=ClientCredentials())
+    for b in fleet.brokers:
+        b.broker_id = b.slot + 1
+        b.role = "master" if b.slot == 0 else "slave"
+    return fleet
+
+
+def test_fleet_commands_answer_bad_input_with_usage_and_revive_only_what_is_down(capsys):
+    """QA: `kill sim-set-0` said `list index out of range`, an unknown set a bare `'nosuch'`, and `revive`
+    of a live master demoted it (the set then had no live master)."""
+    from electra.broker_simulator import _command
+
+    async def main():
+        fleet = _registered_fleet()
+        try:
+            for line in ("kill sim-set-0", "kill sim-set-0 abc", "kill nosuch 1", "hang-master nosuch",
+                         "bogus", "kill sim-set-0 9", "revive sim-set-0 1", "list", "list sim-set-1"):
+                assert _command(fleet, line) is False
+            out = capsys.readouterr().out.splitlines()
+            assert out[0] == out[1] == "usage: kill SET ID (ID: a broker id, see `list SET`)"
+            assert out[2].startswith("unknown broker set 'nosuch' (this fleet's sets: sim-set-0, sim-set-1")
+            assert out[3].startswith("unknown broker set 'nosuch'")
+            assert out[4].startswith("unknown command 'bogus'; commands: kill SET ID | hang SET ID")
+            assert out[5] == "no broker 9 in sim-set-0"
+            assert out[6] == "broker 1 of sim-set-0 is neither killed nor hung: nothing to revive"
+            assert fleet.master_of("sim-set-0") is not None  # still the master
+            assert out[7] == "sets: sim-set-0 sim-set-1"
+            assert out[8] == "sim-set-1: 1 10.0.1.1:10911 master, 2 10.0.1.2:10911 slave, 3 10.0.1.3:10911 slave"
+            assert _command(fleet, "hang sim-set-1 2") is False and _command(fleet, "revive sim-set-1 2") is False
+            assert capsys.readouterr().out.splitlines() == ["hung 10.0.1.2:10911", "revived 10.0.1.2:10911"]
+            assert _command(fleet, "quit") is True
+        finally:
+            await fleet.stop()
+
+    run(main())
+
+
+def test_quit_and_status_work_while_registering_and_duration_ends_a_run_whose_stdin_stays_open(capsys):
+    """QA: with no controller answering the fleet printed nothing and ignored `status` and `quit`; and with
+    stdin open, `--duration` was only looked at after a line arrived."""
+    import time
+
+    from electra.broker_simulator import run_simulator
+
+    async def script(lines):
+        for line in lines:
+            yield line
+        await asyncio.sleep(3600)  # an open terminal: nothing more, no EOF
+
+    t0 = time.monotonic()
+    stats = run(run_simulator(["127.0.0.1:1"], 1, 3, duration_s=60, commands=script(["status\n", "quit\n"])))
+    assert stats["quit"] and not stats["registered"] and time.monotonic() - t0 < 10
+    assert capsys.readouterr().out.startswith("registering: 0/1 sets; requests")
+    t0 = time.monotonic()
+    stats = run(run_simulator(["127.0.0.1:1"], 1, 3, duration_s=1.5, commands=script(["kill sim-set-0 1\n"])))
+    assert not stats["quit"] and not stats["registered"] and time.monotonic() - t0 < 10
+    assert "not every broker registered within 1.5s" in capsys.readouterr().out
+
+
+def test_ctrl_c_stops_the_simulator_while_stdin_is_idle():
+    """QA: stdin was read in the loop's executor, which the loop joins at shutdown: SIGINT waited for a line."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    sim = subprocess.Popen([sys.executable, "-m", "electra.cli", "simulate-brokers", "--endpoints", "127.0.0.1:1",
+                            "--groups", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)  # imported and registering (nothing answers)
+        sim.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        sim.wait(timeout=15)  # stdin stays open (communicate() would close it: an EOF ends the read)
+        assert sim.returncode == 130 and time.monotonic() - t0 < 5, (sim.returncode, sim.stderr.read()[-2000:])
+    finally:
+        if sim.poll() is None:
+            sim.kill()
+            sim.wait()
