@@ -584,7 +584,11 @@ class Simulation:
         for t in pending:
             t.cancel()
         if pending:
-            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            try:
+                self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            except RuntimeError as exc:  # closing after Ctrl-C mid-step: the virtual loop may have nothing to run
+                if not isinstance(exc.__context__, KeyboardInterrupt):
+                    raise
         self.loop.close()
 
 

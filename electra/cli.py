@@ -773,10 +773,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
         return SimConfig(workload=workload, nodes=args.nodes, duration_ms=args.duration_ms,
                          settle_ms=args.settle_ms, trace=replay)
 
-    runs = ([(w, args.seed) for w in workloads] if replay else
-            [(workloads[k % len(workloads)], args.start + k) for k in range(args.seeds)])
-    t0 = time.monotonic()
-    violations = 0
+    total = len(workloads) if replay else args.seeds
+    # generated as they run: a large --seeds must not first build its whole list
+    runs = (((w, args.seed) for w in workloads) if replay else
+            ((workloads[k % len(workloads)], args.start + k) for k in range(args.seeds)))
+    t0 = shown = time.monotonic()
+    violations = k = 0
     for k, (workload, seed) in enumerate(runs, 1):
         try:
             result = run_seed(seed, config(workload))
@@ -792,8 +794,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
                       f"--duration-ms {args.duration_ms} --settle-ms {args.settle_ms} --mutations none")
             if not args.keep_going:
                 break
-        if not replay and (k % max(1, len(runs) // 10) == 0 or k == len(runs)):
-            print(f"  {k}/{len(runs)} seeds, {violations} failed, {time.monotonic() - t0:.1f}s", flush=True)
+        if not replay and (k % max(1, total // 10) == 0 or k == total or time.monotonic() - shown >= 30):
+            shown = time.monotonic()  # each tenth of the run, and at least every 30 s
+            print(f"  {k}/{total} seeds, {violations} failed, {shown - t0:.1f}s", flush=True)
     elapsed = time.monotonic() - t0
     caught = 0
     for name in muts:
@@ -803,8 +806,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
             print(f"mutation {name}: caught by seed {exc.seed}: {exc.reason}")
         else:
             print(f"mutation {name}: NOT caught")
-    print(f"RESULT seeds={k if runs else 0} workloads={','.join(workloads)} runtime=node violations={violations} "
-          f"seeds_per_s={(k if runs else 0) / max(elapsed, 1e-9):.1f} mutations_caught={caught}/{len(muts)}")
+    print(f"RESULT seeds={k} workloads={','.join(workloads)} runtime=node violations={violations} "
+          f"seeds_per_s={k / max(elapsed, 1e-9):.1f} mutations_caught={caught}/{len(muts)}")
     return 1 if violations or caught < len(muts) else 0
 
 
@@ -916,8 +919,9 @@ def build_parser() -> argparse.ArgumentParser:
     ing.set_defaults(fn=cmd_ingest)
 
     s = sub.add_parser("sim", help="deterministic simulation of the node runtime with fault injection")
-    s.add_argument("--seeds", type=int, minimum=1, default=1000, help="seeds in all, shared by the workloads")
-    s.add_argument("--start", type=int, default=0)
+    s.add_argument("--seeds", type=int, minimum=1, maximum=100_000_000, default=1000,
+                   help="seeds in all, shared by the workloads (default 1000)")
+    s.add_argument("--start", type=int, minimum=0, default=0, help="the first seed (default 0)")
     s.add_argument("--seed", type=int, help="replay exactly one seed (per workload) and print its trace on failure")
     s.add_argument("--workload", choices=("all", "kv", "controller"), default="all")
     s.add_argument("--nodes", type=int, minimum=1, default=3)

@@ -21,6 +21,11 @@ def refuse(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def _bound(value: float) -> str:
+    """A bound as a person writes it: 100000000, not 1e+08; 0.5 stays 0.5."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def at_least(kind: type, minimum: float, maximum: float | None = None) -> Callable[[str], Any]:
     """An argparse `type` converting with `kind` (int or float) and refusing values outside [minimum, maximum]."""
 
@@ -29,9 +34,9 @@ def at_least(kind: type, minimum: float, maximum: float | None = None) -> Callab
         if isinstance(value, float) and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be at least {_bound(minimum)}, got {text}")
         if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be at most {_bound(maximum)}, got {text}")
         return value
 
     convert.__name__ = kind.__name__

@@ -60,6 +60,8 @@ def test_a_benchmark_refuses_a_negative_duration(capsys):
     (["ingest", "--workers", "0"], "argument --workers: must be at least 1, got 0"),
     (["simulate-brokers", "--groups", "64001"], "argument --groups: must be at most 64000, got 64001"),
     (["sim", "--seeds", "0"], "argument --seeds: must be at least 1, got 0"),
+    (["sim", "--seeds", "99999999999999"], "argument --seeds: must be at most 100000000, got 99999999999999"),
+    (["sim", "--start", "-1"], "argument --start: must be at least 0, got -1"),
     (["report", "performance", "--brokers", "10", "--out", "/proc/no-such-dir/x"],
      "--out /proc/no-such-dir/x: cannot write the report there"),  # checked before minutes of measuring
 ])
