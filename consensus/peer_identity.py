@@ -18,7 +18,10 @@ _NODE_URI = re.compile(r"^electra://([A-Za-z0-9._-]{1,128})/node/([1-9][0-9]{0,8
 def node_uri(cluster_id: str, node_id: int) -> str:
     uri = f"electra://{cluster_id}/node/{node_id}"
     if not _NODE_URI.match(uri):
-        raise ValueError(f"cluster id {cluster_id!r} or node id {node_id!r} cannot be named in a certificate")
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", cluster_id):
+            raise ValueError(f"cluster id {cluster_id!r} cannot be named in a certificate: 1-128 characters from "
+                             "A-Z a-z 0-9 . _ -")
+        raise ValueError(f"node id {node_id!r} cannot be named in a certificate: 1 to 999999999")
     return uri
 
 

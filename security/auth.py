@@ -275,7 +275,7 @@ def create_token(tokens_file: Path | str, role: str, name: str, *, broker_sets: 
     if role == "broker":
         entry |= {"broker_sets": list(broker_sets or []), "clusters": list(clusters or ["*"])}
     data["tokens"].append(entry)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     _rewrite_tokens_file(path, data)
     return token
 

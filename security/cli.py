@@ -11,7 +11,7 @@ from pathlib import Path
 def cmd_cert(args: argparse.Namespace) -> int:
     from .auth import create_token, revoke_tokens
     from .node_security import TOKENS_FILE
-    from .pki import create_ca, create_node_cert
+    from .pki import create_ca, create_node_cert, node_cert_paths
 
     if not args.certs_dir.strip():
         print("error: --certs-dir must not be empty (it would be the current directory)", file=sys.stderr)
@@ -25,6 +25,11 @@ def cmd_cert(args: argparse.Namespace) -> int:
             cid = create_ca(d, cluster_id=args.cluster_id, days=args.days, overwrite=args.overwrite)
             print(f"CA and cluster id {cid} in {d} (ca.crt is the bundle to distribute; keep ca.key safe)")
         elif args.action == "create-node":
+            existing = node_cert_paths(Path(args.out_dir) if args.out_dir else d, args.id)[1]
+            if existing.exists() and not args.overwrite:
+                print(f"error: {existing} exists (use --overwrite to issue node {args.id} a new key and certificate; "
+                      "the node picks them up on its next certificate reload or restart)", file=sys.stderr)
+                return 1
             crt, key = create_node_cert(d, args.id, args.host or ["127.0.0.1", "localhost"], days=args.days,
                                         out_dir=args.out_dir)
             print(f"node {args.id}: {crt} {key}")
@@ -40,10 +45,10 @@ def cmd_cert(args: argparse.Namespace) -> int:
                 print(token)
         else:  # revoke-token
             n = revoke_tokens(args.tokens_file or d / TOKENS_FILE, args.name, keep_newest=args.keep_newest)
-            print(f"revoked {n} token(s) of {args.name!r}")
             if n == 0 and not args.keep_newest:  # a misspelt name revoked nothing: say so in the exit code
                 print(f"error: no credential named {args.name!r}", file=sys.stderr)
                 return 1
+            print(f"revoked {n} token(s) of {args.name!r}")
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -61,13 +66,14 @@ def add_cert_command(sub) -> None:
         return p
 
     p = common(acts.add_parser("create-ca", help="new CA and cluster id (with --overwrite: a CA rollover that "
-                                                 "keeps the old CA in the ca.crt bundle)"))
+                                                 "keeps the previous CA, and only it, in the ca.crt bundle)"))
     p.add_argument("--cluster-id", help="default: the existing one, else a new random id")
     p.add_argument("--days", type=int, minimum=1, maximum=36_500, default=3650, help="validity (1 to 36500)")
     p.add_argument("--overwrite", action="store_true")
     p = common(acts.add_parser("create-node", help="node certificate (Raft mutual TLS and HTTPS)"))
-    p.add_argument("--id", type=int, minimum=1, required=True)
+    p.add_argument("--id", type=int, minimum=1, maximum=999_999_999, required=True)
     p.add_argument("--host", action="append", help="address or DNS name clients dial (repeat; default loopback)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing key and certificate of this node")
     p.add_argument("--days", type=int, minimum=1, maximum=36_500, default=365, help="validity (1 to 36500)")
     p.add_argument("--out-dir", help="where to write node-<id>.crt/.key (default the certs dir)")
     p = common(acts.add_parser("create-token", help="a role credential: appends its hash to tokens.json, prints it"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import re
 import uuid
 from pathlib import Path
 
@@ -64,12 +65,16 @@ def create_ca(certs_dir: Path | str, *, cluster_id: str | None = None, days: int
     load the bundle accept certificates of both CAs until the old one is removed).
     """
     d = Path(certs_dir)
-    d.mkdir(parents=True, exist_ok=True)
+    d.mkdir(mode=0o755, parents=True, exist_ok=True)  # never writable by others, whatever the umask
     if (d / CA_KEY).exists() and not overwrite:
         raise FileExistsError(f"{d / CA_KEY} exists (use --overwrite to start a CA rollover)")
+    existing = read_cluster_id(d) if (d / CLUSTER_ID).exists() else None
+    if cluster_id is not None and existing is not None and cluster_id != existing and (d / CA_KEY).exists():
+        raise ValueError(f"{d} belongs to cluster id {existing!r}: a CA rollover keeps it (omit --cluster-id); "
+                         "every node's certificate and data dir name it")
     if cluster_id is None:
-        cluster_id = read_cluster_id(d) if (d / CLUSTER_ID).exists() else uuid.uuid4().hex
-    node_uri(cluster_id, 1)  # validates the id's characters
+        cluster_id = existing or uuid.uuid4().hex
+    check_cluster_id(cluster_id)
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Electra"),
                       x509.NameAttribute(NameOID.COMMON_NAME, f"Electra CA {cluster_id}")])
@@ -83,11 +88,40 @@ def create_ca(certs_dir: Path | str, *, cluster_id: str | None = None, days: int
                                          key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256()))
-    old_bundle = (d / CA_CERT).read_bytes() if (d / CA_CERT).exists() else b""
+    previous = _previous_ca(d / CA_CERT, now)
     _write_private(d / CA_KEY, _key_pem(key))
-    _write_public(d / CA_CERT, cert.public_bytes(serialization.Encoding.PEM) + old_bundle)
+    _write_public(d / CA_CERT, cert.public_bytes(serialization.Encoding.PEM) + previous)
     _write_public(d / CLUSTER_ID, (cluster_id + "\n").encode())
     return cluster_id
+
+
+def _previous_ca(bundle: Path, now: dt.datetime) -> bytes:
+    """What a rollover keeps of the old bundle: the CA that signed until now (its first certificate), unless
+    it expired. Only that one: every older CA leaves the bundle, so a retired CA stops being trusted at
+    the next rollover (before, each rollover appended, and every CA ever used stayed trusted)."""
+    try:
+        certs = x509.load_pem_x509_certificates(bundle.read_bytes())
+    except (OSError, ValueError):
+        return b""
+    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certs[:1] if c.not_valid_after_utc > now)
+
+
+def check_cluster_id(cluster_id: str) -> None:
+    """ValueError unless `cluster_id` can be named in a node certificate's URI."""
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", cluster_id):
+        raise ValueError(f"cluster id {cluster_id!r} is not usable: 1-128 characters from A-Z a-z 0-9 . _ -")
+
+
+def check_host(host: str) -> None:
+    """ValueError unless `host` is an IP address or a DNS name a certificate can carry (`*.` allowed first)."""
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    labels = host.removeprefix("*.").rstrip(".").split(".")
+    if len(host) > 253 or not all(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", lb) for lb in labels):
+        raise ValueError(f"--host {host!r} is neither an IP address nor a DNS name (letters, digits, hyphens, dots)")
 
 
 def _load_ca(d: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
@@ -106,6 +140,7 @@ def _load_ca(d: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
 def _host_names(hosts: list[str]) -> list[x509.GeneralName]:
     names: list[x509.GeneralName] = []
     for h in hosts:
+        check_host(h)
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
@@ -135,7 +170,7 @@ def create_node_cert(certs_dir: Path | str, node_id: int, hosts: list[str], *, d
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
     out = Path(out_dir) if out_dir is not None else d
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(mode=0o755, parents=True, exist_ok=True)
     crt_path, key_path = node_cert_paths(out, node_id)
     _write_private(key_path, _key_pem(key))
     _write_public(crt_path, cert.public_bytes(serialization.Encoding.PEM))

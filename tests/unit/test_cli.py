@@ -142,7 +142,62 @@ def test_cert_command_creates_ca_node_certificates_and_tokens(tmp_path, capsys):
     assert oct((tmp_path / "ops.token").stat().st_mode)[-3:] == "600"
     assert main(["cert", "revoke-token", "--certs-dir", str(d), "--name", "b"]) == 0
     assert [t["name"] for t in json.loads((d / "tokens.json").read_text())["tokens"]] == ["ops"]
+    capsys.readouterr()
     assert main(["cert", "revoke-token", "--certs-dir", str(d), "--name", "bb"]) == 1  # a misspelt name
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.strip() == "error: no credential named 'bb'"  # not "revoked 0" besides
+
+
+def test_cert_rollover_keeps_one_previous_ca_and_the_cluster_id(tmp_path, capsys):
+    """QA: every rollover appended, so every CA ever used stayed trusted; `--cluster-id` silently renamed an
+    existing cluster's certs dir; create-node silently replaced a node's key; a bad --host was signed."""
+    from cryptography import x509
+
+    from electra.cli import main
+
+    d = tmp_path / "certs"
+    assert main(["cert", "create-ca", "--certs-dir", str(d), "--cluster-id", "prod-1"]) == 0
+    first = x509.load_pem_x509_certificates((d / "ca.crt").read_bytes())
+    for _ in range(3):
+        assert main(["cert", "create-ca", "--certs-dir", str(d), "--overwrite"]) == 0
+    bundle = x509.load_pem_x509_certificates((d / "ca.crt").read_bytes())
+    assert len(bundle) == 2 and first[0] not in bundle  # the newest CA and the one before it, only
+    capsys.readouterr()
+    assert main(["cert", "create-ca", "--certs-dir", str(d), "--overwrite", "--cluster-id", "prod-2"]) == 1
+    assert "belongs to cluster id 'prod-1'" in capsys.readouterr().err
+    assert (d / "cluster-id").read_text().strip() == "prod-1"
+    assert main(["cert", "create-node", "--certs-dir", str(d), "--id", "1"]) == 0
+    key = (d / "node-1.key").read_bytes()
+    assert main(["cert", "create-node", "--certs-dir", str(d), "--id", "1"]) == 1
+    assert "node-1.key exists (use --overwrite" in capsys.readouterr().err and (d / "node-1.key").read_bytes() == key
+    assert main(["cert", "create-node", "--certs-dir", str(d), "--id", "1", "--overwrite"]) == 0
+    assert (d / "node-1.key").read_bytes() != key
+    for host in ("not a host!", "a..b", "x_y.example", "-x.example"):
+        assert main(["cert", "create-node", "--certs-dir", str(d), "--id", "2", f"--host={host}"]) == 1
+        assert "is neither an IP address nor a DNS name" in capsys.readouterr().err
+    assert main(["cert", "create-node", "--certs-dir", str(d), "--id", "2", "--host", "*.ctl.example.",
+                 "--host", "::1"]) == 0
+    assert main(["cert", "create-ca", "--certs-dir", str(tmp_path / "x"), "--cluster-id", "bad id!"]) == 1
+    assert "cluster id 'bad id!' is not usable: 1-128 characters" in capsys.readouterr().err
+
+
+def test_cert_files_are_never_writable_by_others_whatever_the_umask(tmp_path):
+    import os
+    import stat
+
+    from electra.cli import main
+
+    d = tmp_path / "certs"
+    old = os.umask(0)
+    try:
+        assert main(["cert", "create-ca", "--certs-dir", str(d)]) == 0
+        assert main(["cert", "create-node", "--certs-dir", str(d), "--id", "1"]) == 0
+        assert main(["cert", "create-token", "--certs-dir", str(d), "--role", "admin", "--name", "ops"]) == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [d, *d.iterdir()]}
+    assert modes == {"certs": 0o755, "ca.crt": 0o644, "ca.key": 0o600, "cluster-id": 0o644, "node-1.crt": 0o644,
+                     "node-1.key": 0o600, "tokens.json": 0o644}, modes
 
 
 def test_architecture_is_new_unless_legacy_is_asked_for(tmp_path, monkeypatch, capsys):
