@@ -45,22 +45,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--election-jitter-ticks", type=int, minimum=1,
                    help="the nodes' election timeout spread in ticks (default: the node's, 4); 1 makes every "
                         "follower time out in the same tick, so split votes (and double votes) are likely")
-    c.add_argument("--time-budget-s", type=float, help="start no episode after this many seconds (then report)")
+    c.add_argument("--time-budget-s", type=float, minimum=1,
+                   help="start no episode after this many seconds (then report; the first always runs)")
     c.add_argument("--pipeline", action="store_true",
                    help="also run tansu, ingest workers, the Spark job and simulated brokers, with pipeline faults "
                         "(kafka-restart, spark-kill, ingest-kill, broker-kill, broker-hang; docs/chaos.md)")
-    c.add_argument("--broker-sets", type=int, minimum=1, default=4,
-                   help="--pipeline: simulated broker sets (3 brokers each)")
-    c.add_argument("--broker-timeout-ms", type=int, minimum=1, default=10_000,
+    c.add_argument("--broker-sets", type=int, minimum=1,
+                   help="--pipeline: simulated broker sets (3 brokers each; default 4)")
+    c.add_argument("--broker-timeout-ms", type=int, minimum=1,
                    help="--pipeline: the simulated brokers' heartbeat timeout (default 10000, RocketMQ's)")
-    c.add_argument("--failover-bound-s", type=float, default=60.0,
-                   help="--pipeline: a killed or hung master must be replaced this soon after its fault")
+    c.add_argument("--failover-bound-s", type=float, minimum=1,
+                   help="--pipeline: a killed or hung master must be replaced this soon after its fault "
+                        "(default 60)")
     c.set_defaults(fn=cmd_chaos)
+
+
+def _check_combination(args: argparse.Namespace) -> None:
+    """Options that would be silently ignored are refused: a run must do what its command line says."""
+    if args.episode is not None and args.episodes is not None:
+        refuse("--episode replays one episode of --seed: drop --episodes")
+    pipeline_only = [o for o, v in (("--broker-sets", args.broker_sets),
+                                    ("--broker-timeout-ms", args.broker_timeout_ms),
+                                    ("--failover-bound-s", args.failover_bound_s)) if v is not None]
+    if pipeline_only and not args.pipeline:
+        refuse(f"{', '.join(pipeline_only)} apply to --pipeline runs only")
+    try:  # the run's files go here: a path that cannot be a directory is refused before anything starts
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        refuse(f"--out {args.out}: cannot create the directory ({exc.strerror or exc})")
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
     from .runner import LONG_FAULT_S, RunConfig, run
 
+    _check_combination(args)
     if args.pipeline:
         return _cmd_pipeline(args)
     kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
@@ -103,8 +121,10 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
                          first_episode=args.first_episode, seed=args.seed, nodes=args.nodes, kinds=kinds,
                          tick_ms=args.tick_ms, secure=not args.insecure, stop_on_failure=args.stop_on_failure,
                          time_budget_s=args.time_budget_s, recovery_bound_s=args.recovery_bound_s,
-                         mixed=args.mixed, broker_sets=args.broker_sets, broker_timeout_ms=args.broker_timeout_ms,
-                         failover_bound_s=args.failover_bound_s)
+                         mixed=args.mixed,
+                         **{k: v for k, v in (("broker_sets", args.broker_sets),
+                                              ("broker_timeout_ms", args.broker_timeout_ms),
+                                              ("failover_bound_s", args.failover_bound_s)) if v is not None})
     if args.episode is not None:
         cfg.first_episode, cfg.episodes = args.episode, 1
     t0 = time.monotonic()

@@ -195,3 +195,18 @@ def test_up_passes_accept_new_peers_to_every_node(tmp_path, monkeypatch):
         seen.clear()
         assert cli.main(["up", "--insecure", "--nodes", "3", "--data-dir", str(tmp_path / "d"), *flag]) == 0
         assert len(seen) == 3 and all(("--accept-new-peers" in cmd) == expect for cmd in seen.values()), seen
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--time-budget-s", "0"], "argument --time-budget-s: must be at least 1, got 0"),  # ran 0 episodes, exit 0
+    (["--episode", "5", "--episodes", "2"], "error: --episode replays one episode of --seed: drop --episodes"),
+    (["--broker-sets", "3"], "error: --broker-sets apply to --pipeline runs only"),
+    (["--out", "/proc/forbidden"], "error: --out /proc/forbidden: cannot create the directory"),
+])
+def test_chaos_refuses_what_it_would_ignore_before_starting_anything(argv, message, capsys):
+    """QA: these ran, or failed with a traceback, instead of saying what was wrong."""
+    from electra.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["chaos", "--faults", "kill", *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
