@@ -841,9 +841,12 @@ def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
     """`electra report NAME [options]`: a report directory (HTML, Markdown, JSON) and a RESULT line."""
     import importlib
 
-    if args.name not in REPORTS:
+    if args.name is None or args.name in ("-h", "--help"):  # as `electra bench`: a bare command is a usage error
         print(f"usage: electra report NAME [options]   (`electra report NAME --help`)\nreports: {', '.join(REPORTS)}")
-        return 0 if args.name in (None, "-h", "--help") else 2
+        return 0 if args.name or "-h" in extra or "--help" in extra else 2
+    if args.name not in REPORTS:
+        print(f"error: unknown report {args.name!r}; available: {', '.join(REPORTS)}", file=sys.stderr)
+        return 2
     return _interruptible(f"report {args.name}", lambda: importlib.import_module(REPORTS[args.name]).main(extra))
 
 

@@ -210,3 +210,13 @@ def test_chaos_refuses_what_it_would_ignore_before_starting_anything(argv, messa
     with pytest.raises(SystemExit) as exc:
         main(["chaos", "--faults", "kill", *argv])
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_report_and_bench_answer_a_missing_or_unknown_name_alike(capsys):
+    from electra.cli import main
+
+    assert main(["report"]) == 2 and main(["bench"]) == 2  # a bare command is a usage error (report said 0)
+    assert main(["report", "--help"]) == 0 and main(["bench", "--help"]) == 0
+    capsys.readouterr()
+    assert main(["report", "nosuch"]) == 2
+    assert "unknown report 'nosuch'; available: performance" in capsys.readouterr().err
