@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -102,23 +103,32 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = Parser(prog="electra bench stream")
-    ap.add_argument("--sets", type=int, minimum=1, default=100)
-    ap.add_argument("--brokers", type=int, minimum=1, default=3)
-    ap.add_argument("--hb-interval-ms", type=int, minimum=1, default=1000)
-    ap.add_argument("--timeout-ms", type=int, minimum=1, default=3000)
-    ap.add_argument("--kill", type=int, default=10)
-    ap.add_argument("--trigger-ms", type=int, default=1000)
-    ap.add_argument("--shuffle-partitions", type=int, minimum=1, default=1)
-    ap.add_argument("--read-tasks", type=int, default=1)
+    ap = Parser(prog="electra bench stream", description=__doc__.splitlines()[0])
+    ap.add_argument("--sets", type=int, minimum=1, default=100, help="broker sets (default 100)")
+    ap.add_argument("--brokers", type=int, minimum=1, default=3, help="brokers per set (default 3)")
+    ap.add_argument("--hb-interval-ms", type=int, minimum=1, default=1000,
+                    help="each broker's heartbeat interval (default 1000, RocketMQ's)")
+    ap.add_argument("--timeout-ms", type=int, minimum=1, default=3000,
+                    help="heartbeatTimeoutMillis the brokers send (default 3000)")
+    ap.add_argument("--kill", type=int, minimum=0, default=10,
+                    help="sets whose master stops heartbeating after the warm-up (default 10)")
+    ap.add_argument("--trigger-ms", type=int, minimum=0, default=1000,
+                    help="the job's micro-batch trigger interval (default 1000)")
+    ap.add_argument("--shuffle-partitions", type=int, minimum=1, default=1,
+                    help="the job's spark.sql.shuffle.partitions (default 1)")
+    ap.add_argument("--read-tasks", type=int, minimum=0, default=1,
+                    help="source read tasks per batch (default 1; 0: one per Kafka partition)")
     ap.add_argument("--job-arg", action="append", default=[], help="extra argument for the job (repeatable)")
     ap.add_argument("--buckets", type=int, minimum=1, default=2,
                     help="operator keys; a value >= --sets is one key per set (the layout before buckets)")
-    ap.add_argument("--group", type=int, default=0,
+    ap.add_argument("--group", type=int, minimum=0, default=0,
                     help="heartbeats per Kafka record (default 0: what the ingest workers would group at this rate; "
                          "1: one per record)")
-    ap.add_argument("--warmup-s", type=float, default=10.0)
-    ap.add_argument("--out", default=None, help="directory for the job log and checkpoint (default: a temp dir)")
+    ap.add_argument("--warmup-s", type=float, minimum=0, default=10.0,
+                    help="seconds of heartbeats before measuring and killing (default 10)")
+    ap.add_argument("--out", default=None,
+                    help="directory for the job log and checkpoint, kept (default: a temp dir, removed after a "
+                         "good run and kept after a failed one)")
     a = ap.parse_args(argv)
     out = Path(a.out or tempfile.mkdtemp(prefix="electra-stream-bench-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -285,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             summary["job_exit"] = "killed"
         httpd.shutdown()
         load.close()
+        producer.close(timeout=5)  # before tansu stops: its client would log lost connections after the RESULT
         kafka.stop()
     print(json.dumps(summary))
     detect = [summary.get("detect_ms_p50"), summary.get("detect_ms_max"), summary.get("detect_ms_p99")]
@@ -299,8 +310,10 @@ def main(argv: list[str] | None = None) -> int:
                       timeout_s=a.timeout_ms / 1000))
     if summary.get("killed") and not summary.get("proposed"):
         print(f"error: {summary['killed']} masters were killed and no proposal reached the benchmark's controller: "
-              f"see {log_path}", file=sys.stderr)
+              f"see {log_path} (kept)", file=sys.stderr)
         return 1
+    if a.out is None:  # a temp dir of its own: gone after a good run (kept, and named, after a failed one)
+        shutil.rmtree(out, ignore_errors=True)
     return 0
 
 
