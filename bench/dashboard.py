@@ -107,7 +107,9 @@ async def _run(args: argparse.Namespace, endpoints: list[str], procs, creds) -> 
 def main(argv: list[str]) -> int:
     p = Parser(prog="electra bench dashboard", description=__doc__)
     p.add_argument("--sets", type=int, minimum=1, default=1000, help="broker sets (of 3 brokers) registered first")
-    p.add_argument("--viewers", type=int, default=20, help="SSE viewers in the last measurement")
+    p.add_argument("--viewers", type=int, minimum=2, default=20,
+                   help="SSE viewers in the last measurement (default 20; at least 2: the per-viewer cost is the "
+                        "slope between 1 viewer and this many)")
     p.add_argument("--window", type=float, minimum=1, default=10.0, help="seconds each measurement lasts")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="electra-bench-dashboard-") as tmp:
