@@ -41,18 +41,18 @@ def run_system(system: str, args: argparse.Namespace) -> dict:
 
 def main(argv: list[str]) -> int:
     p = Parser(prog="electra bench raft", description=__doc__)
-    p.add_argument("--clients", type=int, minimum=1, default=1000)
-    p.add_argument("--size", type=int, minimum=1, default=64)
-    p.add_argument("--duration", type=float, minimum=1, default=10.0)
-    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--clients", type=int, minimum=1, default=1000, help="concurrent proposers (default 1000)")
+    p.add_argument("--size", type=int, minimum=1, default=64, help="command size in bytes (default 64)")
+    p.add_argument("--duration", type=float, minimum=1, default=10.0, help="seconds measured (default 10)")
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring (default 2)")
     p.add_argument("--settle", type=float, default=4.0, help="seconds for processes to start and elect")
     p.add_argument("--inflight", type=int, minimum=1, default=32, help="AppendEntries in flight per follower")
-    p.add_argument("--unsafe-no-fsync", action="store_true")
-    p.add_argument("--skip-pysyncobj", action="store_true")
+    p.add_argument("--unsafe-no-fsync", action="store_true", help="no fsync (an upper bound, not a safe setting)")
+    p.add_argument("--skip-pysyncobj", action="store_true", help="do not run the PySyncObj comparison")
     args = p.parse_args(argv)
 
     print(f"bench raft: 3 processes on loopback, {args.clients} concurrent clients, {args.size}-byte commands, "
-          f"{args.duration:.0f}s measured after {args.warmup:.0f}s warm-up", flush=True)
+          f"{args.duration:g}s measured after {args.warmup:g}s warm-up", flush=True)
     print(f"electra durability: {'UNSAFE no fsync' if args.unsafe_no_fsync else 'fsync before ack'}; "
           "pysyncobj durability: no fsync (un-synced mmap journal)", flush=True)
     e = run_system("electra", args)

@@ -233,7 +233,7 @@ def main(argv: list[str]) -> int:
                    help="entries for the restart measurement (default 1000000; snapshots every 15%% of them)")
     args = p.parse_args(argv)
     print(f"bench reads: 3 processes, fsync on, {args.clients} concurrent clients per phase, "
-          f"{args.duration:.0f}s per phase, {args.bg_writers} background writers during reads", flush=True)
+          f"{args.duration:g}s per phase, {args.bg_writers} background writers during reads", flush=True)
     r = run_cluster(args)
     for phase in PHASES:
         rate, err = r[phase]

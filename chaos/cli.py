@@ -18,7 +18,13 @@ LONG_EPISODES = 1000
 
 def register(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("chaos", help="fault injection on real controller processes, with linearizability and "
-                                     "controller invariants checked (ends with a RESULT line)")
+                                     "controller invariants checked (ends with a RESULT line)",
+                       description="Real `electra node` processes under faults (kill, pause, partitions, delay, loss, "
+                                   "clock jumps and rates, full and slow disks, torn tails, power loss), episode after "
+                                   "episode, while clients write and read; each history is checked for "
+                                   "linearizability and the controller's invariants. A failing episode prints the "
+                                   "command that replays it. Files (histories, report.html, the cluster's data) go "
+                                   "to --out/<time>/ and are kept. docs/chaos.md has the faults and checks.")
     c.add_argument("--episodes", type=int, minimum=1,
                    help=f"episodes to run (default 30, the CI run; {LONG_EPISODES} with --long)")
     c.add_argument("--long", action="store_true", help=f"the soak: {LONG_EPISODES} episodes, longer faults, mixed")
@@ -35,7 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--sets", type=int, default=3, minimum=1, help="broker sets per episode (independent keys)")
     c.add_argument("--tick-ms", type=int, minimum=1, default=100,
                    help="Raft tick of the nodes (default 100 as electra up; election timeout 10-13 ticks)")
-    c.add_argument("--out", default=".electra/chaos", help="history files, report.html and the cluster's data")
+    c.add_argument("--out", default=".electra/chaos",
+                   help="where each run's directory (<time>/: histories, report.html, the cluster's data) is kept "
+                        "(default .electra/chaos)")
     c.add_argument("--insecure", action="store_true", help="plaintext nodes (default: mutual TLS, as electra up)")
     c.add_argument("--stop-on-failure", action="store_true")
     c.add_argument("--recovery-bound-s", type=float, default=30.0,

@@ -921,7 +921,12 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--insecure", action="store_true", help="plaintext, no authentication (tests only)")
     ing.set_defaults(fn=cmd_ingest)
 
-    s = sub.add_parser("sim", help="deterministic simulation of the node runtime with fault injection")
+    s = sub.add_parser("sim", help="deterministic simulation of the node runtime with fault injection",
+                       description="The real RaftNode (engine, storage, state machine) on a virtual clock, network and "
+                                   "disk with injected faults, seed after seed, each history checked for "
+                                   "linearizability and the controller's invariants; then every deliberate bug "
+                                   "(ELECTRA_TEST_MUTATION) must be caught. A failing seed prints the command that "
+                                   "replays it with a full trace. Ends with a RESULT line.")
     s.add_argument("--seeds", type=int, minimum=1, maximum=100_000_000, default=1000,
                    help="seeds in all, shared by the workloads (default 1000)")
     s.add_argument("--start", type=int, minimum=0, default=0, help="the first seed (default 0)")
