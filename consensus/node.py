@@ -211,7 +211,7 @@ class RaftNode:
         self.leader_seen_at = 0.0  # monotonic time this node last knew a leader (itself included)
         # The leader's commit watch: (commit index, since when it has not moved while entries wait).
         self._commit_watch = (0, 0.0)
-        self._commit_stall_logged = False
+        self._commit_stalled = False  # set by the tick that logs the stall: /healthz turns with the log line
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -604,13 +604,13 @@ class RaftNode:
         then times out while each node looked healthy (docs/raft-engine.md, "Health")."""
         commit, since = self._commit_watch
         if core.role != Role.LEADER or core.commit != commit or core.last_index() <= core.commit:
-            if self._commit_stall_logged:
+            if self._commit_stalled:
                 log.warning("node %d: commit index moves again (%d)", self.cfg.node_id, core.commit)
-                self._commit_stall_logged = False
+                self._commit_stalled = False
             self._commit_watch = (core.commit, now)
             return
-        if not self._commit_stall_logged and now - since > self.commit_stall_limit_s():
-            self._commit_stall_logged = True
+        if not self._commit_stalled and now - since > self.commit_stall_limit_s():
+            self._commit_stalled = True
             log.error("node %d: leader in term %d cannot commit: commit index %d has not moved for %.1fs with "
                       "entries up to %d; its followers refuse its entries or its disk does not finish writes "
                       "(check every node's log; /healthz answers 503 until it moves)", self.cfg.node_id,
@@ -636,7 +636,7 @@ class RaftNode:
         if self._live.core.lead == 0 and now - self.leader_seen_at > limit:
             return False, f"no leader known for {now - self.leader_seen_at:.1f}s"
         stalled = self.commit_stalled_s()
-        if stalled > self.commit_stall_limit_s():
+        if self._commit_stalled and stalled > 0:  # (the tick notices a commit that moved again within a tick)
             core = self._live.core
             return False, (f"leader cannot commit: commit index {core.commit} has not moved for {stalled:.1f}s "
                            f"with entries up to {core.last_index()}")
