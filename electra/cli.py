@@ -979,7 +979,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--to", type=int, help="the node to lead (default: the most caught-up follower)")
     ad.set_defaults(fn=cmd_admin)
 
-    sb = sub.add_parser("simulate-brokers", help="RocketMQ-5-like brokers over HTTP (kill/hang/revive from stdin)")
+    sb = sub.add_parser("simulate-brokers", help="RocketMQ-5-like brokers over HTTP (kill/hang/revive from stdin)",
+                        description="Simulated RocketMQ 5 brokers: apply for ids, register, elect, heartbeat, poll "
+                                    "their replica info and keep their sync-state sets, against the controllers. "
+                                    "Commands on stdin, one a line: kill SET ID (a crash: connections reset), "
+                                    "hang SET ID (no traffic, connections open), revive SET ID, kill-master SET, "
+                                    "hang-master SET, list [SET], status, quit. status and quit answer at once; "
+                                    "the others wait until every broker is registered. EOF ends the run.")
     sb.add_argument("--endpoints", default=os.environ.get("ELECTRA_ENDPOINTS", DEFAULT_ENDPOINTS),
                     help=ENDPOINTS_HELP)
     # bounded by the simulator's addresses (10.<g // 250>.<g % 250>.<replica>) and the sync-state set's 64
