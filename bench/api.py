@@ -105,7 +105,13 @@ def run_wrk(targets: list[str], script: str, duration: float, workdir: Path, hea
     procs = [subprocess.Popen(wrk.command(url, path, c, duration, headers),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for url, c in zip(targets, per, strict=True)]
-    parsed = [wrk.parse(p.communicate(timeout=duration + 60)[0]) for p in procs]
+    try:
+        parsed = [wrk.parse(p.communicate(timeout=duration + 60)[0]) for p in procs]
+    finally:  # interrupted (Ctrl-C on this process alone, SIGTERM): wrk would load the servers on to its end
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return {"rps": sum(p["rps"] for p in parsed), "p99_ms": max(p["p99_ms"] for p in parsed),
             "non_2xx": sum(p["non_2xx"] for p in parsed), "socket_errors": sum(p["socket_errors"] for p in parsed)}
 
@@ -227,7 +233,7 @@ def _etcd_runs(tmp: Path, duration: float, work: Path) -> dict:
             out[key] = res
         return out
     finally:
-        stop_processes(procs)
+        stop_processes(procs, grace_s=1.0)  # a throwaway etcd: its graceful stop waits ~7 s for peers
 
 
 def _own_cpu_s(pid: int) -> float:

@@ -87,16 +87,18 @@ def run_workers(cmds: list[list[str]], timeout: float, env: dict | None = None) 
         stop_processes(procs)
 
 
-def stop_processes(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM every process, wait up to 10 s each, SIGKILL what is left."""
+def stop_processes(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """SIGTERM every process, give them `grace_s` together, SIGKILL what is left."""
     for p in procs:
         if p.poll() is None:
             p.terminate()
+    deadline = time.monotonic() + grace_s
     for p in procs:
         try:
-            p.wait(timeout=10)
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
+            p.wait()
 
 
 def bench_credentials(data_dir: Path, ids=(1, 2, 3)):

@@ -264,7 +264,7 @@ def _run_etcd_point(brokers: int, args, tmp: Path) -> dict:
 
         return {"brokers": 3 * sets, "sets": sets} | uvloop.run(drive())
     finally:
-        stop_processes(procs)
+        stop_processes(procs, grace_s=1.0)  # a throwaway etcd: its graceful stop waits ~7 s for peers
 
 
 class _Once(asyncio.Event):
