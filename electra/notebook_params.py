@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Any
 
 
@@ -18,11 +19,22 @@ class ParameterError(ValueError):
 
 
 def _widgets() -> Any:
-    """Databricks' `dbutils.widgets`, or None outside Databricks."""
+    """Databricks' `dbutils.widgets`, or None outside Databricks.
+
+    `dbutils` lives in the notebook's namespace: the calling cell's globals (found by walking up the
+    stack), which IPython also makes `__main__`."""
     import __main__
 
-    dbutils = getattr(__main__, "dbutils", None)
-    return getattr(dbutils, "widgets", None)
+    namespaces = [vars(__main__)]
+    frame = sys._getframe(1)
+    while frame is not None:
+        namespaces.append(frame.f_globals)
+        frame = frame.f_back
+    for ns in namespaces:
+        dbutils = ns.get("dbutils")
+        if dbutils is not None:
+            return getattr(dbutils, "widgets", None)
+    return None
 
 
 def text(name: str, default: str) -> str:

@@ -57,3 +57,17 @@ def test_databricks_widgets_are_used_when_present(monkeypatch):
     monkeypatch.setattr(__main__, "dbutils", type("D", (), {"widgets": Widgets()})(), raising=False)
     monkeypatch.setenv("ELECTRA_BROKERS", "5")
     assert p.whole("brokers", 30000) == 300 and p.text("tier_uri", "d") == "d"
+
+
+def test_databricks_widgets_are_found_in_the_calling_cells_namespace(monkeypatch):
+    """On Databricks `dbutils` is a name in the notebook's globals; the lookup must not depend on `__main__`."""
+    class Widgets:
+        def text(self, name, default):
+            pass
+
+        def get(self, name):
+            return "7"
+
+    cell_globals = {"dbutils": type("D", (), {"widgets": Widgets()})(), "p": p}
+    monkeypatch.setenv("ELECTRA_TOP_SETS", "5")
+    assert eval("p.whole('top_sets', 8)", cell_globals) == 7
