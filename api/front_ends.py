@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from electra.security.auth import Principal
 
@@ -61,6 +62,21 @@ def link_executor(lean: LeanPath):
         return answer(c.id, out) if isinstance(out, Reply) else later(c.id, out)
 
     return execute
+
+
+class ServedAs:
+    """The Raft process's application behind its front-ends: every request reports the node's own HTTP
+    address as `server`, as it does without front-ends (the app socket's is a path). The dashboard's cookie
+    is named by that port, one per node on a host; from the socket it was `...-None` on every node."""
+
+    def __init__(self, app: Any, server: tuple[str, int]) -> None:
+        self.app = app
+        self.server = server
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            scope = {**scope, "server": self.server}
+        await self.app(scope, receive, send)
 
 
 class FrontEnds:

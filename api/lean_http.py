@@ -68,8 +68,12 @@ class _InFlight:
         self.message_event = _UNWAITED
 
 
-def lean_protocol(lean: LeanPath, limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProtocol]:
-    """The node's HTTP protocol class: the guarded uvicorn protocol with the lean broker path in front."""
+def lean_protocol(lean: LeanPath, limits: HTTPLimits = DEFAULT_LIMITS,
+                  scheme: str | None = None) -> type[HttpToolsProtocol]:
+    """The node's HTTP protocol class: the guarded uvicorn protocol with the lean broker path in front.
+
+    `scheme`: the scheme the node's clients use, for the Raft process's socket behind front-ends (its own
+    connections are plain unix sockets; a redirect built from them said `http://` to HTTPS clients)."""
     base = guarded_protocol(limits)
 
     class LeanHttpProtocol(base):  # type: ignore[misc, valid-type]
@@ -122,7 +126,7 @@ def lean_protocol(lean: LeanPath, limits: HTTPLimits = DEFAULT_LIMITS) -> type[H
             self._lean_body = []
             flight = self.cycle  # a pipelined request behind this one may take the `cycle` slot meanwhile
             try:
-                out = lean.serve(req, body, self.scheme or "http")
+                out = lean.serve(req, body, scheme or self.scheme or "http")
             except Exception:  # a bug: answer 500 and close, as the ASGI server would
                 log.exception("lean request %s failed", req.path)
                 self._finish_raw(flight, _INTERNAL_ERROR, close=True)

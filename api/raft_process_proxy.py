@@ -39,6 +39,9 @@ _UNAVAILABLE = json.dumps({"code": int(Code.SYSTEM_ERROR),
                            "remark": "the node's Raft process is not reachable from this front-end"}).encode()
 _CLOSED = json.dumps({"code": int(Code.SYSTEM_ERROR),
                       "remark": "the node's Raft process closed the connection before answering"}).encode()
+_NOT_SENT = json.dumps({"code": int(Code.SYSTEM_ERROR),
+                        "remark": "the node's Raft process is not answering (nothing was sent); try another "
+                                  "node"}).encode()
 _STALLED_READ = json.dumps({"code": int(Code.SYSTEM_ERROR),
                            "remark": "the node's Raft process is not answering; try another node"}).encode()
 _STALLED_WRITE = json.dumps({"code": int(Code.SYSTEM_ERROR),
@@ -81,8 +84,8 @@ class RaftProcessProxy:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
-        if self.stalled():
-            await self._refuse_stalled(scope, send)
+        if self.stalled():  # nothing was sent: the outcome is known (nothing happened), whatever the method
+            await _send_simple(send, 503, _NOT_SENT, [(b"retry-after", b"1")])
             return
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.socket_path), 5)

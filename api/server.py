@@ -18,7 +18,7 @@ from electra.streaming.records import Topics
 
 from .app import create_app
 from .controller import Controller, ControllerConfig
-from .front_ends import FrontEnds
+from .front_ends import FrontEnds, ServedAs
 from .http_limits import DEFAULT_LIMITS, HTTPLimits
 from .lean_http import lean_protocol
 from .lean_path import LeanPath
@@ -128,8 +128,12 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
                            tokens_file=str(tokens.path) if tokens is not None else None,
                            log_level=logging.getLevelName(logging.getLogger().level))
         app.state.request_metrics.registry.register(fronts)  # electra_front_end_* in /metrics
-        config = uvicorn.Config(app, uds=fronts.app_socket, log_level="warning", lifespan="off", access_log=False,
-                                http=lean_protocol(lean, http_limits), timeout_keep_alive=http_limits.idle_timeout_s,
+        # The front-ends' clients' scheme and the node's port, which this socket does not see: the lean path's
+        # redirects and the dashboard cookie's name (one per node on a host) depend on them.
+        config = uvicorn.Config(ServedAs(app, (http_host, http_port)), uds=fronts.app_socket, log_level="warning",
+                                lifespan="off", access_log=False,
+                                http=lean_protocol(lean, http_limits, scheme="https" if http_ssl else "http"),
+                                timeout_keep_alive=http_limits.idle_timeout_s,
                                 timeout_graceful_shutdown=http_limits.stop_grace_s,
                                 proxy_headers=True, forwarded_allow_ips="*")
     else:

@@ -115,6 +115,23 @@ def test_front_ends_serve_each_node_and_are_replaced_when_killed(tmp_path):
                 n += CONNECTIONS
                 calls = _calls_by_pid(await metrics(ep))
                 assert set(calls) == fronts[ep] and all(v >= 2 for v in calls.values()), (ep, calls, fronts[ep])
+            # What the Raft process answers for its front-ends (QA: through the relay, a follower's redirect said
+            # http:// to an HTTPS client, and the dashboard cookie was named `...-None` on every node).
+            follower_ep = endpoints[next(i for i in range(3) if i != leader - 1)]
+            host, port = follower_ep.rsplit(":", 1)
+            body = b'{"clusterName":"bench","brokerId":1,"brokerAddress":"10.9.9.9:1"}'
+            reader, writer = await asyncio.open_connection(host, int(port), ssl=broker.ssl_context())
+            writer.write(b"POST /v1/broker-sets/s1/register HTTP/1.0\r\nHost: %s\r\nAuthorization: %s\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (follower_ep.encode(), broker.headers()["Authorization"].encode(), len(body), body))
+            answer = (await asyncio.wait_for(reader.read(), 15)).decode(errors="replace")  # HTTP/1.0: relayed
+            writer.close()
+            assert answer.startswith("HTTP/1.1 307") and f"location: https://{leader_ep}/" in answer.lower(), answer
+            async with httpx.AsyncClient(verify=observer.ssl_context(), timeout=10) as c:
+                token = observer.headers()["Authorization"].removeprefix("Bearer ")
+                r = await c.post(f"https://{follower_ep}/v1/dashboard/login", json={"token": token})
+                assert r.status_code == 204 and f"__Host-electra-dashboard-{port}=" in r.headers["set-cookie"], \
+                    (r.status_code, r.headers.get("set-cookie"))
             # SIGKILL one front-end of the leader: new connections keep being served meanwhile (a client
             # connecting in the instant the process dies may be reset, as with any server process dying).
             victim = min(fronts[leader_ep])
@@ -157,6 +174,12 @@ def test_front_ends_serve_each_node_and_are_replaced_when_killed(tmp_path):
                     r = await c.get(f"https://{follower_ep}/healthz")
                     assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
                     assert time.monotonic() - t0 < 8, "a stopped Raft process kept its front-ends' callers waiting"
+                    # a write the relay never sent (a content type the lean path hands on) has a known outcome
+                    r = await c.post(f"https://{follower_ep}/v1/broker-sets/s0/register",
+                                     content=b'{"clusterName":"bench","brokerId":1,"brokerAddress":"10.8.8.8:1"}',
+                                     headers={"content-type": "application/json; charset=utf-8"})
+                    assert r.status_code == 503 and r.headers["retry-after"] == "1" and "nothing was sent" in r.text, \
+                        (r.status_code, r.text)
             finally:
                 procs[follower].send_signal(signal.SIGCONT)
 
