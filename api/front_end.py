@@ -17,6 +17,7 @@ node lives; requests meanwhile get 503 (LinkDown).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import logging
@@ -38,13 +39,14 @@ from .http_limits import HTTPLimits, tls_bounded_loop
 from .ingest_server import _listen
 from .lean_http import lean_protocol
 from .lean_path import LeanPath, LeanRequest
-from .local_link import Call, LinkClient, LinkDown
+from .local_link import COUNTS, Call, LinkClient, LinkDown
 from .raft_process_proxy import RaftProcessProxy
 from .replies import Reply, RequestMetrics, refused, request_url_on
 
 log = logging.getLogger("electra.api.front_end")
 
 RECONNECT_S = 0.2
+COUNTS_EVERY_S = 1.0  # how often this process's own request counts go to the node's metrics
 
 
 class FrontEndLink:
@@ -75,6 +77,22 @@ class FrontEndLink:
                     return
                 log.warning("front-end %d: the link to the Raft process broke; re-dialling", os.getpid())
             await asyncio.sleep(RECONNECT_S)
+
+    async def report_counts(self, stop: asyncio.Event, every_s: float = COUNTS_EVERY_S) -> None:
+        """Send this process's own request counts to the node every `every_s` (and once more at stop):
+        the refusals answered here (credentials, a link that is down) are counted where /metrics is served."""
+        sent: dict[tuple[str, str], int] = {}
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every_s)
+            rows = [[e, c, n - sent.get((e, c), 0)] for (e, c), n in self.metrics.counts.items()
+                    if n > sent.get((e, c), 0)]
+            link = self.link
+            if rows and link is not None and link.notify(Call(0, COUNTS, None, None, rows, "", "", "")):
+                for e, c, n in rows:
+                    sent[(e, c)] = sent.get((e, c), 0) + n
+            if stop.is_set():
+                return
 
     def raft_process_stalled(self) -> bool:
         """The link is up but the Raft process has stopped answering it (`LinkClient.stalled`)."""
@@ -176,12 +194,13 @@ async def run(opts: dict) -> None:
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None
     linked = asyncio.ensure_future(link.keep_linked(stop))
+    counting = asyncio.ensure_future(link.report_counts(stop))
     serving = asyncio.ensure_future(server.serve(sockets=[_listen(opts["host"], opts["port"])]))
     watch = asyncio.ensure_future(tls.watch()) if tls else None
     await asyncio.wait([serving, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
     stop.set()
     server.should_exit = True
-    await asyncio.wait_for(asyncio.gather(serving, linked, return_exceptions=True), 15)
+    await asyncio.wait_for(asyncio.gather(serving, linked, counting, return_exceptions=True), 15)
     if watch is not None:
         watch.cancel()
     if os.getppid() != opts["parent_pid"]:  # the node died without cleaning up: remove its socket directory

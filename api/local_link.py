@@ -51,6 +51,9 @@ MAX_IN_FLIGHT = 4096  # open calls per link
 PROBE_AFTER_S = 1.0  # a link silent this long gets a ping
 STALL_AFTER_S = 3.0  # a ping unanswered this long: the Raft process is stalled
 PING = "ping"  # the endpoint of a ping Call: answered by the link itself, never executed
+# The endpoint of a Call that carries a front-end's own request counts ([[endpoint, code, n], ...]: the
+# refusals it answered itself, credentials and link failures) to the node's metrics; never answered.
+COUNTS = "counts"
 _LEN = struct.Struct(">I")
 
 
@@ -213,6 +216,13 @@ class LinkClient(asyncio.Protocol):
         self._out.queue(c)
         return fut
 
+    def notify(self, c: Call) -> bool:
+        """Queue a call that gets no answer (`COUNTS`); False when the link is not up to take it."""
+        if not self.connected.is_set() or self.closed.is_set() or self.stalled:
+            return False
+        self._out.queue(c)
+        return True
+
     async def call(self, c: Call, write: bool) -> Answer:
         """`submit` after waiting for room (backpressure), then the answer."""
         for _ in range(10_000):  # bounded: each wake-up follows an answer that freed slots
@@ -315,8 +325,10 @@ def _peer_pid(transport) -> int:
 class LinkServerProtocol(asyncio.Protocol):
     """The Raft process's end of one front-end's link: runs each frame's calls in one turn, batches answers."""
 
-    def __init__(self, execute: Execute, links: set, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+    def __init__(self, execute: Execute, links: set, max_in_flight: int = MAX_IN_FLIGHT,
+                 on_counts: Callable[[list[Any]], None] | None = None) -> None:
         self.execute = execute
+        self.on_counts = on_counts  # a front-end's own request counts, for the node's metrics
         self.links = links
         self.max_in_flight = max_in_flight
         self.in_flight = 0
@@ -362,6 +374,10 @@ class LinkServerProtocol(asyncio.Protocol):
     def _run(self, c: Call) -> None:
         if c.endpoint == PING:
             self._out.queue(Answer(c.id, 200, b"", {}))
+            return
+        if c.endpoint == COUNTS:
+            if self.on_counts is not None and c.args:
+                self.on_counts(c.args)
             return
         self.stats["calls"] += 1
         try:

@@ -63,13 +63,13 @@ class RequestMetrics:
         self.latencies: dict[str, list[float]] = {}
         self.registry.register(_RequestCollector(self))
 
-    def count(self, endpoint: str, code: int | str) -> None:
+    def count(self, endpoint: str, code: int | str, n: int = 1) -> None:
         key = (endpoint, str(code))
-        n = self.counts.get(key)
-        if n is None:
+        had = self.counts.get(key)
+        if had is None:
             self.created[key] = time.time()
-            n = 0
-        self.counts[key] = n + 1
+            had = 0
+        self.counts[key] = had + n
 
     def observe_latency(self, endpoint: str, seconds: float) -> None:
         row = self.latencies.get(endpoint)

@@ -132,6 +132,22 @@ def test_front_ends_serve_each_node_and_are_replaced_when_killed(tmp_path):
                 r = await c.post(f"https://{follower_ep}/v1/dashboard/login", json={"token": token})
                 assert r.status_code == 204 and f"__Host-electra-dashboard-{port}=" in r.headers["set-cookie"], \
                     (r.status_code, r.headers.get("set-cookie"))
+            # Refusals a front-end answers itself (a bad token on a broker route) are counted in the node's
+            # /metrics, where an operator alerts on token guessing (QA: they were counted nowhere scraped).
+            def refused_count(text: str) -> float:
+                m = re.search(r'^electra_requests_total\{code="16",endpoint="unauthenticated"\} ([\d.e+]+)$', text,
+                              re.M)
+                return float(m.group(1)) if m else 0.0
+            before = refused_count(await metrics(follower_ep))
+            async with httpx.AsyncClient(verify=broker.ssl_context(), timeout=10) as c:
+                for _ in range(5):
+                    r = await c.get(f"https://{follower_ep}/v1/broker-sets/s0/replica-info",
+                                    headers={"authorization": "Bearer not-a-token"})
+                    assert r.status_code == 401, r.text
+
+            async def counted() -> bool:
+                return refused_count(await metrics(follower_ep)) >= before + 5
+            await _until(counted, "front-ends' refusals in the node's /metrics", 15)
             # SIGKILL one front-end of the leader: new connections keep being served meanwhile (a client
             # connecting in the instant the process dies may be reset, as with any server process dying).
             victim = min(fronts[leader_ep])
