@@ -18,6 +18,7 @@ only the node has).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -41,6 +42,11 @@ log = logging.getLogger("electra.api.front_ends")
 STOP_GRACE_S = 10.0
 MAX_BACKOFF_S = 5.0
 STABLE_AFTER_S = 10.0  # a front-end that ran this long restarts at once
+# A live front-end sends something on its link at least every second (a ping when idle: local_link's
+# PROBE_AFTER_S). One silent this long is stopped (SIGSTOP) or blocked, while the kernel still hands it its
+# share of new connections (SO_REUSEPORT): it is killed, and replaced as a crashed one is.
+SILENT_KILL_S = 6.0
+WATCH_EVERY_S = 1.0
 
 
 def link_executor(lean: LeanPath):
@@ -98,7 +104,7 @@ class FrontEnds:
         self.app_socket = str(self.dir / "app.sock")
         self.links: set[LinkServerProtocol] = set()
         self.procs: list[asyncio.subprocess.Process | None] = [None] * count
-        self.stats = {"started": 0, "restarts": 0}
+        self.stats = {"started": 0, "restarts": 0, "killed_silent": 0}
         self._stopping = False
         self._tasks: list[asyncio.Task] = []
         self._link_server: asyncio.AbstractServer | None = None
@@ -114,6 +120,7 @@ class FrontEnds:
         self._link_server = await loop.create_unix_server(
             lambda: LinkServerProtocol(execute, self.links, on_counts=self._add_counts), path=self.link_path)
         self._tasks = [asyncio.ensure_future(self._supervise(i)) for i in range(self.count)]
+        self._tasks.append(asyncio.ensure_future(self._watch_links()))
         await self.wait_linked(self.count, ready_timeout_s)
 
     def _add_counts(self, rows: list) -> None:
@@ -163,6 +170,28 @@ class FrontEnds:
             log.warning("front-end %d (pid %d) exited with %s; restarting in %.1fs", slot, proc.pid, rc, delay)
             await asyncio.sleep(delay)
 
+    async def _watch_links(self) -> None:
+        """Kill a front-end whose link has been silent for SILENT_KILL_S (its supervisor starts a new one)."""
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while not self._stopping:
+            await asyncio.sleep(WATCH_EVERY_S)
+            now = loop.time()
+            if now - last > 3 * WATCH_EVERY_S:  # this loop was blocked: the links' frames wait unread, not missing
+                for link in list(self.links):
+                    link.heard_at = now
+            last = now
+            running = set(self.pids())
+            for link in list(self.links):
+                silent = now - link.heard_at
+                if silent > SILENT_KILL_S and link.peer_pid in running:
+                    log.error("front-end pid %d has sent nothing on its link for %.0fs (stopped or blocked; a live "
+                              "one pings every second): killing it, a new one takes its place", link.peer_pid, silent)
+                    link.heard_at = now
+                    self.stats["killed_silent"] += 1
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(link.peer_pid, signal.SIGKILL)
+
     def collect(self):
         """Prometheus: front-ends linked, restarts, and calls answered per front-end process (`/metrics`)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -171,6 +200,9 @@ class FrontEnds:
                                 value=len(self.links))
         yield CounterMetricFamily("electra_front_end_restarts", "front-end processes restarted after they exited",
                                   value=self.stats["restarts"])
+        yield CounterMetricFamily("electra_front_end_killed_silent",
+                                  "front-end processes killed (then replaced) after their link went silent",
+                                  value=self.stats["killed_silent"])
         calls = CounterMetricFamily("electra_front_end_calls", "broker requests answered over each front-end link",
                                     labels=["pid"])
         for link in list(self.links):

@@ -338,11 +338,13 @@ class LinkServerProtocol(asyncio.Protocol):
         self._reader = FrameReader(Call)
         self.transport: asyncio.Transport | None = None
         self.peer_pid = 0
+        self.heard_at = 0.0  # loop time of the last bytes from the front-end (FrontEnds kills one silent too long)
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self._out.transport = transport
         self.peer_pid = _peer_pid(transport)
+        self.heard_at = asyncio.get_running_loop().time()
         self.links.add(self)
 
     def connection_lost(self, exc) -> None:
@@ -356,6 +358,7 @@ class LinkServerProtocol(asyncio.Protocol):
         self._out.resume()
 
     def data_received(self, data: bytes) -> None:
+        self.heard_at = asyncio.get_running_loop().time()  # a live front-end pings at least every second
         try:
             frames = self._reader.feed(data)
         except FrameError as exc:

@@ -175,6 +175,24 @@ def test_front_ends_serve_each_node_and_are_replaced_when_killed(tmp_path):
                 await write_and_read(leader_ep, "s0", n)
                 return _calls_by_pid(await metrics(leader_ep)).get(newcomer, 0) >= 2
             await _until(newcomer_serves, "the new front-end serving", 30)
+            # SIGSTOP one front-end: the kernel would keep handing it new connections (QA: half of a node's
+            # connections hung in the TLS handshake for good); its silent link gets it killed and replaced.
+            stopped = min(_front_end_pids(procs[leader - 1].pid))
+            os.kill(stopped, signal.SIGSTOP)
+            seen.add(stopped)
+
+            async def stopped_replaced() -> bool:
+                pids = _front_end_pids(procs[leader - 1].pid)
+                try:
+                    text = await metrics(leader_ep)
+                except httpx.TransportError:  # hashed to the stopped one (a handshake timeout), or reset as it dies
+                    return False
+                return (stopped not in pids and len(pids) == 2 and "electra_front_end_killed_silent_total 1.0" in text
+                        and "electra_front_ends_linked 2.0" in text)
+            await _until(stopped_replaced, "the stopped front-end killed and replaced", 30)
+            for k in range(CONNECTIONS):  # every new connection is served again
+                n += 1
+                await write_and_read(leader_ep, f"s{k % 3}", n)
             # SIGSTOP a follower node's Raft process: its front-ends, alive, notice the link's unanswered ping
             # and answer at once, a lean read and a relayed route alike, 503 (no waiting on a stopped process);
             # after SIGCONT they serve again.
