@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl
 
+from electra.state.codes import Code
+
 from . import dashboard_login
 from .audit import AuditLog
 from .auth import (
@@ -77,6 +79,9 @@ class AuthMiddleware:
             cluster = authorize_path(principal, rule, scope.get("query_string", b""))  # before reading a body
             sets = [rule.broker_set]
             if principal.role == "broker" and method in ("POST", "PUT", "PATCH"):
+                declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+                if declared is not None and (not declared.isdigit() or int(declared) > MAX_SCOPED_BODY):
+                    return await _too_large(send)  # at once, as for every route: not after waiting for the body
                 body, receive = await _buffer(receive)
                 names = body_names(body)
                 authorize_body(principal, rule, cluster, names)
@@ -148,6 +153,16 @@ class AuthMiddleware:
         self.audit.record(who=principal.name if principal else "unauthenticated",
                           role=principal.role if principal else None, action=action, status=status, code=code,
                           remote=f"{client[0]}:{client[1]}" if client else None, detail=detail)
+
+
+async def _too_large(send) -> None:
+    """413 for a body announced over the limit, in the shape `api.http_limits.BodyLimit` gives every route."""
+    body = json.dumps({"code": int(Code.CONTROLLER_INVALID_REQUEST),
+                       "remark": f"request body over {MAX_SCOPED_BODY} bytes"}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _buffer(receive):
