@@ -85,12 +85,12 @@ class RaftProcessProxy:
         if scope["type"] != "http":
             return
         if self.stalled():  # nothing was sent: the outcome is known (nothing happened), whatever the method
-            await _send_simple(send, 503, _NOT_SENT, [(b"retry-after", b"1")])
+            await _send_simple(send, 503, _health_or(scope, _NOT_SENT), [(b"retry-after", b"1")])
             return
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.socket_path), 5)
         except (TimeoutError, OSError):
-            await _send_simple(send, 503, _UNAVAILABLE, [(b"retry-after", b"1")])
+            await _send_simple(send, 503, _health_or(scope, _UNAVAILABLE), [(b"retry-after", b"1")])
             return
         pump = None
         try:
@@ -148,7 +148,7 @@ class RaftProcessProxy:
     @staticmethod
     async def _refuse_stalled(scope, send) -> None:
         if scope["method"] in _SAFE:
-            await _send_simple(send, 503, _STALLED_READ, [(b"retry-after", b"1")])
+            await _send_simple(send, 503, _health_or(scope, _STALLED_READ), [(b"retry-after", b"1")])
         else:
             await _send_simple(send, 504, _STALLED_WRITE)
 
@@ -185,6 +185,14 @@ class RaftProcessProxy:
         if started:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         return True
+
+
+def _health_or(scope, body: bytes) -> bytes:
+    """`/healthz` keeps its own shape when the relay answers for it (`{"ok": false, "reason": ...}`, as the
+    node's healthz answers): monitoring reads `ok` and `reason`, not `code`."""
+    if scope.get("path") != "/healthz":
+        return body
+    return json.dumps({"ok": False, "reason": json.loads(body)["remark"], "role": None, "leader_id": None}).encode()
 
 
 async def _send_simple(send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:

@@ -207,6 +207,7 @@ def test_front_ends_serve_each_node_and_are_replaced_when_killed(tmp_path):
                     assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
                     r = await c.get(f"https://{follower_ep}/healthz")
                     assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+                    assert r.json()["ok"] is False and "not answering" in r.json()["reason"], r.text  # its own shape
                     assert time.monotonic() - t0 < 8, "a stopped Raft process kept its front-ends' callers waiting"
                     # a write the relay never sent (a content type the lean path hands on) has a known outcome
                     r = await c.post(f"https://{follower_ep}/v1/broker-sets/s0/register",
