@@ -35,6 +35,7 @@ from electra.security.auth import Principal
 from .http_limits import HTTPLimits
 from .lean_path import ROUTES_BY_ENDPOINT, LeanPath, LeanRequest
 from .local_link import Answer, Call, LinkServerProtocol
+from .raft_process_proxy import CLIENT_PORT
 from .replies import Reply
 
 log = logging.getLogger("electra.api.front_ends")
@@ -72,8 +73,9 @@ def link_executor(lean: LeanPath):
 
 class ServedAs:
     """The Raft process's application behind its front-ends: every request reports the node's own HTTP
-    address as `server`, as it does without front-ends (the app socket's is a path). The dashboard's cookie
-    is named by that port, one per node on a host; from the socket it was `...-None` on every node."""
+    address as `server`, as it does without front-ends (the app socket's is a path), and its caller's port
+    (the audit log's `remote`). The dashboard's cookie is named by the server's port, one per node on a
+    host; from the socket it was `...-None` on every node."""
 
     def __init__(self, app: Any, server: tuple[str, int]) -> None:
         self.app = app
@@ -82,6 +84,10 @@ class ServedAs:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] in ("http", "websocket"):
             scope = {**scope, "server": self.server}
+            client = scope.get("client")
+            port = next((v for k, v in scope["headers"] if k == CLIENT_PORT), None)
+            if client and port is not None and port.isdigit() and int(port) < 65536:
+                scope["client"] = (client[0], int(port))  # X-Forwarded-For gave the address, the relay the port
         await self.app(scope, receive, send)
 
 

@@ -30,8 +30,12 @@ from electra.state.codes import Code
 
 log = logging.getLogger("electra.api.raft_process_proxy")
 
+# The caller's port, which X-Forwarded-For does not carry: the Raft process restores it (`front_ends.ServedAs`)
+# for the audit log. Set by the relay only (a caller's own copy is dropped with the other forwarding headers).
+CLIENT_PORT = b"x-electra-client-port"
+
 _HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-connection",
-        b"x-forwarded-for", b"x-forwarded-proto", b"expect"}
+        b"x-forwarded-for", b"x-forwarded-proto", b"expect", CLIENT_PORT}
 _DROP_FROM_ANSWER = {b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"}
 # The API's error shape (`code`, `remark`), as every other refusal of the node speaks it; the code is the
 # one the lean path gives the same condition (`LinkDown` through `replies.refused`: SYSTEM_ERROR).
@@ -115,6 +119,7 @@ class RaftProcessProxy:
         client = scope.get("client")
         if client:
             lines.append(b"x-forwarded-for: " + client[0].encode("latin-1"))
+            lines.append(CLIENT_PORT + b": %d" % client[1])
         lines.append(b"x-forwarded-proto: " + scope["scheme"].encode("ascii"))
         chunked = not has_length and scope["method"] in ("POST", "PUT", "PATCH")
         if chunked:

@@ -344,3 +344,25 @@ def test_the_relay_answers_at_once_when_the_raft_process_has_stalled(tmp_path, m
         server.close()
 
     asyncio.run(main())
+
+
+def test_the_raft_process_sees_its_front_ends_requests_as_their_callers_made_them():
+    """Behind the app socket a request reports the node's own address (the dashboard cookie's name) and the
+    caller's port (the audit log), which X-Forwarded-For does not carry; a caller's own copy of the relay's
+    port header never reaches the Raft process."""
+    from electra.api.front_ends import ServedAs
+    from electra.api.raft_process_proxy import _HOP, CLIENT_PORT
+
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(scope)
+
+    served = ServedAs(app, ("0.0.0.0", 7301))
+    scope = {"type": "http", "server": ("/tmp/x/app.sock", None), "client": ("10.1.2.3", 0),
+             "headers": [(CLIENT_PORT, b"51646")]}
+    asyncio.run(served(scope, None, None))
+    assert seen[0]["server"] == ("0.0.0.0", 7301) and seen[0]["client"] == ("10.1.2.3", 51646)
+    asyncio.run(served({**scope, "headers": [(CLIENT_PORT, b"99999999")]}, None, None))
+    assert seen[1]["client"] == ("10.1.2.3", 0)  # not a port: left as the proxy headers gave it
+    assert CLIENT_PORT in _HOP  # the relay drops a caller's own, then sets its own
