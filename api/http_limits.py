@@ -27,6 +27,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from electra.security.http_auth import send_too_large
 from electra.state.codes import Code
 
 _INVALID, _BUSY = int(Code.CONTROLLER_INVALID_REQUEST), int(Code.SYSTEM_BUSY)
@@ -365,8 +366,4 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _too_large(self, send) -> None:
-        body = json.dumps({"code": _INVALID, "remark": f"request body over {self.max_bytes} bytes"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await send_too_large(send, self.max_bytes)

@@ -12,15 +12,21 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_NODE_URI = re.compile(r"^electra://([A-Za-z0-9._-]{1,128})/node/([1-9][0-9]{0,8})$")
+_CLUSTER_ID = r"[A-Za-z0-9._-]{1,128}"  # what a cluster id may hold: it is part of every node certificate's URI
+_NODE_URI = re.compile(rf"^electra://({_CLUSTER_ID})/node/([1-9][0-9]{{0,8}})$")
+
+
+def check_cluster_id(cluster_id: str) -> None:
+    """ValueError unless `cluster_id` can be named in a node certificate's URI."""
+    if not re.fullmatch(_CLUSTER_ID, cluster_id):
+        raise ValueError(f"cluster id {cluster_id!r} cannot be named in a certificate: 1-128 characters from "
+                         "A-Z a-z 0-9 . _ -")
 
 
 def node_uri(cluster_id: str, node_id: int) -> str:
     uri = f"electra://{cluster_id}/node/{node_id}"
     if not _NODE_URI.match(uri):
-        if not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", cluster_id):
-            raise ValueError(f"cluster id {cluster_id!r} cannot be named in a certificate: 1-128 characters from "
-                             "A-Z a-z 0-9 . _ -")
+        check_cluster_id(cluster_id)
         raise ValueError(f"node id {node_id!r} cannot be named in a certificate: 1 to 999999999")
     return uri
 

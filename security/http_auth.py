@@ -81,7 +81,7 @@ class AuthMiddleware:
             if principal.role == "broker" and method in ("POST", "PUT", "PATCH"):
                 declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
                 if declared is not None and (not declared.isdigit() or int(declared) > MAX_SCOPED_BODY):
-                    return await _too_large(send)  # at once, as for every route: not after waiting for the body
+                    return await send_too_large(send, MAX_SCOPED_BODY)  # at once, as on every route
                 body, receive = await _buffer(receive)
                 names = body_names(body)
                 authorize_body(principal, rule, cluster, names)
@@ -155,10 +155,11 @@ class AuthMiddleware:
                           remote=f"{client[0]}:{client[1]}" if client else None, detail=detail)
 
 
-async def _too_large(send) -> None:
-    """413 for a body announced over the limit, in the shape `api.http_limits.BodyLimit` gives every route."""
+async def send_too_large(send, max_bytes: int) -> None:
+    """The 413 for a body over `max_bytes` (this middleware's, for a broker's scoped body; `BodyLimit`'s for
+    every route): one shape, and the connection closed."""
     body = json.dumps({"code": int(Code.CONTROLLER_INVALID_REQUEST),
-                       "remark": f"request body over {MAX_SCOPED_BODY} bytes"}).encode()
+                       "remark": f"request body over {max_bytes} bytes"}).encode()
     await send({"type": "http.response.start", "status": 413,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
                             (b"connection", b"close")]})

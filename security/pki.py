@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from electra.atomic_file import replace_file
-from electra.consensus.peer_identity import node_uri
+from electra.consensus.peer_identity import check_cluster_id, node_uri
 
 CA_CERT, CA_KEY, CLUSTER_ID = "ca.crt", "ca.key", "cluster-id"
 
@@ -104,12 +104,6 @@ def _previous_ca(bundle: Path, now: dt.datetime) -> bytes:
     except (OSError, ValueError):
         return b""
     return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certs[:1] if c.not_valid_after_utc > now)
-
-
-def check_cluster_id(cluster_id: str) -> None:
-    """ValueError unless `cluster_id` can be named in a node certificate's URI."""
-    if not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", cluster_id):
-        raise ValueError(f"cluster id {cluster_id!r} is not usable: 1-128 characters from A-Z a-z 0-9 . _ -")
 
 
 def check_host(host: str) -> None:

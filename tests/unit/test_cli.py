@@ -178,7 +178,7 @@ def test_cert_rollover_keeps_one_previous_ca_and_the_cluster_id(tmp_path, capsys
     assert main(["cert", "create-node", "--certs-dir", str(d), "--id", "2", "--host", "*.ctl.example.",
                  "--host", "::1"]) == 0
     assert main(["cert", "create-ca", "--certs-dir", str(tmp_path / "x"), "--cluster-id", "bad id!"]) == 1
-    assert "cluster id 'bad id!' is not usable: 1-128 characters" in capsys.readouterr().err
+    assert "cluster id 'bad id!' cannot be named in a certificate: 1-128 characters" in capsys.readouterr().err
 
 
 def test_cert_files_are_never_writable_by_others_whatever_the_umask(tmp_path):
