@@ -32,6 +32,7 @@ import msgspec
 import uvicorn
 
 from electra.consensus.errors import RaftError
+from electra.interrupts import exit_if_stop_hangs
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.security.auth import TokenStore
 
@@ -198,6 +199,7 @@ async def run(opts: dict) -> None:
     serving = asyncio.ensure_future(server.serve(sockets=[_listen(opts["host"], opts["port"])]))
     watch = asyncio.ensure_future(tls.watch()) if tls else None
     await asyncio.wait([serving, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    exit_if_stop_hangs(f"front-end {os.getpid()}")
     stop.set()
     server.should_exit = True
     await asyncio.wait_for(asyncio.gather(serving, linked, counting, return_exceptions=True), 15)

@@ -30,6 +30,7 @@ from dataclasses import replace
 
 import httptools
 
+from electra.interrupts import exit_if_stop_hangs
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.security.auth import AuthError, TokenStore
 from electra.security.http_auth import check_request, scope_names
@@ -375,6 +376,7 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
+        exit_if_stop_hangs(f"ingest worker {os.getpid()}")
         server.close()
         for conn in sessions.stop():  # a stopping worker says nothing about the brokers it disconnects
             if conn.transport is not None:
@@ -420,6 +422,7 @@ def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topi
         while not stop and all(p.is_alive() for p in procs):
             time.sleep(0.2)
     finally:
+        exit_if_stop_hangs("ingest")
         for p in procs:
             if p.is_alive():
                 p.terminate()  # SIGTERM: the worker stops its server and flushes its producer

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from electra.cli_args import Parser, refuse
-from electra.interrupts import terminate_as_interrupt
+from electra.interrupts import exit_if_stop_hangs, terminate_as_interrupt
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.tiering.options import parse_storage_options
 
@@ -345,6 +345,7 @@ def _serve_until_signal(start) -> int:
                   file=sys.stderr, flush=True)
             logging.shutdown()
             os._exit(EXIT_DISK_FAILURE)
+        exit_if_stop_hangs(f"node {node.cfg.node_id}")
         await stop_fn()
 
     try:

@@ -7,12 +7,19 @@ broker, controller nodes, ingest workers and Spark job running, with nobody to s
 
 A SIGKILL (the OOM killer, `kill -9`) runs no `finally`: for that, the children are started
 through `die_with_parent`, so the kernel sends each a SIGTERM when its parent dies.
+
+A long-running process (a node, an ingest worker) that begins to stop arms `exit_if_stop_hangs`: a stop
+that waits on something that never answers (a Kafka call to a broker that died with it, a thread the
+interpreter joins at exit) ends anyway, with every thread's stack on stderr to say what hung.
 """
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import shutil
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,3 +61,28 @@ def die_with_parent(cmd: list[str]) -> list[str]:
     main thread, or from one that lives as long as the process. Without `setpriv`, `cmd` unchanged."""
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "SIGTERM", "--", *cmd] if setpriv else cmd
+
+
+STOP_DEADLINE_S = 20.0  # a node's stop: hand-over (an election timeout), HTTP grace (2 s), Kafka closes (5-10 s)
+
+
+def exit_if_stop_hangs(what: str, deadline_s: float = STOP_DEADLINE_S, code: int = 1) -> threading.Timer:
+    """Call when a process begins to stop: if it is still alive `deadline_s` later, print every thread's
+    stack to stderr and end it at once with `code`. The state on disk is safe to leave that way (what was
+    acknowledged is durable; a kill -9 must be survivable anyway), and a process that never ends keeps
+    its ports and data directory, so the next start fails. The timer is a daemon thread: it does not
+    hold a process that ends in time, and it still runs while the interpreter joins other threads."""
+
+    def expire() -> None:
+        try:  # stderr may be a closed pipe or terminal: the exit must not depend on it
+            print(f"{what}: still stopping after {deadline_s:g} s; exiting with code {code} anyway. "
+                  "What each thread was doing:", file=sys.stderr, flush=True)
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        finally:
+            os._exit(code)
+
+    timer = threading.Timer(deadline_s, expire)
+    timer.daemon = True
+    timer.name = "stop-deadline"
+    timer.start()
+    return timer

@@ -51,6 +51,22 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def _describe(pids: list[int], data: Path) -> str:
+    """What a failed check shows: each process still running, and the end of every log in the stack's
+    data directory (a stop that hung prints each thread's stack there: electra/interrupts.py)."""
+    out = []
+    for pid in pids:
+        try:
+            out.append(f"still running: {pid} " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                       .decode(errors="replace"))
+        except OSError:
+            out.append(f"{pid} (gone)")
+    for log in sorted(data.rglob("*.log")):
+        out.append(f"--- {log} (last 40 lines)")
+        out.extend(log.read_text(errors="replace").splitlines()[-40:])
+    return "\n".join(out)
+
+
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
@@ -98,7 +114,8 @@ def test_a_signal_when_the_output_is_gone_stops_every_process(tmp_path, output, 
         while time.monotonic() < deadline and (_processes_mentioning(str(data)) or _listening(kafka_port)):
             time.sleep(0.2)
         err = proc.stderr.read().decode() if proc.stderr else ""
-        assert _processes_mentioning(str(data)) == [], err
+        left = _processes_mentioning(str(data))
+        assert left == [], err + _describe(left, data)
         assert not _listening(kafka_port), "the embedded Kafka (tansu) is still running"
         assert "Traceback" not in err
     finally:
