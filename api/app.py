@@ -184,6 +184,12 @@ class _RaftCollector:
         if "liveness" in pipe:
             yield CounterMetricFamily("electra_liveness_records", "liveness records consumed from Kafka",
                                       value=pipe["liveness"]["records"])
+            lane = CounterMetricFamily("electra_connection_loss", "disconnected records the connection-loss lane "
+                                       "took, and its elections by outcome (api/connection_loss.py)",
+                                       labels=["outcome"])
+            for k, v in pipe["connection_loss"].items():
+                lane.add_metric([k], v)
+            yield lane
         el = CounterMetricFamily("electra_elections", "ElectMaster outcomes handled by this node", labels=["result"])
         for k, v in self.svc.elections.items():
             el.add_metric([k], v)

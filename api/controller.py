@@ -6,6 +6,7 @@
 | liveness | `LivenessTable` (`state/liveness.py`) | broker heartbeats as this node saw them (or Kafka's) |
 | watchers | `Watchers` (`api/watchers.py`) | the applied-event journal, SSE role-change queues |
 | inactive-master scan | `InactiveMasterScan` (`api/inactive_scan.py`) | the leader's re-election loop (no Kafka) |
+| connection-loss lane | `ConnectionLossLane` (`api/connection_loss.py`) | elections when a master's session ends |
 | heartbeat pipeline | `HeartbeatProducer`, `EventsPublisher`, `LivenessConsumer` | the Kafka links |
 | tier | `TierUploader` (`tiering/uploader.py`) | Delta uploads of snapshots and events |
 | dashboard | `DashboardFeed` (`api/dashboard.py`) | the live frame |
@@ -32,6 +33,7 @@ from electra.state.liveness import BrokerLiveInfo, LivenessTable
 from electra.state.machine import ControllerStateMachine
 from electra.streaming.records import Topics
 
+from .connection_loss import ConnectionLossLane
 from .dashboard import DashboardFeed
 from .inactive_scan import InactiveMasterScan
 from .requests import BrokerRequests
@@ -70,6 +72,7 @@ class Controller:
         self.watchers = Watchers(node, sm)
         self.heartbeat_producer: HeartbeatProducer | None = None
         self.events_publisher = self.liveness_consumer = None
+        self.connection_loss = ConnectionLossLane(node, sm, self.liveness, self.propose_election, self.live_now_ms)
         if cfg.kafka_bootstrap:
             from .ingest import HeartbeatProducer
             from .kafka_bridge import EventsPublisher, LivenessConsumer
@@ -94,6 +97,7 @@ class Controller:
         if self.heartbeat_producer is not None:
             self.heartbeat_producer.start()
         self.requests.start()
+        self.connection_loss.start(self.now_ms())  # before the liveness consumer: what it replays is not new
         for piece in (self.events_publisher, self.liveness_consumer, self.scan, self.tier):
             if piece is not None:
                 piece.start()
@@ -103,6 +107,7 @@ class Controller:
         if self.tier is not None:
             await self.tier.stop()
         await self.scan.stop()
+        await self.connection_loss.stop()
         await self.requests.stop()
         for piece in (self.events_publisher, self.liveness_consumer):
             if piece is not None:
@@ -170,6 +175,7 @@ class Controller:
             out["events"] = dict(self.events_publisher.stats)
         if self.liveness_consumer is not None:
             out["liveness"] = dict(self.liveness_consumer.stats)
+            out["connection_loss"] = dict(self.connection_loss.stats)
         if self.heartbeat_producer is not None:
             out["heartbeats"] = dict(self.heartbeat_producer.stats)
         return out

@@ -55,15 +55,17 @@ class HeartbeatProducer:
 
     def __init__(self, bootstrap: str, topic: str = records.HEARTBEATS, *, linger_ms: int = GROUP_LINGER_MS,
                  delivery_timeout_ms: int = 5000, group_bytes: int = records.HEARTBEAT_GROUP_BYTES,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, liveness_topic: str | None = None) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
+        # where a `disconnected` record also goes, for the controllers' connection-loss lane (None: not sent)
+        self.liveness_topic = liveness_topic
         self.linger_ms = linger_ms
         self.delivery_timeout_ms = delivery_timeout_ms
         self.group_bytes = group_bytes
         self.clock = clock
         self.stats = {"accepted": 0, "invalid": 0, "unavailable": 0, "delivered": 0, "delivery_errors": 0,
-                      "records_sent": 0, "dropped": 0}
+                      "records_sent": 0, "dropped": 0, "disconnects_to_liveness": 0, "disconnects_not_to_liveness": 0}
         self._producer = None
         self._healthy = False
         self._last_probe = 0.0
@@ -121,7 +123,30 @@ class HeartbeatProducer:
     def submit(self, hb: dict) -> None:
         """Hand one validated heartbeat (or `disconnected` record: sent at once) to the producer;
         KafkaUnavailable if Kafka is not reachable."""
-        self.submit_encoded(hb["brokerName"].encode(), records.encode(hb), now=records.is_disconnected(hb))
+        key, value, gone = hb["brokerName"].encode(), records.encode(hb), records.is_disconnected(hb)
+        self.submit_encoded(key, value, now=gone)
+        if gone and self.liveness_topic is not None:
+            self._to_liveness(key, value)
+
+    def _to_liveness(self, key: bytes, value: bytes) -> None:
+        """A `disconnected` record, also to the liveness topic: the controllers' connection-loss lane reads it
+        there within milliseconds (api/connection_loss.py). Best effort: the heartbeats topic's copy, already
+        accepted, still reaches the job, which fails the master over one batch later if this one is lost."""
+        try:
+            fut = self._producer.send(self.liveness_topic, key=key, value=value)
+        except Exception as exc:  # buffer full, metadata unavailable, ...
+            self._lane_lost(exc)
+            return
+        fut.add_callback(lambda _meta: self._count("disconnects_to_liveness"))
+        fut.add_errback(self._lane_lost)
+
+    def _count(self, stat: str) -> None:
+        self.stats[stat] += 1
+
+    def _lane_lost(self, exc: object) -> None:
+        self.stats["disconnects_not_to_liveness"] += 1
+        log.warning("a disconnected record did not reach the liveness topic %s (%s): the streaming job fails the "
+                    "master over instead, a micro-batch later", self.liveness_topic, exc)
 
     def submit_encoded(self, key: bytes, value: bytes, *, now: bool = False) -> None:
         """`submit` for a record already encoded (`value`), of the broker set named `key`. `now`: send its

@@ -342,7 +342,8 @@ def _raise_fd_limit(wanted: int) -> None:
 
 
 def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str = "warning",
-               tls_files: tuple[str, str] | None = None, tokens_file: str | None = None) -> None:
+               tls_files: tuple[str, str] | None = None, tokens_file: str | None = None,
+               liveness_topic: str | None = None) -> None:
     """One worker process: its own producer and its own SO_REUSEPORT socket; stops on SIGTERM/SIGINT, and when
     its parent dies, even by SIGKILL (PR_SET_PDEATHSIG)."""
     import ctypes
@@ -362,7 +363,7 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         tls.load_cert_chain(*tls_files)
     _raise_fd_limit(INGEST_LIMITS.max_connections)
-    producer = HeartbeatProducer(bootstrap, topic).start()
+    producer = HeartbeatProducer(bootstrap, topic, liveness_topic=liveness_topic).start()
     sessions = SessionRegistry(producer)
 
     async def main() -> None:
@@ -395,7 +396,7 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
 
 def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topic: str = records.HEARTBEATS,
                  log_level: str = "warning", tls_files: tuple[str, str] | None = None,
-                 tokens_file: str | None = None) -> None:
+                 tokens_file: str | None = None, liveness_topic: str | None = records.LIVENESS) -> None:
     """Run `workers` ingest processes on host:port until SIGINT/SIGTERM (blocks).
 
     With `tls_files` (certificate, key) the workers serve HTTPS; with `tokens_file` every request
@@ -403,7 +404,8 @@ def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topi
     """
     ctx = multiprocessing.get_context("spawn")
     _listen(host, port).close()  # fail here, clearly, if the address is taken
-    procs = [ctx.Process(target=run_worker, args=(host, port, bootstrap, topic, log_level, tls_files, tokens_file),
+    procs = [ctx.Process(target=run_worker, args=(host, port, bootstrap, topic, log_level, tls_files, tokens_file,
+                               liveness_topic),
                          daemon=False,
                          name=f"ingest-worker-{i}") for i in range(workers)]
     stop = False

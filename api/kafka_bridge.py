@@ -24,6 +24,7 @@ import asyncio
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -34,6 +35,8 @@ from electra.state.journal import JournalEntry, JournalGap
 from electra.state.liveness import BrokerLiveInfo
 from electra.streaming import records
 from electra.streaming.kafka_io import end_offsets, ensure_topics, last_record, topic_partitions
+
+from .connection_loss import Disconnected
 
 if TYPE_CHECKING:
     from .controller import Controller
@@ -155,8 +158,16 @@ class EventsPublisher:
         return records.decode(rec.value)["index"] if rec is not None else 0
 
 
+@dataclass(frozen=True, slots=True)
+class GraceStated:
+    """The streaming job's disconnect grace, as a liveness record states it (`records.liveness_grace_ms`)."""
+
+    ms: int
+
+
 class LivenessConsumer:
-    """Follows the liveness topic in a thread and applies its records on the event loop."""
+    """Follows the liveness topic in a thread and applies its records on the event loop: the job's view of
+    every set's brokers, and the ingest workers' `disconnected` records (api/connection_loss.py)."""
 
     def __init__(self, svc: Controller, bootstrap: str, topic: str = records.LIVENESS, *,
                  replay_s: float = 120.0, reset_check_s: float = 3.0, hwm_fix: bool = True) -> None:
@@ -219,25 +230,34 @@ class LivenessConsumer:
                 elif time.monotonic() - quiet_since > self.reset_check_s:
                     quiet_since = time.monotonic()
                     self._rewind_if_truncated(consumer, probe, tps)
-                batch = [s for msgs in polled.values() for m in msgs for s in self._sets_of(m.value)]
+                batch = [s for msgs in polled.values() for m in msgs for s in self._items_of(m.value)]
                 if batch:
                     self._loop.call_soon_threadsafe(self._apply, batch)
         finally:
             consumer.close()
             probe.close()
 
-    def _sets_of(self, value: bytes) -> list[tuple[str, str, list[BrokerLiveInfo]]]:
-        """One liveness record's sets: (cluster, set, its brokers' records).
+    def _items_of(self, value: bytes) -> list:
+        """What one liveness-topic record holds: the job's sets, each (cluster, set, its brokers' records), and
+        the grace it states (`GraceStated`); or an ingest worker's `Disconnected` (api/connection_loss.py).
 
         A record or a set that does not decode is counted in `bad_records` and skipped.
         """
         try:
-            sets = records.liveness_sets(records.decode(value))
+            d = records.decode(value)
         except ValueError:
-            sets = []
+            d = None
+        if records.is_disconnected(d):
+            try:
+                return [Disconnected.from_record(d)]
+            except ValueError:
+                self.stats["bad_records"] += 1
+                return []
+        sets = records.liveness_sets(d)
         if not sets:
             self.stats["bad_records"] += 1
-        out = []
+        grace = records.liveness_grace_ms(d)
+        out: list = [] if grace is None else [GraceStated(grace)]
         for d in sets:
             try:
                 out.append((d["clusterName"], d["brokerName"], [BrokerLiveInfo.from_wire(b) for b in d["brokers"]]))
@@ -259,10 +279,19 @@ class LivenessConsumer:
     def _apply(self, batch: list) -> None:
         table = self.svc.liveness
         newest = 0
-        for cluster, name, infos in batch:
-            for info in infos:
-                table.put(cluster, name, info)
-                newest = max(newest, info.last_update_ms)
+        disconnects = []
+        for item in batch:
+            if type(item) is tuple:
+                cluster, name, infos = item
+                for info in infos:
+                    table.put(cluster, name, info)
+                    newest = max(newest, info.last_update_ms)
+            elif type(item) is GraceStated:
+                table.disconnect_grace_ms = item.ms
+            else:
+                disconnects.append(item)
+        if disconnects:  # after the batch's heartbeats: one stamped after a disconnect means it reconnected
+            self.svc.connection_loss.on_disconnects(disconnects)
         if newest:
             # The records' newest ingest stamp is the job's data horizon as far as this node knows
             # (LivenessTable.judge_at). Never past this node's clock: a stamp from a clock running

@@ -145,7 +145,7 @@ class LocalStack:
     def start_ingest(self, i: int) -> subprocess.Popen:
         return self.spawn(f"ingest{i}", [*self._py(), "ingest", "--listen", self.ingest_endpoints[i],
                                          "--kafka-bootstrap", self.bootstrap, "--workers",
-                                         str(self.cfg.ingest_workers), "--topic", self.topics.heartbeats,
+                                         str(self.cfg.ingest_workers), "--topic-prefix", self.cfg.topic_prefix,
                                          *self._security_args(i)])
 
     def start_job(self) -> subprocess.Popen:

@@ -18,6 +18,7 @@ from .limits import BrokerIdField, Int32Field, Int64Field
 DEFAULT_TIMEOUT_MS = 10_000
 PIPELINE_LAG_BOUND_MS = 30_000  # judge no earlier than this before the clock, however far the job lags
 LOWEST_PRIORITY = 2**31 - 1  # RocketMQ's Integer.MAX_VALUE: lower numbers are preferred
+MAX_GONE = 65_536  # disconnected brokers remembered (`LivenessTable.disconnect`)
 
 
 class BrokerLiveInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -64,6 +65,11 @@ class LivenessTable:
         # liveness records it took (api/kafka_bridge.LivenessConsumer); None while heartbeats come
         # straight to this node.
         self.horizon_ms: int | None = None
+        # Brokers whose session connection ended (`disconnect`): (cluster, set, id) -> that instant. A record
+        # stamped no later (the job's view of the broker before it crashed) does not bring it back.
+        self._gone: dict[tuple[str, str, int], int] = {}
+        # The streaming job's grace for a lost connection, as its liveness records state it (None: not heard)
+        self.disconnect_grace_ms: int | None = None
 
     def advance_horizon(self, stamp_ms: int) -> None:
         """Records up to ingest stamp `stamp_ms` have arrived from the job (the horizon only moves forward)."""
@@ -100,8 +106,35 @@ class LivenessTable:
         self.put(cluster, name, BrokerLiveInfo(broker_id, addr, now_ms, timeout_ms, epoch, max_offset,
                                                confirm_offset, priority))
 
+    def disconnect(self, cluster: str, name: str, broker_id: int, at_ms: int) -> bool:
+        """RocketMQ's `onBrokerChannelClose`: the broker's session connection ended at `at_ms` (its ingest
+        worker's clock), so it is not alive from then on, until a heartbeat stamped after `at_ms` arrives.
+        False: such a heartbeat is here already (it reconnected before this record arrived)."""
+        group = self._by_name.get(name)
+        key = (cluster, broker_id)
+        info = group.get(key) if group is not None else None
+        if info is not None and info.last_update_ms > at_ms:
+            return False
+        if group is not None and info is not None:
+            del group[key]
+            self._count -= 1
+            if not group:
+                del self._by_name[name]
+        if len(self._gone) >= MAX_GONE:  # bounded; a forgotten one only lets an older record count again
+            self._gone.clear()
+        gone = (cluster, name, broker_id)
+        self._gone[gone] = max(at_ms, self._gone.get(gone, at_ms))
+        return True
+
     def put(self, cluster: str, name: str, info: BrokerLiveInfo) -> None:
         """Store a record as it is (the streaming job already applied the update rule)."""
+        if self._gone:
+            gone = (cluster, name, info.broker_id)
+            at = self._gone.get(gone)
+            if at is not None:
+                if info.last_update_ms <= at:
+                    return  # from before its connection ended
+                del self._gone[gone]
         group = self._by_name.setdefault(name, {})
         key = (cluster, info.broker_id)
         prev = group.get(key)

@@ -176,7 +176,7 @@ class BatchSink:
 
         t = cfg.topics
         self.client = client or ControllerClient(cfg.controllers, deadline_s=cfg.http_deadline_s)
-        self.output = output or KafkaOutput(cfg.bootstrap, t.liveness, t.dead_letters)
+        self.output = output or KafkaOutput(cfg.bootstrap, t.liveness, t.dead_letters, cfg.disconnect_grace_ms)
         self.stats: dict[int, dict] = {}
         self.dead_letters_total = 0
         self.proposals_total = 0

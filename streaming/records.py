@@ -25,7 +25,11 @@ liveness records, which hold many sets and have no key).
   `{"sets": [...]}`, no key): the job refreshes every set with heartbeats every
   micro-batch, and one Kafka record per set cost the job's driver ~100 µs each
   in kafka-python (and every node a consumer record each). Consumers also
-  accept the one-set form of earlier versions (`liveness_sets`).
+  accept the one-set form of earlier versions (`liveness_sets`). Each record also
+  states the job's disconnect grace (`"disconnectGraceMs"`), and an ingest node
+  writes every `disconnected` record here too, keyed by its set: the controllers'
+  connection-loss lane (api/connection_loss.py) acts on it without waiting for a
+  micro-batch.
 * dead letters (`electra.heartbeats.dlq`): records the job could not parse.
 * job stats (`electra.job-stats`, one partition): one record per micro-batch of the
   streaming job (`streaming/job_stats.py`), read by the controllers' dashboards.
@@ -312,11 +316,18 @@ LIVENESS_SETS = "sets"
 LIVENESS_RECORD_BYTES = 256 * 1024  # a liveness record's size bound (Kafka's default limit is 1 MiB)
 
 
-def liveness_records(payloads: list[str], max_bytes: int = LIVENESS_RECORD_BYTES) -> list[bytes]:
+LIVENESS_GRACE = "disconnectGraceMs"  # the job's grace for a lost session, so controller nodes follow its rule
+
+
+def liveness_records(payloads: list[str], max_bytes: int = LIVENESS_RECORD_BYTES,
+                     grace_ms: int | None = None) -> list[bytes]:
     """Sets' liveness objects (JSON text each, as `SetWatch.liveness` encoded) grouped into as few records
-    as fit `max_bytes` (a set bigger than that alone gets a record of its own)."""
+    as fit `max_bytes` (a set bigger than that alone gets a record of its own). With `grace_ms`, each record
+    also says the job's `--disconnect-grace-ms` (`liveness_grace_ms`: the nodes' connection-loss lane)."""
+    tail = b"]}" if grace_ms is None else b'],"' + LIVENESS_GRACE.encode() + b'":%d}' % grace_ms
+
     def record(chunk: list[bytes]) -> bytes:
-        return b'{"' + LIVENESS_SETS.encode() + b'":[' + b",".join(chunk) + b"]}"
+        return b'{"' + LIVENESS_SETS.encode() + b'":[' + b",".join(chunk) + tail
 
     out: list[bytes] = []
     chunk: list[bytes] = []
@@ -331,6 +342,12 @@ def liveness_records(payloads: list[str], max_bytes: int = LIVENESS_RECORD_BYTES
     if chunk:
         out.append(record(chunk))
     return out
+
+
+def liveness_grace_ms(value: Any) -> int | None:
+    """The job's disconnect grace a decoded liveness record states (None: it states none, or not a valid one)."""
+    g = value.get(LIVENESS_GRACE) if isinstance(value, dict) else None
+    return g if type(g) is int and 0 <= g <= MAX_TIMEOUT_MS else None
 
 
 def liveness_sets(value: Any) -> list[dict]:

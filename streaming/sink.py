@@ -197,10 +197,11 @@ class ControllerClient:
 class KafkaOutput:
     """Produces liveness records and dead letters (driver side, one producer per job)."""
 
-    def __init__(self, bootstrap: str, liveness_topic: str, dlq_topic: str) -> None:
+    def __init__(self, bootstrap: str, liveness_topic: str, dlq_topic: str, grace_ms: int | None = None) -> None:
         self.bootstrap = bootstrap
         self.liveness_topic = liveness_topic
         self.dlq_topic = dlq_topic
+        self.grace_ms = grace_ms  # the job's disconnect grace, stated in every liveness record
         self._producer = None
 
     def _get(self):
@@ -231,7 +232,8 @@ class KafkaOutput:
             return 0
         try:
             p = self._get()
-            futs = [p.send(self.liveness_topic, value=r) for r in liveness_records([v for _, v in liveness])]
+            futs = [p.send(self.liveness_topic, value=r)
+                    for r in liveness_records([v for _, v in liveness], grace_ms=self.grace_ms)]
             futs += [p.send(self.dlq_topic, value=v.encode()) for v in dead_letters]
             p.flush(timeout=timeout_s)
         except Exception as exc:  # noqa: BLE001 - Kafka down: liveness is refreshed next batch anyway

@@ -5,7 +5,8 @@ connections to the ingest workers (docs/failover-signal.md).
 One scenario (Spark's start-up dominates, so it is paid once), with a 10 s heartbeat timeout:
 1. every ingest process is restarted in turn (SIGTERM: its sessions close without a word), then the
    controller leader: brokers reconnect and no master is failed over, even after a full timeout;
-2. a crashed master (its session connection reset, no goodbye) is replaced well before its timeout;
+2. a crashed master (its session connection reset, no goodbye) is replaced well before its timeout, by
+   the leader's connection-loss lane (api/connection_loss.py);
 3. a hung master (connection open, no heartbeats) is replaced only after its timeout;
 4. a healthy master is never failed over during the whole run.
 """
@@ -106,6 +107,9 @@ async def scenario(stack: LocalStack) -> None:
         print(f"crash failover of {crash}: {crash_s:.2f}s after the kill (heartbeat timeout {TIMEOUT_MS / 1000}s)")
         assert crash_s < TIMEOUT_MS / 1000 / 2, "a crash must be detected by the connection loss, not the timeout"
         assert new["masterBrokerId"] in {b.broker_id for b in fleet.by_set[crash] if b.alive}
+        # The leader's connection-loss lane elected it (api/connection_loss.py), not the job a batch later
+        lanes = [(await client.metadata(ep))["pipeline"]["connection_loss"] for ep in endpoints]
+        assert sum(lane["elected"] for lane in lanes) == 1, lanes
 
         # 3. Hang: the connection stays open, heartbeats stop. Replaced only after the timeout.
         m = fleet.master_of(hang)

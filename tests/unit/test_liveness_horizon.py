@@ -177,14 +177,14 @@ def test_the_horizon_is_the_newest_ingest_stamp_the_jobs_records_carry():
     consumer = _consumer(NOW)
     record = _job_liveness_record({"a": [(1, NOW - 4_300), (2, NOW - 4_100)], "b": [(1, NOW - 4_200)]},
                                   batch_ms=NOW + 60_000)
-    consumer._apply(consumer._sets_of(record))
+    consumer._apply(consumer._items_of(record))
     table = consumer.svc.liveness
     assert table.horizon_ms == NOW - 4_100
     assert table.group_by_name("a")[2].alive_at(table.judge_at(NOW))  # 3 s timeout, 4.1 s lag: alive
-    assert consumer._sets_of(b"not json") == [] and consumer.stats["bad_records"] == 1
+    assert consumer._items_of(b"not json") == [] and consumer.stats["bad_records"] == 1
 
 
 def test_a_stamp_ahead_of_this_nodes_clock_does_not_hold_the_horizon_there():
     consumer = _consumer(NOW)
-    consumer._apply(consumer._sets_of(_job_liveness_record({"a": [(1, NOW + 3_600_000)]}, batch_ms=NOW)))
+    consumer._apply(consumer._items_of(_job_liveness_record({"a": [(1, NOW + 3_600_000)]}, batch_ms=NOW)))
     assert consumer.svc.liveness.horizon_ms == NOW  # clamped: the clock catches up at once

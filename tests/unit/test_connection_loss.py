@@ -1,0 +1,221 @@
+"""The leader's connection-loss lane (api/connection_loss.py) and the records that feed it.
+
+An ingest worker writes a `disconnected` record to the liveness topic too; every node marks the
+broker not alive from that instant, and the leader elects a new master at once when the broker was
+its set's master, following the streaming job's rule (a goodbye at once; a lost connection at once
+only under the job's grace of 0). The job's own proposal for the same crash is then fenced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from electra.api.connection_loss import ConnectionLossLane, Disconnected
+from electra.api.controller import ControllerConfig
+from electra.api.ingest import HeartbeatProducer
+from electra.api.kafka_bridge import GraceStated, LivenessConsumer
+from electra.api.service import ControllerService
+from electra.consensus.core import Role
+from electra.state import commands as C
+from electra.state.codes import Code
+from electra.state.liveness import BrokerLiveInfo, LivenessTable
+from electra.state.machine import ControllerStateMachine
+from electra.streaming import records
+
+NOW = 1_000_000_000
+TIMEOUT = 3_000
+
+
+class FakeNode:
+    """A leader (or follower) that applies each proposal at once (the service's write path, without Raft)."""
+
+    leader_id, core = 1, None
+
+    def __init__(self, sm: ControllerStateMachine, role: Role = Role.LEADER) -> None:
+        self.sm, self.index, self.role, self.proposed = sm, 0, role, 0
+
+    def _apply(self, cmd: bytes):
+        self.index += 1
+        return self.sm.apply(self.index, cmd)
+
+    def propose_future(self, cmd: bytes) -> asyncio.Future:
+        self.proposed += 1
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(self._apply(cmd))
+        return fut
+
+
+def _live(i: int, at: int = NOW) -> BrokerLiveInfo:
+    return BrokerLiveInfo(i, f"10.0.0.{i}:10911", at, TIMEOUT)
+
+
+class Stack:
+    """Set `s` of cluster `c`: brokers 1-3 in the sync state set, 1 the master; the lane over a fresh table."""
+
+    def __init__(self, *, grace_ms: int | None = 0, role: Role = Role.LEADER, since_ms: int = NOW - 60_000) -> None:
+        self.sm = ControllerStateMachine()
+        self.node = FakeNode(self.sm)
+        fresh = {i: _live(i) for i in (1, 2, 3)}
+        for i in (1, 2, 3):
+            assert self.node._apply(C.apply_broker_id("c", "s", i, f"10.0.0.{i}:10911;{i}")).code == Code.SUCCESS
+            assert self.node._apply(C.register_broker("c", "s", i, f"10.0.0.{i}:10911", NOW, fresh)).code == 0
+        assert self.node._apply(C.elect_master("c", "s", 1, NOW, fresh)).code == Code.SUCCESS
+        assert self.node._apply(C.alter_sync_state_set("s", 1, 1, [1, 2, 3], 1, NOW, fresh)).code == Code.SUCCESS
+        self.node.role = role
+        self.table = LivenessTable()
+        self.table.disconnect_grace_ms = grace_ms
+        for i in (1, 2, 3):
+            self.table.put("c", "s", _live(i, NOW - 500))
+        self.svc = ControllerService(self.node, self.sm, self.table,
+                                     ControllerConfig(scan_interval_s=0, clock=lambda: (NOW + 1000) / 1000))
+        self.lane = ConnectionLossLane(self.node, self.sm, self.table, self.svc.propose_election,
+                                       lambda: self.table.judge_at(NOW + 1000))
+        self.lane.start(since_ms)
+
+    def take(self, *found: Disconnected) -> None:
+        """Hand the lane records and let its elections run to their answer."""
+        async def main() -> None:
+            self.lane.on_disconnects(list(found))
+            await asyncio.gather(*self.lane._tasks)
+
+        asyncio.run(main())
+
+    @property
+    def master(self) -> tuple[int | None, int]:
+        bs = self.sm.sets["s"]
+        return bs.master_id, bs.master_epoch
+
+
+def _lost(broker: int = 1, at: int = NOW, reason: str = records.CONNECTION_LOST) -> Disconnected:
+    return Disconnected("c", "s", broker, at, reason)
+
+
+def test_a_master_whose_connection_is_lost_is_replaced_at_once_under_the_job_s_grace_of_0():
+    st = Stack(grace_ms=0)
+    st.take(_lost())
+    new_master, epoch = st.master
+    assert new_master in (2, 3) and epoch == 2
+    assert st.lane.stats["elected"] == 1 and st.lane.stats["proposed"] == 1
+    assert 1 not in st.table.group("c", "s")  # not alive from the disconnect on, on every node
+
+
+def test_a_goodbye_counts_at_once_whatever_the_grace():
+    for grace in (None, 5_000):
+        st = Stack(grace_ms=grace)
+        st.take(_lost(reason=records.SHUTDOWN))
+        assert st.master[0] in (2, 3), grace
+
+
+def test_a_lost_connection_is_left_to_the_job_under_a_grace_or_before_the_job_stated_one():
+    for grace in (None, 5_000):
+        st = Stack(grace_ms=grace)
+        st.take(_lost())
+        assert st.master == (1, 1), grace
+        assert st.lane.stats["left_to_job"] == 1 and st.node.proposed == 0
+        assert 1 in st.table.group("c", "s")  # the job judges whether it came back within the grace
+
+
+def test_followers_and_replayed_records_only_mark_the_broker_gone():
+    follower = Stack(role=Role.FOLLOWER)
+    follower.take(_lost())
+    assert follower.master == (1, 1) and follower.node.proposed == 0
+    assert 1 not in follower.table.group("c", "s")
+    replayed = Stack(since_ms=NOW + 1)  # the record is from before the node began to follow the topic
+    replayed.take(_lost(at=NOW))
+    assert replayed.master == (1, 1) and replayed.node.proposed == 0
+    assert 1 not in replayed.table.group("c", "s")
+
+
+def test_a_replica_that_is_not_the_master_is_marked_gone_and_nothing_is_elected():
+    st = Stack()
+    st.take(_lost(broker=2))
+    assert st.master == (1, 1) and st.node.proposed == 0
+    assert sorted(st.table.group("c", "s")) == [1, 3]
+
+
+def test_a_broker_heard_from_after_its_disconnect_reconnected_and_is_not_failed_over():
+    st = Stack()
+    st.table.put("c", "s", _live(1, NOW + 5))  # a heartbeat stamped after the disconnect below
+    st.take(_lost(at=NOW))
+    assert st.master == (1, 1) and st.node.proposed == 0
+    assert 1 in st.table.group("c", "s")
+
+
+def test_the_job_s_older_view_does_not_bring_a_disconnected_broker_back_and_a_newer_heartbeat_does():
+    table = LivenessTable()
+    table.put("c", "s", _live(1, NOW - 500))
+    assert table.disconnect("c", "s", 1, NOW)
+    table.put("c", "s", _live(1, NOW - 100))  # the job's record of its last heartbeat before the crash
+    assert table.group("c", "s") == {} and len(table) == 0
+    table.put("c", "s", _live(1, NOW + 100))  # it came back
+    assert table.group("c", "s") == {1: _live(1, NOW + 100)}
+    table.put("c", "s", _live(1, NOW - 100))  # and the tombstone is gone: older views are refused as before
+    assert table.group("c", "s") == {1: _live(1, NOW + 100)}
+
+
+def test_two_records_for_one_crash_make_one_election_and_the_job_s_later_proposal_is_fenced():
+    st = Stack()
+    st.take(_lost(), _lost(at=NOW + 1))
+    assert st.lane.stats["proposed"] == 1 and st.master[1] == 2
+
+    async def job_proposal() -> dict:  # the streaming job's, for the same crash, a batch later: epoch 1 seen
+        return await st.svc.propose_election("c", "s", 1, [_live(2), _live(3)], NOW)
+
+    assert asyncio.run(job_proposal())["code"] == Code.CONTROLLER_FENCED_MASTER_EPOCH
+    assert st.master[1] == 2
+
+
+def test_no_live_replica_means_no_election():
+    st = Stack()
+    st.table.disconnect("c", "s", 2, NOW)
+    st.table.disconnect("c", "s", 3, NOW)
+    st.take(_lost())
+    assert st.master == (1, 1) and st.node.proposed == 0  # as the job: nothing proposed
+    assert st.lane.stats["no_live_replica"] == 1
+
+
+# ------------------------------------------------------------------ the records
+def test_liveness_records_state_the_job_s_grace_and_the_consumer_reads_both_kinds():
+    payload = json.dumps({"clusterName": "c", "brokerName": "s", "ts": NOW, "brokers": [_live(1).to_wire()]})
+    (with_grace,) = records.liveness_records([payload], grace_ms=250)
+    (without,) = records.liveness_records([payload])
+    assert records.liveness_grace_ms(json.loads(with_grace)) == 250
+    assert records.liveness_grace_ms(json.loads(without)) is None
+    assert records.liveness_grace_ms({"sets": [], "disconnectGraceMs": -1}) is None
+    assert records.liveness_grace_ms({"sets": [], "disconnectGraceMs": True}) is None
+
+    consumer = LivenessConsumer.__new__(LivenessConsumer)
+    consumer.stats = {"bad_records": 0}
+    assert consumer._items_of(with_grace) == [GraceStated(250), ("c", "s", [_live(1)])]
+    hb = {"clusterName": "c", "brokerName": "s", "brokerId": 1, "brokerAddr": "10.0.0.1:10911"}
+    gone = records.encode(records.disconnected_record(hb, records.CONNECTION_LOST, NOW))
+    assert consumer._items_of(gone) == [Disconnected("c", "s", 1, NOW, records.CONNECTION_LOST)]
+    assert consumer._items_of(b'{"type":"disconnected","clusterName":"c"}') == []
+    assert consumer.stats["bad_records"] == 1
+
+
+class _Kafka:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes]] = []
+
+    def partitions_for(self, _topic):
+        return {0}
+
+    def send(self, topic, key=None, value=None, partition=None):
+        self.sent.append((topic, key, value))
+        fut = type("F", (), {"add_callback": lambda s, f: None, "add_errback": lambda s, f: None})()
+        return fut
+
+
+def test_the_ingest_writes_a_disconnected_record_to_the_liveness_topic_too_keyed_by_its_set():
+    kafka = _Kafka()
+    p = HeartbeatProducer("k:9092", "hb", liveness_topic="lv")
+    p._producer, p._healthy = kafka, True
+    hb = {"clusterName": "c", "brokerName": "s", "brokerId": 1, "brokerAddr": "10.0.0.1:10911", "ts": NOW}
+    p.submit(hb)
+    p.flush_groups()
+    assert [t for t, _, _ in kafka.sent] == ["hb"]  # a heartbeat: the heartbeats topic only
+    p.submit(records.disconnected_record(hb, records.CONNECTION_LOST, NOW + 1))
+    assert [(t, k) for t, k, _ in kafka.sent[1:]] == [("hb", None), ("lv", b"s")]
+    assert json.loads(kafka.sent[-1][2])["type"] == records.DISCONNECTED
