@@ -8,7 +8,8 @@ set, heartbeats and the job's CPU are measured for `--measure` seconds, then:
 
 * crash: `--crash` masters are killed (their session connections reset, as when a
   process dies), one every `--every` seconds; failover time = new master committed
-  (replica info) minus the kill. The connection-loss signal makes this about a batch.
+  (replica info) minus the kill. The leader's connection-loss lane elects within a Kafka
+  round trip (api/connection_loss.py); the job's proposal, a batch later, is the fallback.
 * hang: `--hang` masters hang (connection kept, no heartbeats), one every `--every`
   seconds; failover time = new master committed minus the master's last accepted
   heartbeat. Its floor is the heartbeat timeout (`--timeout-ms`).
@@ -25,7 +26,8 @@ The last line describes the largest sustained size (or, when none was, the size 
 `sustained=0`):
 `RESULT groups=<n> timeout_s=<x> crash_failover_p50_s=<x> crash_failover_p99_s=<x> hang_failover_p50_s=<x>
 hang_failover_p99_s=<x> false_failovers=<n> job_cpu_us_per_hb=<x> batch_ms_p50=<n> sustained=<0|1>
-crash_failovers=<n> hang_failovers=<n>` (one line).
+crash_failovers=<n> hang_failovers=<n> crash_by_lane=<n>` (one line; crash_by_lane: the crash failovers
+the leader's connection-loss lane elected).
 With fewer settled sets than `--crash` + `--hang`, the settled ones are shared between the two modes.
 Everything (load generator included) shares this machine's cores.
 """
@@ -134,7 +136,10 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
         epochs_at_kill = {n: fleet.master_of(n).master_epoch for n in crash}
         crash_spans: dict[str, tuple[float, float]] = {}
         for mode, victims in (("crash", crash), ("hang", hang)):
+            by_lane = await _lane_elections(client, endpoints)
             spans = await _failovers(fleet, reader, mode, victims, args)
+            if mode == "crash":  # counted before the hangs: a hung master's connection stays open
+                out["crash_by_lane"] = await _lane_elections(client, endpoints) - by_lane
             times = sorted(t1 - t0 for t0, t1 in spans.values())
             if mode == "crash":
                 crash_spans = spans
@@ -146,10 +151,13 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
                   f"{times[-1] if times else float('nan'):.2f}s (timeout {args.timeout_ms / 1000:.1f}s)", flush=True)
         await asyncio.sleep(fleet.poll_s + 2)  # brokers learn every epoch by polling replica info
         # (and the job has logged the batches that proposed: their lines come after the commit)
+        print(f"  G={groups}: crash: {out['crash_by_lane']} of {out['crash_replaced']} new masters elected by the "
+              "leader's connection-loss lane (api/connection_loss.py), the rest by the streaming job", flush=True)
         hops = out["crash_hops"] = _crash_hops(stack.logs / "streaming.log", crash_spans, epochs_at_kill)
         if hops.get("batch_ms"):
-            print(f"  G={groups}: crash hops over {len(hops['batch_ms'])} failovers (p50 / p99 s): " + ", ".join(
-                f"{k} {percentile(v, 0.5):.2f} / {percentile(v, 0.99):.2f}" for k, v in hops.items()), flush=True)
+            print(f"  G={groups}: crash hops of the job's elections over {len(hops['batch_ms'])} failovers "
+                  "(p50 / p99 s): " + ", ".join(
+                      f"{k} {percentile(v, 0.5):.2f} / {percentile(v, 0.99):.2f}" for k, v in hops.items()), flush=True)
         touched = set(crash) | set(hang)
         moved = [n for n in names if n not in touched
                  and max(b.master_epoch for b in fleet.by_set[n]) != epochs0[n]]
@@ -281,6 +289,17 @@ async def _failovers(fleet, reader, mode: str, victims: list[str], args) -> dict
     return {n: (started[n][2], t) for n, t in done.items()}
 
 
+async def _lane_elections(client, endpoints: list[str]) -> int:
+    """Elections the connection-loss lane made so far, over every node (a node that does not answer: 0)."""
+    total = 0
+    for ep in endpoints:
+        try:
+            total += (await client.metadata(ep))["pipeline"]["connection_loss"]["elected"]
+        except Exception:  # noqa: BLE001 - a restarting node: its count is missing from this sum
+            continue
+    return total
+
+
 def _log_time(line: str) -> float | None:
     """The wall-clock instant of a job log line (`2026-11-23 15:00:00,123 INFO ...`, local time)."""
     try:
@@ -310,7 +329,8 @@ def _crash_hops(log: Path, spans: dict[str, tuple[float, float]], epochs: dict[s
         key = f" proposal {name} expectedMasterEpoch={epochs.get(name)} "
         for i, line in enumerate(lines):
             t_ans = _log_time(line)
-            if key not in line or t_ans is None or t_ans < t_kill:
+            # the job's own elections (code 0): a proposal fenced by the lane's election elected nothing
+            if key not in line or " code 0," not in line or t_ans is None or t_ans < t_kill:
                 continue
             try:
                 detect = float(line.split(" detect_ms=")[1].split()[0])
@@ -407,5 +427,5 @@ def main(argv: list[str]) -> int:
                       false_failovers=best["false_failovers"], job_cpu_us_per_hb=best["job_cpu_us_per_hb"],
                       batch_ms_p50=round(best["batch_ms"]) if best["batch_ms"] == best["batch_ms"] else -1,
                       sustained=int(best["sustained"]), crash_failovers=best["crash_replaced"],
-                      hang_failovers=best["hang_replaced"]))
+                      hang_failovers=best["hang_replaced"], crash_by_lane=best.get("crash_by_lane", 0)))
     return 0
