@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -76,6 +78,8 @@ class ConnectionLossLane:
                       "not_elected": 0, "no_live_replica": 0,
                       "failed": 0}
         self._electing: set[str] = set()  # sets with a proposal of this lane in flight
+        # (record's way here, proposal to answer) in ms, of the last elections: where a lane failover's time goes
+        self._timings: deque[tuple[int, float]] = deque(maxlen=256)
         self._tasks: set[asyncio.Task] = set()
 
     def start(self, now_ms: int) -> None:
@@ -87,13 +91,29 @@ class ConnectionLossLane:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    def timings(self) -> dict[str, float]:
+        """Over the lane's last elections (up to 256): how long its records took to arrive here from the
+        ingest worker (`arrival_ms`, across two clocks) and its proposals to be answered (`elect_ms`)."""
+        if not self._timings:
+            return {}
+        arrived = sorted(a for a, _ in self._timings)
+        elect = sorted(e for _, e in self._timings)
+
+        def pct(xs: list, q: float) -> float:
+            return round(float(xs[min(len(xs) - 1, int(q * len(xs)))]), 1)
+
+        return {"elections": len(arrived), "arrival_ms_p50": pct(arrived, 0.5), "arrival_ms_p99": pct(arrived, 0.99),
+                "elect_ms_p50": pct(elect, 0.5), "elect_ms_p99": pct(elect, 0.99)}
+
     def counts_now(self, d: Disconnected) -> bool:
         """Whether the job's rule makes this disconnect count at its instant (see the module's docstring)."""
         return d.reason == records.SHUTDOWN or self.liveness.disconnect_grace_ms == 0
 
-    def on_disconnects(self, found: list[Disconnected]) -> None:
-        """Records taken from the liveness topic, after the batch they came in was applied (on the loop)."""
+    def on_disconnects(self, found: list[Disconnected], now_ms: int) -> None:
+        """Records taken from the liveness topic, after the batch they came in was applied (on the loop);
+        `now_ms`: this node's clock."""
         for d in found:
+            arrived_ms = now_ms - d.at_ms
             self.stats["disconnects"] += 1
             if not self.counts_now(d):
                 self.stats["left_to_job"] += 1
@@ -111,12 +131,14 @@ class ConnectionLossLane:
                 self.stats["no_live_replica"] += 1      # again when a heartbeat arrives)
                 continue
             self._electing.add(d.name)
-            task = asyncio.ensure_future(self._elect(d, bs.master_epoch, live, at))
+            task = asyncio.ensure_future(self._elect(d, bs.master_epoch, live, at, arrived_ms))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _elect(self, d: Disconnected, master_epoch: int, live: list[BrokerLiveInfo], at_ms: int) -> None:
+    async def _elect(self, d: Disconnected, master_epoch: int, live: list[BrokerLiveInfo], at_ms: int,
+                     arrived_ms: int) -> None:
         self.stats["proposed"] += 1
+        t0 = time.perf_counter()
         try:
             res = await self.propose_election(d.cluster, d.name, master_epoch, live, at_ms)
         except asyncio.CancelledError:
@@ -131,6 +153,7 @@ class ConnectionLossLane:
         code = res.get("code")
         if code == Code.SUCCESS:
             self.stats["elected"] += 1
+            self._timings.append((arrived_ms, (time.perf_counter() - t0) * 1000))
             log.info("set %s: master %d lost its connection (%s); broker %s elected", d.name, d.broker_id, d.reason,
                      (res.get("header") or {}).get("masterBrokerId"))
         elif code == Code.CONTROLLER_FENCED_MASTER_EPOCH:

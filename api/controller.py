@@ -176,6 +176,7 @@ class Controller:
         if self.liveness_consumer is not None:
             out["liveness"] = dict(self.liveness_consumer.stats)
             out["connection_loss"] = dict(self.connection_loss.stats)
+            out["connection_loss_timing"] = self.connection_loss.timings()
         if self.heartbeat_producer is not None:
             out["heartbeats"] = dict(self.heartbeat_producer.stats)
         return out

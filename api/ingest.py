@@ -23,6 +23,7 @@ circuit again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -99,6 +100,9 @@ class HeartbeatProducer:
                     retries=3, **kafka_client_kwargs())
                 self._healthy = True
                 log.info("ingest worker %d producing heartbeats to %s on %s", os.getpid(), self.topic, self.bootstrap)
+                if self.liveness_topic is not None:  # its metadata now, not on the first disconnect (a 50 ms block)
+                    with contextlib.suppress(Exception):
+                        self._producer.partitions_for(self.liveness_topic)
             except Exception as exc:
                 log.warning("Kafka at %s unreachable (%s); retrying in %.1fs", self.bootstrap, exc, delay)
                 time.sleep(delay)

@@ -291,7 +291,7 @@ class LivenessConsumer:
             else:
                 disconnects.append(item)
         if disconnects:  # after the batch's heartbeats: one stamped after a disconnect means it reconnected
-            self.svc.connection_loss.on_disconnects(disconnects)
+            self.svc.connection_loss.on_disconnects(disconnects, self.svc.now_ms())
         if newest:
             # The records' newest ingest stamp is the job's data horizon as far as this node knows
             # (LivenessTable.judge_at). Never past this node's clock: a stamp from a clock running

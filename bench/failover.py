@@ -140,6 +140,7 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
             spans = await _failovers(fleet, reader, mode, victims, args)
             if mode == "crash":  # counted before the hangs: a hung master's connection stays open
                 out["crash_by_lane"] = await _lane_elections(client, endpoints) - by_lane
+                out["lane_timing"] = await _lane_timing(client, endpoints)
             times = sorted(t1 - t0 for t0, t1 in spans.values())
             if mode == "crash":
                 crash_spans = spans
@@ -153,6 +154,11 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
         # (and the job has logged the batches that proposed: their lines come after the commit)
         print(f"  G={groups}: crash: {out['crash_by_lane']} of {out['crash_replaced']} new masters elected by the "
               "leader's connection-loss lane (api/connection_loss.py), the rest by the streaming job", flush=True)
+        if out["lane_timing"]:
+            t = out["lane_timing"]
+            print(f"  G={groups}: the lane's elections at the leader (p50 / p99 ms): the disconnected record's way "
+                  f"from the ingest worker {t['arrival_ms_p50']:g} / {t['arrival_ms_p99']:g}, its proposal to the "
+                  f"answer {t['elect_ms_p50']:g} / {t['elect_ms_p99']:g} (over {t['elections']})", flush=True)
         hops = out["crash_hops"] = _crash_hops(stack.logs / "streaming.log", crash_spans, epochs_at_kill)
         if hops.get("batch_ms"):
             print(f"  G={groups}: crash hops of the job's elections over {len(hops['batch_ms'])} failovers "
@@ -298,6 +304,19 @@ async def _lane_elections(client, endpoints: list[str]) -> int:
         except Exception:  # noqa: BLE001 - a restarting node: its count is missing from this sum
             continue
     return total
+
+
+async def _lane_timing(client, endpoints: list[str]) -> dict:
+    """The connection-loss lane's timings of the node with the most lane elections (the leader)."""
+    best: dict = {}
+    for ep in endpoints:
+        try:
+            t = (await client.metadata(ep))["pipeline"].get("connection_loss_timing") or {}
+        except Exception:  # noqa: BLE001 - a restarting node
+            continue
+        if t.get("elections", 0) > best.get("elections", 0):
+            best = t
+    return best
 
 
 def _log_time(line: str) -> float | None:

@@ -76,7 +76,7 @@ class Stack:
     def take(self, *found: Disconnected) -> None:
         """Hand the lane records and let its elections run to their answer."""
         async def main() -> None:
-            self.lane.on_disconnects(list(found))
+            self.lane.on_disconnects(list(found), NOW + 1000)
             await asyncio.gather(*self.lane._tasks)
 
         asyncio.run(main())
@@ -98,6 +98,8 @@ def test_a_master_whose_connection_is_lost_is_replaced_at_once_under_the_job_s_g
     assert new_master in (2, 3) and epoch == 2
     assert st.lane.stats["elected"] == 1 and st.lane.stats["proposed"] == 1
     assert 1 not in st.table.group("c", "s")  # not alive from the disconnect on, on every node
+    timing = st.lane.timings()
+    assert timing["elections"] == 1 and timing["arrival_ms_p50"] == 1000 and timing["elect_ms_p99"] >= 0
 
 
 def test_a_goodbye_counts_at_once_whatever_the_grace():
