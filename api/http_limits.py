@@ -46,8 +46,8 @@ class HTTPLimits:
 
 DEFAULT_LIMITS = HTTPLimits()
 
-_REASONS = {413: b"Payload Too Large", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable",
-            408: b"Request Timeout"}
+_REASONS = {400: b"Bad Request", 413: b"Payload Too Large", 431: b"Request Header Fields Too Large",
+            503: b"Service Unavailable", 408: b"Request Timeout"}
 
 
 def raw_error(status: int, code: int, remark: str, *, retry_after: bool = False) -> bytes:
@@ -145,6 +145,7 @@ def tls_bounded_loop() -> asyncio.AbstractEventLoop:
 
 
 TIMEOUT_REPLY = raw_error(408, _INVALID, "request not received in time")
+MALFORMED_REPLY = raw_error(400, _INVALID, "malformed HTTP request")  # the ingest workers' answer too
 BUSY_REPLY = raw_error(503, _BUSY, "too many connections", retry_after=True)
 
 
@@ -239,9 +240,9 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
             except httptools.HttpParserError:
                 if self._head_refused:
                     return
-                msg = "Invalid HTTP request received."
-                self.logger.warning(msg)
-                self.send_400_response(msg)
+                self.logger.warning("Invalid HTTP request received.")
+                self.transport.write(MALFORMED_REPLY)  # JSON, as every other answer (uvicorn's is plain text)
+                self.transport.close()
                 return
             except httptools.HttpParserUpgrade:
                 if self._should_upgrade():

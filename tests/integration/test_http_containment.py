@@ -4,6 +4,7 @@ slow clients, connections and watchers (docs/security.md, "Containment"; docs/co
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 
@@ -174,6 +175,12 @@ def test_slow_and_oversized_request_heads_are_cut_off(tmp_path):
         split = req.index(b"\r\n\r\n") + 3
         statuses = _statuses(await _read_all(ep, req[:split], req[split:]))
         assert statuses == [422], statuses
+        # Bytes that are not HTTP: a 400 in JSON, as every other answer (it was uvicorn's text/plain), and a close.
+        raw = await _read_all(ep, b"NOT HTTP AT ALL\r\n\r\n")
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower(), raw
+        assert json.loads(body) == {"code": Code.CONTROLLER_INVALID_REQUEST, "remark": "malformed HTTP request"}
+        assert (await client.get("/healthz")).status_code == 200
 
     _run(tmp_path, scenario)
 
