@@ -118,10 +118,13 @@ class DashboardFeed:
         detected = self.svc.sm.apply_time_ms or None
         replayed = detected is not None and now_ms - detected > REPLAYED_AFTER_MS
         lost = self.svc.liveness.group_by_name(name).get(old) if old is not None else None
+        bs = self.svc.sm.sets.get(name)
+        gone = self.svc.liveness.disconnected_at(bs.cluster, name, old) if bs is not None and old is not None else None
         self.failovers.append({
             "set": name, "index": index, "old": old, "new": new, "epoch": ev.get("masterEpoch"),
             "elected": bool(ev.get("newMasterElected")),
-            "lost_ms": lost.last_update_ms if lost else None,  # the old master's last heartbeat seen here
+            # when its session connection ended (api/connection_loss.py), else its last heartbeat seen here
+            "lost_ms": gone if gone is not None else lost.last_update_ms if lost else None,
             "detected_ms": detected, "committed_ms": None if replayed else now_ms})
 
     # ------------------------------------------------------------------ viewers

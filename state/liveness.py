@@ -126,6 +126,10 @@ class LivenessTable:
         self._gone[gone] = max(at_ms, self._gone.get(gone, at_ms))
         return True
 
+    def disconnected_at(self, cluster: str, name: str, broker_id: int) -> int | None:
+        """When the broker's session connection ended, while no heartbeat since has brought it back."""
+        return self._gone.get((cluster, name, broker_id))
+
     def put(self, cluster: str, name: str, info: BrokerLiveInfo) -> None:
         """Store a record as it is (the streaming job already applied the update rule)."""
         if self._gone:

@@ -81,6 +81,20 @@ def test_a_failover_is_recorded_with_lost_detected_and_committed_instants():
     assert (f["lost_ms"], f["detected_ms"], f["committed_ms"]) == (T0, T0 + 3000, T0 + 3500)
 
 
+def test_a_crash_failover_counts_from_the_lost_connection():
+    """Elected by the connection-loss lane: the old master left the table at its disconnect, which is `lost`."""
+    clock = [T0 / 1000]
+    svc = FakeService(T0)
+    feed = DashboardFeed(svc, clock=lambda: clock[0])
+    _set_with_master(svc, "s1")
+    svc.beat("s1", 1, T0 + 900)
+    assert svc.liveness.disconnect("c", "s1", 1, T0 + 1000)  # the master's session ended at T0 + 1 s
+    clock[0] = (T0 + 1200) / 1000
+    svc.apply(C.elect_master("c", "s1", C.CONTROLLER_TRIGGER, T0 + 1000, svc.liveness.group("c", "s1")))
+    (f,) = feed.failovers
+    assert (f["old"], f["new"], f["lost_ms"], f["committed_ms"]) == (1, 2, T0 + 1000, T0 + 1200)
+
+
 def test_fleet_counts_live_down_and_masterless_sets():
     clock = [T0 / 1000]
     svc = FakeService(T0)
