@@ -2,29 +2,27 @@
 
 An ingest worker that sees a broker's session connection end writes a `disconnected` record to
 the heartbeats topic (for the streaming job) and to the liveness topic, which every controller
-node follows (`LivenessConsumer`). Through the job, a crash costs the wait for the next
-micro-batch plus that batch (about 1.6 s at 1,000 sets on two cores, docs/failover-signal.md);
-here it costs a Kafka round trip and a Raft commit. This is RocketMQ's own path:
-`BrokerHousekeepingService.onChannelClose` removes the broker from the controller's live table and
-triggers an election at once.
+node follows (`LivenessConsumer`); it writes each session's opening heartbeat there too, so a
+broker that reconnects (to any worker) is seen as quickly as its disconnect. Through the job, a
+crash costs the wait for the next micro-batch plus that batch (about 1.6 s at 1,000 sets on two
+cores, docs/failover-signal.md); here it costs a Kafka round trip and a Raft commit. This is
+RocketMQ's own path: `BrokerHousekeepingService.onChannelClose` removes the broker from the
+controller's live table and triggers an election at once.
 
-Every node marks the broker not alive from the record's instant (`LivenessTable.disconnect`), so
-its broker- and admin-triggered requests stop counting a crashed broker as alive. The leader also
-proposes an election when the broker is its set's master, the same command the job sends
-(`propose_election`): the set's heartbeat snapshot without the crashed master, fenced by the
-master epoch it saw. So the job's own proposal for that disconnect, a batch later, is refused as
-fenced, and whichever arrives first wins without a second election.
+A disconnect counts at its instant plus the job's grace (the job's liveness records state its
+`--disconnect-grace-ms`; a goodbye counts at once): unless a heartbeat stamped after the
+disconnect has arrived by then (a new session's, or the job's), every node marks the broker not
+alive from that instant (`LivenessTable.disconnect`), so its broker- and admin-triggered requests
+stop counting it; and the leader, when it was its set's master and another broker is alive,
+proposes the same command the job would (`propose_election`: the set's heartbeat snapshot without
+the master, fenced by the master epoch it saw). The job's own proposal for that crash, a batch
+later, is then refused as fenced, and whichever arrives first wins without a second election.
 
-The lane follows the job's rule, never a rule of its own:
-
-* a goodbye (`shutdown`) counts at once, as in the job;
-* a lost connection counts at once only while the job's liveness records state a grace of 0 (its
-  default, RocketMQ's rule). With a grace, or before the job has stated one, the lane leaves lost
-  connections to the job: judging whether the broker came back within the grace needs the
-  heartbeats the job reads, which reach the nodes a batch later.
-
-A record from before this node began to follow the topic (the replay at start) only updates the
-table; it proposes nothing: that disconnect was the job's (or an earlier leader's) to act on.
+The lane leaves a disconnect to the job when it cannot follow the job's rule or trust the job's
+view: before any job record has stated the grace; when the record is a replay (from before this
+node began to follow the topic, or older than MAX_AGE_MS on arrival: the consumer re-followed
+the topic); and when the job's last view (its data horizon) is older than the replicas'
+heartbeat timeout (the job is stopped or far behind: a replica alive there may have died since).
 """
 
 from __future__ import annotations
@@ -37,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from electra.consensus.core import Role
+from electra.consensus.errors import ProposalTimeout
 from electra.consensus.node import RaftNode
 from electra.state.codes import Code
 from electra.state.liveness import BrokerLiveInfo, LivenessTable
@@ -65,28 +64,58 @@ class Disconnected:
         return Disconnected(v["clusterName"], v["brokerName"], v["brokerId"], v["ts"], v["reason"])
 
 
+@dataclass(frozen=True, slots=True)
+class Connected:
+    """A session's opening heartbeat from the liveness topic (`records.connected_record`)."""
+
+    cluster: str
+    name: str
+    info: BrokerLiveInfo
+
+    @staticmethod
+    def from_record(d: dict) -> Connected:
+        """InvalidHeartbeat (a ValueError) names the bad field."""
+        hb = records.validate_connected(d)
+        return Connected(hb["clusterName"], hb["brokerName"], BrokerLiveInfo(
+            hb["brokerId"], hb["brokerAddr"], hb["ts"], hb["heartbeatTimeoutMillis"], hb["epoch"], hb["maxOffset"],
+            hb["confirmOffset"], hb["electionPriority"]))
+
+
+MAX_AGE_MS = 5_000  # a disconnect older than this when it arrives (a replay after the consumer re-followed
+#                    the topic, a consumer far behind) only updates the table: its crash is the job's
+
+
 class ConnectionLossLane:
     def __init__(self, node: RaftNode, sm: ControllerStateMachine, liveness: LivenessTable,
-                 propose_election: ProposeElection, live_now_ms: Callable[[], int]) -> None:
+                 propose_election: ProposeElection, live_now_ms: Callable[[], int],
+                 now_ms: Callable[[], int]) -> None:
         self.node = node
         self.sm = sm
         self.liveness = liveness
         self.propose_election = propose_election
-        self.live_now_ms = live_now_ms
+        self.live_now_ms = live_now_ms  # the instant the table's records are judged at (the job's data horizon)
+        self.now_ms = now_ms
         self.since_ms: int | None = None  # records stamped before this were replayed: table only
-        self.stats = {"disconnects": 0, "left_to_job": 0, "proposed": 0, "elected": 0, "fenced": 0,
-                      "not_elected": 0, "no_live_replica": 0,
-                      "failed": 0}
+        self.stats = {"disconnects": 0, "left_to_job": 0, "reconnected": 0, "replayed": 0, "stale_view": 0,
+                      "proposed": 0, "elected": 0, "fenced": 0, "not_elected": 0, "no_live_replica": 0,
+                      "failed": 0, "unknown": 0}
         self._electing: set[str] = set()  # sets with a proposal of this lane in flight
         # (record's way here, proposal to answer) in ms, of the last elections: where a lane failover's time goes
         self._timings: deque[tuple[int, float]] = deque(maxlen=256)
         self._tasks: set[asyncio.Task] = set()
+        self._held: dict[int, asyncio.TimerHandle] = {}  # lost connections waiting out the grace
+        self._next_hold = 0
+        self._stopped = False
 
     def start(self, now_ms: int) -> None:
         """Records stamped from `now_ms` on are new: the lane may act on them."""
         self.since_ms = now_ms
 
     async def stop(self) -> None:
+        self._stopped = True  # records still arriving from the liveness consumer start nothing now
+        for h in self._held.values():
+            h.cancel()
+        self._held.clear()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -105,35 +134,62 @@ class ConnectionLossLane:
         return {"elections": len(arrived), "arrival_ms_p50": pct(arrived, 0.5), "arrival_ms_p99": pct(arrived, 0.99),
                 "elect_ms_p50": pct(elect, 0.5), "elect_ms_p99": pct(elect, 0.99)}
 
-    def counts_now(self, d: Disconnected) -> bool:
-        """Whether the job's rule makes this disconnect count at its instant (see the module's docstring)."""
-        return d.reason == records.SHUTDOWN or self.liveness.disconnect_grace_ms == 0
+    def grace_ms(self, d: Disconnected) -> int | None:
+        """How long after its instant the job's rule makes this disconnect count (None: the rule is not known
+        here yet; the job's liveness records state it)."""
+        return 0 if d.reason == records.SHUTDOWN else self.liveness.disconnect_grace_ms
 
     def on_disconnects(self, found: list[Disconnected], now_ms: int) -> None:
         """Records taken from the liveness topic, after the batch they came in was applied (on the loop);
-        `now_ms`: this node's clock."""
+        `now_ms`: this node's clock. Each counts at its instant plus the job's grace: at once, or once the
+        grace has passed without a heartbeat from the broker stamped after the disconnect."""
         for d in found:
-            arrived_ms = now_ms - d.at_ms
             self.stats["disconnects"] += 1
-            if not self.counts_now(d):
+            grace = self.grace_ms(d)
+            if grace is None or self._stopped:
                 self.stats["left_to_job"] += 1
                 continue
-            if not self.liveness.disconnect(d.cluster, d.name, d.broker_id, d.at_ms):
-                continue  # a heartbeat from after the disconnect is here already: it reconnected
-            if self.since_ms is None or d.at_ms < self.since_ms or self.node.role != Role.LEADER:
+            wait_s = (d.at_ms + grace - now_ms) / 1000
+            if wait_s <= 0:
+                self._counts(d, now_ms)
                 continue
-            bs = self.sm.sets.get(d.name)
-            if bs is None or bs.cluster != d.cluster or bs.master_id != d.broker_id or d.name in self._electing:
-                continue
-            live = list(self.liveness.group(d.cluster, d.name).values())
-            at = self.live_now_ms()
-            if not any(b.alive_at(at) for b in live):  # as the job: nobody to elect, nothing proposed (it looks
-                self.stats["no_live_replica"] += 1      # again when a heartbeat arrives)
-                continue
-            self._electing.add(d.name)
-            task = asyncio.ensure_future(self._elect(d, bs.master_epoch, live, at, arrived_ms))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._next_hold += 1
+            self._held[self._next_hold] = asyncio.get_running_loop().call_later(
+                wait_s, self._grace_over, self._next_hold, d, now_ms)
+
+    def _grace_over(self, hold: int, d: Disconnected, arrived_at_ms: int) -> None:
+        self._held.pop(hold, None)
+        if not self._stopped:
+            self._counts(d, arrived_at_ms)
+
+    def _counts(self, d: Disconnected, arrived_at_ms: int) -> None:
+        """The disconnect counts now: the broker is gone from the table, and the leader elects if it was a master."""
+        if not self.liveness.disconnect(d.cluster, d.name, d.broker_id, d.at_ms):
+            self.stats["reconnected"] += 1  # a heartbeat stamped after it is here (a new session, the job's)
+            return
+        if self.since_ms is None or d.at_ms < self.since_ms or arrived_at_ms - d.at_ms > MAX_AGE_MS:
+            self.stats["replayed"] += 1
+            return
+        if self.node.role != Role.LEADER:
+            return
+        bs = self.sm.sets.get(d.name)
+        if bs is None or bs.cluster != d.cluster or bs.master_id != d.broker_id or d.name in self._electing:
+            return
+        live = list(self.liveness.group(d.cluster, d.name).values())
+        at = self.live_now_ms()
+        alive = [b for b in live if b.alive_at(at)]
+        if not alive:  # as the job: nobody to elect, nothing proposed (the job looks again when a heartbeat
+            self.stats["no_live_replica"] += 1  # arrives; this lane does not)
+            return
+        if self.now_ms() - at > min(b.timeout_ms for b in alive):
+            # The job's last view (the data horizon) is older than a replica's timeout: one judged alive there
+            # may have died since. The job (stopped, or far behind) decides once it has a fresh view.
+            self.stats["stale_view"] += 1
+            return
+        self._electing.add(d.name)
+        task = asyncio.ensure_future(self._elect(d, bs.master_epoch, live, at, arrived_at_ms - d.at_ms))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _elect(self, d: Disconnected, master_epoch: int, live: list[BrokerLiveInfo], at_ms: int,
                      arrived_ms: int) -> None:
@@ -143,7 +199,12 @@ class ConnectionLossLane:
             res = await self.propose_election(d.cluster, d.name, master_epoch, live, at_ms)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # not leading any more, a timeout: the job's proposal follows a batch later
+        except ProposalTimeout as exc:  # it may still commit; if not, the job's proposal follows a batch later
+            self.stats["unknown"] += 1
+            log.warning("set %s: master %d lost its connection (%s); the election's outcome is not known: %s",
+                        d.name, d.broker_id, d.reason, exc)
+            return
+        except Exception as exc:  # not leading any more, stopping: the job's proposal follows a batch later
             self.stats["failed"] += 1
             log.warning("set %s: master %d lost its connection (%s) but the election failed: %s; the streaming "
                         "job proposes one in its next batch", d.name, d.broker_id, d.reason, exc)

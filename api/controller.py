@@ -72,7 +72,8 @@ class Controller:
         self.watchers = Watchers(node, sm)
         self.heartbeat_producer: HeartbeatProducer | None = None
         self.events_publisher = self.liveness_consumer = None
-        self.connection_loss = ConnectionLossLane(node, sm, self.liveness, self.propose_election, self.live_now_ms)
+        self.connection_loss = ConnectionLossLane(node, sm, self.liveness, self.propose_election, self.live_now_ms,
+                                                  self.now_ms)
         if cfg.kafka_bootstrap:
             from .ingest import HeartbeatProducer
             from .kafka_bridge import EventsPublisher, LivenessConsumer

@@ -125,7 +125,10 @@ class DashboardFeed:
             "elected": bool(ev.get("newMasterElected")),
             # when its session connection ended (api/connection_loss.py), else its last heartbeat seen here
             "lost_ms": gone if gone is not None else lost.last_update_ms if lost else None,
-            "detected_ms": detected, "committed_ms": None if replayed else now_ms})
+            # a lost connection is detected when it is lost (the command judges liveness at the job's data
+            # horizon, which may be earlier)
+            "detected_ms": max(detected, gone) if detected is not None and gone is not None else detected,
+            "committed_ms": None if replayed else now_ms})
 
     # ------------------------------------------------------------------ viewers
     def subscribe(self) -> asyncio.Queue:

@@ -46,6 +46,7 @@ class KafkaUnavailable(RuntimeError):
     pass
 
 
+LANE_QUEUE_MAX = 10_000  # session records waiting for the liveness topic (a mass disconnect fits)
 GROUP_LINGER_MS = 20  # how long a partition's group waits for more heartbeats (kafka-python's linger before)
 
 
@@ -66,7 +67,7 @@ class HeartbeatProducer:
         self.group_bytes = group_bytes
         self.clock = clock
         self.stats = {"accepted": 0, "invalid": 0, "unavailable": 0, "delivered": 0, "delivery_errors": 0,
-                      "records_sent": 0, "dropped": 0, "disconnects_to_liveness": 0, "disconnects_not_to_liveness": 0}
+                      "records_sent": 0, "dropped": 0, "to_liveness": 0, "not_to_liveness": 0}
         self._producer = None
         self._healthy = False
         self._last_probe = 0.0
@@ -79,10 +80,16 @@ class HeartbeatProducer:
         self._pending = threading.Event()  # set while a group waits for its linger window
         self._connector = threading.Thread(target=self._connect_loop, name="kafka-connect", daemon=True)
         self._flusher = threading.Thread(target=self._flush_loop, name="heartbeat-groups", daemon=True)
+        self._lane_out: list[tuple[bytes, bytes]] = []  # session records for the liveness topic (`to_liveness`)
+        self._lane_ready = threading.Event()
+        self._lane_warned = 0.0
+        self._lane = threading.Thread(target=self._lane_loop, name="liveness-copies", daemon=True)
 
     def start(self) -> HeartbeatProducer:
         self._connector.start()
         self._flusher.start()
+        if self.liveness_topic is not None:
+            self._lane.start()
         return self
 
     def _connect_loop(self) -> None:
@@ -100,7 +107,7 @@ class HeartbeatProducer:
                     retries=3, **kafka_client_kwargs())
                 self._healthy = True
                 log.info("ingest worker %d producing heartbeats to %s on %s", os.getpid(), self.topic, self.bootstrap)
-                if self.liveness_topic is not None:  # its metadata now, not on the first disconnect (a 50 ms block)
+                if self.liveness_topic is not None:  # its metadata now, not at the first session record
                     with contextlib.suppress(Exception):
                         self._producer.partitions_for(self.liveness_topic)
             except Exception as exc:
@@ -127,30 +134,52 @@ class HeartbeatProducer:
     def submit(self, hb: dict) -> None:
         """Hand one validated heartbeat (or `disconnected` record: sent at once) to the producer;
         KafkaUnavailable if Kafka is not reachable."""
-        key, value, gone = hb["brokerName"].encode(), records.encode(hb), records.is_disconnected(hb)
-        self.submit_encoded(key, value, now=gone)
-        if gone and self.liveness_topic is not None:
-            self._to_liveness(key, value)
+        self.submit_encoded(hb["brokerName"].encode(), records.encode(hb), now=records.is_disconnected(hb))
 
-    def _to_liveness(self, key: bytes, value: bytes) -> None:
-        """A `disconnected` record, also to the liveness topic: the controllers' connection-loss lane reads it
-        there within milliseconds (api/connection_loss.py). Best effort: the heartbeats topic's copy, already
-        accepted, still reaches the job, which fails the master over one batch later if this one is lost."""
-        try:
-            fut = self._producer.send(self.liveness_topic, key=key, value=value)
-        except Exception as exc:  # buffer full, metadata unavailable, ...
-            self._lane_lost(exc)
+    def to_liveness(self, record: dict) -> None:
+        """A session's `connected` or `disconnected` record, to the liveness topic too: the controllers'
+        connection-loss lane reads it there within milliseconds (api/connection_loss.py). Sent by a thread of
+        its own, so a topic whose metadata is missing blocks no event loop. Best effort: the heartbeats
+        topic's copy still reaches the job, which fails a crashed master over a micro-batch later."""
+        if self.liveness_topic is None or self._closed:
             return
-        fut.add_callback(lambda _meta: self._count("disconnects_to_liveness"))
-        fut.add_errback(self._lane_lost)
+        with self._lock:
+            if len(self._lane_out) >= LANE_QUEUE_MAX:  # Kafka stalled: the job's copy remains
+                self._lane_lost("the liveness copies' queue is full")
+                return
+            self._lane_out.append((record["brokerName"].encode(), records.encode(record)))
+        self._lane_ready.set()
+
+    def _lane_loop(self) -> None:
+        while not self._closed:
+            if not self._lane_ready.wait(timeout=1.0):  # bounded: a closed producer's thread ends within 1 s
+                continue
+            with self._lock:
+                out, self._lane_out = self._lane_out, []
+                self._lane_ready.clear()
+            producer = self._producer
+            for key, value in out:
+                if producer is None:
+                    self._lane_lost("not connected to Kafka yet")
+                    continue
+                try:
+                    fut = producer.send(self.liveness_topic, key=key, value=value)
+                except Exception as exc:  # buffer full, metadata unavailable, ...
+                    self._lane_lost(exc)
+                    continue
+                fut.add_callback(lambda _meta: self._count("to_liveness"))
+                fut.add_errback(self._lane_lost)
 
     def _count(self, stat: str) -> None:
         self.stats[stat] += 1
 
     def _lane_lost(self, exc: object) -> None:
-        self.stats["disconnects_not_to_liveness"] += 1
-        log.warning("a disconnected record did not reach the liveness topic %s (%s): the streaming job fails the "
-                    "master over instead, a micro-batch later", self.liveness_topic, exc)
+        self.stats["not_to_liveness"] += 1
+        now = time.monotonic()
+        if now - self._lane_warned >= 30:  # rate-limited: a missing topic fails every record
+            self._lane_warned = now
+            log.warning("a session record did not reach the liveness topic %s (%s): the streaming job fails "
+                        "crashed masters over instead, a micro-batch later", self.liveness_topic, exc)
 
     def submit_encoded(self, key: bytes, value: bytes, *, now: bool = False) -> None:
         """`submit` for a record already encoded (`value`), of the broker set named `key`. `now`: send its

@@ -396,11 +396,12 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
 
 def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topic: str = records.HEARTBEATS,
                  log_level: str = "warning", tls_files: tuple[str, str] | None = None,
-                 tokens_file: str | None = None, liveness_topic: str | None = records.LIVENESS) -> None:
+                 tokens_file: str | None = None, liveness_topic: str | None = None) -> None:
     """Run `workers` ingest processes on host:port until SIGINT/SIGTERM (blocks).
 
     With `tls_files` (certificate, key) the workers serve HTTPS; with `tokens_file` every request
-    but /healthz needs a token (heartbeats: a broker credential scoped to the heartbeat's set).
+    but /healthz needs a token (heartbeats: a broker credential scoped to the heartbeat's set). With
+    `liveness_topic`, sessions' opening and end also go there (the nodes' connection-loss lane).
     """
     ctx = multiprocessing.get_context("spawn")
     _listen(host, port).close()  # fail here, clearly, if the address is taken

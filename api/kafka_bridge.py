@@ -36,7 +36,7 @@ from electra.state.liveness import BrokerLiveInfo
 from electra.streaming import records
 from electra.streaming.kafka_io import end_offsets, ensure_topics, last_record, topic_partitions
 
-from .connection_loss import Disconnected
+from .connection_loss import Connected, Disconnected
 
 if TYPE_CHECKING:
     from .controller import Controller
@@ -177,7 +177,8 @@ class LivenessConsumer:
         self.replay_s = replay_s
         self.reset_check_s = reset_check_s  # quiet this long: check whether the topic was truncated
         self.hwm_fix = hwm_fix
-        self.stats = {"records": 0, "bad_records": 0, "last_record_ms": 0, "rewinds": 0}
+        self.stats = {"records": 0, "bad_records": 0, "last_record_ms": 0, "rewinds": 0, "disconnects": 0,
+                      "sessions_opened": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="liveness-consumer", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -239,7 +240,8 @@ class LivenessConsumer:
 
     def _items_of(self, value: bytes) -> list:
         """What one liveness-topic record holds: the job's sets, each (cluster, set, its brokers' records), and
-        the grace it states (`GraceStated`); or an ingest worker's `Disconnected` (api/connection_loss.py).
+        the grace it states (`GraceStated`); or an ingest worker's `Disconnected` or `Connected` (a session's
+        opening heartbeat; api/connection_loss.py).
 
         A record or a set that does not decode is counted in `bad_records` and skipped.
         """
@@ -247,12 +249,13 @@ class LivenessConsumer:
             d = records.decode(value)
         except ValueError:
             d = None
-        if records.is_disconnected(d):
-            try:
-                return [Disconnected.from_record(d)]
-            except ValueError:
-                self.stats["bad_records"] += 1
-                return []
+        for kind, item in ((records.is_disconnected, Disconnected), (records.is_connected, Connected)):
+            if kind(d):
+                try:
+                    return [item.from_record(d)]
+                except ValueError:
+                    self.stats["bad_records"] += 1
+                    return []
         sets = records.liveness_sets(d)
         if not sets:
             self.stats["bad_records"] += 1
@@ -279,23 +282,33 @@ class LivenessConsumer:
     def _apply(self, batch: list) -> None:
         table = self.svc.liveness
         newest = 0
+        sets = 0
         disconnects = []
         for item in batch:
             if type(item) is tuple:
                 cluster, name, infos = item
+                sets += 1
                 for info in infos:
                     table.put(cluster, name, info)
                     newest = max(newest, info.last_update_ms)
             elif type(item) is GraceStated:
                 table.disconnect_grace_ms = item.ms
+            elif type(item) is Connected:  # a session opened: a heartbeat, not the job's view (no horizon)
+                i = item.info
+                table.on_heartbeat(item.cluster, item.name, i.broker_id, i.broker_addr, i.last_update_ms,
+                                   timeout_ms=i.timeout_ms, epoch=i.epoch, max_offset=i.max_offset,
+                                   confirm_offset=i.confirm_offset, priority=i.priority)
+                self.stats["sessions_opened"] += 1
             else:
                 disconnects.append(item)
         if disconnects:  # after the batch's heartbeats: one stamped after a disconnect means it reconnected
+            self.stats["disconnects"] += len(disconnects)
             self.svc.connection_loss.on_disconnects(disconnects, self.svc.now_ms())
         if newest:
             # The records' newest ingest stamp is the job's data horizon as far as this node knows
             # (LivenessTable.judge_at). Never past this node's clock: a stamp from a clock running
             # ahead, or a forged one, must not hold the horizon where the clock cannot catch up.
             table.advance_horizon(min(newest, self.svc.now_ms()))
-        self.stats["records"] += len(batch)
-        self.stats["last_record_ms"] = self.svc.now_ms()
+        if sets:  # the job's records only: the ingest workers' say nothing about whether the job is alive
+            self.stats["records"] += sets
+            self.stats["last_record_ms"] = self.svc.now_ms()

@@ -89,6 +89,7 @@ class SessionRegistry:
             self.producer.submit(hb)
         except KafkaUnavailable as exc:
             return _answer(503, {"code": 1, "remark": f"session not opened: Kafka unavailable ({exc})"})
+        self.producer.to_liveness(records.connected_record(hb))  # a reconnect is seen as soon as the loss
         if held is None:
             self.stats["opened"] += 1
         key = _broker(hb)
@@ -107,11 +108,13 @@ class SessionRegistry:
         hb = self._by_conn.get(conn)
         if hb is None:
             return _answer(409, {"code": 2005, "remark": "no session on this connection"})
+        gone = records.disconnected_record(hb, records.SHUTDOWN, now_ms)
         try:
-            self.producer.submit(records.disconnected_record(hb, records.SHUTDOWN, now_ms))
+            self.producer.submit(gone)
         except KafkaUnavailable as exc:
             return _answer(503, {"code": 1, "remark": f"goodbye not recorded: Kafka unavailable ({exc}); "
                                                       "send it again"})
+        self.producer.to_liveness(gone)
         self._forget(conn)
         self.stats["goodbyes"] += 1
         return _answer(200, {"code": 0, "remark": "goodbye"})
@@ -141,8 +144,10 @@ class SessionRegistry:
         return list(self._by_conn)
 
     def _publish(self, hb: dict, reason: str, now_ms: int) -> None:
+        gone = records.disconnected_record(hb, reason, now_ms)
         try:
-            self.producer.submit(records.disconnected_record(hb, reason, now_ms))
+            self.producer.submit(gone)
+            self.producer.to_liveness(gone)
         except KafkaUnavailable as exc:
             self.stats["not_published"] += 1
             log.warning("session of %s/%s ended (%s) but Kafka is unavailable (%s): failover falls back to the "

@@ -371,10 +371,24 @@ def _ingest_node_id(text: str) -> int:
     return int(text)
 
 
+def ingest_topics(topic: str | None, prefix: str | None) -> tuple[str, str]:
+    """`electra ingest`'s heartbeats and liveness topics, from `--topic` and `--topic-prefix`. The liveness topic
+    must be the nodes' (`<prefix>electra.liveness`): given `--topic P.electra.heartbeats` alone, as deployments
+    said before sessions wrote there, the prefix is P; any other `--topic` needs `--topic-prefix` (ValueError)."""
+    from electra.streaming.records import HEARTBEATS, LIVENESS, Topics
+
+    if topic is not None and prefix is None:
+        if not topic.endswith(HEARTBEATS):
+            raise ValueError(f"with --topic {topic}, give --topic-prefix too: sessions also write to "
+                             f"<prefix>{LIVENESS}, which must be the nodes' liveness topic")
+        prefix = topic[:-len(HEARTBEATS)]
+    topics = Topics.prefixed(prefix or "")
+    return topic or topics.heartbeats, topics.liveness
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     """Heartbeat ingest workers: POST /v1/heartbeat → Kafka, in `--workers` processes on one port."""
     from electra.api.ingest_server import serve_ingest
-    from electra.streaming.records import Topics
 
     host, port = args.listen
     tls_files = tokens_file = None
@@ -397,13 +411,16 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             print(f"error: missing {', '.join(missing)}", file=sys.stderr)
             return 2
     scheme = "http" if args.insecure else "https"
-    topics = Topics.prefixed(args.topic_prefix)
-    heartbeats = args.topic or topics.heartbeats
+    try:
+        heartbeats, liveness = ingest_topics(args.topic, args.topic_prefix)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"ingest: {args.workers} worker process(es) on {scheme}://{host}:{port}/v1/heartbeat -> Kafka "
-          f"{args.kafka_bootstrap} topic {heartbeats}", flush=True)
+          f"{args.kafka_bootstrap} topic {heartbeats} (session records also to {liveness})", flush=True)
     serve_ingest(host, port, args.kafka_bootstrap, workers=args.workers, topic=heartbeats,
                  log_level=args.log_level.lower(), tls_files=tls_files, tokens_file=tokens_file,
-                 liveness_topic=topics.liveness)
+                 liveness_topic=liveness)
     return 0
 
 
@@ -916,11 +933,12 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--listen", type=parse_addr, default=("127.0.0.1", 7401), help="HOST:PORT (default :7401)")
     ing.add_argument("--kafka-bootstrap", required=True, help="Kafka bootstrap servers, HOST:PORT[,HOST:PORT]")
     ing.add_argument("--workers", type=int, minimum=1, default=2, help="worker processes sharing the port (default 2)")
-    ing.add_argument("--topic-prefix", default="",
-                     help="prefix of the Kafka topic names, as given to the nodes and the streaming job")
+    ing.add_argument("--topic-prefix", default=None,
+                     help="prefix of the Kafka topic names, as given to the nodes and the streaming job (default: "
+                          "none, or the prefix of --topic)")
     ing.add_argument("--topic", default=None,
-                     help="the heartbeats topic (default <prefix>electra.heartbeats); `disconnected` records also go "
-                          "to <prefix>electra.liveness, for the nodes' connection-loss lane")
+                     help="the heartbeats topic (default <prefix>electra.heartbeats); session records also go to "
+                          "<prefix>electra.liveness, for the nodes' connection-loss lane")
     ing.add_argument("--certs-dir", default=os.environ.get("ELECTRA_CERTS_DIR"),
                      help="serve HTTPS with node-<node-id>.crt and check tokens.json from here (ELECTRA_CERTS_DIR)")
     ing.add_argument("--node-id", type=_ingest_node_id, default=os.environ.get("ELECTRA_NODE_ID") or None,

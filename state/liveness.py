@@ -120,10 +120,11 @@ class LivenessTable:
             self._count -= 1
             if not group:
                 del self._by_name[name]
-        if len(self._gone) >= MAX_GONE:  # bounded; a forgotten one only lets an older record count again
-            self._gone.clear()
         gone = (cluster, name, broker_id)
-        self._gone[gone] = max(at_ms, self._gone.get(gone, at_ms))
+        at_ms = max(at_ms, self._gone.pop(gone, at_ms))
+        if len(self._gone) >= MAX_GONE:  # bounded: the oldest goes (it only lets an older record count again)
+            del self._gone[next(iter(self._gone))]
+        self._gone[gone] = at_ms
         return True
 
     def disconnected_at(self, cluster: str, name: str, broker_id: int) -> int | None:

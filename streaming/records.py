@@ -188,6 +188,27 @@ def is_disconnected(d: Any) -> bool:
     return isinstance(d, dict) and d.get("type") == DISCONNECTED
 
 
+CONNECTED = "connected"  # liveness topic only: a session's opening heartbeat, for the controllers' lane
+
+
+def connected_record(hb: dict) -> dict:
+    """The liveness-topic value saying a broker opened a session at `hb["ts"]` (its canonical heartbeat): a
+    broker that reconnects after a lost connection is seen by the controllers as quickly as the loss."""
+    return {"type": CONNECTED, **hb}
+
+
+def is_connected(d: Any) -> bool:
+    return isinstance(d, dict) and d.get("type") == CONNECTED
+
+
+def validate_connected(d: dict) -> dict:
+    """The canonical heartbeat a `connected` record carries (with its `ts`), or InvalidHeartbeat."""
+    hb = validate_heartbeat({k: v for k, v in d.items() if k != "type"})
+    if "ts" not in hb:
+        raise InvalidHeartbeat("ts: a positive integer (ms) is required")
+    return hb
+
+
 def validate_disconnected(d: dict) -> dict:
     """The canonical `disconnected` record, or InvalidHeartbeat naming the field."""
     out: dict[str, Any] = {"type": DISCONNECTED, "clusterName": _name(d, "clusterName"),

@@ -222,3 +222,15 @@ def test_report_and_bench_answer_a_missing_or_unknown_name_alike(capsys):
     capsys.readouterr()
     assert main(["report", "nosuch"]) == 2
     assert "unknown report 'nosuch'; available: performance" in capsys.readouterr().err
+
+
+def test_ingest_sends_session_records_to_the_nodes_liveness_topic_whatever_form_its_topics_take():
+    from electra.cli import ingest_topics
+
+    assert ingest_topics(None, None) == ("electra.heartbeats", "electra.liveness")
+    assert ingest_topics(None, "stg.") == ("stg.electra.heartbeats", "stg.electra.liveness")
+    # the form deployments used before sessions wrote to the liveness topic: the prefix is --topic's
+    assert ingest_topics("stg.electra.heartbeats", None) == ("stg.electra.heartbeats", "stg.electra.liveness")
+    assert ingest_topics("hb", "stg.") == ("hb", "stg.electra.liveness")
+    with pytest.raises(ValueError, match="give --topic-prefix too"):
+        ingest_topics("my-heartbeats", None)  # the liveness topic cannot be guessed from it

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
-from electra.api.connection_loss import ConnectionLossLane, Disconnected
+from electra.api.connection_loss import Connected, ConnectionLossLane, Disconnected
 from electra.api.controller import ControllerConfig
 from electra.api.ingest import HeartbeatProducer
 from electra.api.kafka_bridge import GraceStated, LivenessConsumer
@@ -70,13 +71,20 @@ class Stack:
         self.svc = ControllerService(self.node, self.sm, self.table,
                                      ControllerConfig(scan_interval_s=0, clock=lambda: (NOW + 1000) / 1000))
         self.lane = ConnectionLossLane(self.node, self.sm, self.table, self.svc.propose_election,
-                                       lambda: self.table.judge_at(NOW + 1000))
+                                       lambda: self.table.judge_at(NOW + 1000), lambda: NOW + 1000)
         self.lane.start(since_ms)
 
-    def take(self, *found: Disconnected) -> None:
-        """Hand the lane records and let its elections run to their answer."""
+    def take(self, *found: Disconnected, arrived_at: int = NOW + 1000, meanwhile=None) -> None:
+        """Hand the lane records (arriving at `arrived_at`), run `meanwhile` (a reconnect during a grace), and
+        let its holds and elections run to their end (bounded: 2 s)."""
         async def main() -> None:
-            self.lane.on_disconnects(list(found), NOW + 1000)
+            self.lane.on_disconnects(list(found), arrived_at)
+            if meanwhile is not None:
+                meanwhile()
+            for _ in range(200):
+                if not self.lane._held and not self.lane._tasks:
+                    break
+                await asyncio.sleep(0.01)
             await asyncio.gather(*self.lane._tasks)
 
         asyncio.run(main())
@@ -109,13 +117,43 @@ def test_a_goodbye_counts_at_once_whatever_the_grace():
         assert st.master[0] in (2, 3), grace
 
 
-def test_a_lost_connection_is_left_to_the_job_under_a_grace_or_before_the_job_stated_one():
-    for grace in (None, 5_000):
-        st = Stack(grace_ms=grace)
-        st.take(_lost())
-        assert st.master == (1, 1), grace
-        assert st.lane.stats["left_to_job"] == 1 and st.node.proposed == 0
-        assert 1 in st.table.group("c", "s")  # the job judges whether it came back within the grace
+def test_a_lost_connection_is_left_to_the_job_before_the_job_stated_its_grace():
+    st = Stack(grace_ms=None)
+    st.take(_lost())
+    assert st.master == (1, 1)
+    assert st.lane.stats["left_to_job"] == 1 and st.node.proposed == 0
+    assert 1 in st.table.group("c", "s")  # the lane does not know the job's rule yet: nothing changes here
+
+
+def test_under_a_grace_a_lost_connection_counts_once_the_grace_passed_without_a_reconnect():
+    st = Stack(grace_ms=1_100)  # the record arrives 1 s after the disconnect: 0.1 s of grace left
+    st.take(_lost())
+    assert st.master[0] in (2, 3) and st.lane.stats["elected"] == 1
+
+
+def test_a_broker_that_reconnects_within_the_grace_is_not_failed_over():
+    st = Stack(grace_ms=1_100)
+    reconnect = Connected("c", "s", _live(1, NOW + 50))  # its new session's opening heartbeat, on any worker
+
+    def reconnected() -> None:
+        assert 1 in st.table.group("c", "s")  # not gone during the grace (the job's rule)
+        i = reconnect.info
+        st.table.on_heartbeat("c", "s", 1, i.broker_addr, i.last_update_ms, timeout_ms=i.timeout_ms)
+
+    st.take(_lost(), meanwhile=reconnected)
+    assert st.master == (1, 1) and st.node.proposed == 0
+    assert st.lane.stats["reconnected"] == 1 and 1 in st.table.group("c", "s")
+
+
+def test_a_replayed_or_late_record_and_a_stale_view_of_the_job_elect_nothing():
+    late = Stack()
+    late.take(_lost(at=NOW), arrived_at=NOW + 6_000)  # e.g. re-read after the consumer re-followed the topic
+    assert late.master == (1, 1) and late.lane.stats["replayed"] == 1
+    assert 1 not in late.table.group("c", "s")  # the table still takes it
+    stale = Stack()
+    stale.table.horizon_ms = NOW - 5_000  # the job's last view is older than the replicas' 3 s timeout
+    stale.take(_lost())
+    assert stale.master == (1, 1) and stale.lane.stats["stale_view"] == 1 and stale.node.proposed == 0
 
 
 def test_followers_and_replayed_records_only_mark_the_broker_gone():
@@ -210,14 +248,45 @@ class _Kafka:
         return fut
 
 
-def test_the_ingest_writes_a_disconnected_record_to_the_liveness_topic_too_keyed_by_its_set():
+def test_the_ingest_sends_session_records_to_the_liveness_topic_from_a_thread_keyed_by_their_set():
     kafka = _Kafka()
     p = HeartbeatProducer("k:9092", "hb", liveness_topic="lv")
     p._producer, p._healthy = kafka, True
-    hb = {"clusterName": "c", "brokerName": "s", "brokerId": 1, "brokerAddr": "10.0.0.1:10911", "ts": NOW}
-    p.submit(hb)
-    p.flush_groups()
-    assert [t for t, _, _ in kafka.sent] == ["hb"]  # a heartbeat: the heartbeats topic only
-    p.submit(records.disconnected_record(hb, records.CONNECTION_LOST, NOW + 1))
-    assert [(t, k) for t, k, _ in kafka.sent[1:]] == [("hb", None), ("lv", b"s")]
-    assert json.loads(kafka.sent[-1][2])["type"] == records.DISCONNECTED
+    p._lane.start()
+    try:
+        hb = {"clusterName": "c", "brokerName": "s", "brokerId": 1, "brokerAddr": "10.0.0.1:10911", "ts": NOW}
+        p.submit(hb)
+        p.flush_groups()
+        assert [t for t, _, _ in kafka.sent] == ["hb"]  # a heartbeat: the heartbeats topic only
+        p.to_liveness(records.disconnected_record(hb, records.CONNECTION_LOST, NOW + 1))
+        for _ in range(200):  # bounded: 2 s
+            if len(kafka.sent) == 2:
+                break
+            time.sleep(0.01)
+        assert [(t, k) for t, k, _ in kafka.sent[1:]] == [("lv", b"s")]
+        assert json.loads(kafka.sent[-1][2])["type"] == records.DISCONNECTED
+    finally:
+        p._closed = True
+    p._lane.join(timeout=3)
+    assert not p._lane.is_alive()
+
+
+def test_a_connected_record_is_a_heartbeat_for_the_table_and_not_the_job_s_horizon():
+    consumer = LivenessConsumer.__new__(LivenessConsumer)
+    consumer.stats = {"bad_records": 0, "records": 0, "last_record_ms": 0, "disconnects": 0, "sessions_opened": 0}
+    table = LivenessTable()
+    lane = []
+    consumer.svc = type("Svc", (), {"liveness": table, "now_ms": lambda self: NOW + 10,
+                                    "connection_loss": type("L", (), {
+                                        "on_disconnects": lambda self, found, now: lane.extend(found)})()})()
+    assert table.disconnect("c", "s", 1, NOW)
+    hb = {"clusterName": "c", "brokerName": "s", "brokerId": 1, "brokerAddr": "10.0.0.1:10911", "ts": NOW + 5,
+          "heartbeatTimeoutMillis": TIMEOUT}
+    items = consumer._items_of(records.encode(records.connected_record(hb)))
+    assert items == [Connected("c", "s", BrokerLiveInfo(1, "10.0.0.1:10911", NOW + 5, TIMEOUT))]
+    consumer._apply(items)
+    assert table.group("c", "s")[1].last_update_ms == NOW + 5 and table.disconnected_at("c", "s", 1) is None
+    assert table.horizon_ms is None  # a session's heartbeat says nothing about how far the job has read
+    assert consumer.stats["records"] == 0 and consumer.stats["last_record_ms"] == 0  # nor whether it runs
+    assert consumer.stats["sessions_opened"] == 1
+    assert consumer._items_of(b'{"type":"connected","clusterName":"c"}') == [] and consumer.stats["bad_records"] == 1

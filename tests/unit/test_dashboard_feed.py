@@ -90,9 +90,11 @@ def test_a_crash_failover_counts_from_the_lost_connection():
     svc.beat("s1", 1, T0 + 900)
     assert svc.liveness.disconnect("c", "s1", 1, T0 + 1000)  # the master's session ended at T0 + 1 s
     clock[0] = (T0 + 1200) / 1000
-    svc.apply(C.elect_master("c", "s1", C.CONTROLLER_TRIGGER, T0 + 1000, svc.liveness.group("c", "s1")))
+    # judged at the job's data horizon (T0 + 400), before the disconnect
+    svc.apply(C.elect_master("c", "s1", C.CONTROLLER_TRIGGER, T0 + 400, svc.liveness.group("c", "s1")))
     (f,) = feed.failovers
     assert (f["old"], f["new"], f["lost_ms"], f["committed_ms"]) == (1, 2, T0 + 1000, T0 + 1200)
+    assert f["detected_ms"] == T0 + 1000  # detected when lost, never before
 
 
 def test_fleet_counts_live_down_and_masterless_sets():

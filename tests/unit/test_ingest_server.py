@@ -17,6 +17,7 @@ class FakeProducer:
     def __init__(self, up: bool = True) -> None:
         self.up = up
         self.sent: list[dict] = []
+        self.to_lane: list[dict] = []  # the liveness topic's copies (api/connection_loss.py)
         self.stats = {"accepted": 0, "invalid": 0, "unavailable": 0}
 
     @property
@@ -27,6 +28,9 @@ class FakeProducer:
         if not self.up:
             raise KafkaUnavailable("down")
         self.sent.append(hb)
+
+    def to_liveness(self, record: dict) -> None:
+        self.to_lane.append(record)
 
     def submit_encoded(self, key: bytes, value: bytes) -> None:
         hb = json.loads(value)
@@ -302,6 +306,11 @@ def test_a_session_lost_without_goodbye_publishes_disconnected_and_a_goodbye_pub
     plain.data_received(post(json.dumps(HB).encode()))
     plain.connection_lost(None)
     assert len(producer.sent) == n + 1
+    # The liveness topic (the controllers' connection-loss lane) got each session's opening and end, and no
+    # other heartbeat: connected, connection_lost, connected, shutdown.
+    assert [(r["type"], r.get("reason")) for r in producer.to_lane] == [
+        ("connected", None), ("disconnected", "connection_lost"), ("connected", None), ("disconnected", "shutdown")]
+    assert producer.to_lane[0]["ts"] > 0 and producer.to_lane[0]["brokerId"] == 1
 
 
 def test_a_reopened_session_supersedes_the_old_one_whose_close_then_says_nothing():
