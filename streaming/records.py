@@ -27,9 +27,9 @@ liveness records, which hold many sets and have no key).
   in kafka-python (and every node a consumer record each). Consumers also
   accept the one-set form of earlier versions (`liveness_sets`). Each record also
   states the job's disconnect grace (`"disconnectGraceMs"`), and an ingest node
-  writes every `disconnected` record here too, keyed by its set: the controllers'
-  connection-loss lane (api/connection_loss.py) acts on it without waiting for a
-  micro-batch.
+  writes each session's opening heartbeat (`"type": "connected"`) and end (the
+  `disconnected` record) here too, keyed by its set: the controllers' connection-loss
+  lane (api/connection_loss.py) acts on them without waiting for a micro-batch.
 * dead letters (`electra.heartbeats.dlq`): records the job could not parse.
 * job stats (`electra.job-stats`, one partition): one record per micro-batch of the
   streaming job (`streaming/job_stats.py`), read by the controllers' dashboards.
