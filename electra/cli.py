@@ -933,9 +933,9 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--listen", type=parse_addr, default=("127.0.0.1", 7401), help="HOST:PORT (default :7401)")
     ing.add_argument("--kafka-bootstrap", required=True, help="Kafka bootstrap servers, HOST:PORT[,HOST:PORT]")
     ing.add_argument("--workers", type=int, minimum=1, default=2, help="worker processes sharing the port (default 2)")
-    ing.add_argument("--topic-prefix", default=None,
+    ing.add_argument("--topic-prefix", default=os.environ.get("ELECTRA_TOPIC_PREFIX"),
                      help="prefix of the Kafka topic names, as given to the nodes and the streaming job (default: "
-                          "none, or the prefix of --topic)")
+                          "ELECTRA_TOPIC_PREFIX, as the nodes read it, else the prefix of --topic, else none)")
     ing.add_argument("--topic", default=None,
                      help="the heartbeats topic (default <prefix>electra.heartbeats); session records also go to "
                           "<prefix>electra.liveness, for the nodes' connection-loss lane")

@@ -234,3 +234,13 @@ def test_ingest_sends_session_records_to_the_nodes_liveness_topic_whatever_form_
     assert ingest_topics("hb", "stg.") == ("hb", "stg.electra.liveness")
     with pytest.raises(ValueError, match="give --topic-prefix too"):
         ingest_topics("my-heartbeats", None)  # the liveness topic cannot be guessed from it
+
+
+def test_ingest_reads_its_topic_prefix_from_the_environment_as_the_nodes_do(monkeypatch):
+    from electra.cli import build_parser
+
+    monkeypatch.setenv("ELECTRA_TOPIC_PREFIX", "stg.")
+    args = build_parser().parse_args(["ingest", "--kafka-bootstrap", "k:9092"])
+    assert args.topic_prefix == "stg."
+    monkeypatch.delenv("ELECTRA_TOPIC_PREFIX")
+    assert build_parser().parse_args(["ingest", "--kafka-bootstrap", "k:9092"]).topic_prefix is None
