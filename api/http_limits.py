@@ -47,7 +47,7 @@ class HTTPLimits:
 DEFAULT_LIMITS = HTTPLimits()
 
 _REASONS = {400: b"Bad Request", 413: b"Payload Too Large", 431: b"Request Header Fields Too Large",
-            503: b"Service Unavailable", 408: b"Request Timeout"}
+            503: b"Service Unavailable", 408: b"Request Timeout", 500: b"Internal Server Error"}
 
 
 def raw_error(status: int, code: int, remark: str, *, retry_after: bool = False) -> bytes:
@@ -146,6 +146,7 @@ def tls_bounded_loop() -> asyncio.AbstractEventLoop:
 
 TIMEOUT_REPLY = raw_error(408, _INVALID, "request not received in time")
 MALFORMED_REPLY = raw_error(400, _INVALID, "malformed HTTP request")  # the ingest workers' answer too
+INTERNAL_REPLY = raw_error(500, 1, "internal error; see the node's log")
 BUSY_REPLY = raw_error(503, _BUSY, "too many connections", retry_after=True)
 
 
@@ -237,6 +238,13 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
             self._unset_keepalive_if_required()
             try:
                 self.parser.feed_data(data)
+            except httptools.HttpParserCallbackError as exc:  # raised by a callback: a 431 answered, or a fault
+                if self._head_refused or self.transport.is_closing():
+                    return
+                self.logger.error("a request failed in the HTTP protocol", exc_info=exc.__context__ or exc)
+                self.transport.write(INTERNAL_REPLY)
+                self.transport.close()
+                return
             except httptools.HttpParserError:
                 if self._head_refused:
                     return

@@ -61,7 +61,8 @@ MAX_BODY = 64 << 10
 INGEST_LIMITS = replace(DEFAULT_LIMITS, max_connections=16_384)
 _REASONS = {200: b"OK", 401: b"Unauthorized", 403: b"Forbidden",
             404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict", 413: b"Payload Too Large",
-            422: b"Unprocessable Entity", 400: b"Bad Request", 503: b"Service Unavailable"}
+            422: b"Unprocessable Entity", 400: b"Bad Request", 500: b"Internal Server Error",
+            503: b"Service Unavailable"}
 
 
 _NOT_DECODED = object()
@@ -158,7 +159,14 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._reply(400, b'{"code":2005,"remark":"upgrade not supported"}', close=True)
-        except httptools.HttpParserError:  # (after a 431 from a callback the connection is closing: no answer)
+        except httptools.HttpParserCallbackError as exc:
+            # raised by one of our callbacks: a 431 already answered (the connection is closing), or a fault of
+            # this worker, which the broker must not take for its own mistake
+            if self.transport is not None and not self.transport.is_closing():
+                log.error("ingest worker %d: a request failed", os.getpid(), exc_info=exc.__context__ or exc)
+                self._reply(500, b'{"code":1,"remark":"internal error in the ingest worker; see its log"}',
+                            close=True)
+        except httptools.HttpParserError:
             self._reply(400, b'{"code":2005,"remark":"malformed HTTP request"}', close=True)
         else:
             if self.head_began and self.in_head:  # a head began in this read and goes on past it

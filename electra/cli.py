@@ -375,15 +375,25 @@ def ingest_topics(topic: str | None, prefix: str | None) -> tuple[str, str]:
     """`electra ingest`'s heartbeats and liveness topics, from `--topic` and `--topic-prefix`. The liveness topic
     must be the nodes' (`<prefix>electra.liveness`): given `--topic P.electra.heartbeats` alone, as deployments
     said before sessions wrote there, the prefix is P; any other `--topic` needs `--topic-prefix` (ValueError)."""
+    import re
+
     from electra.streaming.records import HEARTBEATS, LIVENESS, Topics
 
     if topic is not None and prefix is None:
         if not topic.endswith(HEARTBEATS):
-            raise ValueError(f"with --topic {topic}, give --topic-prefix too: sessions also write to "
+            raise ValueError(f"with --topic {topic!r}, give --topic-prefix too: sessions also write to "
                              f"<prefix>{LIVENESS}, which must be the nodes' liveness topic")
         prefix = topic[:-len(HEARTBEATS)]
     topics = Topics.prefixed(prefix or "")
-    return topic or topics.heartbeats, topics.liveness
+    heartbeats = topics.heartbeats if topic is None else topic
+    for option, name in (("--topic", heartbeats), ("--topic-prefix", topics.liveness)):
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", name):  # Kafka's rule for topic names
+            raise ValueError(f"{option}: {name!r} is not a Kafka topic name (1-249 of A-Z a-z 0-9 . _ -)")
+    others = {topics.liveness, topics.events, topics.dead_letters, topics.job_stats}
+    if heartbeats in others:
+        raise ValueError(f"--topic {heartbeats!r} is one of Electra's other topics (liveness, events, dead letters, "
+                         "job stats): heartbeats need a topic of their own")
+    return heartbeats, topics.liveness
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:

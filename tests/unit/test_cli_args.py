@@ -234,6 +234,12 @@ def test_ingest_sends_session_records_to_the_nodes_liveness_topic_whatever_form_
     assert ingest_topics("hb", "stg.") == ("hb", "stg.electra.liveness")
     with pytest.raises(ValueError, match="give --topic-prefix too"):
         ingest_topics("my-heartbeats", None)  # the liveness topic cannot be guessed from it
+    # names Kafka refuses fail at start, not as every heartbeat's error later
+    for topic, prefix in ((None, "bad/"), (None, "bad prefix."), ("", "p."), ("x" * 250, "p.")):
+        with pytest.raises(ValueError, match="is not a Kafka topic name"):
+            ingest_topics(topic, prefix)
+    with pytest.raises(ValueError, match="topic of their own"):  # heartbeats into the nodes' liveness topic
+        ingest_topics("electra.liveness", "")
 
 
 def test_ingest_reads_its_topic_prefix_from_the_environment_as_the_nodes_do(monkeypatch):

@@ -610,3 +610,24 @@ def test_a_head_whose_end_marker_straddles_two_reads_is_not_counted_with_its_bod
     proto.data_received(request[split:])
     [(status, _, _)] = responses(transport.data)
     assert status != 431 and status in (413, 422), status
+
+
+def test_a_fault_of_the_worker_is_a_logged_500_not_the_broker_s_malformed_request(caplog):
+    """An exception in a parser callback reaches `feed_data` as httptools' parser error: it used to be answered
+    400 "malformed HTTP request", blaming the broker, with nothing in the worker's log."""
+    producer = FakeProducer()
+
+    def broken(_hb: dict) -> None:
+        raise RuntimeError("a bug in the worker")
+
+    producer.submit = broken
+    proto, transport = connect(producer)
+    with caplog.at_level("ERROR"):
+        proto.data_received(post(json.dumps(HB).encode()))
+    [(status, _, body)] = responses(transport.data)
+    assert status == 500 and json.loads(body)["code"] == 1 and transport.closed
+    assert "a request failed" in caplog.text and "a bug in the worker" in caplog.text
+    # bytes that are not HTTP are still the sender's mistake
+    proto, transport = connect(FakeProducer())
+    proto.data_received(b"NOT HTTP\r\n\r\n")
+    assert [s for s, _, _ in responses(transport.data)] == [400]
