@@ -56,12 +56,15 @@ class Disconnected:
     broker_id: int
     at_ms: int  # the ingest worker's clock when the connection ended
     reason: str  # records.CONNECTION_LOST or records.SHUTDOWN
+    opened_ms: int | None = None  # when that session opened (records of earlier versions: unknown)
 
     @staticmethod
     def from_record(d: dict) -> Disconnected:
         """InvalidHeartbeat (a ValueError) names the bad field."""
         v = records.validate_disconnected(d)
-        return Disconnected(v["clusterName"], v["brokerName"], v["brokerId"], v["ts"], v["reason"])
+        opened = d.get(records.SESSION_OPENED)
+        return Disconnected(v["clusterName"], v["brokerName"], v["brokerId"], v["ts"], v["reason"],
+                            opened if type(opened) is int and 0 < opened <= v["ts"] else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +99,8 @@ class ConnectionLossLane:
         self.live_now_ms = live_now_ms  # the instant the table's records are judged at (the job's data horizon)
         self.now_ms = now_ms
         self.since_ms: int | None = None  # records stamped before this were replayed: table only
-        self.stats = {"disconnects": 0, "left_to_job": 0, "reconnected": 0, "replayed": 0, "stale_view": 0,
+        self.stats = {"disconnects": 0, "left_to_job": 0, "reconnected": 0, "superseded": 0, "replayed": 0,
+                      "stale_view": 0,
                       "proposed": 0, "elected": 0, "fenced": 0, "not_elected": 0, "no_live_replica": 0,
                       "failed": 0, "unknown": 0}
         self._electing: set[str] = set()  # sets with a proposal of this lane in flight
@@ -164,6 +168,12 @@ class ConnectionLossLane:
 
     def _counts(self, d: Disconnected, arrived_at_ms: int) -> None:
         """The disconnect counts now: the broker is gone from the table, and the leader elects if it was a master."""
+        newest = self.liveness.session_opened_at(d.cluster, d.name, d.broker_id)
+        if d.opened_ms is not None and newest is not None and newest > d.opened_ms:
+            # an older session of the broker, ended after it opened a newer one on another ingest worker (one
+            # worker supersedes its own sessions; this is the same rule across workers)
+            self.stats["superseded"] += 1
+            return
         if not self.liveness.disconnect(d.cluster, d.name, d.broker_id, d.at_ms):
             self.stats["reconnected"] += 1  # a heartbeat stamped after it is here (a new session, the job's)
             return
@@ -180,11 +190,16 @@ class ConnectionLossLane:
         alive = [b for b in live if b.alive_at(at)]
         if not alive:  # as the job: nobody to elect, nothing proposed (the job looks again when a heartbeat
             self.stats["no_live_replica"] += 1  # arrives; this lane does not)
+            log.warning("set %s: master %d lost its connection (%s) and no other broker is alive: nothing to elect "
+                        "yet; the streaming job proposes once a replica heartbeats", d.name, d.broker_id, d.reason)
             return
         if self.now_ms() - at > min(b.timeout_ms for b in alive):
             # The job's last view (the data horizon) is older than a replica's timeout: one judged alive there
             # may have died since. The job (stopped, or far behind) decides once it has a fresh view.
             self.stats["stale_view"] += 1
+            log.warning("set %s: master %d lost its connection (%s), but the streaming job's last view of the "
+                        "replicas is %.1f s old: left to the job (is it running?)", d.name, d.broker_id, d.reason,
+                        (self.now_ms() - at) / 1000)
             return
         self._electing.add(d.name)
         task = asyncio.ensure_future(self._elect(d, bs.master_epoch, live, at, arrived_at_ms - d.at_ms))

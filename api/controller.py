@@ -178,6 +178,7 @@ class Controller:
             out["liveness"] = dict(self.liveness_consumer.stats)
             out["connection_loss"] = dict(self.connection_loss.stats)
             out["connection_loss_timing"] = self.connection_loss.timings()
+            out["disconnect_grace_ms"] = self.liveness.disconnect_grace_ms  # the job's, as it stated (None: not yet)
         if self.heartbeat_producer is not None:
             out["heartbeats"] = dict(self.heartbeat_producer.stats)
         return out

@@ -298,6 +298,7 @@ class LivenessConsumer:
                 table.on_heartbeat(item.cluster, item.name, i.broker_id, i.broker_addr, i.last_update_ms,
                                    timeout_ms=i.timeout_ms, epoch=i.epoch, max_offset=i.max_offset,
                                    confirm_offset=i.confirm_offset, priority=i.priority)
+                table.session_opened(item.cluster, item.name, i.broker_id, i.last_update_ms)
                 self.stats["sessions_opened"] += 1
             else:
                 disconnects.append(item)

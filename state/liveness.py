@@ -68,6 +68,7 @@ class LivenessTable:
         # Brokers whose session connection ended (`disconnect`): (cluster, set, id) -> that instant. A record
         # stamped no later (the job's view of the broker before it crashed) does not bring it back.
         self._gone: dict[tuple[str, str, int], int] = {}
+        self._opened: dict[tuple[str, str, int], int] = {}  # (cluster, set, id) -> its newest session's opening
         # The streaming job's grace for a lost connection, as its liveness records state it (None: not heard)
         self.disconnect_grace_ms: int | None = None
 
@@ -126,6 +127,18 @@ class LivenessTable:
             del self._gone[next(iter(self._gone))]
         self._gone[gone] = at_ms
         return True
+
+    def session_opened(self, cluster: str, name: str, broker_id: int, at_ms: int) -> None:
+        """The broker opened a session (on some ingest worker) at `at_ms`: its newest one is remembered."""
+        key = (cluster, name, broker_id)
+        at_ms = max(at_ms, self._opened.pop(key, at_ms))
+        if len(self._opened) >= MAX_GONE:  # bounded: the oldest goes
+            del self._opened[next(iter(self._opened))]
+        self._opened[key] = at_ms
+
+    def session_opened_at(self, cluster: str, name: str, broker_id: int) -> int | None:
+        """When the broker's newest session seen here opened."""
+        return self._opened.get((cluster, name, broker_id))
 
     def disconnected_at(self, cluster: str, name: str, broker_id: int) -> int | None:
         """When the broker's session connection ended, while no heartbeat since has brought it back."""

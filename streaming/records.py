@@ -171,6 +171,7 @@ DISCONNECTED = "disconnected"
 CONNECTION_LOST = "connection_lost"   # the session connection ended without a goodbye (a crash)
 SHUTDOWN = "shutdown"                 # the broker said goodbye before closing (a clean shutdown)
 DISCONNECT_REASONS = (CONNECTION_LOST, SHUTDOWN)
+SESSION_OPENED = "sessionOpenedMs"  # a disconnected record's session opening (the controllers' lane reads it)
 
 
 def disconnected_record(hb: dict, reason: str, ts_ms: int) -> dict:
@@ -180,8 +181,11 @@ def disconnected_record(hb: dict, reason: str, ts_ms: int) -> dict:
     broker (cluster, set, id, address) and goes to the same broker set's partition, after that
     broker's heartbeats (`HeartbeatProducer` sends it at once, with its partition's group).
     """
-    return {"type": DISCONNECTED, "clusterName": hb["clusterName"], "brokerName": hb["brokerName"],
-            "brokerId": hb["brokerId"], "brokerAddr": hb["brokerAddr"], "reason": reason, "ts": ts_ms}
+    out = {"type": DISCONNECTED, "clusterName": hb["clusterName"], "brokerName": hb["brokerName"],
+           "brokerId": hb["brokerId"], "brokerAddr": hb["brokerAddr"], "reason": reason, "ts": ts_ms}
+    if "ts" in hb:  # when the session opened: a newer session of the broker elsewhere supersedes this one
+        out[SESSION_OPENED] = hb["ts"]
+    return out
 
 
 def is_disconnected(d: Any) -> bool:

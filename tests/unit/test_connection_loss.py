@@ -290,3 +290,25 @@ def test_a_connected_record_is_a_heartbeat_for_the_table_and_not_the_job_s_horiz
     assert consumer.stats["records"] == 0 and consumer.stats["last_record_ms"] == 0  # nor whether it runs
     assert consumer.stats["sessions_opened"] == 1
     assert consumer._items_of(b'{"type":"connected","clusterName":"c"}') == [] and consumer.stats["bad_records"] == 1
+
+
+def test_an_older_session_ending_after_the_broker_opened_a_newer_one_elsewhere_is_superseded():
+    """One ingest worker supersedes its own sessions of a broker; across workers, the disconnect record says when
+    its session opened, and a newer session seen here (a `connected` record) makes it stale."""
+    st = Stack()
+    st.table.session_opened("c", "s", 1, NOW - 300)  # the master moved to another worker at NOW - 300
+    st.take(Disconnected("c", "s", 1, NOW, records.CONNECTION_LOST, opened_ms=NOW - 5_000))  # its old one ends
+    assert st.master == (1, 1) and st.node.proposed == 0 and st.lane.stats["superseded"] == 1
+    assert 1 in st.table.group("c", "s")
+    st.take(Disconnected("c", "s", 1, NOW + 10, records.CONNECTION_LOST, opened_ms=NOW - 300))  # its newest ends
+    assert st.master[0] in (2, 3)
+
+
+def test_a_disconnected_record_says_when_its_session_opened():
+    hb = {"clusterName": "c", "brokerName": "s", "brokerId": 1, "brokerAddr": "10.0.0.1:10911", "ts": NOW - 5}
+    rec = records.disconnected_record(hb, records.CONNECTION_LOST, NOW)
+    assert rec[records.SESSION_OPENED] == NOW - 5
+    assert Disconnected.from_record(rec).opened_ms == NOW - 5
+    assert Disconnected.from_record({**rec, records.SESSION_OPENED: NOW + 1}).opened_ms is None  # after its end
+    assert Disconnected.from_record({**rec, records.SESSION_OPENED: "x"}).opened_ms is None
+    assert records.SESSION_OPENED not in records.validate_disconnected(rec)  # the job's canonical record: as before
