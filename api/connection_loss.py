@@ -11,7 +11,8 @@ controller's live table and triggers an election at once.
 
 A disconnect counts at its instant plus the job's grace (the job's liveness records state its
 `--disconnect-grace-ms`; a goodbye counts at once): unless a heartbeat stamped after the
-disconnect has arrived by then (a new session's, or the job's), every node marks the broker not
+disconnect has arrived by then (a new session's, or the job's) and unless the broker has opened
+a newer session elsewhere since the one that ended, every node marks the broker not
 alive from that instant (`LivenessTable.disconnect`), so its broker- and admin-triggered requests
 stop counting it; and the leader, when it was its set's master and another broker is alive,
 proposes the same command the job would (`propose_election`: the set's heartbeat snapshot without
@@ -89,6 +90,8 @@ MAX_AGE_MS = 5_000  # a disconnect older than this when it arrives (a replay aft
 
 
 class ConnectionLossLane:
+    """One node's lane: every node keeps its table right; only the leader proposes elections."""
+
     def __init__(self, node: RaftNode, sm: ControllerStateMachine, liveness: LivenessTable,
                  propose_election: ProposeElection, live_now_ms: Callable[[], int],
                  now_ms: Callable[[], int]) -> None:
@@ -99,10 +102,10 @@ class ConnectionLossLane:
         self.live_now_ms = live_now_ms  # the instant the table's records are judged at (the job's data horizon)
         self.now_ms = now_ms
         self.since_ms: int | None = None  # records stamped before this were replayed: table only
-        self.stats = {"disconnects": 0, "left_to_job": 0, "reconnected": 0, "superseded": 0, "replayed": 0,
-                      "stale_view": 0,
-                      "proposed": 0, "elected": 0, "fenced": 0, "not_elected": 0, "no_live_replica": 0,
-                      "failed": 0, "unknown": 0}
+        self.stats = {  # records taken, then what became of them (docs/failover-signal.md has the table)
+            "disconnects": 0, "left_to_job": 0, "reconnected": 0, "superseded": 0, "replayed": 0, "stale_view": 0,
+            "no_live_replica": 0, "proposed": 0, "elected": 0, "fenced": 0, "not_elected": 0, "failed": 0,
+            "unknown": 0}
         self._electing: set[str] = set()  # sets with a proposal of this lane in flight
         # (record's way here, proposal to answer) in ms, of the last elections: where a lane failover's time goes
         self._timings: deque[tuple[int, float]] = deque(maxlen=256)
