@@ -136,11 +136,11 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
         epochs_at_kill = {n: fleet.master_of(n).master_epoch for n in crash}
         crash_spans: dict[str, tuple[float, float]] = {}
         for mode, victims in (("crash", crash), ("hang", hang)):
-            by_lane = await _lane_elections(client, endpoints)
+            by_lane, _ = await _lane(client, endpoints)
             spans = await _failovers(fleet, reader, mode, victims, args)
             if mode == "crash":  # counted before the hangs: a hung master's connection stays open
-                out["crash_by_lane"] = await _lane_elections(client, endpoints) - by_lane
-                out["lane_timing"] = await _lane_timing(client, endpoints)
+                elected, out["lane_timing"] = await _lane(client, endpoints)
+                out["crash_by_lane"] = elected - by_lane
             times = sorted(t1 - t0 for t0, t1 in spans.values())
             if mode == "crash":
                 crash_spans = spans
@@ -295,28 +295,20 @@ async def _failovers(fleet, reader, mode: str, victims: list[str], args) -> dict
     return {n: (started[n][2], t) for n, t in done.items()}
 
 
-async def _lane_elections(client, endpoints: list[str]) -> int:
-    """Elections the connection-loss lane made so far, over every node (a node that does not answer: 0)."""
-    total = 0
+async def _lane(client, endpoints: list[str]) -> tuple[int, dict]:
+    """The connection-loss lane's elections so far over every node, and the timings of the node that made the
+    most (the leader). A node that does not answer (restarting) is left out."""
+    total, timing = 0, {}
     for ep in endpoints:
         try:
-            total += (await client.metadata(ep))["pipeline"]["connection_loss"]["elected"]
-        except Exception:  # noqa: BLE001 - a restarting node: its count is missing from this sum
-            continue
-    return total
-
-
-async def _lane_timing(client, endpoints: list[str]) -> dict:
-    """The connection-loss lane's timings of the node with the most lane elections (the leader)."""
-    best: dict = {}
-    for ep in endpoints:
-        try:
-            t = (await client.metadata(ep))["pipeline"].get("connection_loss_timing") or {}
+            pipe = (await client.metadata(ep))["pipeline"]
         except Exception:  # noqa: BLE001 - a restarting node
             continue
-        if t.get("elections", 0) > best.get("elections", 0):
-            best = t
-    return best
+        total += pipe["connection_loss"]["elected"]
+        t = pipe.get("connection_loss_timing") or {}
+        if t.get("elections", 0) > timing.get("elections", 0):
+            timing = t
+    return total, timing
 
 
 def _log_time(line: str) -> float | None:
