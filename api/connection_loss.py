@@ -55,9 +55,11 @@ class Disconnected:
     cluster: str
     name: str
     broker_id: int
-    at_ms: int  # the ingest worker's clock when the connection ended
-    reason: str  # records.CONNECTION_LOST or records.SHUTDOWN
+    at_ms: int  # the ingest worker's clock when the connection ended (silent: when the silence was judged)
+    reason: str  # records.CONNECTION_LOST, records.SHUTDOWN, or records.SILENT (a `silent` record)
     opened_ms: int | None = None  # when that session opened (records of earlier versions: unknown)
+    last_heard_ms: int | None = None  # silent: the session's last heartbeat
+    timeout_ms: int | None = None  # silent: the broker's heartbeat timeout, which passed without one
 
     @staticmethod
     def from_record(d: dict) -> Disconnected:
@@ -66,6 +68,24 @@ class Disconnected:
         opened = d.get(records.SESSION_OPENED)
         return Disconnected(v["clusterName"], v["brokerName"], v["brokerId"], v["ts"], v["reason"],
                             opened if type(opened) is int and 0 < opened <= v["ts"] else None)
+
+    @staticmethod
+    def from_silent(d: dict) -> Disconnected:
+        """A `silent` record (a session that carried no heartbeat for the broker's timeout: a hang) as the
+        disconnect it amounts to; InvalidHeartbeat (a ValueError) names the bad field."""
+        v = records.validate_silent(d)
+        return Disconnected(v["clusterName"], v["brokerName"], v["brokerId"], v["ts"], records.SILENT,
+                            v[records.SESSION_OPENED], v[records.LAST_HEARD], v["heartbeatTimeoutMillis"])
+
+    @property
+    def gone_from_ms(self) -> int:
+        """From when the broker is not alive unless a heartbeat stamped later says otherwise."""
+        return self.at_ms if self.last_heard_ms is None else self.last_heard_ms
+
+    def what(self) -> str:
+        if self.reason == records.SILENT:
+            return f"sent no heartbeat on its session for {(self.at_ms - self.gone_from_ms) / 1000:.1f} s"
+        return f"lost its connection ({self.reason})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +107,7 @@ class Connected:
 
 MAX_AGE_MS = 5_000  # a disconnect older than this when it arrives (a replay after the consumer re-followed
 #                    the topic, a consumer far behind) only updates the table: its crash is the job's
+COVER_RECHECK_S = 0.1  # a silence the job's view does not cover yet is looked at again this often
 
 
 class ConnectionLossLane:
@@ -103,7 +124,8 @@ class ConnectionLossLane:
         self.now_ms = now_ms
         self.since_ms: int | None = None  # records stamped before this were replayed: table only
         self.stats = {  # records taken, then what became of them (docs/failover-signal.md has the table)
-            "disconnects": 0, "left_to_job": 0, "reconnected": 0, "superseded": 0, "replayed": 0, "stale_view": 0,
+            "disconnects": 0, "silences": 0, "left_to_job": 0, "not_covered": 0, "reconnected": 0, "superseded": 0,
+            "replayed": 0, "stale_view": 0,
             "no_live_replica": 0, "proposed": 0, "elected": 0, "fenced": 0, "not_elected": 0, "failed": 0,
             "unknown": 0}
         self._electing: set[str] = set()  # sets with a proposal of this lane in flight
@@ -144,14 +166,16 @@ class ConnectionLossLane:
     def grace_ms(self, d: Disconnected) -> int | None:
         """How long after its instant the job's rule makes this disconnect count (None: the rule is not known
         here yet; the job's liveness records state it)."""
-        return 0 if d.reason == records.SHUTDOWN else self.liveness.disconnect_grace_ms
+        if d.reason in (records.SHUTDOWN, records.SILENT):  # a silence has waited out the timeout already
+            return 0
+        return self.liveness.disconnect_grace_ms
 
     def on_disconnects(self, found: list[Disconnected], now_ms: int) -> None:
         """Records taken from the liveness topic, after the batch they came in was applied (on the loop);
         `now_ms`: this node's clock. Each counts at its instant plus the job's grace: at once, or once the
         grace has passed without a heartbeat from the broker stamped after the disconnect."""
         for d in found:
-            self.stats["disconnects"] += 1
+            self.stats["silences" if d.reason == records.SILENT else "disconnects"] += 1
             grace = self.grace_ms(d)
             if grace is None or self._stopped:
                 self.stats["left_to_job"] += 1
@@ -159,12 +183,16 @@ class ConnectionLossLane:
             wait_s = (d.at_ms + grace - now_ms) / 1000
             if wait_s <= 0:
                 self._counts(d, now_ms)
-                continue
-            self._next_hold += 1
-            self._held[self._next_hold] = asyncio.get_running_loop().call_later(
-                wait_s, self._grace_over, self._next_hold, d, now_ms)
+            else:
+                self._hold(wait_s, d, now_ms)
 
-    def _grace_over(self, hold: int, d: Disconnected, arrived_at_ms: int) -> None:
+    def _hold(self, wait_s: float, d: Disconnected, arrived_at_ms: int) -> None:
+        """Look at `d` again in `wait_s` (a grace to wait out, a job's view to catch up)."""
+        self._next_hold += 1
+        self._held[self._next_hold] = asyncio.get_running_loop().call_later(
+            wait_s, self._held_over, self._next_hold, d, arrived_at_ms)
+
+    def _held_over(self, hold: int, d: Disconnected, arrived_at_ms: int) -> None:
         self._held.pop(hold, None)
         if not self._stopped:
             self._counts(d, arrived_at_ms)
@@ -177,7 +205,7 @@ class ConnectionLossLane:
             # worker supersedes its own sessions; this is the same rule across workers)
             self.stats["superseded"] += 1
             return
-        if not self.liveness.disconnect(d.cluster, d.name, d.broker_id, d.at_ms):
+        if not self.liveness.disconnect(d.cluster, d.name, d.broker_id, d.gone_from_ms):
             self.stats["reconnected"] += 1  # a heartbeat stamped after it is here (a new session, the job's)
             return
         if self.since_ms is None or d.at_ms < self.since_ms or arrived_at_ms - d.at_ms > MAX_AGE_MS:
@@ -193,21 +221,44 @@ class ConnectionLossLane:
         alive = [b for b in live if b.alive_at(at)]
         if not alive:  # as the job: nobody to elect, nothing proposed (the job looks again when a heartbeat
             self.stats["no_live_replica"] += 1  # arrives; this lane does not)
-            log.warning("set %s: master %d lost its connection (%s) and no other broker is alive: nothing to elect "
-                        "yet; the streaming job proposes once a replica heartbeats", d.name, d.broker_id, d.reason)
+            log.warning("set %s: master %d %s and no other broker is alive: nothing to elect yet; the "
+                        "streaming job proposes once a replica heartbeats", d.name, d.broker_id, d.what())
             return
-        if self.now_ms() - at > min(b.timeout_ms for b in alive):
+        stale = self.now_ms() - at > min(b.timeout_ms for b in alive)
+        if d.reason == records.SILENT and (self.liveness.horizon_ms is None or stale or at < d.gone_from_ms):
+            self._wait_for_view(d, arrived_at_ms)
+            return
+        if stale:
             # The job's last view (the data horizon) is older than a replica's timeout: one judged alive there
             # may have died since. The job (stopped, or far behind) decides once it has a fresh view.
             self.stats["stale_view"] += 1
-            log.warning("set %s: master %d lost its connection (%s), but the streaming job's last view of the "
-                        "replicas is %.1f s old: left to the job (is it running?)", d.name, d.broker_id, d.reason,
+            log.warning("set %s: master %d %s, but the streaming job's last view of the "
+                        "replicas is %.1f s old: left to the job (is it running?)", d.name, d.broker_id, d.what(),
                         (self.now_ms() - at) / 1000)
             return
         self._electing.add(d.name)
         task = asyncio.ensure_future(self._elect(d, bs.master_epoch, live, at, arrived_at_ms - d.at_ms))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _wait_for_view(self, d: Disconnected, arrived_at_ms: int) -> None:
+        """A silence is elected from once the job's view is here (its liveness records have arrived), fresh (not
+        older than a live replica's timeout, as for a lost connection) and reaching the session's last heartbeat:
+        the table, which kept the broker gone (`LivenessTable.disconnect`), then holds any heartbeat of the broker
+        the job read since, on any path.
+        Until then (the job lags by a trigger interval and a batch, about a short timeout) the silence is looked
+        at again every COVER_RECHECK_S, and after MAX_AGE_MS it is left to the job (`not_covered`).
+
+        A session is its broker's channel: the broker heartbeats on it, and a broker that reconnects opens a new
+        session, which supersedes the silent one (its `connected` record arrives within milliseconds). The job's
+        view checks that no heartbeat on another path (another worker, a connection without a session) kept the
+        broker alive; it cannot cover the moments just before the silence was judged (docs/failover-signal.md)."""
+        if self.now_ms() - d.at_ms > MAX_AGE_MS:
+            self.stats["not_covered"] += 1
+            log.warning("set %s: master %d %s, but the streaming job's view of the set is not fresh enough: left to "
+                        "the job", d.name, d.broker_id, d.what())
+            return
+        self._hold(COVER_RECHECK_S, d, arrived_at_ms)
 
     async def _elect(self, d: Disconnected, master_epoch: int, live: list[BrokerLiveInfo], at_ms: int,
                      arrived_ms: int) -> None:
@@ -219,13 +270,13 @@ class ConnectionLossLane:
             raise
         except ProposalTimeout as exc:  # it may still commit; if not, the job's proposal follows a batch later
             self.stats["unknown"] += 1
-            log.warning("set %s: master %d lost its connection (%s); the election's outcome is not known: %s",
-                        d.name, d.broker_id, d.reason, exc)
+            log.warning("set %s: master %d %s; the election's outcome is not known: %s", d.name, d.broker_id,
+                        d.what(), exc)
             return
         except Exception as exc:  # not leading any more, stopping: the job's proposal follows a batch later
             self.stats["failed"] += 1
-            log.warning("set %s: master %d lost its connection (%s) but the election failed: %s; the streaming "
-                        "job proposes one in its next batch", d.name, d.broker_id, d.reason, exc)
+            log.warning("set %s: master %d %s but the election failed: %s; the streaming job proposes one in "
+                        "its next batch", d.name, d.broker_id, d.what(), exc)
             return
         finally:
             self._electing.discard(d.name)
@@ -233,11 +284,11 @@ class ConnectionLossLane:
         if code == Code.SUCCESS:
             self.stats["elected"] += 1
             self._timings.append((arrived_ms, (time.perf_counter() - t0) * 1000))
-            log.info("set %s: master %d lost its connection (%s); broker %s elected", d.name, d.broker_id, d.reason,
+            log.info("set %s: master %d %s; broker %s elected", d.name, d.broker_id, d.what(),
                      (res.get("header") or {}).get("masterBrokerId"))
         elif code == Code.CONTROLLER_FENCED_MASTER_EPOCH:
             self.stats["fenced"] += 1  # someone (the job, an operator) elected first
         else:
             self.stats["not_elected"] += 1
-            log.warning("set %s: master %d lost its connection (%s); no election: %s", d.name, d.broker_id,
-                        d.reason, res.get("remark"))
+            log.warning("set %s: master %d %s; no election: %s", d.name, d.broker_id, d.what(),
+                        res.get("remark"))

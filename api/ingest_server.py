@@ -66,6 +66,7 @@ _REASONS = {200: b"OK", 401: b"Unauthorized", 403: b"Forbidden",
 
 
 _NOT_DECODED = object()
+_DEFAULT_TIMEOUT_MS = records.HEARTBEAT_INT_FIELDS["heartbeatTimeoutMillis"][0]
 
 
 _SESSION_NEEDS_KEEP_ALIVE = (b'{"code":2005,"remark":"a session needs a kept-alive connection: HTTP/1.1 '
@@ -253,6 +254,13 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
                 now = int(time.time() * 1000)
                 status, body = (accept_fast(self.producer, fast, now) if fast is not None
                                 else handle_heartbeat(self.producer, decoded, now, decoded=True))
+                # a valid heartbeat (a 503 too: the broker is alive, Kafka is not) shows its session is not silent
+                if status in (200, 503) and self.sessions.broker_of(self) is not None:
+                    if fast is not None:
+                        self.sessions.heard(self, fast.brokerName, fast.brokerId, fast.heartbeatTimeoutMillis, now)
+                    else:  # accepted the slow way: `decoded` passed the heartbeat's validation
+                        self.sessions.heard(self, decoded["brokerName"], decoded["brokerId"],
+                                            decoded.get("heartbeatTimeoutMillis", _DEFAULT_TIMEOUT_MS), now)
                 self._reply(status, body, close=not keep, retry_after=status == 503)
         elif path in (b"/v1/session", b"/v1/session/goodbye"):
             if method != b"POST":
@@ -328,6 +336,22 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
             self.transport.close()
 
 
+SWEEP_S = 0.1  # how often a worker looks for silent sessions: a hung master's failover waits up to this
+
+
+async def sweep_silent_sessions(sessions: SessionRegistry) -> None:
+    """Look for sessions whose broker stopped heartbeating (`SessionRegistry.sweep`) until cancelled."""
+    last = time.monotonic()
+    while True:
+        await asyncio.sleep(SWEEP_S)
+        now = time.monotonic()
+        try:
+            sessions.sweep(int(time.time() * 1000), now - last)
+        except Exception:  # a fault here must not end the worker's watch for good
+            log.exception("ingest worker %d: the sweep for silent sessions failed", os.getpid())
+        last = now
+
+
 def _listen(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -384,8 +408,10 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        sweeper = asyncio.create_task(sweep_silent_sessions(sessions), name="silent-sessions")
         await stop.wait()
         exit_if_stop_hangs(f"ingest worker {os.getpid()}")
+        sweeper.cancel()
         server.close()
         for conn in sessions.stop():  # a stopping worker says nothing about the brokers it disconnects
             if conn.transport is not None:

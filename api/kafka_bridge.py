@@ -240,8 +240,8 @@ class LivenessConsumer:
 
     def _items_of(self, value: bytes) -> list:
         """What one liveness-topic record holds: the job's sets, each (cluster, set, its brokers' records), and
-        the grace it states (`GraceStated`); or an ingest worker's `Disconnected` or `Connected` (a session's
-        opening heartbeat; api/connection_loss.py).
+        the grace it states (`GraceStated`); or an ingest worker's `Disconnected` (a session's end or silence) or
+        `Connected` (a session's opening heartbeat; api/connection_loss.py).
 
         A record or a set that does not decode is counted in `bad_records` and skipped.
         """
@@ -249,10 +249,11 @@ class LivenessConsumer:
             d = records.decode(value)
         except ValueError:
             d = None
-        for kind, item in ((records.is_disconnected, Disconnected), (records.is_connected, Connected)):
+        for kind, parse in ((records.is_disconnected, Disconnected.from_record), (records.is_silent,
+                            Disconnected.from_silent), (records.is_connected, Connected.from_record)):
             if kind(d):
                 try:
-                    return [item.from_record(d)]
+                    return [parse(d)]
                 except ValueError:
                     self.stats["bad_records"] += 1
                     return []

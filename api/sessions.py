@@ -13,6 +13,11 @@ remembers which broker the connection speaks for, and when it ends:
 * because this worker is itself stopping: nothing. The broker is not known to be gone;
   it reconnects elsewhere and its heartbeats keep it alive (no false failover).
 
+While a session is open the worker also watches its heartbeats: when the broker has sent none for
+its whole heartbeat timeout (it hung; its connection is still open), a `silent` record goes to the
+liveness topic, once per silence (`SessionRegistry.sweep`). The controllers' lane elects from it
+when the streaming job's view agrees that no other path carried a heartbeat (api/connection_loss.py).
+
 Records go to the heartbeats topic in their broker set's partition, like the broker's
 heartbeats (a `disconnected` record goes at once, in one group with the heartbeats before
 it), so the streaming job sees them in order after that broker's heartbeats through this
@@ -40,31 +45,78 @@ def _broker(hb: dict) -> tuple:
     return hb["clusterName"], hb["brokerName"], hb["brokerId"]
 
 
+STALL_S = 1.0  # sweeps further apart than this: the worker itself stalled (paused, starved), see `sweep`
+
+
+class Session:
+    """One open session: the heartbeat it was opened with, and its broker's last heartbeat on it."""
+
+    __slots__ = ("hb", "heard_ms", "timeout_ms", "silent")
+
+    def __init__(self, hb: dict) -> None:
+        self.hb = hb
+        self.heard_ms: int = hb["ts"]
+        self.timeout_ms: int = hb["heartbeatTimeoutMillis"]
+        self.silent = False  # a `silent` record went out for the current silence
+
+
 class SessionRegistry:
     """The sessions one ingest worker holds: connection → the heartbeat its session was opened with."""
 
     def __init__(self, producer: HeartbeatProducer) -> None:
         self.producer = producer
         self.stopping = False
-        self._by_conn: dict[object, dict] = {}
+        self._by_conn: dict[object, Session] = {}
         # broker -> the connection holding its session here: a broker that opens a new session (it
         # reconnected) supersedes the old one, whose end then says nothing (its close came after the
         # new session's heartbeats: a `connection_lost` then would fail over a live broker)
         self._by_broker: dict[tuple, object] = {}
         self.stats = {"opened": 0, "goodbyes": 0, "lost": 0, "not_published": 0, "closed_by_stop": 0,
-                      "closed_by_worker": 0, "superseded": 0}
+                      "closed_by_worker": 0, "superseded": 0, "silent": 0}
+        self._awake_since_ms = 0  # the end of this worker's last stall: silences are counted from no earlier
 
     def __len__(self) -> int:
         return len(self._by_conn)
 
     def broker_of(self, conn: object) -> dict | None:
-        return self._by_conn.get(conn)
+        s = self._by_conn.get(conn)
+        return None if s is None else s.hb
+
+    def heard(self, conn: object, name: str, broker_id: int, timeout_ms: int, now_ms: int) -> None:
+        """A heartbeat was accepted on `conn`: if it is its session's broker's, the session is not silent."""
+        s = self._by_conn.get(conn)
+        if s is not None and s.hb["brokerId"] == broker_id and s.hb["brokerName"] == name:
+            s.heard_ms, s.timeout_ms, s.silent = now_ms, timeout_ms, False
+
+    def sweep(self, now_ms: int, since_last_s: float) -> int:
+        """Publish a `silent` record for each session whose broker has sent no heartbeat on it for its heartbeat
+        timeout (once per silence); returns how many. Called every fraction of a second (`since_last_s`: the time
+        since the previous call). A gap past STALL_S means this worker stalled (SIGSTOP, starved of CPU): the
+        heartbeats of that time may still wait unread in its sockets, so every session is given a whole timeout
+        again, counted from now."""
+        if since_last_s > STALL_S:
+            self._awake_since_ms = now_ms
+            return 0
+        if self.stopping:
+            return 0
+        found = 0
+        awake = self._awake_since_ms
+        for s in self._by_conn.values():
+            if not s.silent and max(s.heard_ms, awake) + s.timeout_ms <= now_ms:
+                s.silent = True
+                found += 1
+                self.producer.to_liveness(records.silent_record(s.hb, s.heard_ms, s.timeout_ms, now_ms))
+                log.info("session of %s/%s/%d silent: no heartbeat on it for %.1f s (opened %.1f s ago)",
+                         s.hb["clusterName"], s.hb["brokerName"], s.hb["brokerId"], (now_ms - s.heard_ms) / 1000,
+                         (now_ms - s.hb["ts"]) / 1000)
+        self.stats["silent"] += found
+        return found
 
     def idle_limit_s(self, conn: object, default_s: float) -> float:
         """How long the worker lets a connection sit idle: a session's broker heartbeats at its own pace,
         so its connection may idle up to its heartbeat timeout (by then the timeout has judged it)."""
-        hb = self._by_conn.get(conn)
-        return default_s if hb is None else max(default_s, hb.get("heartbeatTimeoutMillis", 10_000) / 1000 + 1)
+        s = self._by_conn.get(conn)
+        return default_s if s is None else max(default_s, s.timeout_ms / 1000 + 1)
 
     def closed_by_worker(self, conn: object) -> None:
         """The worker itself closed the connection (idle past the limit, an oversized request): no signal.
@@ -80,7 +132,7 @@ class SessionRegistry:
             hb = parse_heartbeat(raw)
         except records.InvalidHeartbeat as exc:
             return _answer(422, {"code": 2005, "remark": "invalid session", "detail": str(exc)})
-        held = self._by_conn.get(conn)
+        held = self.broker_of(conn)
         if held is not None and (held["brokerName"], held["brokerId"]) != (hb["brokerName"], hb["brokerId"]):
             return _answer(409, {"code": 2005, "remark": "this connection already holds the session of "
                                  f"{held['brokerName']}/{held['brokerId']}"})
@@ -96,7 +148,7 @@ class SessionRegistry:
         older = self._by_broker.get(key)
         if older is not None and older is not conn and self._by_conn.pop(older, None) is not None:
             self.stats["superseded"] += 1
-        self._by_conn[conn] = hb
+        self._by_conn[conn] = Session(hb)
         self._by_broker[key] = conn
         return _answer(200, {"code": 0, "remark": "session open"})
 
@@ -105,7 +157,7 @@ class SessionRegistry:
 
         Answered 200 only once the `shutdown` record is produced: while Kafka is unavailable it is a 503
         (Retry-After) and the session stays, so the broker can say goodbye again."""
-        hb = self._by_conn.get(conn)
+        hb = self.broker_of(conn)
         if hb is None:
             return _answer(409, {"code": 2005, "remark": "no session on this connection"})
         gone = records.disconnected_record(hb, records.SHUTDOWN, now_ms)
@@ -121,10 +173,12 @@ class SessionRegistry:
 
     def _forget(self, conn: object) -> dict | None:
         """Drop the session `conn` holds (None if it holds none, or was superseded)."""
-        hb = self._by_conn.pop(conn, None)
-        if hb is not None and self._by_broker.get(_broker(hb)) is conn:
-            del self._by_broker[_broker(hb)]
-        return hb
+        s = self._by_conn.pop(conn, None)
+        if s is None:
+            return None
+        if self._by_broker.get(_broker(s.hb)) is conn:
+            del self._by_broker[_broker(s.hb)]
+        return s.hb
 
     def lost(self, conn: object, now_ms: int) -> None:
         """The connection ended: a `connection_lost` record unless this worker is stopping, there was a goodbye,

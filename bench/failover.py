@@ -26,8 +26,8 @@ The last line describes the largest sustained size (or, when none was, the size 
 `sustained=0`):
 `RESULT groups=<n> timeout_s=<x> crash_failover_p50_s=<x> crash_failover_p99_s=<x> hang_failover_p50_s=<x>
 hang_failover_p99_s=<x> false_failovers=<n> job_cpu_us_per_hb=<x> batch_ms_p50=<n> sustained=<0|1>
-crash_failovers=<n> hang_failovers=<n> crash_by_lane=<n>` (one line; crash_by_lane: the crash failovers
-the leader's connection-loss lane elected).
+crash_failovers=<n> hang_failovers=<n> crash_by_lane=<n> hang_by_lane=<n>` (one line; crash_by_lane and
+hang_by_lane: the failovers of each kind the leader's lane elected, from `disconnected` and `silent` records).
 With fewer settled sets than `--crash` + `--hang`, the settled ones are shared between the two modes.
 Everything (load generator included) shares this machine's cores.
 """
@@ -138,9 +138,8 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
         for mode, victims in (("crash", crash), ("hang", hang)):
             by_lane, _ = await _lane(client, endpoints)
             spans = await _failovers(fleet, reader, mode, victims, args)
-            if mode == "crash":  # counted before the hangs: a hung master's connection stays open
-                elected, out["lane_timing"] = await _lane(client, endpoints)
-                out["crash_by_lane"] = elected - by_lane
+            elected, out[f"{mode}_lane_timing"] = await _lane(client, endpoints)
+            out[f"{mode}_by_lane"] = elected - by_lane  # (counted per mode: the lane elects for both)
             times = sorted(t1 - t0 for t0, t1 in spans.values())
             if mode == "crash":
                 crash_spans = spans
@@ -152,13 +151,15 @@ async def _run_size(groups: int, args, tmp: Path) -> dict:
                   f"{times[-1] if times else float('nan'):.2f}s (timeout {args.timeout_ms / 1000:.1f}s)", flush=True)
         await asyncio.sleep(fleet.poll_s + 2)  # brokers learn every epoch by polling replica info
         # (and the job has logged the batches that proposed: their lines come after the commit)
-        print(f"  G={groups}: crash: {out['crash_by_lane']} of {out['crash_replaced']} new masters elected by the "
-              "leader's connection-loss lane (api/connection_loss.py), the rest by the streaming job", flush=True)
-        if out["lane_timing"]:
-            t = out["lane_timing"]
-            print(f"  G={groups}: the lane's elections at the leader (p50 / p99 ms): the disconnected record's way "
-                  f"from the ingest worker {t['arrival_ms_p50']:g} / {t['arrival_ms_p99']:g}, its proposal to the "
-                  f"answer {t['elect_ms_p50']:g} / {t['elect_ms_p99']:g} (over {t['elections']})", flush=True)
+        for mode, record in (("crash", "disconnected"), ("hang", "silent")):
+            print(f"  G={groups}: {mode}: {out[f'{mode}_by_lane']} of {out[f'{mode}_replaced']} new masters elected "
+                  f"by the leader's lane from {record} records (api/connection_loss.py), the rest by the streaming job",
+                  flush=True)
+            if t := out[f"{mode}_lane_timing"]:  # the leader's last elections, up to this mode's (both, for hang)
+                print(f"  G={groups}: the lane's elections at the leader up to the {mode} failovers (p50 / p99 ms): "
+                      f"the record's way from the ingest worker {t['arrival_ms_p50']:g} / {t['arrival_ms_p99']:g}, its "
+                      f"proposal to the answer {t['elect_ms_p50']:g} / {t['elect_ms_p99']:g} (over {t['elections']}); "
+                      f"its records so far: {t['outcomes']}", flush=True)
         hops = out["crash_hops"] = _crash_hops(stack.logs / "streaming.log", crash_spans, epochs_at_kill)
         if hops.get("batch_ms"):
             print(f"  G={groups}: crash hops of the job's elections over {len(hops['batch_ms'])} failovers "
@@ -297,7 +298,8 @@ async def _failovers(fleet, reader, mode: str, victims: list[str], args) -> dict
 
 async def _lane(client, endpoints: list[str]) -> tuple[int, dict]:
     """The connection-loss lane's elections so far over every node, and the timings of the node that made the
-    most (the leader). A node that does not answer (restarting) is left out."""
+    most (the leader), with that node's counts of what became of the records it took (`outcomes`). A node
+    that does not answer (restarting) is left out."""
     total, timing = 0, {}
     for ep in endpoints:
         try:
@@ -307,7 +309,7 @@ async def _lane(client, endpoints: list[str]) -> tuple[int, dict]:
         total += pipe["connection_loss"]["elected"]
         t = pipe.get("connection_loss_timing") or {}
         if t.get("elections", 0) > timing.get("elections", 0):
-            timing = t
+            timing = {**t, "outcomes": {k: v for k, v in pipe["connection_loss"].items() if v}}
     return total, timing
 
 
@@ -438,5 +440,6 @@ def main(argv: list[str]) -> int:
                       false_failovers=best["false_failovers"], job_cpu_us_per_hb=best["job_cpu_us_per_hb"],
                       batch_ms_p50=round(best["batch_ms"]) if best["batch_ms"] == best["batch_ms"] else -1,
                       sustained=int(best["sustained"]), crash_failovers=best["crash_replaced"],
-                      hang_failovers=best["hang_replaced"], crash_by_lane=best.get("crash_by_lane", 0)))
+                      hang_failovers=best["hang_replaced"], crash_by_lane=best.get("crash_by_lane", 0),
+                      hang_by_lane=best.get("hang_by_lane", 0)))
     return 0

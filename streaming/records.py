@@ -213,9 +213,49 @@ def validate_connected(d: dict) -> dict:
     return hb
 
 
+SILENT = "silent"  # liveness topic only: a session whose broker stopped heartbeating (a hang), for the lane
+LAST_HEARD = "lastHeartbeatMs"  # a silent record's last heartbeat on that session
+
+
+def silent_record(hb: dict, last_heard_ms: int, timeout_ms: int, ts_ms: int) -> dict:
+    """The liveness-topic value saying that a broker's session, opened with the canonical heartbeat `hb`, has
+    carried no heartbeat since `last_heard_ms`, for its whole `timeout_ms`, as judged at `ts_ms` (the ingest
+    worker's clock). The controllers' lane elects from it once the job's view agrees (api/connection_loss.py)."""
+    return {"type": SILENT, "clusterName": hb["clusterName"], "brokerName": hb["brokerName"],
+            "brokerId": hb["brokerId"], "brokerAddr": hb["brokerAddr"], "ts": ts_ms, LAST_HEARD: last_heard_ms,
+            "heartbeatTimeoutMillis": timeout_ms, SESSION_OPENED: hb["ts"]}
+
+
+def is_silent(d: Any) -> bool:
+    return isinstance(d, dict) and d.get("type") == SILENT
+
+
+def validate_silent(d: dict) -> dict:
+    """The canonical `silent` record, or InvalidHeartbeat naming the field."""
+    out = _broker_ref(d, SILENT)
+    for key, (_, lo, hi) in (("heartbeatTimeoutMillis", HEARTBEAT_INT_FIELDS["heartbeatTimeoutMillis"]),
+                             (LAST_HEARD, (None, 1, out["ts"])), (SESSION_OPENED, (None, 1, out["ts"]))):
+        v = d.get(key)
+        if type(v) is not int or not (lo <= v <= hi):
+            raise InvalidHeartbeat(f"{key}: an integer in [{lo}, {hi}] is required")
+        out[key] = v
+    if out[SESSION_OPENED] > out[LAST_HEARD]:
+        raise InvalidHeartbeat(f"{LAST_HEARD}: not before {SESSION_OPENED} (the session's first heartbeat)")
+    return out
+
+
 def validate_disconnected(d: dict) -> dict:
     """The canonical `disconnected` record, or InvalidHeartbeat naming the field."""
-    out: dict[str, Any] = {"type": DISCONNECTED, "clusterName": _name(d, "clusterName"),
+    out = _broker_ref(d, DISCONNECTED)
+    if d.get("reason") not in DISCONNECT_REASONS:
+        raise InvalidHeartbeat(f"reason: one of {', '.join(DISCONNECT_REASONS)} is required")
+    out["reason"] = d["reason"]
+    return out
+
+
+def _broker_ref(d: dict, kind: str) -> dict[str, Any]:
+    """The fields a session record names its broker and instant with, checked (InvalidHeartbeat names the field)."""
+    out: dict[str, Any] = {"type": kind, "clusterName": _name(d, "clusterName"),
                            "brokerName": _name(d, "brokerName")}
     addr = d.get("brokerAddr")
     if not isinstance(addr, str) or not (1 <= len(addr) <= MAX_ADDR):
@@ -225,9 +265,6 @@ def validate_disconnected(d: dict) -> dict:
     if type(bid) is not int or not (1 <= bid <= 2**62):
         raise InvalidHeartbeat("brokerId: an integer of at least 1 is required")
     out["brokerId"] = bid
-    if d.get("reason") not in DISCONNECT_REASONS:
-        raise InvalidHeartbeat(f"reason: one of {', '.join(DISCONNECT_REASONS)} is required")
-    out["reason"] = d["reason"]
     if type(d.get("ts")) is not int or d["ts"] <= 0 or d["ts"] >= 2**63:
         raise InvalidHeartbeat("ts: a positive integer (ms) is required")
     out["ts"] = d["ts"]

@@ -7,7 +7,8 @@ One scenario (Spark's start-up dominates, so it is paid once), with a 10 s heart
    controller leader: brokers reconnect and no master is failed over, even after a full timeout;
 2. a crashed master (its session connection reset, no goodbye) is replaced well before its timeout, by
    the leader's connection-loss lane (api/connection_loss.py);
-3. a hung master (connection open, no heartbeats) is replaced only after its timeout;
+3. a hung master (connection open, no heartbeats) is replaced only after its timeout, by the lane too: its
+   ingest worker reports the session silent (api/sessions.py);
 4. a healthy master is never failed over during the whole run.
 """
 
@@ -69,6 +70,8 @@ async def scenario(stack: LocalStack) -> None:
     try:
         await fleet.start()
         # Spark's start-up and first batch (Python daemons, RocksDB) took 3-4 min on the shared 2-core machine.
+        # (This wait blocks the loop, so the fleet sends nothing meanwhile: every session falls silent before the
+        # job has a view, which must fail nothing over: api/connection_loss.py waits for the job's view.)
         stack.wait_log("streaming", "batch=", timeout=300)
 
         async def grown():
@@ -124,6 +127,12 @@ async def scenario(stack: LocalStack) -> None:
               f"{time.time() - t_hang:.2f}s after the hang")
         # The ingest stamp of the last heartbeat precedes the broker seeing its answer by a round trip.
         assert since_last >= TIMEOUT_MS / 1000 - 0.5, "a hung master must not be failed over before its timeout"
+        # Its ingest worker reported the session silent after the timeout; the leader's lane proposed the election
+        # (the job's view covered the silence): it won, or the job's proposal did and the lane's was fenced
+        lanes = [(await client.metadata(ep))["pipeline"]["connection_loss"] for ep in endpoints]
+        assert sum(lane["silences"] for lane in lanes) >= 1, lanes
+        assert sum(lane["proposed"] for lane in lanes) == 2, lanes
+        assert sum(lane["elected"] + lane["fenced"] for lane in lanes) == 2, lanes
 
         # The only session that ended without a goodbye is the crashed master's; the hung one is still open.
         [dc] = disconnects(stack)

@@ -54,7 +54,9 @@ def _live(i: int, at: int = NOW) -> BrokerLiveInfo:
 class Stack:
     """Set `s` of cluster `c`: brokers 1-3 in the sync state set, 1 the master; the lane over a fresh table."""
 
-    def __init__(self, *, grace_ms: int | None = 0, role: Role = Role.LEADER, since_ms: int = NOW - 60_000) -> None:
+    def __init__(self, *, grace_ms: int | None = 0, role: Role = Role.LEADER, since_ms: int = NOW - 60_000,
+                 master_heard_ms: int = NOW - 500) -> None:
+        self.now_ms = NOW + 1000  # this node's clock (a test may move it)
         self.sm = ControllerStateMachine()
         self.node = FakeNode(self.sm)
         fresh = {i: _live(i) for i in (1, 2, 3)}
@@ -67,11 +69,11 @@ class Stack:
         self.table = LivenessTable()
         self.table.disconnect_grace_ms = grace_ms
         for i in (1, 2, 3):
-            self.table.put("c", "s", _live(i, NOW - 500))
+            self.table.put("c", "s", _live(i, master_heard_ms if i == 1 else NOW - 500))
         self.svc = ControllerService(self.node, self.sm, self.table,
-                                     ControllerConfig(scan_interval_s=0, clock=lambda: (NOW + 1000) / 1000))
+                                     ControllerConfig(scan_interval_s=0, clock=lambda: self.now_ms / 1000))
         self.lane = ConnectionLossLane(self.node, self.sm, self.table, self.svc.propose_election,
-                                       lambda: self.table.judge_at(NOW + 1000), lambda: NOW + 1000)
+                                       lambda: self.table.judge_at(self.now_ms), lambda: self.now_ms)
         self.lane.start(since_ms)
 
     def take(self, *found: Disconnected, arrived_at: int = NOW + 1000, meanwhile=None) -> None:
@@ -312,3 +314,104 @@ def test_a_disconnected_record_says_when_its_session_opened():
     assert Disconnected.from_record({**rec, records.SESSION_OPENED: NOW + 1}).opened_ms is None  # after its end
     assert Disconnected.from_record({**rec, records.SESSION_OPENED: "x"}).opened_ms is None
     assert records.SESSION_OPENED not in records.validate_disconnected(rec)  # the job's canonical record: as before
+
+
+# ------------------------------------------------------------------ a hung master: its session fell silent
+HEARD = NOW - 2_200  # the hung master's last heartbeat: its 3 s timeout ended at NOW + 800
+
+
+def _silent(broker: int = 1, heard: int = HEARD, at: int = HEARD + TIMEOUT) -> Disconnected:
+    return Disconnected("c", "s", broker, at, records.SILENT, opened_ms=NOW - 60_000, last_heard_ms=heard,
+                        timeout_ms=TIMEOUT)
+
+
+def test_a_master_whose_session_fell_silent_for_its_timeout_is_replaced_once_the_job_s_view_agrees():
+    st = Stack(master_heard_ms=HEARD)  # the job's view: its last heartbeat is the session's last
+    st.table.horizon_ms = HEARD + 300  # the job has read every worker past that heartbeat, and not 3 s ago
+    st.take(_silent())
+    assert st.master[0] in (2, 3) and st.lane.stats["silences"] == 1 and st.lane.stats["elected"] == 1
+    assert 1 not in st.table.group("c", "s")
+    assert st.lane.timings()["arrival_ms_p50"] == 1000 - 800  # from the silence's judging to its arrival
+
+
+def test_a_silence_waits_for_the_job_s_view_to_reach_the_session_s_last_heartbeat_then_elects():
+    st = Stack(master_heard_ms=HEARD - 1_000)
+    st.table.horizon_ms = HEARD - 1_000  # the job has not read as far as the session's last heartbeat yet
+
+    def job_batch() -> None:
+        assert st.master == (1, 1) and st.lane._held  # held, looked at again every COVER_RECHECK_S
+        st.table.advance_horizon(HEARD + 300)  # the job's next batch: no heartbeat of broker 1 after HEARD
+
+    st.take(_silent(), meanwhile=job_batch)
+    assert st.master[0] in (2, 3) and st.lane.stats["not_covered"] == 0 and st.lane.stats["stale_view"] == 0
+
+
+def test_a_silence_the_job_s_view_never_covers_is_left_to_the_job():
+    st = Stack(master_heard_ms=HEARD - 1_000)
+    st.table.horizon_ms = HEARD - 1_000
+    for i in (2, 3):  # replicas with a long timeout: the job's view is not stale for them (that is checked first)
+        st.table.put("c", "s", BrokerLiveInfo(i, f"10.0.0.{i}:10911", NOW, 20_000))
+
+    def much_later() -> None:
+        st.now_ms = HEARD + TIMEOUT + 5_001  # the job lags: past MAX_AGE_MS since the silence
+
+    st.take(_silent(), meanwhile=much_later)
+    assert st.master == (1, 1) and st.node.proposed == 0 and st.lane.stats["not_covered"] == 1
+    stale = Stack(master_heard_ms=HEARD)
+    stale.table.horizon_ms = HEARD + 100  # past the last heartbeat, but older than the replicas' 3 s timeout
+
+    def still_stale() -> None:
+        assert stale.lane._held  # waiting for a fresher view (a lost connection would be left to the job here)
+        stale.now_ms = HEARD + TIMEOUT + 5_001
+
+    stale.take(_silent(), meanwhile=still_stale)
+    assert stale.master == (1, 1) and stale.lane.stats["not_covered"] == 1 and stale.lane.stats["stale_view"] == 0
+
+
+def test_a_silent_session_of_a_broker_that_heartbeats_on_another_path_elects_nothing():
+    """The job's view holds a heartbeat of the broker stamped after the session's last one: it is alive (a second
+    kept-alive connection, another worker)."""
+    st = Stack(master_heard_ms=HEARD + 900)
+    st.take(_silent())
+    assert st.master == (1, 1) and st.node.proposed == 0 and st.lane.stats["reconnected"] == 1
+    assert 1 in st.table.group("c", "s")
+    newer = Stack(master_heard_ms=HEARD)
+    newer.table.session_opened("c", "s", 1, NOW - 1_000)  # it opened a newer session elsewhere
+    newer.take(_silent())
+    assert newer.master == (1, 1) and newer.lane.stats["superseded"] == 1
+
+
+def test_a_silent_record_reads_back_and_bad_ones_are_named():
+    hb = {"clusterName": "c", "brokerName": "s", "brokerId": 1, "brokerAddr": "10.0.0.1:10911", "ts": NOW - 60_000}
+    rec = records.silent_record(hb, HEARD, TIMEOUT, HEARD + TIMEOUT)
+    assert Disconnected.from_silent(rec) == _silent()
+    consumer = LivenessConsumer.__new__(LivenessConsumer)
+    consumer.stats = {"bad_records": 0}
+    assert consumer._items_of(records.encode(rec)) == [_silent()]
+    for bad, field in (({records.LAST_HEARD: HEARD + TIMEOUT + 1}, records.LAST_HEARD),  # after it was judged
+                       ({records.LAST_HEARD: NOW - 60_001}, records.LAST_HEARD),  # before the session opened
+                       ({"heartbeatTimeoutMillis": 0}, "heartbeatTimeoutMillis"),
+                       ({records.SESSION_OPENED: None}, records.SESSION_OPENED), ({"brokerId": 0}, "brokerId")):
+        try:
+            records.validate_silent({**rec, **bad})
+        except records.InvalidHeartbeat as exc:
+            assert field in str(exc), (bad, exc)
+        else:
+            raise AssertionError(f"{bad} was taken")
+        assert consumer._items_of(records.encode({**rec, **bad})) == []
+    assert consumer.stats["bad_records"] == 5
+    assert not records.is_disconnected(rec)  # the job never takes it for a lost connection
+
+
+def test_a_silence_before_any_view_of_the_job_waits_for_one():
+    """Without the job's records (it is starting) the table holds only sessions' openings: every broker would look
+    silent since then. Seen on a real stack: masters 'failed over' before the job's first batch."""
+    st = Stack(master_heard_ms=HEARD)
+    assert st.table.horizon_ms is None
+
+    def first_batch() -> None:
+        assert st.master == (1, 1) and st.lane._held
+        st.table.advance_horizon(HEARD + 300)
+
+    st.take(_silent(), meanwhile=first_batch)
+    assert st.master[0] in (2, 3)

@@ -631,3 +631,81 @@ def test_a_fault_of_the_worker_is_a_logged_500_not_the_broker_s_malformed_reques
     proto, transport = connect(FakeProducer())
     proto.data_received(b"NOT HTTP\r\n\r\n")
     assert [s for s, _, _ in responses(transport.data)] == [400]
+
+
+def test_a_session_whose_broker_sends_no_heartbeat_for_its_timeout_is_reported_silent_once_per_silence():
+    """A hung master keeps its connection and sends nothing: after its heartbeat timeout the worker says so on the
+    liveness topic (the controllers' lane elects from it, api/connection_loss.py), once, until it heartbeats again."""
+    producer, sessions, proto, t = _open_session()
+    s = sessions._by_conn[proto]
+    opened = s.heard_ms
+    assert s.timeout_ms == 10_000  # the heartbeat's default
+    assert sessions.sweep(opened + 9_999, 0.1) == 0 and producer.to_lane[-1]["type"] == "connected"
+    assert sessions.sweep(opened + 10_000, 0.1) == 1
+    silent = producer.to_lane[-1]
+    assert silent == {"type": "silent", **{k: HB[k] for k in ("clusterName", "brokerName", "brokerId", "brokerAddr")},
+                      "ts": opened + 10_000, "lastHeartbeatMs": opened, "heartbeatTimeoutMillis": 10_000,
+                      "sessionOpenedMs": opened}
+    assert sessions.sweep(opened + 60_000, 0.1) == 0 and sessions.stats["silent"] == 1  # once per silence
+    # It heartbeats again (with a shorter timeout): a new silence is counted from that heartbeat.
+    proto.data_received(post(json.dumps({**HB, "heartbeatTimeoutMillis": 3_000}).encode()))
+    heard = s.heard_ms
+    assert heard >= opened and not s.silent and s.timeout_ms == 3_000
+    assert sessions.sweep(heard + 2_999, 0.1) == 0 and sessions.sweep(heard + 3_000, 0.1) == 1
+    # Another broker's heartbeat on the session's connection says nothing about the session's broker.
+    proto.data_received(post(json.dumps({**HB, "brokerId": 2}).encode()))
+    assert s.heard_ms == heard and s.silent
+    assert [r.get("type") for r in producer.to_lane].count("silent") == 2
+
+
+def test_a_stalled_worker_gives_every_session_a_whole_timeout_again_and_a_stopping_one_reports_nothing():
+    """After the worker itself stalled (SIGSTOP, no CPU), its sockets may hold heartbeats it has not read yet: a
+    silence is counted from the stall's end, not from the last heartbeat it read."""
+    producer, sessions, proto, _ = _open_session()
+    heard = sessions._by_conn[proto].heard_ms
+    assert sessions.sweep(heard + 30_000, 1.5) == 0  # the first sweep after a 1.5 s gap
+    assert sessions.sweep(heard + 39_999, 0.1) == 0 and sessions.sweep(heard + 40_000, 0.1) == 1
+    assert producer.to_lane[-1]["lastHeartbeatMs"] == heard  # the record still says when it was last heard
+    producer, sessions, proto, _ = _open_session()
+    sessions.stop()
+    assert sessions.sweep(sessions._by_conn[proto].heard_ms + 10_000, 0.1) == 0
+    assert [r["type"] for r in producer.to_lane] == ["connected"]
+
+
+def test_a_heartbeat_taken_the_slow_way_or_refused_for_kafka_still_shows_the_session_alive(monkeypatch):
+    import electra.api.ingest_server as server
+
+    producer, sessions, proto, t = _open_session()
+    s = sessions._by_conn[proto]
+    s.heard_ms = 1  # long ago
+    monkeypatch.setattr(server, "fast_heartbeat", lambda raw: None)  # the slow path (json + validate_heartbeat)
+    proto.data_received(post(json.dumps({**HB, "heartbeatTimeoutMillis": 4_000}).encode()))
+    assert s.heard_ms > 1 and s.timeout_ms == 4_000
+    s.heard_ms = 1
+    monkeypatch.undo()
+    producer.up = False  # Kafka is down: a 503, but the broker is there
+    proto.data_received(post(json.dumps(HB).encode()))
+    assert responses(t.data)[-1][0] == 503 and s.heard_ms > 1
+    s.heard_ms = 1
+    proto.data_received(post(b'{"clusterName":"c"}'))  # an invalid one is not a heartbeat
+    assert responses(t.data)[-1][0] == 422 and s.heard_ms == 1
+
+
+def test_the_worker_sweeps_for_silent_sessions_on_its_loop():
+    import asyncio
+
+    from electra.api.ingest_server import sweep_silent_sessions
+
+    producer, sessions, proto, _ = _open_session()
+    sessions._by_conn[proto].timeout_ms = 200
+
+    async def main() -> None:
+        task = asyncio.create_task(sweep_silent_sessions(sessions))
+        for _ in range(100):  # bounded: 2 s
+            if sessions.stats["silent"]:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+
+    asyncio.run(main())
+    assert sessions.stats["silent"] == 1 and producer.to_lane[-1]["type"] == "silent"
