@@ -22,8 +22,9 @@ later, is then refused as fenced, and whichever arrives first wins without a sec
 The lane leaves a disconnect to the job when it cannot follow the job's rule or trust the job's
 view: before any job record has stated the grace; when the record is a replay (from before this
 node began to follow the topic, or older than MAX_AGE_MS on arrival: the consumer re-followed
-the topic); and when the job's last view (its data horizon) is older than the replicas'
-heartbeat timeout (the job is stopped or far behind: a replica alive there may have died since).
+the topic); and when the job's last view (its data horizon) is older than STALE_VIEW_TIMEOUTS of
+the replicas' heartbeat timeouts (the job is stopped or far behind: a replica alive there may have
+died since without a session record saying so).
 """
 
 from __future__ import annotations
@@ -108,6 +109,11 @@ class Connected:
 MAX_AGE_MS = 5_000  # a disconnect older than this when it arrives (a replay after the consumer re-followed
 #                    the topic, a consumer far behind) only updates the table: its crash is the job's
 COVER_RECHECK_S = 0.1  # a silence the job's view does not cover yet is looked at again this often
+# The job's view is stale past this many of the live replicas' smallest heartbeat timeout. Not one: the view
+# lags by a trigger interval and a batch (2.5-3.5 s on a loaded 2-core machine, against the bench's 3 s
+# timeout), and replicas' own deaths reach the table sooner than the job's view, by their session records
+# (a crash's `disconnected`, a hang's `silent`); the bound is for a replica that died with no such record.
+STALE_VIEW_TIMEOUTS = 2
 
 
 class ConnectionLossLane:
@@ -166,9 +172,12 @@ class ConnectionLossLane:
     def grace_ms(self, d: Disconnected) -> int | None:
         """How long after its instant the job's rule makes this disconnect count (None: the rule is not known
         here yet; the job's liveness records state it)."""
-        if d.reason in (records.SHUTDOWN, records.SILENT):  # a silence has waited out the timeout already
+        if d.reason == records.SHUTDOWN:
             return 0
-        return self.liveness.disconnect_grace_ms
+        grace = self.liveness.disconnect_grace_ms
+        if d.reason == records.SILENT:  # it waited out the timeout already: no grace, once the job is heard from
+            return None if grace is None else 0
+        return grace
 
     def on_disconnects(self, found: list[Disconnected], now_ms: int) -> None:
         """Records taken from the liveness topic, after the batch they came in was applied (on the loop);
@@ -180,7 +189,8 @@ class ConnectionLossLane:
             if grace is None or self._stopped:
                 self.stats["left_to_job"] += 1
                 continue
-            wait_s = (d.at_ms + grace - now_ms) / 1000
+            # (never longer than the grace: an instant ahead of this node's clock must not hold a record for long)
+            wait_s = min(d.at_ms + grace - now_ms, grace) / 1000
             if wait_s <= 0:
                 self._counts(d, now_ms)
             else:
@@ -205,6 +215,9 @@ class ConnectionLossLane:
             # worker supersedes its own sessions; this is the same rule across workers)
             self.stats["superseded"] += 1
             return
+        if d.reason == records.SILENT and not self._view_covers(d):
+            self._wait_for_view(d, arrived_at_ms)  # (the table is not changed meanwhile)
+            return
         if not self.liveness.disconnect(d.cluster, d.name, d.broker_id, d.gone_from_ms):
             self.stats["reconnected"] += 1  # a heartbeat stamped after it is here (a new session, the job's)
             return
@@ -224,13 +237,9 @@ class ConnectionLossLane:
             log.warning("set %s: master %d %s and no other broker is alive: nothing to elect yet; the "
                         "streaming job proposes once a replica heartbeats", d.name, d.broker_id, d.what())
             return
-        stale = self.now_ms() - at > min(b.timeout_ms for b in alive)
-        if d.reason == records.SILENT and (self.liveness.horizon_ms is None or stale or at < d.gone_from_ms):
-            self._wait_for_view(d, arrived_at_ms)
-            return
-        if stale:
-            # The job's last view (the data horizon) is older than a replica's timeout: one judged alive there
-            # may have died since. The job (stopped, or far behind) decides once it has a fresh view.
+        if self.now_ms() - at > STALE_VIEW_TIMEOUTS * min(b.timeout_ms for b in alive):
+            # The job's last view (the data horizon) is old: a replica judged alive there may have died since
+            # (without a session record). The job (stopped, or far behind) decides once it has a fresh view.
             self.stats["stale_view"] += 1
             log.warning("set %s: master %d %s, but the streaming job's last view of the "
                         "replicas is %.1f s old: left to the job (is it running?)", d.name, d.broker_id, d.what(),
@@ -241,9 +250,22 @@ class ConnectionLossLane:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _view_covers(self, d: Disconnected) -> bool:
+        """Whether the job's view can judge a silence (`_wait_for_view`): it is here, reaches the session's last
+        heartbeat, and is not stale for the set's other live brokers."""
+        if self.liveness.horizon_ms is None:
+            return False
+        at = self.live_now_ms()
+        if at < d.gone_from_ms:
+            return False
+        others = [b.timeout_ms for b in self.liveness.group(d.cluster, d.name).values()
+                  if b.broker_id != d.broker_id and b.alive_at(at)]
+        return not others or self.now_ms() - at <= STALE_VIEW_TIMEOUTS * min(others)
+
     def _wait_for_view(self, d: Disconnected, arrived_at_ms: int) -> None:
         """A silence is elected from once the job's view is here (its liveness records have arrived), fresh (not
-        older than a live replica's timeout, as for a lost connection) and reaching the session's last heartbeat:
+        older than STALE_VIEW_TIMEOUTS of the replicas' timeout, as for a lost connection) and reaching the session's
+        last heartbeat:
         the table, which kept the broker gone (`LivenessTable.disconnect`), then holds any heartbeat of the broker
         the job read since, on any path.
         Until then (the job lags by a trigger interval and a batch, about a short timeout) the silence is looked

@@ -257,10 +257,14 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
                 # a valid heartbeat (a 503 too: the broker is alive, Kafka is not) shows its session is not silent
                 if status in (200, 503) and self.sessions.broker_of(self) is not None:
                     if fast is not None:
-                        self.sessions.heard(self, fast.brokerName, fast.brokerId, fast.heartbeatTimeoutMillis, now)
+                        changed = self.sessions.heard(self, fast.clusterName, fast.brokerName, fast.brokerId,
+                                                      fast.heartbeatTimeoutMillis, now)
                     else:  # accepted the slow way: `decoded` passed the heartbeat's validation
-                        self.sessions.heard(self, decoded["brokerName"], decoded["brokerId"],
-                                            decoded.get("heartbeatTimeoutMillis", _DEFAULT_TIMEOUT_MS), now)
+                        changed = self.sessions.heard(
+                            self, decoded["clusterName"], decoded["brokerName"], decoded["brokerId"],
+                            decoded.get("heartbeatTimeoutMillis", _DEFAULT_TIMEOUT_MS), now)
+                    if changed:  # a new heartbeat timeout: the connection may idle that long now
+                        self.deadline.arm(self.transport, self.sessions.idle_limit_s(self, self.limits.idle_timeout_s))
                 self._reply(status, body, close=not keep, retry_after=status == 503)
         elif path in (b"/v1/session", b"/v1/session/goodbye"):
             if method != b"POST":
@@ -339,17 +343,14 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
 SWEEP_S = 0.1  # how often a worker looks for silent sessions: a hung master's failover waits up to this
 
 
-async def sweep_silent_sessions(sessions: SessionRegistry) -> None:
+async def sweep_silent_sessions(sessions: SessionRegistry, every_s: float = SWEEP_S) -> None:
     """Look for sessions whose broker stopped heartbeating (`SessionRegistry.sweep`) until cancelled."""
-    last = time.monotonic()
     while True:
-        await asyncio.sleep(SWEEP_S)
-        now = time.monotonic()
+        await asyncio.sleep(every_s)
         try:
-            sessions.sweep(int(time.time() * 1000), now - last)
+            sessions.sweep(int(time.time() * 1000))
         except Exception:  # a fault here must not end the worker's watch for good
             log.exception("ingest worker %d: the sweep for silent sessions failed", os.getpid())
-        last = now
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -178,7 +178,7 @@ class LivenessConsumer:
         self.reset_check_s = reset_check_s  # quiet this long: check whether the topic was truncated
         self.hwm_fix = hwm_fix
         self.stats = {"records": 0, "bad_records": 0, "last_record_ms": 0, "rewinds": 0, "disconnects": 0,
-                      "sessions_opened": 0}
+                      "silences": 0, "sessions_opened": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="liveness-consumer", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -304,7 +304,9 @@ class LivenessConsumer:
             else:
                 disconnects.append(item)
         if disconnects:  # after the batch's heartbeats: one stamped after a disconnect means it reconnected
-            self.stats["disconnects"] += len(disconnects)
+            silences = sum(d.reason == records.SILENT for d in disconnects)
+            self.stats["disconnects"] += len(disconnects) - silences
+            self.stats["silences"] += silences
             self.svc.connection_loss.on_disconnects(disconnects, self.svc.now_ms())
         if newest:
             # The records' newest ingest stamp is the job's data horizon as far as this node knows

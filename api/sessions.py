@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Callable
 
 from electra.streaming import records
 
@@ -46,16 +48,20 @@ def _broker(hb: dict) -> tuple:
 
 
 STALL_S = 1.0  # sweeps further apart than this: the worker itself stalled (paused, starved), see `sweep`
+FLOWING_S = 1.0  # a silence is reported only while this worker heard some heartbeat within this (`sweep`)
+STALL_LOG_S = 60.0  # at most one warning about stalled sweeps this often
 
 
 class Session:
-    """One open session: the heartbeat it was opened with, and its broker's last heartbeat on it."""
+    """One open session: the heartbeat it was opened with, and its broker's last heartbeat on it (the worker's
+    wall clock for the record, its monotonic clock to judge the silence: a clock step is no silence)."""
 
-    __slots__ = ("hb", "heard_ms", "timeout_ms", "silent")
+    __slots__ = ("hb", "heard_ms", "heard_mono", "timeout_ms", "silent")
 
-    def __init__(self, hb: dict) -> None:
+    def __init__(self, hb: dict, mono: float) -> None:
         self.hb = hb
         self.heard_ms: int = hb["ts"]
+        self.heard_mono = mono
         self.timeout_ms: int = hb["heartbeatTimeoutMillis"]
         self.silent = False  # a `silent` record went out for the current silence
 
@@ -63,17 +69,23 @@ class Session:
 class SessionRegistry:
     """The sessions one ingest worker holds: connection → the heartbeat its session was opened with."""
 
-    def __init__(self, producer: HeartbeatProducer) -> None:
+    def __init__(self, producer: HeartbeatProducer, mono: Callable[[], float] = time.monotonic) -> None:
         self.producer = producer
         self.stopping = False
+        self._mono = mono
         self._by_conn: dict[object, Session] = {}
         # broker -> the connection holding its session here: a broker that opens a new session (it
         # reconnected) supersedes the old one, whose end then says nothing (its close came after the
         # new session's heartbeats: a `connection_lost` then would fail over a live broker)
         self._by_broker: dict[tuple, object] = {}
         self.stats = {"opened": 0, "goodbyes": 0, "lost": 0, "not_published": 0, "closed_by_stop": 0,
-                      "closed_by_worker": 0, "superseded": 0, "silent": 0}
-        self._awake_since_ms = 0  # the end of this worker's last stall: silences are counted from no earlier
+                      "closed_by_worker": 0, "superseded": 0, "silent": 0, "silent_unreported": 0,
+                      "stalled_sweeps": 0}
+        now = mono()
+        self._awake_since = now  # the end of this worker's last stall: silences are counted from no earlier
+        self._last_sweep: float | None = None
+        self._newest_heard = float("-inf")  # this worker's newest heartbeat on any session
+        self._stall_logged = float("-inf")
 
     def __len__(self) -> int:
         return len(self._by_conn)
@@ -82,32 +94,63 @@ class SessionRegistry:
         s = self._by_conn.get(conn)
         return None if s is None else s.hb
 
-    def heard(self, conn: object, name: str, broker_id: int, timeout_ms: int, now_ms: int) -> None:
-        """A heartbeat was accepted on `conn`: if it is its session's broker's, the session is not silent."""
+    def heard(self, conn: object, cluster: str, name: str, broker_id: int, timeout_ms: int, now_ms: int) -> bool:
+        """A heartbeat was accepted on `conn`: if it is its session's broker's, the session is not silent.
+        True when it changed the session's heartbeat timeout (the connection's idle limit follows it)."""
         s = self._by_conn.get(conn)
-        if s is not None and s.hb["brokerId"] == broker_id and s.hb["brokerName"] == name:
-            s.heard_ms, s.timeout_ms, s.silent = now_ms, timeout_ms, False
+        if s is None:
+            return False
+        hb = s.hb
+        if hb["brokerId"] != broker_id or hb["brokerName"] != name or hb["clusterName"] != cluster:
+            return False
+        s.heard_ms, s.silent = now_ms, False
+        s.heard_mono = self._newest_heard = self._mono()
+        if timeout_ms == s.timeout_ms:
+            return False
+        s.timeout_ms = timeout_ms
+        return True
 
-    def sweep(self, now_ms: int, since_last_s: float) -> int:
+    def sweep(self, now_ms: int) -> int:
         """Publish a `silent` record for each session whose broker has sent no heartbeat on it for its heartbeat
-        timeout (once per silence); returns how many. Called every fraction of a second (`since_last_s`: the time
-        since the previous call). A gap past STALL_S means this worker stalled (SIGSTOP, starved of CPU): the
-        heartbeats of that time may still wait unread in its sockets, so every session is given a whole timeout
-        again, counted from now."""
-        if since_last_s > STALL_S:
-            self._awake_since_ms = now_ms
+        timeout (once per silence); returns how many. Called every fraction of a second; `now_ms`: the wall clock
+        (for the record; silences are judged on the monotonic clock).
+
+        * A sweep more than STALL_S after the previous one means this worker stalled (SIGSTOP, starved of CPU):
+          the heartbeats of that time may still wait unread in its sockets, so every session is given a whole
+          timeout again, counted from now (`stalled_sweeps`).
+        * A silence is reported only while heartbeats still flow through this worker (one heard on any session
+          within FLOWING_S). When every session here falls silent together, the cause is this worker's path
+          or the brokers' side as a whole (a partition without resets, a stalled load generator), not each
+          broker: the streaming job, whose data horizon then stops, judges them (`silent_unreported`), so a
+          fleet-wide silence fails nothing over. A worker with one session never reports it.
+        """
+        mono = self._mono()
+        last, self._last_sweep = self._last_sweep, mono
+        if last is not None and mono - last > STALL_S:
+            self._awake_since = mono
+            self.stats["stalled_sweeps"] += 1
+            if mono - self._stall_logged >= STALL_LOG_S:
+                self._stall_logged = mono
+                log.warning("ingest worker: sweeps for silent sessions %.1f s apart (the worker stalled or is "
+                            "starved of CPU): silences are counted again from now", mono - last)
             return 0
         if self.stopping:
             return 0
         found = 0
-        awake = self._awake_since_ms
+        flowing = mono - self._newest_heard <= FLOWING_S
+        awake = self._awake_since
         for s in self._by_conn.values():
-            if not s.silent and max(s.heard_ms, awake) + s.timeout_ms <= now_ms:
+            if not s.silent and max(s.heard_mono, awake) + s.timeout_ms / 1000 <= mono:
                 s.silent = True
+                if not flowing:
+                    self.stats["silent_unreported"] += 1
+                    continue
                 found += 1
-                self.producer.to_liveness(records.silent_record(s.hb, s.heard_ms, s.timeout_ms, now_ms))
+                # (a wall clock stepped back since the heartbeat must not date the judging before it)
+                self.producer.to_liveness(records.silent_record(s.hb, s.heard_ms, s.timeout_ms,
+                                                                max(now_ms, s.heard_ms + s.timeout_ms)))
                 log.info("session of %s/%s/%d silent: no heartbeat on it for %.1f s (opened %.1f s ago)",
-                         s.hb["clusterName"], s.hb["brokerName"], s.hb["brokerId"], (now_ms - s.heard_ms) / 1000,
+                         s.hb["clusterName"], s.hb["brokerName"], s.hb["brokerId"], mono - s.heard_mono,
                          (now_ms - s.hb["ts"]) / 1000)
         self.stats["silent"] += found
         return found
@@ -148,7 +191,7 @@ class SessionRegistry:
         older = self._by_broker.get(key)
         if older is not None and older is not conn and self._by_conn.pop(older, None) is not None:
             self.stats["superseded"] += 1
-        self._by_conn[conn] = Session(hb)
+        self._by_conn[conn] = Session(hb, self._mono())
         self._by_broker[key] = conn
         return _answer(200, {"code": 0, "remark": "session open"})
 

@@ -241,6 +241,8 @@ def validate_silent(d: dict) -> dict:
         out[key] = v
     if out[SESSION_OPENED] > out[LAST_HEARD]:
         raise InvalidHeartbeat(f"{LAST_HEARD}: not before {SESSION_OPENED} (the session's first heartbeat)")
+    if out["ts"] - out[LAST_HEARD] < out["heartbeatTimeoutMillis"]:
+        raise InvalidHeartbeat(f"ts: at least heartbeatTimeoutMillis after {LAST_HEARD} (a whole timeout of silence)")
     return out
 
 

@@ -5,6 +5,7 @@ The producer is a stand-in (Kafka itself is covered by tests/integration/test_ka
 from __future__ import annotations
 
 import json
+import time
 
 from electra.api.ingest import KafkaUnavailable
 from electra.api.ingest_server import MAX_BODY, IngestProtocol
@@ -633,79 +634,181 @@ def test_a_fault_of_the_worker_is_a_logged_500_not_the_broker_s_malformed_reques
     assert [s for s, _, _ in responses(transport.data)] == [400]
 
 
+class Clock:
+    """A monotonic clock a test moves (seconds)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _silence_rig(others: int = 1) -> tuple[FakeProducer, SessionRegistry, IngestProtocol, list, Clock]:
+    """A registry on a test clock with the session of broker b/1 and `others` more sessions (b/2, ...) on it."""
+    clock = Clock()
+    producer = FakeProducer()
+    sessions = SessionRegistry(producer, mono=clock)
+    protos = []
+    for i in range(1 + others):
+        proto, t = IngestProtocol(producer, sessions=sessions), FakeTransport()
+        proto.connection_made(t)
+        proto.data_received(post(json.dumps({**HB, "brokerId": 1 + i}).encode(), "/v1/session"))
+        protos.append(proto)
+    return producer, sessions, protos[0], protos[1:], clock
+
+
+def _beat(proto: IngestProtocol, **fields) -> None:
+    proto.data_received(post(json.dumps({**HB, **fields}).encode()))
+
+
+def _pass(sessions: SessionRegistry, clock: Clock, seconds: float, other: IngestProtocol) -> int:
+    """Let `seconds` pass, swept every 0.1 s, while `other` (broker b/2) heartbeats every second; silences found."""
+    found = 0
+    for step in range(round(seconds * 10)):
+        clock.t += 0.1
+        if step % 10 == 0:
+            _beat(other, brokerId=2)
+        found += sessions.sweep(int(time.time() * 1000))
+    return found
+
+
 def test_a_session_whose_broker_sends_no_heartbeat_for_its_timeout_is_reported_silent_once_per_silence():
     """A hung master keeps its connection and sends nothing: after its heartbeat timeout the worker says so on the
     liveness topic (the controllers' lane elects from it, api/connection_loss.py), once, until it heartbeats again."""
-    producer, sessions, proto, t = _open_session()
+    producer, sessions, proto, (other,), clock = _silence_rig()
     s = sessions._by_conn[proto]
     opened = s.heard_ms
     assert s.timeout_ms == 10_000  # the heartbeat's default
-    assert sessions.sweep(opened + 9_999, 0.1) == 0 and producer.to_lane[-1]["type"] == "connected"
-    assert sessions.sweep(opened + 10_000, 0.1) == 1
+    assert _pass(sessions, clock, 9.9, other) == 0
+    clock.t += 0.11  # (past the boundary, whatever the float sums)
+    assert sessions.sweep(opened + 10_000) == 1
     silent = producer.to_lane[-1]
-    assert silent == {"type": "silent", **{k: HB[k] for k in ("clusterName", "brokerName", "brokerId", "brokerAddr")},
-                      "ts": opened + 10_000, "lastHeartbeatMs": opened, "heartbeatTimeoutMillis": 10_000,
-                      "sessionOpenedMs": opened}
-    assert sessions.sweep(opened + 60_000, 0.1) == 0 and sessions.stats["silent"] == 1  # once per silence
+    assert silent == {"type": "silent", **{k: HB[k] for k in ("clusterName", "brokerName", "brokerAddr")},
+                      "brokerId": 1, "ts": opened + 10_000, "lastHeartbeatMs": opened,
+                      "heartbeatTimeoutMillis": 10_000, "sessionOpenedMs": opened}
+    assert _pass(sessions, clock, 5, other) == 0 and sessions.stats["silent"] == 1  # once per silence
     # It heartbeats again (with a shorter timeout): a new silence is counted from that heartbeat.
-    proto.data_received(post(json.dumps({**HB, "heartbeatTimeoutMillis": 3_000}).encode()))
-    heard = s.heard_ms
-    assert heard >= opened and not s.silent and s.timeout_ms == 3_000
-    assert sessions.sweep(heard + 2_999, 0.1) == 0 and sessions.sweep(heard + 3_000, 0.1) == 1
-    # Another broker's heartbeat on the session's connection says nothing about the session's broker.
-    proto.data_received(post(json.dumps({**HB, "brokerId": 2}).encode()))
-    assert s.heard_ms == heard and s.silent
+    _beat(proto, heartbeatTimeoutMillis=3_000)
+    assert not s.silent and s.timeout_ms == 3_000 and s.heard_ms >= opened
+    assert _pass(sessions, clock, 2.9, other) == 0
+    assert _pass(sessions, clock, 0.1, other) == 1
+    # Another broker's heartbeat on the session's connection (another id, set or cluster) is not its broker's.
+    for other_broker in ({"brokerId": 2}, {"brokerName": "x"}, {"clusterName": "x"}):
+        _beat(proto, **other_broker)
+        assert s.silent, other_broker
     assert [r.get("type") for r in producer.to_lane].count("silent") == 2
 
 
-def test_a_stalled_worker_gives_every_session_a_whole_timeout_again_and_a_stopping_one_reports_nothing():
+def test_silence_is_judged_on_the_monotonic_clock_not_the_wall_clock():
+    """A wall-clock step (NTP, a resume) is no silence; the record still carries wall-clock instants."""
+    producer, sessions, proto, (other,), clock = _silence_rig()
+    heard = sessions._by_conn[proto].heard_ms
+    clock.t += 0.1
+    _beat(other, brokerId=2)
+    assert sessions.sweep(heard + 3_600_000) == 0  # the wall clock jumped an hour; 0.1 s passed
+    assert _pass(sessions, clock, 9.8, other) == 0
+    clock.t += 0.11  # (past the boundary, whatever the float sums)
+    assert sessions.sweep(heard - 60_000) == 1  # 10 s passed; the wall clock stepped back a minute since
+    rec = producer.to_lane[-1]
+    assert rec["lastHeartbeatMs"] == heard and rec["ts"] == heard + 10_000  # never dated before a whole timeout
+
+
+def test_a_stalled_worker_gives_every_session_a_whole_timeout_again_and_says_so():
     """After the worker itself stalled (SIGSTOP, no CPU), its sockets may hold heartbeats it has not read yet: a
     silence is counted from the stall's end, not from the last heartbeat it read."""
-    producer, sessions, proto, _ = _open_session()
+    producer, sessions, proto, (other,), clock = _silence_rig()
     heard = sessions._by_conn[proto].heard_ms
-    assert sessions.sweep(heard + 30_000, 1.5) == 0  # the first sweep after a 1.5 s gap
-    assert sessions.sweep(heard + 39_999, 0.1) == 0 and sessions.sweep(heard + 40_000, 0.1) == 1
+    assert sessions.sweep(heard) == 0
+    clock.t += 30.0  # the first sweep after a 30 s gap
+    assert sessions.sweep(heard + 30_000) == 0 and sessions.stats["stalled_sweeps"] == 1
+    assert _pass(sessions, clock, 9.9, other) == 0
+    clock.t += 0.11  # (past the boundary, whatever the float sums)
+    assert sessions.sweep(heard + 40_000) == 1
     assert producer.to_lane[-1]["lastHeartbeatMs"] == heard  # the record still says when it was last heard
-    producer, sessions, proto, _ = _open_session()
-    sessions.stop()
-    assert sessions.sweep(sessions._by_conn[proto].heard_ms + 10_000, 0.1) == 0
-    assert [r["type"] for r in producer.to_lane] == ["connected"]
+    clock.t += 0.11  # (past the boundary, whatever the float sums)
+    assert sessions.sweep(heard + 40_100) == 0 and sessions.stats["stalled_sweeps"] == 1  # regular sweeps again
+
+
+def test_when_every_session_of_a_worker_falls_silent_together_none_is_reported():
+    """A stalled load generator, a partition without resets: the brokers' side as a whole went quiet, and the job
+    (whose data horizon stops) must judge them; a fleet-wide silence fails nothing over. A stopping worker says
+    nothing either."""
+    producer, sessions, proto, others, clock = _silence_rig(others=3)
+    heard = sessions._by_conn[proto].heard_ms
+    for step in range(1, 120):  # 12 s of silence everywhere, swept every 0.1 s
+        clock.t += 0.1
+        sessions.sweep(heard + 100 * step)
+    assert sessions.stats["silent"] == 0 and sessions.stats["silent_unreported"] == 4
+    assert [r["type"] for r in producer.to_lane] == ["connected"] * 4
+    for o in others:  # they come back; broker 1 does not: still not reported (it went silent with the rest)
+        _beat(o, brokerId=sessions._by_conn[o].hb["brokerId"])
+    clock.t += 0.11  # (past the boundary, whatever the float sums)
+    assert sessions.sweep(heard + 12_000) == 0
+    _, stopping, _, (other,), clock = _silence_rig()
+    stopping.stop()
+    assert _pass(stopping, clock, 12, other) == 0 and stopping.stats["silent_unreported"] == 0
 
 
 def test_a_heartbeat_taken_the_slow_way_or_refused_for_kafka_still_shows_the_session_alive(monkeypatch):
     import electra.api.ingest_server as server
 
-    producer, sessions, proto, t = _open_session()
+    producer, sessions, proto, _, clock = _silence_rig(others=0)
     s = sessions._by_conn[proto]
     s.heard_ms = 1  # long ago
+    clock.t += 1
     monkeypatch.setattr(server, "fast_heartbeat", lambda raw: None)  # the slow path (json + validate_heartbeat)
-    proto.data_received(post(json.dumps({**HB, "heartbeatTimeoutMillis": 4_000}).encode()))
-    assert s.heard_ms > 1 and s.timeout_ms == 4_000
+    _beat(proto, heartbeatTimeoutMillis=4_000)
+    assert s.heard_ms > 1 and s.timeout_ms == 4_000 and s.heard_mono == clock.t
     s.heard_ms = 1
     monkeypatch.undo()
     producer.up = False  # Kafka is down: a 503, but the broker is there
-    proto.data_received(post(json.dumps(HB).encode()))
-    assert responses(t.data)[-1][0] == 503 and s.heard_ms > 1
+    clock.t += 1
+    _beat(proto)
+    assert s.heard_ms > 1 and s.heard_mono == clock.t
     s.heard_ms = 1
     proto.data_received(post(b'{"clusterName":"c"}'))  # an invalid one is not a heartbeat
-    assert responses(t.data)[-1][0] == 422 and s.heard_ms == 1
+    assert s.heard_ms == 1
 
 
-def test_the_worker_sweeps_for_silent_sessions_on_its_loop():
+def test_a_heartbeat_that_raises_the_timeout_raises_the_connection_s_idle_limit():
+    producer, sessions, proto, _, clock = _silence_rig(others=0)
+    armed: list[float] = []
+
+    class Deadline:  # (no event loop here: the deadlines armed are recorded)
+        def arm(self, transport, seconds: float, reply: bytes = b"") -> None:
+            armed.append(seconds)
+
+        def cancel(self) -> None:
+            pass
+
+    proto.deadline = Deadline()
+    assert sessions.idle_limit_s(proto, proto.limits.idle_timeout_s) == 11.0
+    _beat(proto, heartbeatTimeoutMillis=30_000)
+    assert armed[-1] == 31.0  # re-armed after the heartbeat, not only before it (with the old 11 s)
+
+
+def test_the_worker_sweeps_for_silent_sessions_on_its_loop_and_a_failing_sweep_does_not_end_it():
     import asyncio
 
     from electra.api.ingest_server import sweep_silent_sessions
 
-    producer, sessions, proto, _ = _open_session()
-    sessions._by_conn[proto].timeout_ms = 200
+    class Registry:
+        calls = 0
+
+        def sweep(self, now_ms: int) -> int:
+            Registry.calls += 1
+            if Registry.calls == 1:
+                raise RuntimeError("a fault")
+            return 0
 
     async def main() -> None:
-        task = asyncio.create_task(sweep_silent_sessions(sessions))
-        for _ in range(100):  # bounded: 2 s
-            if sessions.stats["silent"]:
+        task = asyncio.create_task(sweep_silent_sessions(Registry(), every_s=0.01))
+        for _ in range(200):  # bounded: 2 s
+            if Registry.calls >= 3:
                 break
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.01)
         task.cancel()
 
     asyncio.run(main())
-    assert sessions.stats["silent"] == 1 and producer.to_lane[-1]["type"] == "silent"
+    assert Registry.calls >= 3
