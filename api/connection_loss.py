@@ -218,7 +218,7 @@ class ConnectionLossLane:
         if d.reason == records.SILENT and not self._view_covers(d):
             self._wait_for_view(d, arrived_at_ms)  # (the table is not changed meanwhile)
             return
-        if not self.liveness.disconnect(d.cluster, d.name, d.broker_id, d.gone_from_ms):
+        if not self.liveness.disconnect(d.cluster, d.name, d.broker_id, d.gone_from_ms, d.at_ms):
             self.stats["reconnected"] += 1  # a heartbeat stamped after it is here (a new session, the job's)
             return
         if self.since_ms is None or d.at_ms < self.since_ms or arrived_at_ms - d.at_ms > MAX_AGE_MS:

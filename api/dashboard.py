@@ -119,15 +119,18 @@ class DashboardFeed:
         replayed = detected is not None and now_ms - detected > REPLAYED_AFTER_MS
         lost = self.svc.liveness.group_by_name(name).get(old) if old is not None else None
         bs = self.svc.sm.sets.get(name)
-        gone = self.svc.liveness.disconnected_at(bs.cluster, name, old) if bs is not None and old is not None else None
+        known = bs is not None and old is not None
+        gone = self.svc.liveness.disconnected_at(bs.cluster, name, old) if known else None
+        noticed = self.svc.liveness.disconnect_noticed_at(bs.cluster, name, old) if known else None
         self.failovers.append({
             "set": name, "index": index, "old": old, "new": new, "epoch": ev.get("masterEpoch"),
             "elected": bool(ev.get("newMasterElected")),
-            # when its session connection ended (api/connection_loss.py), else its last heartbeat seen here
+            # when its session connection ended, or its silent session's last heartbeat (api/connection_loss.py),
+            # else its last heartbeat seen here
             "lost_ms": gone if gone is not None else lost.last_update_ms if lost else None,
-            # a lost connection is detected when it is lost (the command judges liveness at the job's data
-            # horizon, which may be earlier)
-            "detected_ms": max(detected, gone) if detected is not None and gone is not None else detected,
+            # a lost connection is detected when it is lost, a silence when the timeout ran out (the command judges
+            # liveness at the job's data horizon, which may be earlier)
+            "detected_ms": max(detected, noticed) if detected is not None and noticed is not None else detected,
             "committed_ms": None if replayed else now_ms})
 
     # ------------------------------------------------------------------ viewers

@@ -68,6 +68,8 @@ class LivenessTable:
         # Brokers whose session connection ended (`disconnect`): (cluster, set, id) -> that instant. A record
         # stamped no later (the job's view of the broker before it crashed) does not bring it back.
         self._gone: dict[tuple[str, str, int], int] = {}
+        # ... and, where it was noticed later than that (a silent session: at its timeout's end), that instant
+        self._noticed: dict[tuple[str, str, int], int] = {}
         self._opened: dict[tuple[str, str, int], int] = {}  # (cluster, set, id) -> its newest session's opening
         # The streaming job's grace for a lost connection, as its liveness records state it (None: not heard)
         self.disconnect_grace_ms: int | None = None
@@ -107,9 +109,10 @@ class LivenessTable:
         self.put(cluster, name, BrokerLiveInfo(broker_id, addr, now_ms, timeout_ms, epoch, max_offset,
                                                confirm_offset, priority))
 
-    def disconnect(self, cluster: str, name: str, broker_id: int, at_ms: int) -> bool:
+    def disconnect(self, cluster: str, name: str, broker_id: int, at_ms: int, noticed_ms: int | None = None) -> bool:
         """RocketMQ's `onBrokerChannelClose`: the broker's session connection ended at `at_ms` (its ingest
         worker's clock), so it is not alive from then on, until a heartbeat stamped after `at_ms` arrives.
+        `noticed_ms`: when that became known, if later (a silent session: `at_ms` is its last heartbeat).
         False: such a heartbeat is here already (it reconnected before this record arrived)."""
         group = self._by_name.get(name)
         key = (cluster, broker_id)
@@ -124,8 +127,14 @@ class LivenessTable:
         gone = (cluster, name, broker_id)
         at_ms = max(at_ms, self._gone.pop(gone, at_ms))
         if len(self._gone) >= MAX_GONE:  # bounded: the oldest goes (it only lets an older record count again)
-            del self._gone[next(iter(self._gone))]
+            oldest = next(iter(self._gone))
+            del self._gone[oldest]
+            self._noticed.pop(oldest, None)
         self._gone[gone] = at_ms
+        if noticed_ms is not None and noticed_ms > at_ms:
+            self._noticed[gone] = noticed_ms
+        else:
+            self._noticed.pop(gone, None)
         return True
 
     def session_opened(self, cluster: str, name: str, broker_id: int, at_ms: int) -> None:
@@ -144,6 +153,11 @@ class LivenessTable:
         """When the broker's session connection ended, while no heartbeat since has brought it back."""
         return self._gone.get((cluster, name, broker_id))
 
+    def disconnect_noticed_at(self, cluster: str, name: str, broker_id: int) -> int | None:
+        """When that disconnect became known (a silence: its timeout's end; a lost connection: its instant)."""
+        key = (cluster, name, broker_id)
+        return self._noticed.get(key, self._gone.get(key))
+
     def put(self, cluster: str, name: str, info: BrokerLiveInfo) -> None:
         """Store a record as it is (the streaming job already applied the update rule)."""
         if self._gone:
@@ -153,6 +167,7 @@ class LivenessTable:
                 if info.last_update_ms <= at:
                     return  # from before its connection ended
                 del self._gone[gone]
+                self._noticed.pop(gone, None)
         group = self._by_name.setdefault(name, {})
         key = (cluster, info.broker_id)
         prev = group.get(key)

@@ -97,6 +97,21 @@ def test_a_crash_failover_counts_from_the_lost_connection():
     assert f["detected_ms"] == T0 + 1000  # detected when lost, never before
 
 
+def test_a_hang_failover_counts_from_the_last_heartbeat_and_is_detected_when_the_timeout_ran_out():
+    """Elected by the lane from a silent session: lost at its last heartbeat, detected at the timeout's end (the
+    command is judged at the job's data horizon, which may come before)."""
+    clock = [T0 / 1000]
+    svc = FakeService(T0)
+    feed = DashboardFeed(svc, clock=lambda: clock[0])
+    _set_with_master(svc, "s1")
+    svc.beat("s1", 2, T0 + 2000)
+    assert svc.liveness.disconnect("c", "s1", 1, T0, T0 + 3000)  # silent since T0, for its 3 s timeout
+    clock[0] = (T0 + 3200) / 1000
+    svc.apply(C.elect_master("c", "s1", C.CONTROLLER_TRIGGER, T0 + 2000, svc.liveness.group("c", "s1")))
+    (f,) = feed.failovers
+    assert (f["lost_ms"], f["detected_ms"], f["committed_ms"]) == (T0, T0 + 3000, T0 + 3200)
+
+
 def test_fleet_counts_live_down_and_masterless_sets():
     clock = [T0 / 1000]
     svc = FakeService(T0)
