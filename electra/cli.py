@@ -468,7 +468,9 @@ def cmd_up(args: argparse.Namespace) -> int:
                       kafka_bootstrap=args.kafka_bootstrap, kafka_port=args.kafka_port,
                       topic_prefix=args.topic_prefix, spark_master=args.spark_master, log_level=args.log_level,
                       tier_uri=args.tier_uri or ("default" if not args.no_tier else None),
-                      architecture=args.architecture, accept_new_peers=args.accept_new_peers)
+                      architecture=args.architecture, accept_new_peers=args.accept_new_peers,
+                      job_args=["--disconnect-grace-ms", str(args.disconnect_grace_ms)] if args.disconnect_grace_ms
+                      else [])
     stack = LocalStack(cfg)
 
     with terminate_as_interrupt():  # SIGTERM, or the terminal closing (SIGHUP), stops the stack as Ctrl-C does
@@ -929,6 +931,9 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--no-tier", action="store_true", help="no Delta tiering")
     u.add_argument("--demo", action="store_true", help="also run simulated RocketMQ brokers")
     u.add_argument("--demo-groups", type=int, minimum=1, default=20, help="broker sets the demo simulates")
+    u.add_argument("--disconnect-grace-ms", type=int, minimum=0, maximum=3_600_000, default=0,
+                   help="the streaming job's grace for a lost session connection: a master whose connection drops "
+                        "is failed over this long after (0: at once, RocketMQ's rule; docs/failover-signal.md)")
     u.add_argument("--insecure", action="store_true", help="no TLS, no credentials (tests only)")
     u.add_argument("--architecture", choices=["new", "legacy"], default="new",
                    help="legacy: RocketMQ 5's single event queue on the controllers, no Kafka, ingest or Spark job "

@@ -402,7 +402,7 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     ap.add_argument("--http-deadline-s", type=float, default=10.0)
     ap.add_argument("--proposals-at-batch-end", action="store_true",
                     help="send proposals from foreachBatch only, not from the operator as it decides them")
-    ap.add_argument("--disconnect-grace-ms", type=int, default=0,
+    ap.add_argument("--disconnect-grace-ms", type=int, minimum=0, maximum=3_600_000, default=0,
                     help="a master whose session connection was lost counts as inactive this long after the loss "
                          "(0: at once, RocketMQ's rule; a goodbye always counts at once)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark config")
@@ -420,7 +420,7 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
                      hwm_fix=not a.no_hwm_fix, starting_offsets=a.starting_offsets,
                      proposal_retries=a.proposal_retries, http_deadline_s=a.http_deadline_s,
                      proposals_in_operator=not a.proposals_at_batch_end,
-                     disconnect_grace_ms=max(0, a.disconnect_grace_ms), extra_conf=extra)
+                     disconnect_grace_ms=a.disconnect_grace_ms, extra_conf=extra)
 
 
 def main(argv: list[str] | None = None) -> int:

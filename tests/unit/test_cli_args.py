@@ -250,3 +250,30 @@ def test_ingest_reads_its_topic_prefix_from_the_environment_as_the_nodes_do(monk
     assert args.topic_prefix == "stg."
     monkeypatch.delenv("ELECTRA_TOPIC_PREFIX")
     assert build_parser().parse_args(["ingest", "--kafka-bootstrap", "k:9092"]).topic_prefix is None
+
+
+def test_up_passes_the_disconnect_grace_to_the_streaming_job_and_refuses_a_negative_one(tmp_path, monkeypatch, capsys):
+    """`electra up --disconnect-grace-ms G` (docs/failover-signal.md: the grace period) reaches the job's command line;
+    the job itself refuses a negative grace instead of taking it for 0."""
+    from electra import cli
+    from electra.local_stack import LocalStack
+    from electra.streaming import job
+
+    seen = {}
+
+    def fake_run(stack, cfg, args):
+        seen["job"] = stack.start_job()
+        return 0
+
+    monkeypatch.setattr(cli, "_run_stack", fake_run)
+    monkeypatch.setattr(LocalStack, "spawn", lambda self, name, cmd, **kw: cmd)
+    for flag, expect in ((["--disconnect-grace-ms", "1500"], "1500"), ([], None)):
+        assert cli.main(["up", "--insecure", "--data-dir", str(tmp_path / "d"), *flag]) == 0
+        cmd = seen["job"]
+        assert (cmd[cmd.index("--disconnect-grace-ms") + 1] if "--disconnect-grace-ms" in cmd else None) == expect
+    with pytest.raises(SystemExit):
+        cli.main(["up", "--insecure", "--data-dir", str(tmp_path / "d"), "--disconnect-grace-ms", "-1"])
+    assert "--disconnect-grace-ms: must be at least 0, got -1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        job.parse_args(["--bootstrap", "k:9092", "--controllers", "c:1", "--disconnect-grace-ms", "-5"])
+    assert "--disconnect-grace-ms: must be at least 0, got -5" in capsys.readouterr().err
