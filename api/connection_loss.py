@@ -34,7 +34,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from electra.consensus.core import Role
 from electra.consensus.errors import ProposalTimeout
@@ -106,13 +106,24 @@ class Connected:
             hb["confirmOffset"], hb["electionPriority"]))
 
 
+def _no_later_than(d: Disconnected, now_ms: int) -> Disconnected:
+    """`d` dated no later than its arrival here (`now_ms`): a record from an ingest worker whose clock runs ahead
+    would otherwise mark the broker gone until this clock reaches it, refusing all its heartbeats meanwhile."""
+    ahead = d.at_ms - now_ms
+    if ahead <= 0:
+        return d
+    last = None if d.last_heard_ms is None else d.last_heard_ms - ahead
+    return replace(d, at_ms=now_ms, last_heard_ms=last)
+
+
 MAX_AGE_MS = 5_000  # a disconnect older than this when it arrives (a replay after the consumer re-followed
 #                    the topic, a consumer far behind) only updates the table: its crash is the job's
 COVER_RECHECK_S = 0.1  # a silence the job's view does not cover yet is looked at again this often
 # The job's view is stale past this many of the live replicas' smallest heartbeat timeout. Not one: the view
 # lags by a trigger interval and a batch (2.5-3.5 s on a loaded 2-core machine, against the bench's 3 s
-# timeout), and replicas' own deaths reach the table sooner than the job's view, by their session records
-# (a crash's `disconnected`, a hang's `silent`); the bound is for a replica that died with no such record.
+# timeout), and replicas' own deaths reach the lane sooner than the job's view, by their session records: a
+# crash's `disconnected` marks the table, a hang's `silent` makes the replica no candidate while it waits
+# for the view (`_candidates`). The bound is for a replica that died with no such record.
 STALE_VIEW_TIMEOUTS = 2
 
 
@@ -139,6 +150,8 @@ class ConnectionLossLane:
         self._timings: deque[tuple[int, float]] = deque(maxlen=256)
         self._tasks: set[asyncio.Task] = set()
         self._held: dict[int, asyncio.TimerHandle] = {}  # lost connections waiting out the grace
+        # (cluster, set, id) -> last heartbeat, of silences waiting for the job's view (at most one per session)
+        self._pending_silent: dict[tuple[str, str, int], int] = {}
         self._next_hold = 0
         self._stopped = False
 
@@ -151,6 +164,7 @@ class ConnectionLossLane:
         for h in self._held.values():
             h.cancel()
         self._held.clear()
+        self._pending_silent.clear()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -189,8 +203,8 @@ class ConnectionLossLane:
             if grace is None or self._stopped:
                 self.stats["left_to_job"] += 1
                 continue
-            # (never longer than the grace: an instant ahead of this node's clock must not hold a record for long)
-            wait_s = min(d.at_ms + grace - now_ms, grace) / 1000
+            d = _no_later_than(d, now_ms)
+            wait_s = (d.at_ms + grace - now_ms) / 1000
             if wait_s <= 0:
                 self._counts(d, now_ms)
             else:
@@ -209,19 +223,26 @@ class ConnectionLossLane:
 
     def _counts(self, d: Disconnected, arrived_at_ms: int) -> None:
         """The disconnect counts now: the broker is gone from the table, and the leader elects if it was a master."""
+        if d.reason == records.SILENT:  # (set again below while it waits for the job's view: on every other path gone)
+            self._pending_silent.pop((d.cluster, d.name, d.broker_id), None)
         newest = self.liveness.session_opened_at(d.cluster, d.name, d.broker_id)
         if d.opened_ms is not None and newest is not None and newest > d.opened_ms:
             # an older session of the broker, ended after it opened a newer one on another ingest worker (one
             # worker supersedes its own sessions; this is the same rule across workers)
             self.stats["superseded"] += 1
             return
-        if d.reason == records.SILENT and not self._view_covers(d):
-            self._wait_for_view(d, arrived_at_ms)  # (the table is not changed meanwhile)
-            return
+        replayed = self.since_ms is None or d.at_ms < self.since_ms or arrived_at_ms - d.at_ms > MAX_AGE_MS
+        if d.reason == records.SILENT:
+            if replayed:  # (a silence changes the table only once the job's view can judge it: a replay, never)
+                self.stats["replayed"] += 1
+                return
+            if not self._view_covers(d):
+                self._wait_for_view(d, arrived_at_ms)  # (the table is not changed meanwhile)
+                return
         if not self.liveness.disconnect(d.cluster, d.name, d.broker_id, d.gone_from_ms, d.at_ms):
             self.stats["reconnected"] += 1  # a heartbeat stamped after it is here (a new session, the job's)
             return
-        if self.since_ms is None or d.at_ms < self.since_ms or arrived_at_ms - d.at_ms > MAX_AGE_MS:
+        if replayed:
             self.stats["replayed"] += 1
             return
         if self.node.role != Role.LEADER:
@@ -229,7 +250,7 @@ class ConnectionLossLane:
         bs = self.sm.sets.get(d.name)
         if bs is None or bs.cluster != d.cluster or bs.master_id != d.broker_id or d.name in self._electing:
             return
-        live = list(self.liveness.group(d.cluster, d.name).values())
+        live = self._candidates(d.cluster, d.name)
         at = self.live_now_ms()
         alive = [b for b in live if b.alive_at(at)]
         if not alive:  # as the job: nobody to elect, nothing proposed (the job looks again when a heartbeat
@@ -249,6 +270,12 @@ class ConnectionLossLane:
         task = asyncio.ensure_future(self._elect(d, bs.master_epoch, live, at, arrived_at_ms - d.at_ms))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _candidates(self, cluster: str, name: str) -> list[BrokerLiveInfo]:
+        """The set's brokers in the table, less those whose silence waits for the job's view: such a broker is not
+        alive by its own session (a hung replica must not be elected while the view is old)."""
+        return [b for b in self.liveness.group(cluster, name).values()
+                if (cluster, name, b.broker_id) not in self._pending_silent]
 
     def _view_covers(self, d: Disconnected) -> bool:
         """Whether the job's view can judge a silence (`_wait_for_view`): it is here, reaches the session's last
@@ -280,6 +307,7 @@ class ConnectionLossLane:
             log.warning("set %s: master %d %s, but the streaming job's view of the set is not fresh enough: left to "
                         "the job", d.name, d.broker_id, d.what())
             return
+        self._pending_silent[(d.cluster, d.name, d.broker_id)] = d.gone_from_ms  # not a candidate meanwhile
         self._hold(COVER_RECHECK_S, d, arrived_at_ms)
 
     async def _elect(self, d: Disconnected, master_epoch: int, live: list[BrokerLiveInfo], at_ms: int,

@@ -27,6 +27,7 @@ heartbeat timeout. docs/failover-signal.md has the design and its trade-offs.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import time
@@ -48,7 +49,8 @@ def _broker(hb: dict) -> tuple:
 
 
 STALL_S = 1.0  # sweeps further apart than this: the worker itself stalled (paused, starved), see `sweep`
-FLOWING_S = 1.0  # a silence is reported only while this worker heard some heartbeat within this (`sweep`)
+QUORUM = 0.5  # a silence is reported only if this share of the worker's other sessions spoke since (`sweep`)
+MIN_OTHERS = 2  # ... and only on a worker with at least this many other sessions
 STALL_LOG_S = 60.0  # at most one warning about stalled sweeps this often
 
 
@@ -84,7 +86,6 @@ class SessionRegistry:
         now = mono()
         self._awake_since = now  # the end of this worker's last stall: silences are counted from no earlier
         self._last_sweep: float | None = None
-        self._newest_heard = float("-inf")  # this worker's newest heartbeat on any session
         self._stall_logged = float("-inf")
 
     def __len__(self) -> int:
@@ -103,8 +104,9 @@ class SessionRegistry:
         hb = s.hb
         if hb["brokerId"] != broker_id or hb["brokerName"] != name or hb["clusterName"] != cluster:
             return False
-        s.heard_ms, s.silent = now_ms, False
-        s.heard_mono = self._newest_heard = self._mono()
+        s.silent = False
+        s.heard_ms = max(s.heard_ms, now_ms)  # (a wall clock stepped back: never before the session's opening)
+        s.heard_mono = self._mono()
         if timeout_ms == s.timeout_ms:
             return False
         s.timeout_ms = timeout_ms
@@ -118,11 +120,12 @@ class SessionRegistry:
         * A sweep more than STALL_S after the previous one means this worker stalled (SIGSTOP, starved of CPU):
           the heartbeats of that time may still wait unread in its sockets, so every session is given a whole
           timeout again, counted from now (`stalled_sweeps`).
-        * A silence is reported only while heartbeats still flow through this worker (one heard on any session
-          within FLOWING_S). When every session here falls silent together, the cause is this worker's path
-          or the brokers' side as a whole (a partition without resets, a stalled load generator), not each
+        * A silence is reported only if at least QUORUM of the worker's other sessions (and at least MIN_OTHERS
+          of them) were heard after its middle (the session's last heartbeat plus half its timeout). When the
+          sessions here fall silent together, even staggered over a few heartbeats, the cause is this worker's
+          path or the brokers' side as a whole (a partition without resets, a stalled load generator), not each
           broker: the streaming job, whose data horizon then stops, judges them (`silent_unreported`), so a
-          fleet-wide silence fails nothing over. A worker with one session never reports it.
+          fleet-wide silence fails nothing over. Such a silence is not reported later either.
         """
         mono = self._mono()
         last, self._last_sweep = self._last_sweep, mono
@@ -137,12 +140,16 @@ class SessionRegistry:
         if self.stopping:
             return 0
         found = 0
-        flowing = mono - self._newest_heard <= FLOWING_S
         awake = self._awake_since
+        heard: list[float] | None = None  # every session's last heartbeat, sorted: only when a silence is found
         for s in self._by_conn.values():
             if not s.silent and max(s.heard_mono, awake) + s.timeout_ms / 1000 <= mono:
                 s.silent = True
-                if not flowing:
+                if heard is None:
+                    heard = sorted(x.heard_mono for x in self._by_conn.values())
+                others = len(heard) - 1
+                spoke = len(heard) - bisect.bisect_left(heard, s.heard_mono + s.timeout_ms / 2000)
+                if others < MIN_OTHERS or spoke < QUORUM * others:
                     self.stats["silent_unreported"] += 1
                     continue
                 found += 1

@@ -450,7 +450,85 @@ def test_a_silence_waits_without_touching_the_table_and_needs_the_job_s_stated_r
     assert graced.master[0] in (2, 3)
 
 
-def test_a_record_stamped_ahead_of_this_node_s_clock_is_held_no_longer_than_the_grace():
+def test_a_record_stamped_ahead_of_this_node_s_clock_is_dated_at_its_arrival():
+    """A worker whose clock runs an hour ahead: its disconnect counts after the grace from its arrival, a reconnect
+    within that grace still saves the broker, and the broker's heartbeats are not refused for an hour after."""
     st = Stack(grace_ms=200)
-    st.take(_lost(at=NOW + 3_600_000))  # a worker's clock an hour ahead
+    st.take(_lost(at=NOW + 3_600_000))
     assert st.master[0] in (2, 3)  # held 0.2 s, not an hour
+    assert st.table.disconnected_at("c", "s", 1) == NOW + 1000  # dated at its arrival here
+    st.table.put("c", "s", _live(1, NOW + 1500))  # its next heartbeat (a new session) brings it back
+    assert 1 in st.table.group("c", "s")
+    saved = Stack(grace_ms=200)
+
+    def reconnected() -> None:
+        saved.table.on_heartbeat("c", "s", 1, "10.0.0.1:10911", NOW + 1100, timeout_ms=TIMEOUT)
+
+    saved.take(_lost(at=NOW + 3_600_000), meanwhile=reconnected)
+    assert saved.master == (1, 1) and saved.lane.stats["reconnected"] == 1
+
+
+def test_a_crash_does_not_elect_a_replica_whose_silence_waits_for_the_job_s_view():
+    """Replica 2 hung (its silence is held: the job's view is 4 s old, not past 2's last heartbeat), then master 1
+    crashes: the lane elects 3, which the job, judging later, would elect too (the second review's case)."""
+    st = Stack(master_heard_ms=NOW - 3_000)
+    st.table.horizon_ms = NOW - 3_000  # 4 s old at the node's clock: stale for one timeout, not for two
+    for i in (2, 3):
+        st.table.put("c", "s", _live(i, NOW - 3_000))
+    hung_replica = Disconnected("c", "s", 2, NOW - 1_000 + 800, records.SILENT, opened_ms=NOW - 60_000,
+                                last_heard_ms=NOW - 2_200, timeout_ms=TIMEOUT)
+
+    def crash() -> None:
+        assert ("c", "s", 2) in st.lane._pending_silent and 2 in st.table.group("c", "s")
+        st.lane.on_disconnects([_lost(at=NOW + 900)], st.now_ms)
+
+    st.take(hung_replica, meanwhile=crash)
+    assert st.master[0] == 3, st.master
+
+
+def test_a_silence_waits_while_the_job_s_view_is_stale_for_the_set_s_replicas():
+    st = Stack(master_heard_ms=HEARD)
+    st.table.horizon_ms = HEARD + 100  # past the last heartbeat, but 3.1 s old against the replicas' 1 s timeout
+    for i in (2, 3):
+        st.table.put("c", "s", BrokerLiveInfo(i, f"10.0.0.{i}:10911", NOW - 400, 1_000))
+
+    def fresher() -> None:
+        assert st.lane._held and st.master == (1, 1)
+        st.table.advance_horizon(NOW)
+
+    st.take(_silent(), meanwhile=fresher)
+    assert st.master[0] in (2, 3)
+
+
+def test_a_replayed_silence_changes_nothing():
+    st = Stack(master_heard_ms=HEARD)
+    st.table.horizon_ms = HEARD + 300
+    st.take(_silent(), arrived_at=HEARD + TIMEOUT + 6_000)  # re-read after the consumer re-followed the topic
+    assert st.master == (1, 1) and st.lane.stats["replayed"] == 1 and st.lane.stats["not_covered"] == 0
+    assert 1 in st.table.group("c", "s")
+
+
+def test_the_table_remembers_when_a_silence_was_noticed_until_the_broker_is_back():
+    table = LivenessTable()
+    table.put("c", "s", _live(1, NOW - 500))
+    assert table.disconnect("c", "s", 1, NOW - 500, NOW + 2_500)  # silent since its last heartbeat, for 3 s
+    assert (table.disconnected_at("c", "s", 1), table.disconnect_noticed_at("c", "s", 1)) == (NOW - 500, NOW + 2_500)
+    table.put("c", "s", _live(1, NOW + 3_000))  # back
+    assert table.disconnected_at("c", "s", 1) is None and table.disconnect_noticed_at("c", "s", 1) is None
+    assert table.disconnect("c", "s", 2, NOW)  # a lost connection is noticed at its instant
+    assert table.disconnect_noticed_at("c", "s", 2) == NOW
+    assert table.disconnect("c", "s", 2, NOW + 10, NOW + 3_010)
+    assert table.disconnect("c", "s", 2, NOW + 20)  # a later lost connection: noticed at once again
+    assert table.disconnect_noticed_at("c", "s", 2) == NOW + 20 and not table._noticed
+
+
+def test_the_consumer_counts_silences_apart_from_disconnects():
+    consumer = LivenessConsumer.__new__(LivenessConsumer)
+    consumer.stats = {"bad_records": 0, "records": 0, "last_record_ms": 0, "disconnects": 0, "silences": 0,
+                      "sessions_opened": 0}
+    taken = []
+    consumer.svc = type("Svc", (), {"liveness": LivenessTable(), "now_ms": lambda self: NOW,
+                                    "connection_loss": type("L", (), {
+                                        "on_disconnects": lambda self, found, now: taken.extend(found)})()})()
+    consumer._apply([_silent(), _lost(), _lost(broker=2)])
+    assert (consumer.stats["silences"], consumer.stats["disconnects"], len(taken)) == (1, 2, 3)

@@ -644,7 +644,7 @@ class Clock:
         return self.t
 
 
-def _silence_rig(others: int = 1) -> tuple[FakeProducer, SessionRegistry, IngestProtocol, list, Clock]:
+def _silence_rig(others: int = 2) -> tuple[FakeProducer, SessionRegistry, IngestProtocol, list, Clock]:
     """A registry on a test clock with the session of broker b/1 and `others` more sessions (b/2, ...) on it."""
     clock = Clock()
     producer = FakeProducer()
@@ -662,13 +662,15 @@ def _beat(proto: IngestProtocol, **fields) -> None:
     proto.data_received(post(json.dumps({**HB, **fields}).encode()))
 
 
-def _pass(sessions: SessionRegistry, clock: Clock, seconds: float, other: IngestProtocol) -> int:
-    """Let `seconds` pass, swept every 0.1 s, while `other` (broker b/2) heartbeats every second; silences found."""
+def _pass(sessions: SessionRegistry, clock: Clock, seconds: float, others: list[IngestProtocol]) -> int:
+    """Let `seconds` pass, swept every 0.1 s, while `others` (brokers b/2, ...) heartbeat every second; the silences
+    found."""
     found = 0
     for step in range(round(seconds * 10)):
         clock.t += 0.1
         if step % 10 == 0:
-            _beat(other, brokerId=2)
+            for o in others:
+                _beat(o, brokerId=sessions._by_conn[o].hb["brokerId"])
         found += sessions.sweep(int(time.time() * 1000))
     return found
 
@@ -676,25 +678,25 @@ def _pass(sessions: SessionRegistry, clock: Clock, seconds: float, other: Ingest
 def test_a_session_whose_broker_sends_no_heartbeat_for_its_timeout_is_reported_silent_once_per_silence():
     """A hung master keeps its connection and sends nothing: after its heartbeat timeout the worker says so on the
     liveness topic (the controllers' lane elects from it, api/connection_loss.py), once, until it heartbeats again."""
-    producer, sessions, proto, (other,), clock = _silence_rig()
+    producer, sessions, proto, others, clock = _silence_rig()
     s = sessions._by_conn[proto]
     opened = s.heard_ms
     assert s.timeout_ms == 10_000  # the heartbeat's default
-    assert _pass(sessions, clock, 9.9, other) == 0
+    assert _pass(sessions, clock, 9.9, others) == 0
     clock.t += 0.11  # (past the boundary, whatever the float sums)
     assert sessions.sweep(opened + 10_000) == 1
     silent = producer.to_lane[-1]
     assert silent == {"type": "silent", **{k: HB[k] for k in ("clusterName", "brokerName", "brokerAddr")},
                       "brokerId": 1, "ts": opened + 10_000, "lastHeartbeatMs": opened,
                       "heartbeatTimeoutMillis": 10_000, "sessionOpenedMs": opened}
-    assert _pass(sessions, clock, 5, other) == 0 and sessions.stats["silent"] == 1  # once per silence
+    assert _pass(sessions, clock, 5, others) == 0 and sessions.stats["silent"] == 1  # once per silence
     # It heartbeats again (with a shorter timeout): a new silence is counted from that heartbeat.
     _beat(proto, heartbeatTimeoutMillis=3_000)
     assert not s.silent and s.timeout_ms == 3_000 and s.heard_ms >= opened
-    assert _pass(sessions, clock, 2.9, other) == 0
-    assert _pass(sessions, clock, 0.1, other) == 1
+    assert _pass(sessions, clock, 2.9, others) == 0
+    assert _pass(sessions, clock, 0.1, others) == 1
     # Another broker's heartbeat on the session's connection (another id, set or cluster) is not its broker's.
-    for other_broker in ({"brokerId": 2}, {"brokerName": "x"}, {"clusterName": "x"}):
+    for other_broker in ({"brokerId": 9}, {"brokerName": "x"}, {"clusterName": "x"}):
         _beat(proto, **other_broker)
         assert s.silent, other_broker
     assert [r.get("type") for r in producer.to_lane].count("silent") == 2
@@ -702,12 +704,11 @@ def test_a_session_whose_broker_sends_no_heartbeat_for_its_timeout_is_reported_s
 
 def test_silence_is_judged_on_the_monotonic_clock_not_the_wall_clock():
     """A wall-clock step (NTP, a resume) is no silence; the record still carries wall-clock instants."""
-    producer, sessions, proto, (other,), clock = _silence_rig()
+    producer, sessions, proto, others, clock = _silence_rig()
     heard = sessions._by_conn[proto].heard_ms
     clock.t += 0.1
-    _beat(other, brokerId=2)
     assert sessions.sweep(heard + 3_600_000) == 0  # the wall clock jumped an hour; 0.1 s passed
-    assert _pass(sessions, clock, 9.8, other) == 0
+    assert _pass(sessions, clock, 9.8, others) == 0
     clock.t += 0.11  # (past the boundary, whatever the float sums)
     assert sessions.sweep(heard - 60_000) == 1  # 10 s passed; the wall clock stepped back a minute since
     rec = producer.to_lane[-1]
@@ -717,17 +718,23 @@ def test_silence_is_judged_on_the_monotonic_clock_not_the_wall_clock():
 def test_a_stalled_worker_gives_every_session_a_whole_timeout_again_and_says_so():
     """After the worker itself stalled (SIGSTOP, no CPU), its sockets may hold heartbeats it has not read yet: a
     silence is counted from the stall's end, not from the last heartbeat it read."""
-    producer, sessions, proto, (other,), clock = _silence_rig()
+    producer, sessions, proto, others, clock = _silence_rig()
     heard = sessions._by_conn[proto].heard_ms
     assert sessions.sweep(heard) == 0
     clock.t += 30.0  # the first sweep after a 30 s gap
     assert sessions.sweep(heard + 30_000) == 0 and sessions.stats["stalled_sweeps"] == 1
-    assert _pass(sessions, clock, 9.9, other) == 0
+    assert _pass(sessions, clock, 9.9, others) == 0
     clock.t += 0.11  # (past the boundary, whatever the float sums)
     assert sessions.sweep(heard + 40_000) == 1
     assert producer.to_lane[-1]["lastHeartbeatMs"] == heard  # the record still says when it was last heard
     clock.t += 0.11  # (past the boundary, whatever the float sums)
     assert sessions.sweep(heard + 40_100) == 0 and sessions.stats["stalled_sweeps"] == 1  # regular sweeps again
+    clock.t += 0.9
+    sessions.sweep(heard + 41_000)
+    assert sessions.stats["stalled_sweeps"] == 1  # 0.9 s apart: a slow loop, not a stall
+    clock.t += 1.5
+    sessions.sweep(heard + 42_500)
+    assert sessions.stats["stalled_sweeps"] == 2  # 1.5 s apart: a stall
 
 
 def test_when_every_session_of_a_worker_falls_silent_together_none_is_reported():
@@ -745,9 +752,31 @@ def test_when_every_session_of_a_worker_falls_silent_together_none_is_reported()
         _beat(o, brokerId=sessions._by_conn[o].hb["brokerId"])
     clock.t += 0.11  # (past the boundary, whatever the float sums)
     assert sessions.sweep(heard + 12_000) == 0
-    _, stopping, _, (other,), clock = _silence_rig()
+    _, stopping, _, others, clock = _silence_rig()
     stopping.stop()
-    assert _pass(stopping, clock, 12, other) == 0 and stopping.stats["silent_unreported"] == 0
+    assert _pass(stopping, clock, 12, others) == 0 and stopping.stats["silent_unreported"] == 0
+
+
+def test_a_silence_staggered_over_a_few_heartbeats_or_with_a_short_timeout_is_still_not_reported():
+    """The brokers stop one after another over 2 s (a load generator slowing before it stalls), with the bench's
+    3 s timeout; or with a 500 ms timeout: a quorum of the worker's other sessions must have spoken since the
+    middle of a silence for it to be reported, not just one heartbeat anywhere (the second review's case)."""
+    for timeout_ms, stagger_s in ((3_000, 2.0), (500, 0.4)):
+        producer, sessions, _, others, clock = _silence_rig(others=19)
+        protos = list(sessions._by_conn)
+        stops = {p: clock.t + stagger_s * i / len(protos) for i, p in enumerate(protos)}  # the last stops 2 s on
+        for p in protos:
+            _beat(p, brokerId=sessions._by_conn[p].hb["brokerId"], heartbeatTimeoutMillis=timeout_ms)
+        for _ in range(round((stagger_s + 3 * timeout_ms / 1000) * 20)):  # swept every 50 ms; heartbeats every 0.1 s
+            clock.t += 0.05
+            for p in protos:
+                if clock.t < stops[p] and round(clock.t * 20) % 2 == 0:
+                    _beat(p, brokerId=sessions._by_conn[p].hb["brokerId"], heartbeatTimeoutMillis=timeout_ms)
+            sessions.sweep(int(time.time() * 1000))
+        assert sessions.stats["silent"] == 0 and sessions.stats["silent_unreported"] == 20, (timeout_ms, sessions.stats)
+    # A worker with a single other session has no quorum to judge by: left to the job.
+    producer, sessions, proto, others, clock = _silence_rig(others=1)
+    assert _pass(sessions, clock, 11, others) == 0 and sessions.stats["silent_unreported"] == 1
 
 
 def test_a_heartbeat_taken_the_slow_way_or_refused_for_kafka_still_shows_the_session_alive(monkeypatch):
