@@ -60,7 +60,6 @@ class Disconnected:
     reason: str  # records.CONNECTION_LOST, records.SHUTDOWN, or records.SILENT (a `silent` record)
     opened_ms: int | None = None  # when that session opened (records of earlier versions: unknown)
     last_heard_ms: int | None = None  # silent: the session's last heartbeat
-    timeout_ms: int | None = None  # silent: the broker's heartbeat timeout, which passed without one
 
     @staticmethod
     def from_record(d: dict) -> Disconnected:
@@ -76,7 +75,7 @@ class Disconnected:
         disconnect it amounts to; InvalidHeartbeat (a ValueError) names the bad field."""
         v = records.validate_silent(d)
         return Disconnected(v["clusterName"], v["brokerName"], v["brokerId"], v["ts"], records.SILENT,
-                            v[records.SESSION_OPENED], v[records.LAST_HEARD], v["heartbeatTimeoutMillis"])
+                            v[records.SESSION_OPENED], v[records.LAST_HEARD])
 
     @property
     def gone_from_ms(self) -> int:
@@ -150,8 +149,8 @@ class ConnectionLossLane:
         self._timings: deque[tuple[int, float]] = deque(maxlen=256)
         self._tasks: set[asyncio.Task] = set()
         self._held: dict[int, asyncio.TimerHandle] = {}  # lost connections waiting out the grace
-        # (cluster, set, id) -> last heartbeat, of silences waiting for the job's view (at most one per session)
-        self._pending_silent: dict[tuple[str, str, int], int] = {}
+        # (cluster, set, id) of silences waiting for the job's view
+        self._pending_silent: set[tuple[str, str, int]] = set()
         self._next_hold = 0
         self._stopped = False
 
@@ -224,7 +223,7 @@ class ConnectionLossLane:
     def _counts(self, d: Disconnected, arrived_at_ms: int) -> None:
         """The disconnect counts now: the broker is gone from the table, and the leader elects if it was a master."""
         if d.reason == records.SILENT:  # (set again below while it waits for the job's view: on every other path gone)
-            self._pending_silent.pop((d.cluster, d.name, d.broker_id), None)
+            self._pending_silent.discard((d.cluster, d.name, d.broker_id))
         newest = self.liveness.session_opened_at(d.cluster, d.name, d.broker_id)
         if d.opened_ms is not None and newest is not None and newest > d.opened_ms:
             # an older session of the broker, ended after it opened a newer one on another ingest worker (one
@@ -258,7 +257,7 @@ class ConnectionLossLane:
             log.warning("set %s: master %d %s and no other broker is alive: nothing to elect yet; the "
                         "streaming job proposes once a replica heartbeats", d.name, d.broker_id, d.what())
             return
-        if self.now_ms() - at > STALE_VIEW_TIMEOUTS * min(b.timeout_ms for b in alive):
+        if self._stale(at, alive):
             # The job's last view (the data horizon) is old: a replica judged alive there may have died since
             # (without a session record). The job (stopped, or far behind) decides once it has a fresh view.
             self.stats["stale_view"] += 1
@@ -285,9 +284,13 @@ class ConnectionLossLane:
         at = self.live_now_ms()
         if at < d.gone_from_ms:
             return False
-        others = [b.timeout_ms for b in self.liveness.group(d.cluster, d.name).values()
+        others = [b for b in self.liveness.group(d.cluster, d.name).values()
                   if b.broker_id != d.broker_id and b.alive_at(at)]
-        return not others or self.now_ms() - at <= STALE_VIEW_TIMEOUTS * min(others)
+        return not others or not self._stale(at, others)
+
+    def _stale(self, horizon_ms: int, alive: list[BrokerLiveInfo]) -> bool:
+        """Whether the job's view at `horizon_ms` is too old to judge these live brokers by (STALE_VIEW_TIMEOUTS)."""
+        return self.now_ms() - horizon_ms > STALE_VIEW_TIMEOUTS * min(b.timeout_ms for b in alive)
 
     def _wait_for_view(self, d: Disconnected, arrived_at_ms: int) -> None:
         """A silence is elected from once the job's view is here (its liveness records have arrived), fresh (not
@@ -307,7 +310,7 @@ class ConnectionLossLane:
             log.warning("set %s: master %d %s, but the streaming job's view of the set is not fresh enough: left to "
                         "the job", d.name, d.broker_id, d.what())
             return
-        self._pending_silent[(d.cluster, d.name, d.broker_id)] = d.gone_from_ms  # not a candidate meanwhile
+        self._pending_silent.add((d.cluster, d.name, d.broker_id))  # not a candidate meanwhile
         self._hold(COVER_RECHECK_S, d, arrived_at_ms)
 
     async def _elect(self, d: Disconnected, master_epoch: int, live: list[BrokerLiveInfo], at_ms: int,

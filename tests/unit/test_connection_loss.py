@@ -321,8 +321,7 @@ HEARD = NOW - 2_200  # the hung master's last heartbeat: its 3 s timeout ended a
 
 
 def _silent(broker: int = 1, heard: int = HEARD, at: int = HEARD + TIMEOUT) -> Disconnected:
-    return Disconnected("c", "s", broker, at, records.SILENT, opened_ms=NOW - 60_000, last_heard_ms=heard,
-                        timeout_ms=TIMEOUT)
+    return Disconnected("c", "s", broker, at, records.SILENT, opened_ms=NOW - 60_000, last_heard_ms=heard)
 
 
 def test_a_master_whose_session_fell_silent_for_its_timeout_is_replaced_once_the_job_s_view_agrees():
@@ -476,7 +475,7 @@ def test_a_crash_does_not_elect_a_replica_whose_silence_waits_for_the_job_s_view
     for i in (2, 3):
         st.table.put("c", "s", _live(i, NOW - 3_000))
     hung_replica = Disconnected("c", "s", 2, NOW - 1_000 + 800, records.SILENT, opened_ms=NOW - 60_000,
-                                last_heard_ms=NOW - 2_200, timeout_ms=TIMEOUT)
+                                last_heard_ms=NOW - 2_200)
 
     def crash() -> None:
         assert ("c", "s", 2) in st.lane._pending_silent and 2 in st.table.group("c", "s")
