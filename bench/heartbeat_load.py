@@ -32,6 +32,12 @@ def ingest_group_size(heartbeats_per_s: float, partitions: int, nodes: int = 3) 
     return max(1, round(heartbeats_per_s / (workers * partitions * 1000 / GROUP_LINGER_MS)))
 
 
+def phase_slices(brokers: list, phases: int) -> list[list]:
+    """`brokers` dealt over `phases` instants of a heartbeat interval, round-robin: each once, in order, and
+    consecutive brokers (a set's) at different instants, as a fleet started at different times beats."""
+    return [brokers[k::phases] for k in range(phases)]
+
+
 def partition_of(key: bytes, partitions: int) -> int:
     """Kafka's default partitioner (murmur2 of the key), as the ingest workers' producers use."""
     return (murmur2(key) & 0x7FFFFFFF) % partitions

@@ -1,14 +1,17 @@
 """`electra bench stream`: the streaming job alone: batch times and detection latency with many broker sets.
 
     electra bench stream [--sets 100] [--brokers 3] [--hb-interval-ms 1000] [--timeout-ms 3000]
-                         [--kill 10] [--trigger-ms 1000] [--shuffle-partitions 1] [--buckets 2] [--read-tasks 1]
-                         [--group N] [--job-arg=--conf=KEY=VALUE ...] [--out DIR]
+                         [--kill 10] [--trigger-ms 1000] [--shuffle-partitions 1] [--buckets 2] [--read-tasks N]
+                         [--group N] [--phases 10] [--job-arg=--conf=KEY=VALUE ...] [--out DIR]
 
 Starts tansu, a recording controller stand-in (stdlib HTTP server; answers 200 and publishes the
 ElectMaster event), and the real job in local mode; all brokers heartbeat (produced straight to
-Kafka, no HTTP; each broker's record is encoded once and only its `ts` is filled in per beat, and each
-round goes out as whole record batches (`heartbeat_load.py`, ~2 us a record), so one thread offers the
-30,000 a second of 10,000 sets), then the masters of `--kill` sets stop. Heartbeats go into Kafka records
+Kafka, no HTTP; each broker's record is encoded once and only its `ts` is filled in per beat, and the
+heartbeats of each of `--phases` instants of the interval go out as whole record batches (`heartbeat_load.py`,
+~2 us a record), so one thread offers the 30,000 a second of 10,000 sets), then the masters of `--kill` sets
+stop, each at its own phase (so the detection percentiles are over that many phases of the job's batches,
+not one). The job reads with `--read-tasks` tasks, by default the job's sizing rule for this load
+(`streaming.job.read_tasks_for`). Heartbeats go into Kafka records
 as ingest workers write them (`records.heartbeat_group`): `--group N` heartbeats of one partition per
 record, by default what three nodes' ingest workers grouping for `api.ingest.GROUP_LINGER_MS` give at
 this rate (`heartbeat_load.ingest_group_size`); `--group 1` is one heartbeat per record, as ingest
@@ -16,7 +19,7 @@ wrote them before. Prints a
 JSON summary (time to the first batch, batch_ms percentiles after warm-up, detection latency = master's
 last heartbeat -> proposal received, duplicate proposals), then `RESULT sets=<n> batch_ms_p50=<n>
 detect_p50_s=<x> detect_p99_s=<x> ... job_cpu_us_per_hb=<x>` (the job's whole process tree, from /proc,
-per heartbeat produced after warm-up).
+per heartbeat produced after warm-up, and `read_tasks=<n>`).
 `electra bench failover` measures the same through the whole pipeline (HTTP ingest, controllers).
 """
 
@@ -43,9 +46,10 @@ from electra.interrupts import die_with_parent
 from electra.security.credentials import without_credentials
 from electra.streaming import kafka_io, records
 from electra.streaming.embedded_kafka import EmbeddedKafka, free_port
+from electra.streaming.job import LOCAL_CORES, read_tasks_for
 
 from .common import _stat_fields, process_children, process_tree_cpu_s, result_line
-from .heartbeat_load import RoundProducer, ingest_group_size, partition_of
+from .heartbeat_load import RoundProducer, ingest_group_size, partition_of, phase_slices
 
 
 def _role(pid: int, root: int) -> str:
@@ -116,20 +120,27 @@ def main(argv: list[str] | None = None) -> int:
                     help="the job's micro-batch trigger interval (default 1000)")
     ap.add_argument("--shuffle-partitions", type=int, minimum=1, default=1,
                     help="the job's spark.sql.shuffle.partitions (default 1)")
-    ap.add_argument("--read-tasks", type=int, minimum=0, default=1,
-                    help="source read tasks per batch (default 1; 0: one per Kafka partition)")
+    ap.add_argument("--read-tasks", type=int, minimum=0, default=None,
+                    help="source read tasks per batch (default: the job's sizing rule for this load on its "
+                         "local[2] master, `streaming.job.read_tasks_for`; 0: one per Kafka partition)")
     ap.add_argument("--job-arg", action="append", default=[], help="extra argument for the job (repeatable)")
     ap.add_argument("--buckets", type=int, minimum=1, default=2,
                     help="operator keys; a value >= --sets is one key per set (the layout before buckets)")
     ap.add_argument("--group", type=int, minimum=0, default=0,
                     help="heartbeats per Kafka record (default 0: what the ingest workers would group at this rate; "
                          "1: one per record)")
+    ap.add_argument("--phases", type=int, minimum=1, maximum=1000, default=10,
+                    help="instants of the heartbeat interval the brokers' heartbeats are spread over (default 10; "
+                         "1: every broker at once, the generator before 2026-11-28)")
     ap.add_argument("--warmup-s", type=float, minimum=0, default=10.0,
                     help="seconds of heartbeats before measuring and killing (default 10)")
     ap.add_argument("--out", default=None,
                     help="directory for the job log and checkpoint, kept (default: a temp dir, removed after a "
                          "good run and kept after a failed one)")
     a = ap.parse_args(argv)
+    hb_per_s = a.sets * a.brokers * 1000 / a.hb_interval_ms
+    if a.read_tasks is None:
+        a.read_tasks = read_tasks_for(hb_per_s, LOCAL_CORES)
     out = Path(a.out or tempfile.mkdtemp(prefix="electra-stream-bench-"))
     out.mkdir(parents=True, exist_ok=True)
 
@@ -205,23 +216,32 @@ def main(argv: list[str] | None = None) -> int:
         return [(p, None, records.heartbeat_group(values[i:i + group]))
                 for p, values in by_part.items() for i in range(0, len(values), group)]
 
+    # Each broker heartbeats at one of `--phases` instants of the interval, spread evenly (a fleet's brokers
+    # start at different times, so their heartbeats are spread over the interval): the data horizon then moves
+    # every interval / phases, not once an interval (with one phase, a deadline that falls just after a round
+    # waited a whole interval for the next, later heartbeat to pass it).
+    slices = phase_slices(templates, a.phases)
+    step_s = a.hb_interval_ms / 1000 / a.phases
+
     def beat() -> None:
-        """One round a heartbeat interval: every live broker's heartbeat, as whole record batches."""
+        """Every `step_s`, one phase's live brokers' heartbeats, as whole record batches."""
+        k = 0
         while not quit_.is_set():
             t0 = time.monotonic()
             ts = int(time.time() * 1000)
             tail = b"%d}" % ts
             gone = set(stopped)
-            load.send_round(grouped([(p, key, head + tail) for n, b, p, key, head in templates
-                                     if not (b == 1 and n in gone)]), ts)
-            for n in names:
-                if n not in gone:
+            beats = [(p, key, head + tail) for n, b, p, key, head in slices[k] if not (b == 1 and n in gone)]
+            load.send_round(grouped(beats), ts)
+            for n, b, _p, _key, _head in slices[k]:
+                if b == 1 and n not in gone:
                     last_master_hb[n] = ts
-            produced[0] += len(templates) - len(gone)
+            produced[0] += len(beats)
+            k = (k + 1) % a.phases
             late = time.monotonic() - t0
             summary_load["rounds"] += 1
-            summary_load["late_rounds"] += late > a.hb_interval_ms / 1000
-            quit_.wait(max(0.0, a.hb_interval_ms / 1000 - late))
+            summary_load["late_rounds"] += late > step_s
+            quit_.wait(max(0.0, step_s - late))
 
     threading.Thread(target=beat, daemon=True).start()
     log_path = out / "job.log"
@@ -237,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                            # cluster credential (`electra up` prints one) made every proposal fail on TLS
                            env=without_credentials(dict(os.environ)))
     summary: dict = {"sets": a.sets, "brokers": a.brokers, "heartbeats_per_record": group,
-                     "hb_per_s": a.sets * a.brokers * 1000 / a.hb_interval_ms,
+                     "hb_per_s": hb_per_s, "phases": a.phases, "read_tasks": a.read_tasks,
+                     "shuffle_partitions": a.shuffle_partitions,
                      "timeout_ms": a.timeout_ms, "trigger_ms": a.trigger_ms, "out": str(out)}
     try:
         deadline = time.monotonic() + 300
@@ -307,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                       job_cpu_us_per_hb=summary.get("job_cpu_us_per_hb"),
                       proposed=summary.get("proposed"), killed=summary.get("killed"),
                       duplicates=summary.get("proposals_total", 0) - summary.get("proposed", 0),
-                      timeout_s=a.timeout_ms / 1000))
+                      timeout_s=a.timeout_ms / 1000, read_tasks=a.read_tasks))
     if summary.get("killed") and not summary.get("proposed"):
         print(f"error: {summary['killed']} masters were killed and no proposal reached the benchmark's controller: "
               f"see {log_path} (kept)", file=sys.stderr)

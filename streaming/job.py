@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -66,6 +67,20 @@ def pinned_buckets(checkpoint: str, requested: int) -> int:
     return pinned
 
 
+# The sizing rule for `--read-tasks` (docs/heartbeat-pipeline.md, "Sizing the read"): one Python worker reads,
+# decodes and folds a heartbeat in ~25 µs, and every further read task costs a Python worker round trip and its
+# reader's fixed work per batch (measured at 1,000 sets: 203 → 300 µs of job CPU a heartbeat, batches no shorter;
+# at 10,000 sets: batches 1.65 → 1.2-1.3 s, detection timeout + 2.4 → + 1.7 s).
+HEARTBEATS_PER_READ_TASK = 10_000
+LOCAL_CORES = 2  # the job's Spark master when run with plain python (not under spark-submit): local[2]
+
+
+def read_tasks_for(heartbeats_per_s: float, cores: int) -> int:
+    """Read tasks for a fleet sending `heartbeats_per_s`, on a job with `cores` cores of its own: one per
+    HEARTBEATS_PER_READ_TASK a second, at least one, at most one per core."""
+    return max(1, min(max(1, cores), math.ceil(heartbeats_per_s / HEARTBEATS_PER_READ_TASK)))
+
+
 @dataclass
 class JobConfig:
     bootstrap: str
@@ -108,7 +123,7 @@ LOCAL_JVM_OPTIONS = "-XX:+UseSerialGC"
 def build_spark(cfg: JobConfig):
     from pyspark.sql import SparkSession
 
-    master = cfg.spark_master or (None if _under_spark_submit() else "local[2]")
+    master = cfg.spark_master or (None if _under_spark_submit() else f"local[{LOCAL_CORES}]")
     local = master is not None and master.startswith("local")
     if local:  # the workers must import electra: the same interpreter as the driver
         os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -385,20 +400,21 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port[,host:port]")
     ap.add_argument("--controllers", required=True, help="controller HTTP endpoints h:p,h:p,h:p")
     ap.add_argument("--checkpoint", required=True, help="checkpoint directory (local path or a Hadoop URI)")
-    ap.add_argument("--trigger-ms", type=int, default=1000)
+    ap.add_argument("--trigger-ms", type=int, minimum=0, default=1000)
     ap.add_argument("--spark-master", default=None, help="default: spark-submit's master, else local[2]")
     ap.add_argument("--topic-prefix", default="")
     ap.add_argument("--shuffle-partitions", type=int, minimum=1, default=1,
                     help="state store partitions, one task each per batch (size it to the executors' cores)")
-    ap.add_argument("--read-tasks", type=int, default=1,
-                    help="tasks reading a batch from Kafka with the Python source (0: one per Kafka partition)")
+    ap.add_argument("--read-tasks", type=int, minimum=0, default=1,
+                    help="tasks reading a batch from Kafka with the Python source (0: one per Kafka partition); "
+                         f"one per {HEARTBEATS_PER_READ_TASK:,} heartbeats a second, at most the job's cores")
     ap.add_argument("--buckets", type=int, minimum=1, default=2,
                     help="stateful operator keys; broker sets are hashed into them (pinned once a checkpoint exists: "
                          "every key costs state round trips to the JVM per batch, so few is fast)")
     ap.add_argument("--source", choices=("auto", "kafka", "python"), default="auto")
     ap.add_argument("--no-hwm-fix", action="store_true", help="real Kafka: trust ListOffsets (tansu needs the fix)")
     ap.add_argument("--starting-offsets", choices=("earliest", "latest"), default="earliest")
-    ap.add_argument("--proposal-retries", type=int, default=3)
+    ap.add_argument("--proposal-retries", type=int, minimum=0, default=3)
     ap.add_argument("--http-deadline-s", type=float, default=10.0)
     ap.add_argument("--proposals-at-batch-end", action="store_true",
                     help="send proposals from foreachBatch only, not from the operator as it decides them")
@@ -411,6 +427,9 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("py4j", "kafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    bad = [kv for kv in a.conf if "=" not in kv or not kv.split("=", 1)[0].strip()]
+    if bad:
+        ap.error(f"--conf: KEY=VALUE expected, got {bad[0]!r}")
     extra = dict(kv.split("=", 1) for kv in a.conf)
     return JobConfig(bootstrap=a.bootstrap, controllers=[c for c in a.controllers.split(",") if c.strip()],
                      checkpoint=a.checkpoint, trigger_ms=a.trigger_ms, spark_master=a.spark_master,

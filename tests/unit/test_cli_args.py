@@ -277,3 +277,27 @@ def test_up_passes_the_disconnect_grace_to_the_streaming_job_and_refuses_a_negat
     with pytest.raises(SystemExit):
         job.parse_args(["--bootstrap", "k:9092", "--controllers", "c:1", "--disconnect-grace-ms", "-5"])
     assert "--disconnect-grace-ms: must be at least 0, got -5" in capsys.readouterr().err
+
+
+def test_the_read_task_rule_and_the_job_refuses_a_negative_count(capsys):
+    """`--read-tasks`' sizing rule (docs/heartbeat-pipeline.md, "Sizing the read"): one task per 10,000
+    heartbeats a second, at least one, never more than the job's cores; the job refuses a negative count."""
+    from electra.streaming import job
+    from electra.streaming.job import read_tasks_for
+
+    assert read_tasks_for(0, 2) == 1
+    assert read_tasks_for(3_000, 2) == 1          # 1,000 sets: one task (a second one costs ~100 µs a heartbeat)
+    assert read_tasks_for(10_000, 2) == 1
+    assert read_tasks_for(10_001, 2) == 2
+    assert read_tasks_for(30_000, 2) == 2         # 10,000 sets on local[2]
+    assert read_tasks_for(30_000, 8) == 3
+    assert read_tasks_for(30_000, 0) == 1
+    base = ["--bootstrap", "k:9092", "--controllers", "c:1", "--checkpoint", "/tmp/cp"]
+    assert job.parse_args(base).read_tasks == 1
+    for args, error in ((["--read-tasks", "-1"], "--read-tasks: must be at least 0, got -1"),
+                        (["--trigger-ms", "-1"], "--trigger-ms: must be at least 0, got -1"),
+                        (["--proposal-retries", "-2"], "--proposal-retries: must be at least 0, got -2"),
+                        (["--conf", "spark.x"], "--conf: KEY=VALUE expected, got 'spark.x'")):
+        with pytest.raises(SystemExit):
+            job.parse_args(base + args)
+        assert error in capsys.readouterr().err
