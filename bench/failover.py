@@ -44,7 +44,7 @@ from pathlib import Path
 
 import uvloop  # the simulated fleet runs in this process: uvloop's TLS and sockets cost less per heartbeat
 
-from electra.cli_args import Parser, count_list
+from electra.cli_args import Parser, count_list, make_dir
 
 from .common import free_ports, percentile, process_tree_cpu_s, result_line
 
@@ -404,6 +404,8 @@ def main(argv: list[str]) -> int:
                    help="an extra argument for the streaming job (repeat; e.g. --job-arg=--proposals-at-batch-end)")
     p.add_argument("--out", default=None, help="keep each size's logs under this directory (default: a temp dir)")
     args = p.parse_args(argv)
+    if args.out:
+        make_dir(args.out, "--out")
     sizes = args.groups
     print(f"bench failover: sizes {sizes}, {args.crash} crashed and {args.hang} hung masters per size, heartbeat "
           f"timeout {args.timeout_ms} ms, trigger {args.trigger_ms} ms", flush=True)

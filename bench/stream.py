@@ -41,7 +41,7 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
-from electra.cli_args import Parser
+from electra.cli_args import Parser, make_dir
 from electra.interrupts import die_with_parent
 from electra.security.credentials import without_credentials
 from electra.streaming import kafka_io, records
@@ -141,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     hb_per_s = a.sets * a.brokers * 1000 / a.hb_interval_ms
     if a.read_tasks is None:
         a.read_tasks = read_tasks_for(hb_per_s, LOCAL_CORES)
-    out = Path(a.out or tempfile.mkdtemp(prefix="electra-stream-bench-"))
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_dir(a.out, "--out") if a.out else Path(tempfile.mkdtemp(prefix="electra-stream-bench-"))
 
     kafka = EmbeddedKafka(log_file=out / "tansu.log").start()
     kafka_io.ensure_topics(kafka.bootstrap, records.Topics().partitions())

@@ -7,7 +7,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from electra.cli_args import refuse
+from electra.cli_args import make_dir, refuse
 from electra.interrupts import terminate_as_interrupt
 
 from .nemesis import KINDS, parse_kind
@@ -77,10 +77,7 @@ def _check_combination(args: argparse.Namespace) -> None:
                                     ("--failover-bound-s", args.failover_bound_s)) if v is not None]
     if pipeline_only and not args.pipeline:
         refuse(f"{', '.join(pipeline_only)} apply to --pipeline runs only")
-    try:  # the run's files go here: a path that cannot be a directory is refused before anything starts
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        refuse(f"--out {args.out}: cannot create the directory ({exc.strerror or exc})")
+    make_dir(args.out, "--out")  # the run's files go here: refused before anything starts if it cannot be
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:

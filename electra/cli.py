@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from electra.cli_args import Parser, refuse
+from electra.cli_args import Parser, host_port_list, make_dir, parse_addr, refuse
 from electra.interrupts import exit_if_stop_hangs, terminate_as_interrupt
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.tiering.options import parse_storage_options
@@ -27,15 +27,14 @@ def parse_peers(text: str) -> dict[int, tuple[str, int]]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         try:
             ident, addr = part.split("=", 1)
-            host, port = addr.rsplit(":", 1)
             node_id = int(ident)
-            port_no = int(port)
+            host, port_no = parse_addr(addr.strip(), min_port=1)
         except ValueError:
             raise argparse.ArgumentTypeError(f"bad peer {part!r}: expected ID=HOST:PORT") from None
+        except argparse.ArgumentTypeError as exc:  # a scheme, an IPv6 host without brackets, blanks in the host
+            raise argparse.ArgumentTypeError(f"bad peer {part!r}: {str(exc).split(': ', 1)[-1]}") from None
         if node_id <= 0:
             raise argparse.ArgumentTypeError(f"bad peer {part!r}: node ids start at 1")
-        if not host or not 0 < port_no < 65536:
-            raise argparse.ArgumentTypeError(f"bad peer {part!r}: expected ID=HOST:PORT, port 1-65535")
         if node_id in peers:
             raise argparse.ArgumentTypeError(f"bad peer {part!r}: node {node_id} is named twice")
         same = [i for i, (h, p) in peers.items() if (_host_key(h), p) == (_host_key(host), port_no)]
@@ -63,22 +62,6 @@ def parse_http_peers(text: str) -> dict[int, str]:
     return {i: f"{h}:{p}" for i, (h, p) in parse_peers(text).items()}
 
 
-def parse_addr(text: str) -> tuple[str, int]:
-    """`HOST:PORT` (port 0: any free port), IPv6 as `[::1]:PORT`."""
-    try:
-        host, port = text.rsplit(":", 1)
-        port_no = int(port)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad address {text!r}: expected HOST:PORT") from None
-    if "://" in text:
-        raise argparse.ArgumentTypeError(f"bad address {text!r}: write HOST:PORT, without a scheme")
-    if not host or not 0 <= port_no < 65536:
-        raise argparse.ArgumentTypeError(f"bad address {text!r}: expected HOST:PORT, port 0-65535")
-    if ":" in host and not (host.startswith("[") and host.endswith("]")):
-        raise argparse.ArgumentTypeError(f"bad address {text!r}: write an IPv6 host in brackets, [::1]:PORT")
-    return host, port_no
-
-
 # --------------------------------------------------------------------------- electra node
 NODE_OPTIONS = [
     ("--id", int, "this node's id (ELECTRA_NODE_ID)"),
@@ -96,7 +79,7 @@ NODE_OPTIONS = [
                                        "(default 5000, as RocketMQ; "
                                        "the new architecture also looks when a master's heartbeat times out; "
                                        "0 = off, the default with --kafka-bootstrap: the streaming job detects them)"),
-    ("--kafka-bootstrap", str, "Kafka bootstrap servers: heartbeats, events and liveness go through Kafka"),
+    ("--kafka-bootstrap", host_port_list, "Kafka bootstrap servers: heartbeats, events and liveness go through Kafka"),
     ("--topic-prefix", str, "prefix of the Kafka topic names (several Electra clusters on one Kafka)"),
     ("--tier-uri", str, "upload snapshots and events to Delta tables under this path or object-store URI"),
     ("--tier-options", parse_storage_options, "KEY=VALUE,... delta-rs storage options for --tier-uri"),
@@ -462,6 +445,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         refuse("--data-dir must not be empty (it would be the current directory)")
     if Path(args.data_dir).exists() and not Path(args.data_dir).is_dir():
         refuse(f"--data-dir {args.data_dir} is not a directory")
+    make_dir(args.data_dir, "--data-dir")
     cfg = StackConfig(data_dir=Path(args.data_dir), secure=not args.insecure, nodes=args.nodes,
                       raft_port=args.raft_port,
                       http_port=args.http_port, ingest_port=args.ingest_port, ingest_workers=args.ingest_workers,
@@ -497,6 +481,7 @@ def _run_stack(stack, cfg, args: argparse.Namespace) -> int:
     """`electra up` once its stack is configured: start it, watch it, stop it (whatever happens)."""
     from electra.security.node_security import INSECURE_BANNER
     from electra.streaming.embedded_kafka import KafkaBinaryMissing
+    from electra.streaming.kafka_io import KafkaUnreachable
 
     try:
         if cfg.legacy:
@@ -505,7 +490,7 @@ def _run_stack(stack, cfg, args: argparse.Namespace) -> int:
         else:
             try:
                 bootstrap = stack.start_kafka()
-            except KafkaBinaryMissing as exc:
+            except (KafkaBinaryMissing, KafkaUnreachable) as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 1
             where = ("external" if args.kafka_bootstrap
@@ -774,6 +759,12 @@ def cmd_simulate_brokers(args: argparse.Namespace) -> int:
         while (line := await lines.get()) is not None:
             yield line
 
+    if args.ids_file:  # written at the end of the run: a path that cannot hold the file is refused before it starts
+        ids = Path(args.ids_file)
+        if ids.is_dir():
+            refuse(f"--ids-file {ids} is a directory: name the file the broker ids are kept in")
+        if not ids.parent.is_dir():
+            refuse(f"--ids-file {ids}: directory {ids.parent} does not exist")
     commands = None if args.no_stdin or not sys.stdin or sys.stdin.closed else stdin_lines()
     ingest = [e.strip() for e in (args.ingest_endpoints or "").split(",") if e.strip()]
     import uvloop  # the simulator multiplexes thousands of sessions: uvloop's TLS and sockets cost less per heartbeat
@@ -921,8 +912,10 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--http-port", type=int, minimum=1, maximum=65535, default=7301)
     u.add_argument("--ingest-port", type=int, minimum=1, maximum=65535, default=7401,
                    help="first node's heartbeat ingest port")
-    u.add_argument("--ingest-workers", type=int, minimum=1, default=1, help="ingest worker processes per node")
-    u.add_argument("--kafka-bootstrap", help="use this Kafka instead of starting the embedded broker")
+    u.add_argument("--ingest-workers", type=int, minimum=1, maximum=256, default=1,
+                   help="ingest worker processes per node (1 to 256)")
+    u.add_argument("--kafka-bootstrap", type=host_port_list,
+                   help="use this Kafka (HOST:PORT[,HOST:PORT]) instead of starting the embedded broker")
     u.add_argument("--kafka-port", type=int, minimum=1, maximum=65535, default=19092, help="embedded broker port")
     u.add_argument("--topic-prefix", default="")
     u.add_argument("--spark-master", default="local[2]", help="Spark master URL for the streaming job")
@@ -930,7 +923,8 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--tier-uri", help="Delta tables for snapshots and events (default <data-dir>/tier)")
     u.add_argument("--no-tier", action="store_true", help="no Delta tiering")
     u.add_argument("--demo", action="store_true", help="also run simulated RocketMQ brokers")
-    u.add_argument("--demo-groups", type=int, minimum=1, default=20, help="broker sets the demo simulates")
+    u.add_argument("--demo-groups", type=int, minimum=1, maximum=64_000, default=20,
+                   help="broker sets the demo simulates (1 to 64000, as simulate-brokers)")
     u.add_argument("--disconnect-grace-ms", type=int, minimum=0, maximum=3_600_000, default=0,
                    help="the streaming job's grace for a lost session connection: a master whose connection drops "
                         "is failed over this long after (0: at once, RocketMQ's rule; docs/failover-signal.md)")
@@ -946,8 +940,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     ing = sub.add_parser("ingest", help="heartbeat ingest workers (HTTP -> Kafka), several processes on one port")
     ing.add_argument("--listen", type=parse_addr, default=("127.0.0.1", 7401), help="HOST:PORT (default :7401)")
-    ing.add_argument("--kafka-bootstrap", required=True, help="Kafka bootstrap servers, HOST:PORT[,HOST:PORT]")
-    ing.add_argument("--workers", type=int, minimum=1, default=2, help="worker processes sharing the port (default 2)")
+    ing.add_argument("--kafka-bootstrap", type=host_port_list, required=True,
+                     help="Kafka bootstrap servers, HOST:PORT[,HOST:PORT]")
+    ing.add_argument("--workers", type=int, minimum=1, maximum=256, default=2,
+                     help="worker processes sharing the port (default 2, at most 256)")
     ing.add_argument("--topic-prefix", default=os.environ.get("ELECTRA_TOPIC_PREFIX"),
                      help="prefix of the Kafka topic names, as given to the nodes and the streaming job (default: "
                           "ELECTRA_TOPIC_PREFIX, as the nodes read it, else the prefix of --topic, else none)")
@@ -1005,20 +1001,22 @@ def build_parser() -> argparse.ArgumentParser:
     v = verbs.add_parser("elect-master", help="admin-designated election (mqadmin electMaster)")
     _add_broker_set_args(v)
     v.add_argument("--cluster", required=True)
-    v.add_argument("--broker-id", type=int, required=True)
+    v.add_argument("--broker-id", type=int, minimum=1, required=True)
     v.add_argument("--unclean", action="store_true",
                    help="may pick a live broker outside the sync-state set (it may lack acknowledged messages)")
     v = verbs.add_parser("clean-broker-data", help="remove broker ids, or a whole set (CLEAN_BROKER_DATA)")
     _add_broker_set_args(v)
     v.add_argument("--cluster")
-    v.add_argument("--broker-ids", type=int, nargs="*")
+    v.add_argument("--broker-ids", type=int, minimum=1, nargs="+", metavar="ID",
+                   help="the ids to remove (leave the option out to remove the whole set; an empty list is refused, "
+                        "not taken for the whole set)")
     v.add_argument("--clean-living", action="store_true", help="also clean brokers that are alive")
     v = verbs.add_parser("replica-info", help="master, epochs and sync-state set of one broker set")
     _add_broker_set_args(v)
     verbs.add_parser("metadata", help="every node's controller metadata")
     v = verbs.add_parser("transfer-leader", help="move leadership off the current leader (before maintenance on its "
                                                  "host); a leader stopped with SIGTERM hands over by itself")
-    v.add_argument("--to", type=int, help="the node to lead (default: the most caught-up follower)")
+    v.add_argument("--to", type=int, minimum=1, help="the node to lead (default: the most caught-up follower)")
     ad.set_defaults(fn=cmd_admin)
 
     sb = sub.add_parser("simulate-brokers", help="RocketMQ-5-like brokers over HTTP (kill/hang/revive from stdin)",
@@ -1033,9 +1031,10 @@ def build_parser() -> argparse.ArgumentParser:
     # bounded by the simulator's addresses (10.<g // 250>.<g % 250>.<replica>) and the sync-state set's 64
     sb.add_argument("--groups", type=int, minimum=1, maximum=64_000, default=10)
     sb.add_argument("--replicas", type=int, minimum=1, maximum=64, default=3)
-    sb.add_argument("--duration", type=float, default=None, help="seconds to run (default: until quit/EOF)")
+    sb.add_argument("--duration", type=float, minimum=0.001, default=None,
+                    help="seconds to run (default: until quit/EOF)")
     sb.add_argument("--no-stdin", action="store_true", help="ignore stdin commands")
-    sb.add_argument("--ingest-endpoints", default=os.environ.get("ELECTRA_INGEST_ENDPOINTS"),
+    sb.add_argument("--ingest-endpoints", type=host_port_list, default=os.environ.get("ELECTRA_INGEST_ENDPOINTS"),
                     help="HOST:PORT,... heartbeat ingest endpoints (Kafka pipeline); default: every controller")
     sb.add_argument("--heartbeat-timeout-ms", type=int, minimum=100, maximum=3_600_000, default=10_000,
                     help="heartbeatTimeoutMillis the brokers send")

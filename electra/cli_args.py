@@ -11,6 +11,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 
@@ -19,6 +20,46 @@ def refuse(message: str) -> NoReturn:
     as argparse ends on a bad argument."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def parse_addr(text: str, min_port: int = 0) -> tuple[str, int]:
+    """`HOST:PORT` (port 0: any free port, unless `min_port` is 1: an address to dial), IPv6 as `[::1]:PORT`."""
+    try:
+        host, port = text.rsplit(":", 1)
+        port_no = int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad address {text!r}: expected HOST:PORT") from None
+    if "://" in text:
+        raise argparse.ArgumentTypeError(f"bad address {text!r}: write HOST:PORT, without a scheme")
+    if not host or not min_port <= port_no < 65536:
+        raise argparse.ArgumentTypeError(f"bad address {text!r}: expected HOST:PORT, port {min_port}-65535")
+    if host != host.strip() or any(c.isspace() for c in host):
+        raise argparse.ArgumentTypeError(f"bad address {text!r}: a host has no blanks")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise argparse.ArgumentTypeError(f"bad address {text!r}: write an IPv6 host in brackets, [::1]:PORT")
+    return host, port_no
+
+
+def host_port_list(text: str) -> str:
+    """An argparse `type` for `HOST:PORT[,HOST:PORT...]` (Kafka bootstrap servers, controller or ingest
+    endpoints): at least one, each as `parse_addr` reads it with a port from 1 to 65535. Returned as given,
+    blanks around the commas dropped: a typo is refused here, not logged as "unreachable" every few seconds."""
+    parts = [t.strip() for t in text.split(",") if t.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("expected HOST:PORT[,HOST:PORT...], got nothing")
+    for part in parts:
+        parse_addr(part, min_port=1)
+    return ",".join(parts)
+
+
+def make_dir(path: str | Path, option: str) -> Path:
+    """Create the directory an option names (parents too) before anything starts, or refuse with the reason
+    (a file in the way, no permission) instead of a traceback after the work began."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        refuse(f"{option} {path}: cannot create the directory ({exc.strerror or exc})")
+    return Path(path)
 
 
 def _bound(value: float) -> str:

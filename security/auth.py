@@ -268,6 +268,11 @@ def create_token(tokens_file: Path | str, role: str, name: str, *, broker_sets: 
         raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
     if role == "broker" and not broker_sets:
         raise ValueError("a broker credential needs its broker set(s) (patterns such as 'broker-a' or 'sim-set-*')")
+    if role != "broker" and (broker_sets or clusters):  # else the holder would get an unscoped credential
+        raise ValueError(f"broker sets and clusters scope broker credentials only: {role} credentials are not scoped")
+    blank = [p for p in [*(broker_sets or []), *(clusters or [])] if not p.strip()]
+    if blank:
+        raise ValueError("an empty broker set or cluster pattern matches nothing")
     path = Path(tokens_file)
     data = _read_tokens_file(path) if path.exists() else {"tokens": []}
     token = secrets.token_urlsafe(32)

@@ -34,6 +34,12 @@ def cmd_cert(args: argparse.Namespace) -> int:
                                         out_dir=args.out_dir)
             print(f"node {args.id}: {crt} {key}")
         elif args.action == "create-token":
+            if args.out:  # checked before the credential exists: a bad --out must not leave one no one holds
+                out = Path(args.out)
+                if out.is_dir():
+                    raise ValueError(f"--out {out} is a directory: name the token's file")
+                if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+                    raise ValueError(f"--out {out}: cannot write a file in {out.parent}")
             token = create_token(args.tokens_file or d / TOKENS_FILE, args.role, args.name,
                                  broker_sets=args.broker_set, clusters=args.cluster)
             if args.out:

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from electra.cli_args import Parser
+from electra.cli_args import Parser, host_port_list
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.streaming import records
 
@@ -397,8 +397,9 @@ def run_job(cfg: JobConfig, stop: threading.Event | None = None) -> int:
 
 def parse_args(argv: list[str] | None = None) -> JobConfig:
     ap = Parser(prog="python -m electra.streaming.job", description=__doc__.split("\n")[0])
-    ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port[,host:port]")
-    ap.add_argument("--controllers", required=True, help="controller HTTP endpoints h:p,h:p,h:p")
+    ap.add_argument("--bootstrap", type=host_port_list, required=True,
+                    help="Kafka bootstrap servers host:port[,host:port]")
+    ap.add_argument("--controllers", type=host_port_list, required=True, help="controller HTTP endpoints h:p,h:p,h:p")
     ap.add_argument("--checkpoint", required=True, help="checkpoint directory (local path or a Hadoop URI)")
     ap.add_argument("--trigger-ms", type=int, minimum=0, default=1000)
     ap.add_argument("--spark-master", default=None, help="default: spark-submit's master, else local[2]")
@@ -422,11 +423,14 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
                     help="a master whose session connection was lost counts as inactive this long after the loss "
                          "(0: at once, RocketMQ's rule; a goodbye always counts at once)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark config")
-    ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--log-level", default="INFO", type=str.upper,
+                    choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
     a = ap.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("py4j", "kafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not a.checkpoint.strip():
+        ap.error("--checkpoint must not be empty")
     bad = [kv for kv in a.conf if "=" not in kv or not kv.split("=", 1)[0].strip()]
     if bad:
         ap.error(f"--conf: KEY=VALUE expected, got {bad[0]!r}")

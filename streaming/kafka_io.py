@@ -30,8 +30,13 @@ log = logging.getLogger("electra.streaming.kafka_io")
 FETCH_WAIT_MS = 10  # the one-fetch probe's wait: what it costs when no partition has anything new
 
 
+class KafkaUnreachable(RuntimeError):
+    """No Kafka broker at the bootstrap address answered within the deadline."""
+
+
 def ensure_topics(bootstrap: str, partitions: dict[str, int], timeout_s: float = 20.0) -> None:
-    """Create the topics that do not exist yet (replication 1 on the embedded broker)."""
+    """Create the topics that do not exist yet (replication 1 on the embedded broker); KafkaUnreachable when
+    no broker answered within `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -57,7 +62,7 @@ def ensure_topics(bootstrap: str, partitions: dict[str, int], timeout_s: float =
             time.sleep(0.2)
         finally:
             admin.close()
-    raise RuntimeError(f"could not create Kafka topics on {bootstrap}: {last!r}")
+    raise KafkaUnreachable(f"could not create Kafka topics on {bootstrap} within {timeout_s:g} s: {last!r}")
 
 
 def topic_partitions(consumer: KafkaConsumer, topic: str, timeout_s: float = 10.0) -> list[TopicPartition]:

@@ -318,3 +318,24 @@ def test_a_symlinked_tokens_file_is_rewritten_where_it_points(tmp_path):
     link.symlink_to(real)
     create_token(link, "observer", "b")
     assert link.is_symlink() and [t["name"] for t in json.loads(real.read_text())["tokens"]] == ["a", "b"]
+
+
+def test_create_token_refuses_a_scope_it_would_drop_and_an_out_path_before_adding_the_credential(tmp_path, capsys):
+    """`electra cert create-token`: a broker set or cluster on an admin or observer token would be dropped (the
+    holder would get an unscoped credential); an --out that cannot take the file is refused before the token
+    is added to tokens.json (it was added before, with its secret shown nowhere)."""
+    from electra import cli
+
+    d = str(tmp_path)
+    base = ["cert", "create-token", "--certs-dir", d]
+    for args, match in ((["--role", "admin", "--name", "ops", "--broker-set", "b0"], "scope broker credentials only"),
+                        (["--role", "observer", "--name", "o", "--cluster", "c1"], "scope broker credentials only"),
+                        (["--role", "broker", "--name", "b", "--broker-set", ""], "empty broker set"),
+                        (["--role", "broker", "--name", "b", "--broker-set", "b0", "--out", d], "is a directory"),
+                        (["--role", "broker", "--name", "b", "--broker-set", "b0", "--out", f"{d}/no/t"],
+                         "cannot write a file")):
+        assert cli.main(base + args) == 1
+        assert match in capsys.readouterr().err
+    assert not (tmp_path / "tokens.json").exists()  # nothing was added
+    assert cli.main(base + ["--role", "broker", "--name", "b", "--broker-set", "b0", "--out", f"{d}/tok"]) == 0
+    assert len(json.loads((tmp_path / "tokens.json").read_text())["tokens"]) == 1

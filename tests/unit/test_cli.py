@@ -79,6 +79,11 @@ def test_clear_errors_for_missing_and_unknown_settings(tmp_path, monkeypatch, ca
     ([], {"ELECTRA_TIER_RETENTION_DAYS": "nan"}, "tier-retention-days must be from"),
     (["--http-addr", "::1:7301"], {}, r"\[::1\]:PORT"),
     (["--http-addr", "http://127.0.0.1:7301"], {}, "without a scheme"),
+    (["--peers", "1=127.0.0.1:7101,2=http://10.0.0.2:7101"], {}, "without a scheme"),  # a node never reachable
+    (["--peers", "1=127.0.0.1:7101,2= host :7101"], {}, "a host has no blanks"),
+    (["--kafka-bootstrap", ":"], {}, "bad address ':'"),  # logged "unreachable" every few seconds before
+    (["--kafka-bootstrap", "kafka:99999"], {}, "port 1-65535"),
+    ([], {"ELECTRA_KAFKA_BOOTSTRAP": ""}, "got nothing"),  # an unset variable in a unit file: no Kafka, silently
 ])
 def test_node_settings_out_of_bounds_are_refused_from_every_source(argv, env, match, tmp_path, monkeypatch, capsys):
     base = {"--id": "1", "--peers": "1=127.0.0.1:7101", "--data-dir": str(tmp_path)}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from electra.cli import build_parser
@@ -301,3 +303,40 @@ def test_the_read_task_rule_and_the_job_refuses_a_negative_count(capsys):
         with pytest.raises(SystemExit):
             job.parse_args(base + args)
         assert error in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["ingest", "--insecure", "--kafka-bootstrap", ":"], "bad address ':'"),
+    (["up", "--kafka-bootstrap", "http://kafka:9092"], "without a scheme"),
+    (["simulate-brokers", "--ingest-endpoints", "a:b:c"], "bad address 'a:b:c'"),
+    (["simulate-brokers", "--duration", "0"], "must be at least 0.001"),  # ran forever before
+    (["admin", "clean-broker-data", "b0", "--broker-ids"], "expected at least one argument"),  # the whole set before
+    (["admin", "clean-broker-data", "b0", "--broker-ids", "0"], "must be at least 1"),
+    (["admin", "elect-master", "b0", "--cluster", "c", "--broker-id", "0"], "must be at least 1"),
+    (["up", "--demo-groups", "100000"], "at most 64000"),
+    (["ingest", "--insecure", "--kafka-bootstrap", "k:1", "--workers", "100000"], "at most 256"),
+])
+def test_addresses_ids_and_sizes_are_refused_where_they_are_parsed(argv, match, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2
+    assert re.search(match, capsys.readouterr().err)
+
+
+def test_paths_that_cannot_be_directories_or_files_are_refused_before_anything_starts(tmp_path, capsys):
+    from electra import cli
+    from electra.bench import stream
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for run, match in ((lambda: cli.main(["up", "--insecure", "--data-dir", str(afile / "sub")]), "--data-dir"),
+                       (lambda: stream.main(["--out", str(afile)]), "--out"),
+                       (lambda: cli.main(["simulate-brokers", "--no-stdin", "--ids-file", str(tmp_path)]),
+                        "is a directory"),
+                       (lambda: cli.main(["simulate-brokers", "--no-stdin", "--ids-file", str(tmp_path / "no" / "x")]),
+                        "does not exist")):
+        with pytest.raises(SystemExit) as e:
+            run()
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert match in err and "Traceback" not in err
