@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="directory for the job log and checkpoint, kept (default: a temp dir, removed after a "
                          "good run and kept after a failed one)")
     a = ap.parse_args(argv)
+    if a.kill > a.sets:
+        ap.error(f"--kill {a.kill}: there are only {a.sets} sets (--sets)")
     hb_per_s = a.sets * a.brokers * 1000 / a.hb_interval_ms
     if a.read_tasks is None:
         a.read_tasks = read_tasks_for(hb_per_s, LOCAL_CORES)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from electra.cli_args import Parser, host_port_list, make_dir, parse_addr, refuse
+from electra.cli_args import Parser, host_port_list, make_dir, parse_addr, refuse, topic_prefix
 from electra.interrupts import exit_if_stop_hangs, terminate_as_interrupt
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.tiering.options import parse_storage_options
@@ -80,7 +80,7 @@ NODE_OPTIONS = [
                                        "the new architecture also looks when a master's heartbeat times out; "
                                        "0 = off, the default with --kafka-bootstrap: the streaming job detects them)"),
     ("--kafka-bootstrap", host_port_list, "Kafka bootstrap servers: heartbeats, events and liveness go through Kafka"),
-    ("--topic-prefix", str, "prefix of the Kafka topic names (several Electra clusters on one Kafka)"),
+    ("--topic-prefix", topic_prefix, "prefix of the Kafka topic names (several Electra clusters on one Kafka)"),
     ("--tier-uri", str, "upload snapshots and events to Delta tables under this path or object-store URI"),
     ("--tier-options", parse_storage_options, "KEY=VALUE,... delta-rs storage options for --tier-uri"),
     ("--tier-retention-days", float, "history older than this is dropped from the tier, keeping the snapshot it "
@@ -178,6 +178,10 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
         refuse("--data-dir must not be empty (it would be the current directory)")
     if Path(args.data_dir).exists() and not Path(args.data_dir).is_dir():
         refuse(f"--data-dir {args.data_dir} is not a directory")
+    if args.tier_uri is not None and not str(args.tier_uri).strip():
+        refuse("--tier-uri must not be empty (leave it out for no tier)")
+    if args.tier_options and not args.tier_uri:
+        refuse("--tier-options apply to --tier-uri: give the tier too, or drop them")
     if args.bootstrap_from_tier and not args.tier_uri:
         refuse("--bootstrap-from-tier needs --tier-uri: the tier to start this node from")
     if args.state_machine not in ("controller", "kv", "counter"):
@@ -445,6 +449,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         refuse("--data-dir must not be empty (it would be the current directory)")
     if Path(args.data_dir).exists() and not Path(args.data_dir).is_dir():
         refuse(f"--data-dir {args.data_dir} is not a directory")
+    if args.tier_uri and args.no_tier:
+        refuse("--tier-uri and --no-tier contradict each other: give one")
     make_dir(args.data_dir, "--data-dir")
     cfg = StackConfig(data_dir=Path(args.data_dir), secure=not args.insecure, nodes=args.nodes,
                       raft_port=args.raft_port,
@@ -917,7 +923,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--kafka-bootstrap", type=host_port_list,
                    help="use this Kafka (HOST:PORT[,HOST:PORT]) instead of starting the embedded broker")
     u.add_argument("--kafka-port", type=int, minimum=1, maximum=65535, default=19092, help="embedded broker port")
-    u.add_argument("--topic-prefix", default="")
+    u.add_argument("--topic-prefix", type=topic_prefix, default="")
     u.add_argument("--spark-master", default="local[2]", help="Spark master URL for the streaming job")
     u.add_argument("--no-streaming", action="store_true", help="do not start the Spark job")
     u.add_argument("--tier-uri", help="Delta tables for snapshots and events (default <data-dir>/tier)")
@@ -939,12 +945,13 @@ def build_parser() -> argparse.ArgumentParser:
     u.set_defaults(fn=cmd_up)
 
     ing = sub.add_parser("ingest", help="heartbeat ingest workers (HTTP -> Kafka), several processes on one port")
-    ing.add_argument("--listen", type=parse_addr, default=("127.0.0.1", 7401), help="HOST:PORT (default :7401)")
+    ing.add_argument("--listen", type=lambda t: parse_addr(t, min_port=1), default=("127.0.0.1", 7401),
+                     help="HOST:PORT (default :7401; every worker shares this port, so it is not 0)")
     ing.add_argument("--kafka-bootstrap", type=host_port_list, required=True,
                      help="Kafka bootstrap servers, HOST:PORT[,HOST:PORT]")
     ing.add_argument("--workers", type=int, minimum=1, maximum=256, default=2,
                      help="worker processes sharing the port (default 2, at most 256)")
-    ing.add_argument("--topic-prefix", default=os.environ.get("ELECTRA_TOPIC_PREFIX"),
+    ing.add_argument("--topic-prefix", type=topic_prefix, default=os.environ.get("ELECTRA_TOPIC_PREFIX"),
                      help="prefix of the Kafka topic names, as given to the nodes and the streaming job (default: "
                           "ELECTRA_TOPIC_PREFIX, as the nodes read it, else the prefix of --topic, else none)")
     ing.add_argument("--topic", default=None,

@@ -52,6 +52,20 @@ def host_port_list(text: str) -> str:
     return ",".join(parts)
 
 
+def topic_prefix(text: str) -> str:
+    """An argparse `type` for a Kafka topic prefix: every topic it makes (`records.Topics.prefixed`) must be a Kafka
+    topic name (1-249 of A-Z a-z 0-9 . _ -), else the stack started and failed at its first topic."""
+    import re
+
+    from electra.streaming.records import Topics
+
+    longest = max((t for t in vars(Topics.prefixed(text)).values()), key=len)
+    if not re.fullmatch(r"[A-Za-z0-9._-]*", text) or len(longest) > 249:
+        raise argparse.ArgumentTypeError(f"{text!r} does not make Kafka topic names ({longest!r}: 1-249 of "
+                                         "A-Z a-z 0-9 . _ -)")
+    return text
+
+
 def make_dir(path: str | Path, option: str) -> Path:
     """Create the directory an option names (parents too) before anything starts, or refuse with the reason
     (a file in the way, no permission) instead of a traceback after the work began."""

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from electra.cli_args import Parser, host_port_list
+from electra.cli_args import Parser, host_port_list, topic_prefix
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.streaming import records
 
@@ -403,7 +403,7 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     ap.add_argument("--checkpoint", required=True, help="checkpoint directory (local path or a Hadoop URI)")
     ap.add_argument("--trigger-ms", type=int, minimum=0, default=1000)
     ap.add_argument("--spark-master", default=None, help="default: spark-submit's master, else local[2]")
-    ap.add_argument("--topic-prefix", default="")
+    ap.add_argument("--topic-prefix", type=topic_prefix, default="")
     ap.add_argument("--shuffle-partitions", type=int, minimum=1, default=1,
                     help="state store partitions, one task each per batch (size it to the executors' cores)")
     ap.add_argument("--read-tasks", type=int, minimum=0, default=1,

@@ -315,6 +315,9 @@ def test_the_read_task_rule_and_the_job_refuses_a_negative_count(capsys):
     (["admin", "elect-master", "b0", "--cluster", "c", "--broker-id", "0"], "must be at least 1"),
     (["up", "--demo-groups", "100000"], "at most 64000"),
     (["ingest", "--insecure", "--kafka-bootstrap", "k:1", "--workers", "100000"], "at most 256"),
+    (["ingest", "--insecure", "--kafka-bootstrap", "k:1", "--listen", "127.0.0.1:0"], "port 1-65535"),
+    (["up", "--topic-prefix", "bad prefix/"], "does not make Kafka topic names"),  # failed after Kafka started
+    (["ingest", "--insecure", "--kafka-bootstrap", "k:1", "--topic-prefix", "x" * 240], "does not make Kafka topic"),
 ])
 def test_addresses_ids_and_sizes_are_refused_where_they_are_parsed(argv, match, capsys):
     with pytest.raises(SystemExit) as e:
@@ -340,3 +343,20 @@ def test_paths_that_cannot_be_directories_or_files_are_refused_before_anything_s
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert match in err and "Traceback" not in err
+
+
+def test_contradicting_or_dangling_options_are_refused(tmp_path, capsys):
+    from electra import cli
+    from electra.bench import stream
+
+    for run, match in ((lambda: cli.main(["up", "--insecure", "--data-dir", str(tmp_path), "--tier-uri", "/x",
+                                          "--no-tier"]), "contradict"),  # the tier was used before
+                       (lambda: cli.main(["node", "--id", "1", "--peers", "1=127.0.0.1:7101", "--data-dir",
+                                          str(tmp_path), "--insecure", "--tier-options", "a=b"]), "--tier-options"),
+                       (lambda: cli.main(["node", "--id", "1", "--peers", "1=127.0.0.1:7101", "--data-dir",
+                                          str(tmp_path), "--insecure", "--tier-uri", " "]), "must not be empty"),
+                       (lambda: stream.main(["--sets", "5", "--kill", "10"]), "only 5 sets")):
+        with pytest.raises(SystemExit) as e:
+            run()
+        assert e.value.code == 2
+        assert match in capsys.readouterr().err
