@@ -404,6 +404,11 @@ def main(argv: list[str]) -> int:
                    help="an extra argument for the streaming job (repeat; e.g. --job-arg=--proposals-at-batch-end)")
     p.add_argument("--out", default=None, help="keep each size's logs under this directory (default: a temp dir)")
     args = p.parse_args(argv)
+    from electra.streaming.job import check_extra_args
+
+    check_extra_args(args.job_arg)  # the job's own parser: a bad --job-arg is refused before the stack starts
+    if args.crash == 0 and args.hang == 0:
+        p.error("--crash 0 --hang 0 measures nothing: give at least one failover")
     if args.out:
         make_dir(args.out, "--out")
     sizes = args.groups

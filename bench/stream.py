@@ -46,7 +46,7 @@ from electra.interrupts import die_with_parent
 from electra.security.credentials import without_credentials
 from electra.streaming import kafka_io, records
 from electra.streaming.embedded_kafka import EmbeddedKafka, free_port
-from electra.streaming.job import LOCAL_CORES, read_tasks_for
+from electra.streaming.job import LOCAL_CORES, check_extra_args, read_tasks_for
 
 from .common import _stat_fields, process_children, process_tree_cpu_s, result_line
 from .heartbeat_load import RoundProducer, ingest_group_size, partition_of, phase_slices
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.kill > a.sets:
         ap.error(f"--kill {a.kill}: there are only {a.sets} sets (--sets)")
+    check_extra_args(a.job_arg)  # the job's own parser: a bad --job-arg is refused before Kafka starts
     hb_per_s = a.sets * a.brokers * 1000 / a.hb_interval_ms
     if a.read_tasks is None:
         a.read_tasks = read_tasks_for(hb_per_s, LOCAL_CORES)

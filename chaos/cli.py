@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--long", action="store_true", help=f"the soak: {LONG_EPISODES} episodes, longer faults, mixed")
     c.add_argument("--seed", type=int, default=1, help="the nemesis and workload seed (printed for replays)")
     c.add_argument("--episode", type=int, minimum=0, help="replay exactly this episode of --seed")
-    c.add_argument("--first-episode", type=int, default=0, minimum=0,
+    c.add_argument("--first-episode", type=int, default=None, minimum=0,
                    help="number the run's episodes from here: an episode's faults and workload depend only on "
                         "--seed and its number, so processes with disjoint ranges shard one soak")
     c.add_argument("--nodes", type=int, default=3, choices=(3, 5))
@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"(kill:leader, partition:one-way, ...; known kinds: {', '.join(KINDS)})")
     c.add_argument("--mixed", action="store_true", help="up to three overlapping fault kinds per episode")
     c.add_argument("--sets", type=int, default=3, minimum=1, help="broker sets per episode (independent keys)")
-    c.add_argument("--tick-ms", type=int, minimum=1, default=100,
+    c.add_argument("--tick-ms", type=int, minimum=1, maximum=60_000, default=100,
                    help="Raft tick of the nodes (default 100 as electra up; election timeout 10-13 ticks)")
     c.add_argument("--out", default=".electra/chaos",
                    help="where each run's directory (<time>/: histories, report.html, the cluster's data) is kept "
@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a write must be acknowledged this soon after the faults heal (default 30)")
     c.add_argument("--fsync-delay-ms", type=int, default=0,
                    help="every fsync of every node waits this long, the whole run (a slow disk everywhere)")
-    c.add_argument("--election-jitter-ticks", type=int, minimum=1,
+    c.add_argument("--election-jitter-ticks", type=int, minimum=1, maximum=1000,
                    help="the nodes' election timeout spread in ticks (default: the node's, 4); 1 makes every "
                         "follower time out in the same tick, so split votes (and double votes) are likely")
     c.add_argument("--time-budget-s", type=float, minimum=1,
@@ -77,6 +77,11 @@ def _check_combination(args: argparse.Namespace) -> None:
                                     ("--failover-bound-s", args.failover_bound_s)) if v is not None]
     if pipeline_only and not args.pipeline:
         refuse(f"{', '.join(pipeline_only)} apply to --pipeline runs only")
+    if args.episode is not None and args.first_episode is not None:
+        refuse("--episode replays one episode: drop --first-episode")
+    args.first_episode = args.first_episode or 0
+    if not str(args.out).strip():
+        refuse("--out must not be empty (it would be the current directory)")
     make_dir(args.out, "--out")  # the run's files go here: refused before anything starts if it cannot be
 
 

@@ -789,7 +789,13 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from electra.consensus import mutations
     from electra.consensus.simulation import WORKLOADS, SimConfig, SimulationFailure, hunt_mutation, run_seed
 
+    if args.seed is not None and (args.seeds is not None or args.start is not None):
+        refuse("--seed replays one seed: drop --seeds and --start (or drop --seed to run a range)")
+    args.seeds = 1000 if args.seeds is None else args.seeds
+    args.start = 0 if args.start is None else args.start
     workloads = list(WORKLOADS) if args.workload == "all" else [args.workload]
+    if args.mutations.strip() and not args.mutations.strip(" ,"):
+        refuse(f"--mutations {args.mutations!r} names none: write all, none, or a comma-separated list")
     if args.mutations in ("all", "none", ""):
         muts = sorted(mutations.KNOWN) if args.mutations == "all" else []
     else:
@@ -972,13 +978,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "linearizability and the controller's invariants; then every deliberate bug "
                                    "(ELECTRA_TEST_MUTATION) must be caught. A failing seed prints the command that "
                                    "replays it with a full trace. Ends with a RESULT line.")
-    s.add_argument("--seeds", type=int, minimum=1, maximum=100_000_000, default=1000,
+    s.add_argument("--seeds", type=int, minimum=1, maximum=100_000_000, default=None,
                    help="seeds in all, shared by the workloads (default 1000)")
-    s.add_argument("--start", type=int, minimum=0, default=0, help="the first seed (default 0)")
+    s.add_argument("--start", type=int, minimum=0, default=None, help="the first seed (default 0)")
     s.add_argument("--seed", type=int, help="replay exactly one seed (per workload) and print its trace on failure")
     s.add_argument("--workload", choices=("all", "kv", "controller"), default="all")
-    s.add_argument("--nodes", type=int, minimum=1, default=3)
-    s.add_argument("--duration-ms", type=int, minimum=1, default=500, help="the safety phase (clients and faults)")
+    s.add_argument("--nodes", type=int, minimum=1, maximum=15, default=3)
+    s.add_argument("--duration-ms", type=int, minimum=1, maximum=3_600_000, default=500,
+                   help="the safety phase (clients and faults), in virtual time")
     s.add_argument("--settle-ms", type=int, minimum=500, default=1500,
                    help="the liveness phase's limit (faults healed; at least 500: the group needs a few election "
                         "timeouts of 100-140 ms to converge, so less reports a liveness failure of the setting)")

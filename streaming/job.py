@@ -19,6 +19,7 @@ SIGTERM/SIGINT stop the query and Spark cleanly (exit code 0).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -395,7 +396,7 @@ def run_job(cfg: JobConfig, stop: threading.Event | None = None) -> int:
     return code
 
 
-def parse_args(argv: list[str] | None = None) -> JobConfig:
+def _parser() -> Parser:
     ap = Parser(prog="python -m electra.streaming.job", description=__doc__.split("\n")[0])
     ap.add_argument("--bootstrap", type=host_port_list, required=True,
                     help="Kafka bootstrap servers host:port[,host:port]")
@@ -425,15 +426,32 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark config")
     ap.add_argument("--log-level", default="INFO", type=str.upper,
                     choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
+    return ap
+
+
+def _parse(argv: list[str] | None) -> tuple[Parser, argparse.Namespace]:
+    """The job's arguments, with the checks argparse cannot state on one option."""
+    ap = _parser()
     a = ap.parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("py4j", "kafka"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     if not a.checkpoint.strip():
         ap.error("--checkpoint must not be empty")
     bad = [kv for kv in a.conf if "=" not in kv or not kv.split("=", 1)[0].strip()]
     if bad:
         ap.error(f"--conf: KEY=VALUE expected, got {bad[0]!r}")
+    return ap, a
+
+
+def check_extra_args(extra: list[str]) -> None:
+    """Arguments a benchmark passes through to the job (`--job-arg`), checked by the job's own parser before the
+    benchmark starts Kafka and the controllers (SystemExit 2 with the job's message, as the job would end)."""
+    _parse(["--bootstrap", "127.0.0.1:1", "--controllers", "127.0.0.1:1", "--checkpoint", ".", *extra])
+
+
+def parse_args(argv: list[str] | None = None) -> JobConfig:
+    _, a = _parse(argv)
+    logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("py4j", "kafka"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     extra = dict(kv.split("=", 1) for kv in a.conf)
     return JobConfig(bootstrap=a.bootstrap, controllers=[c for c in a.controllers.split(",") if c.strip()],
                      checkpoint=a.checkpoint, trigger_ms=a.trigger_ms, spark_master=a.spark_master,

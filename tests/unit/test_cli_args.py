@@ -360,3 +360,25 @@ def test_contradicting_or_dangling_options_are_refused(tmp_path, capsys):
             run()
         assert e.value.code == 2
         assert match in capsys.readouterr().err
+
+
+def test_runs_whose_options_would_be_ignored_or_fail_later_are_refused_up_front(capsys):
+    """A replayed seed or episode with a range, a chaos tick a node refuses, a benchmark's --job-arg the job does
+    not take (it failed only after Kafka and the controllers started), a failover run with no failover."""
+    from electra import cli
+    from electra.bench import failover, stream
+
+    for run, match in ((lambda: cli.main(["sim", "--seed", "5", "--seeds", "100"]), "--seed replays one seed"),
+                       (lambda: cli.main(["sim", "--seed", "5", "--start", "7"]), "--seed replays one seed"),
+                       (lambda: cli.main(["sim", "--mutations", ","]), "names none"),
+                       (lambda: cli.main(["sim", "--nodes", "100000"]), "at most 15"),
+                       (lambda: cli.main(["chaos", "--episode", "3", "--first-episode", "5"]), "drop --first-episode"),
+                       (lambda: cli.main(["chaos", "--out", " "]), "--out must not be empty"),
+                       (lambda: cli.main(["chaos", "--tick-ms", "100000000"]), "at most 60000"),
+                       (lambda: stream.main(["--job-arg=--bogus"]), "unrecognized arguments: --bogus"),
+                       (lambda: failover.main(["--job-arg=--read-tasks=-1"]), "--read-tasks: must be at least 0"),
+                       (lambda: failover.main(["--crash", "0", "--hang", "0"]), "measures nothing")):
+        with pytest.raises(SystemExit) as e:
+            run()
+        assert e.value.code == 2
+        assert match in capsys.readouterr().err
