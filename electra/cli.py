@@ -178,6 +178,9 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
         refuse("--data-dir must not be empty (it would be the current directory)")
     if Path(args.data_dir).exists() and not Path(args.data_dir).is_dir():
         refuse(f"--data-dir {args.data_dir} is not a directory")
+    if args.http_peers and set(args.http_peers) != set(args.peers):  # a redirect to the leader would name no address
+        refuse(f"--http-peers names nodes {sorted(args.http_peers)} but --peers names {sorted(args.peers)}: "
+               "give every member's HTTP address")
     if args.tier_uri is not None and not str(args.tier_uri).strip():
         refuse("--tier-uri must not be empty (leave it out for no tier)")
     if args.tier_options and not args.tier_uri:

@@ -84,6 +84,7 @@ def test_clear_errors_for_missing_and_unknown_settings(tmp_path, monkeypatch, ca
     (["--kafka-bootstrap", ":"], {}, "bad address ':'"),  # logged "unreachable" every few seconds before
     (["--kafka-bootstrap", "kafka:99999"], {}, "port 1-65535"),
     ([], {"ELECTRA_KAFKA_BOOTSTRAP": ""}, "got nothing"),  # an unset variable in a unit file: no Kafka, silently
+    (["--http-peers", "1=127.0.0.1:7301,2=127.0.0.1:7302"], {}, "give every member's HTTP address"),
 ])
 def test_node_settings_out_of_bounds_are_refused_from_every_source(argv, env, match, tmp_path, monkeypatch, capsys):
     base = {"--id": "1", "--peers": "1=127.0.0.1:7101", "--data-dir": str(tmp_path)}
