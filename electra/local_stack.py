@@ -140,6 +140,8 @@ class LocalStack:
         """Where a node's liveness comes from: Kafka (the pipeline), or its own heartbeats (legacy)."""
         if self.cfg.legacy:
             return ["--architecture", "legacy"]
+        if not self.bootstrap:  # no Kafka started (electra chaos without --pipeline): nodes without the pipeline
+            return []
         return ["--kafka-bootstrap", self.bootstrap, "--topic-prefix", self.cfg.topic_prefix]
 
     def start_ingest(self, i: int) -> subprocess.Popen:
