@@ -32,10 +32,15 @@ def ingest_group_size(heartbeats_per_s: float, partitions: int, nodes: int = 3) 
     return max(1, round(heartbeats_per_s / (workers * partitions * 1000 / GROUP_LINGER_MS)))
 
 
-def phase_slices(brokers: list, phases: int) -> list[list]:
-    """`brokers` dealt over `phases` instants of a heartbeat interval, round-robin: each once, in order, and
-    consecutive brokers (a set's) at different instants, as a fleet started at different times beats."""
-    return [brokers[k::phases] for k in range(phases)]
+def phase_slices(brokers: list, phases: int, per_set: int) -> list[list]:
+    """`brokers` (each set's `per_set` brokers in a row) dealt over `phases` instants of a heartbeat interval: the
+    j-th broker of the i-th set at instant (i + j) % phases. Each once, in order within an instant; the sets'
+    first brokers (the masters) over every instant, whatever `per_set` is; a set's brokers at different instants
+    (as many as there are), as a fleet started at different times beats."""
+    slices: list[list] = [[] for _ in range(phases)]
+    for k, b in enumerate(brokers):
+        slices[(k // per_set + k % per_set) % phases].append(b)
+    return slices
 
 
 def partition_of(key: bytes, partitions: int) -> int:

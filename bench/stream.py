@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="each broker's heartbeat interval (default 1000, RocketMQ's)")
     ap.add_argument("--timeout-ms", type=int, minimum=1, default=3000,
                     help="heartbeatTimeoutMillis the brokers send (default 3000)")
-    ap.add_argument("--kill", type=int, minimum=0, default=10,
-                    help="sets whose master stops heartbeating after the warm-up (default 10)")
+    ap.add_argument("--kill", type=int, minimum=0, default=None,
+                    help="sets whose master stops heartbeating after the warm-up (default 10, or every set if fewer)")
     ap.add_argument("--trigger-ms", type=int, minimum=0, default=1000,
                     help="the job's micro-batch trigger interval (default 1000)")
     ap.add_argument("--shuffle-partitions", type=int, minimum=1, default=1,
@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="directory for the job log and checkpoint, kept (default: a temp dir, removed after a "
                          "good run and kept after a failed one)")
     a = ap.parse_args(argv)
-    if a.kill > a.sets:
+    if a.kill is None:
+        a.kill = min(10, a.sets)
+    elif a.kill > a.sets:
         ap.error(f"--kill {a.kill}: there are only {a.sets} sets (--sets)")
     check_extra_args(a.job_arg)  # the job's own parser: a bad --job-arg is refused before Kafka starts
     hb_per_s = a.sets * a.brokers * 1000 / a.hb_interval_ms
@@ -222,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     # start at different times, so their heartbeats are spread over the interval): the data horizon then moves
     # every interval / phases, not once an interval (with one phase, a deadline that falls just after a round
     # waited a whole interval for the next, later heartbeat to pass it).
-    slices = phase_slices(templates, a.phases)
+    slices = phase_slices(templates, a.phases, a.brokers)
     step_s = a.hb_interval_ms / 1000 / a.phases
 
     def beat() -> None:
@@ -274,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         victims = names[: a.kill]
         stopped.update(victims)
         time.sleep(a.hb_interval_ms / 1000 + 0.1)
-        killed_at = {n: last_master_hb[n] for n in victims}
+        # a master whose phase had not come round before the kill (a warm-up shorter than the interval) never beat
+        killed_at = {n: last_master_hb[n] for n in victims if n in last_master_hb}
         deadline = time.monotonic() + 60
         while len({p[1] for p in posts}) < len(victims) and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from electra.cli_args import Parser, host_port_list, make_dir, parse_addr, refuse, topic_prefix
+from electra.cli_args import Parser, make_dir, optional_server_list, parse_addr, refuse, server_list, topic_prefix
 from electra.interrupts import exit_if_stop_hangs, terminate_as_interrupt
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.tiering.options import parse_storage_options
@@ -27,12 +27,17 @@ def parse_peers(text: str) -> dict[int, tuple[str, int]]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         try:
             ident, addr = part.split("=", 1)
+            host, port = addr.strip().rsplit(":", 1)
             node_id = int(ident)
-            host, port_no = parse_addr(addr.strip(), min_port=1)
+            port_no = int(port)
         except ValueError:
             raise argparse.ArgumentTypeError(f"bad peer {part!r}: expected ID=HOST:PORT") from None
-        except argparse.ArgumentTypeError as exc:  # a scheme, an IPv6 host without brackets, blanks in the host
-            raise argparse.ArgumentTypeError(f"bad peer {part!r}: {str(exc).split(': ', 1)[-1]}") from None
+        if "://" in addr:
+            raise argparse.ArgumentTypeError(f"bad peer {part!r}: write ID=HOST:PORT, without a scheme")
+        if any(c.isspace() for c in host):
+            raise argparse.ArgumentTypeError(f"bad peer {part!r}: a host has no blanks")
+        if not host or not 0 < port_no < 65536:
+            raise argparse.ArgumentTypeError(f"bad peer {part!r}: expected ID=HOST:PORT, port 1-65535")
         if node_id <= 0:
             raise argparse.ArgumentTypeError(f"bad peer {part!r}: node ids start at 1")
         if node_id in peers:
@@ -79,7 +84,8 @@ NODE_OPTIONS = [
                                        "(default 5000, as RocketMQ; "
                                        "the new architecture also looks when a master's heartbeat times out; "
                                        "0 = off, the default with --kafka-bootstrap: the streaming job detects them)"),
-    ("--kafka-bootstrap", host_port_list, "Kafka bootstrap servers: heartbeats, events and liveness go through Kafka"),
+    ("--kafka-bootstrap", optional_server_list, "Kafka bootstrap servers: heartbeats, events and liveness go through "
+                                                "Kafka (empty: none)"),
     ("--topic-prefix", topic_prefix, "prefix of the Kafka topic names (several Electra clusters on one Kafka)"),
     ("--tier-uri", str, "upload snapshots and events to Delta tables under this path or object-store URI"),
     ("--tier-options", parse_storage_options, "KEY=VALUE,... delta-rs storage options for --tier-uri"),
@@ -181,10 +187,6 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
     if args.http_peers and set(args.http_peers) != set(args.peers):  # a redirect to the leader would name no address
         refuse(f"--http-peers names nodes {sorted(args.http_peers)} but --peers names {sorted(args.peers)}: "
                "give every member's HTTP address")
-    if args.tier_uri is not None and not str(args.tier_uri).strip():
-        refuse("--tier-uri must not be empty (leave it out for no tier)")
-    if args.tier_options and not args.tier_uri:
-        refuse("--tier-options apply to --tier-uri: give the tier too, or drop them")
     if args.bootstrap_from_tier and not args.tier_uri:
         refuse("--bootstrap-from-tier needs --tier-uri: the tier to start this node from")
     if args.state_machine not in ("controller", "kv", "counter"):
@@ -929,7 +931,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first node's heartbeat ingest port")
     u.add_argument("--ingest-workers", type=int, minimum=1, maximum=256, default=1,
                    help="ingest worker processes per node (1 to 256)")
-    u.add_argument("--kafka-bootstrap", type=host_port_list,
+    u.add_argument("--kafka-bootstrap", type=optional_server_list,
                    help="use this Kafka (HOST:PORT[,HOST:PORT]) instead of starting the embedded broker")
     u.add_argument("--kafka-port", type=int, minimum=1, maximum=65535, default=19092, help="embedded broker port")
     u.add_argument("--topic-prefix", type=topic_prefix, default="")
@@ -956,7 +958,7 @@ def build_parser() -> argparse.ArgumentParser:
     ing = sub.add_parser("ingest", help="heartbeat ingest workers (HTTP -> Kafka), several processes on one port")
     ing.add_argument("--listen", type=lambda t: parse_addr(t, min_port=1), default=("127.0.0.1", 7401),
                      help="HOST:PORT (default :7401; every worker shares this port, so it is not 0)")
-    ing.add_argument("--kafka-bootstrap", type=host_port_list, required=True,
+    ing.add_argument("--kafka-bootstrap", type=server_list, required=True,
                      help="Kafka bootstrap servers, HOST:PORT[,HOST:PORT]")
     ing.add_argument("--workers", type=int, minimum=1, maximum=256, default=2,
                      help="worker processes sharing the port (default 2, at most 256)")
@@ -1051,7 +1053,7 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--duration", type=float, minimum=0.001, default=None,
                     help="seconds to run (default: until quit/EOF)")
     sb.add_argument("--no-stdin", action="store_true", help="ignore stdin commands")
-    sb.add_argument("--ingest-endpoints", type=host_port_list, default=os.environ.get("ELECTRA_INGEST_ENDPOINTS"),
+    sb.add_argument("--ingest-endpoints", type=optional_server_list, default=os.environ.get("ELECTRA_INGEST_ENDPOINTS"),
                     help="HOST:PORT,... heartbeat ingest endpoints (Kafka pipeline); default: every controller")
     sb.add_argument("--heartbeat-timeout-ms", type=int, minimum=100, maximum=3_600_000, default=10_000,
                     help="heartbeatTimeoutMillis the brokers send")

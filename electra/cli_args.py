@@ -40,16 +40,43 @@ def parse_addr(text: str, min_port: int = 0) -> tuple[str, int]:
     return host, port_no
 
 
-def host_port_list(text: str) -> str:
-    """An argparse `type` for `HOST:PORT[,HOST:PORT...]` (Kafka bootstrap servers, controller or ingest
-    endpoints): at least one, each as `parse_addr` reads it with a port from 1 to 65535. Returned as given,
-    blanks around the commas dropped: a typo is refused here, not logged as "unreachable" every few seconds."""
+def server_list(text: str) -> str:
+    """An argparse `type` for `HOST[:PORT][,HOST[:PORT]...]`: Kafka bootstrap servers, controller or ingest
+    endpoints. Each entry may carry a `SCHEME://` prefix and leave out its port, as Kafka clients (which strip
+    `PLAINTEXT://` or `SASL_SSL://` and default to 9092) and the job's controller client (`https://`) take them;
+    what is checked is what no client can use: an empty entry or host, a blank inside one, a port that is not
+    1-65535. Returned with blanks around the commas dropped: a typo is refused here, not logged as "unreachable"
+    every few seconds."""
     parts = [t.strip() for t in text.split(",") if t.strip()]
     if not parts:
         raise argparse.ArgumentTypeError("expected HOST:PORT[,HOST:PORT...], got nothing")
     for part in parts:
-        parse_addr(part, min_port=1)
+        addr = part.split("://", 1)[-1]
+        host, sep, port = addr.rpartition(":") if not addr.endswith("]") else ("", "", "")
+        if not sep:
+            host, port = addr, ""
+        if ":" in host and not (host.startswith("[") and host.endswith("]")):
+            if not _ipv6(addr):
+                raise argparse.ArgumentTypeError(f"bad address {part!r}: expected HOST:PORT (an IPv6 host in "
+                                                 "brackets: [::1]:PORT)")
+            host, sep, port = addr, "", ""  # an IPv6 literal without brackets and without a port
+        if not host or any(c.isspace() for c in part) or (sep and not (port.isdigit() and 0 < int(port) < 65536)):
+            raise argparse.ArgumentTypeError(f"bad address {part!r}: expected HOST:PORT, port 1-65535")
     return ",".join(parts)
+
+
+def _ipv6(text: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(text).version == 6
+    except ValueError:
+        return False
+
+
+def optional_server_list(text: str) -> str:
+    """`server_list`, where an empty value means none (an unset variable in a unit file or a ConfigMap)."""
+    return server_list(text) if text.strip() else ""
 
 
 def topic_prefix(text: str) -> str:

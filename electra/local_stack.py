@@ -140,8 +140,8 @@ class LocalStack:
         """Where a node's liveness comes from: Kafka (the pipeline), or its own heartbeats (legacy)."""
         if self.cfg.legacy:
             return ["--architecture", "legacy"]
-        if not self.bootstrap:  # no Kafka started (electra chaos without --pipeline): nodes without the pipeline
-            return []
+        # Given even when empty (no Kafka started: electra chaos without --pipeline): an empty value means none,
+        # and it overrides an ELECTRA_KAFKA_BOOTSTRAP the caller's environment may hold.
         return ["--kafka-bootstrap", self.bootstrap, "--topic-prefix", self.cfg.topic_prefix]
 
     def start_ingest(self, i: int) -> subprocess.Popen:

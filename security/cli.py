@@ -38,8 +38,9 @@ def cmd_cert(args: argparse.Namespace) -> int:
                 out = Path(args.out)
                 if out.is_dir():
                     raise ValueError(f"--out {out} is a directory: name the token's file")
-                if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
-                    raise ValueError(f"--out {out}: cannot write a file in {out.parent}")
+                if not (os.access(out, os.W_OK) if out.exists() else
+                        out.parent.is_dir() and os.access(out.parent, os.W_OK)):
+                    raise ValueError(f"--out {out}: cannot write the token there")
             token = create_token(args.tokens_file or d / TOKENS_FILE, args.role, args.name,
                                  broker_sets=args.broker_set, clusters=args.cluster)
             if args.out:

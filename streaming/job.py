@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from electra.cli_args import Parser, host_port_list, topic_prefix
+from electra.cli_args import Parser, server_list, topic_prefix
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.streaming import records
 
@@ -398,9 +398,9 @@ def run_job(cfg: JobConfig, stop: threading.Event | None = None) -> int:
 
 def _parser() -> Parser:
     ap = Parser(prog="python -m electra.streaming.job", description=__doc__.split("\n")[0])
-    ap.add_argument("--bootstrap", type=host_port_list, required=True,
+    ap.add_argument("--bootstrap", type=server_list, required=True,
                     help="Kafka bootstrap servers host:port[,host:port]")
-    ap.add_argument("--controllers", type=host_port_list, required=True, help="controller HTTP endpoints h:p,h:p,h:p")
+    ap.add_argument("--controllers", type=server_list, required=True, help="controller HTTP endpoints h:p,h:p,h:p")
     ap.add_argument("--checkpoint", required=True, help="checkpoint directory (local path or a Hadoop URI)")
     ap.add_argument("--trigger-ms", type=int, minimum=0, default=1000)
     ap.add_argument("--spark-master", default=None, help="default: spark-submit's master, else local[2]")
@@ -425,7 +425,7 @@ def _parser() -> Parser:
                          "(0: at once, RocketMQ's rule; a goodbye always counts at once)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark config")
     ap.add_argument("--log-level", default="INFO", type=str.upper,
-                    choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
+                    choices=("NOTSET", "DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL"))
     return ap
 
 

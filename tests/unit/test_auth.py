@@ -333,7 +333,7 @@ def test_create_token_refuses_a_scope_it_would_drop_and_an_out_path_before_addin
                         (["--role", "broker", "--name", "b", "--broker-set", ""], "empty broker set"),
                         (["--role", "broker", "--name", "b", "--broker-set", "b0", "--out", d], "is a directory"),
                         (["--role", "broker", "--name", "b", "--broker-set", "b0", "--out", f"{d}/no/t"],
-                         "cannot write a file")):
+                         "cannot write the token there")):
         assert cli.main(base + args) == 1
         assert match in capsys.readouterr().err
     assert not (tmp_path / "tokens.json").exists()  # nothing was added

@@ -83,7 +83,7 @@ def test_clear_errors_for_missing_and_unknown_settings(tmp_path, monkeypatch, ca
     (["--peers", "1=127.0.0.1:7101,2= host :7101"], {}, "a host has no blanks"),
     (["--kafka-bootstrap", ":"], {}, "bad address ':'"),  # logged "unreachable" every few seconds before
     (["--kafka-bootstrap", "kafka:99999"], {}, "port 1-65535"),
-    ([], {"ELECTRA_KAFKA_BOOTSTRAP": ""}, "got nothing"),  # an unset variable in a unit file: no Kafka, silently
+    (["--kafka-bootstrap", "kafka:9092,a b:9092"], {}, "bad address 'a b:9092'"),
     (["--http-peers", "1=127.0.0.1:7301,2=127.0.0.1:7302"], {}, "give every member's HTTP address"),
 ])
 def test_node_settings_out_of_bounds_are_refused_from_every_source(argv, env, match, tmp_path, monkeypatch, capsys):
@@ -240,3 +240,15 @@ def test_tier_retention_comes_from_every_source(tmp_path, monkeypatch):
     assert (a.tier_retention_days, a.tier_maintenance_every_s) == (7, 3600.0)
     a = _node(["--config", str(cfg), "--tier-retention-days", "0.5"], monkeypatch)
     assert a.tier_retention_days == 0.5
+
+
+def test_an_empty_kafka_bootstrap_or_tier_means_none_and_kafka_clients_forms_are_taken(tmp_path, monkeypatch):
+    """An empty ELECTRA_KAFKA_BOOTSTRAP or ELECTRA_TIER_URI (a ConfigMap's or unit file's way to say "none") means
+    none, as before; a bootstrap list in the forms Kafka clients take (a protocol prefix, no port) is accepted."""
+    base = ["--id", "1", "--peers", "1=127.0.0.1:7101", "--data-dir", str(tmp_path)]
+    a = _node(base, monkeypatch, {"ELECTRA_KAFKA_BOOTSTRAP": "", "ELECTRA_TIER_URI": ""})
+    assert not a.kafka_bootstrap and not a.tier_uri and a.inactive_master_scan_ms == 5000
+    a = _node(base + ["--kafka-bootstrap", "SASL_SSL://b1:9093, b2"], monkeypatch)
+    assert a.kafka_bootstrap == "SASL_SSL://b1:9093,b2" and a.inactive_master_scan_ms == 0
+    assert _node(["--id", "1", "--peers", "1=::1:7101", "--data-dir", str(tmp_path)], monkeypatch).peers == \
+        {1: ("::1", 7101)}  # an IPv6 peer, unbracketed, as before
