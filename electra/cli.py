@@ -367,9 +367,7 @@ def ingest_topics(topic: str | None, prefix: str | None) -> tuple[str, str]:
     """`electra ingest`'s heartbeats and liveness topics, from `--topic` and `--topic-prefix`. The liveness topic
     must be the nodes' (`<prefix>electra.liveness`): given `--topic P.electra.heartbeats` alone, as deployments
     said before sessions wrote there, the prefix is P; any other `--topic` needs `--topic-prefix` (ValueError)."""
-    import re
-
-    from electra.streaming.records import HEARTBEATS, LIVENESS, Topics
+    from electra.streaming.records import HEARTBEATS, LIVENESS, Topics, is_topic_name
 
     if topic is not None and prefix is None:
         if not topic.endswith(HEARTBEATS):
@@ -379,7 +377,7 @@ def ingest_topics(topic: str | None, prefix: str | None) -> tuple[str, str]:
     topics = Topics.prefixed(prefix or "")
     heartbeats = topics.heartbeats if topic is None else topic
     for option, name in (("--topic", heartbeats), ("--topic-prefix", topics.liveness)):
-        if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", name):  # Kafka's rule for topic names
+        if not is_topic_name(name):
             raise ValueError(f"{option}: {name!r} is not a Kafka topic name (1-249 of A-Z a-z 0-9 . _ -)")
     others = {topics.liveness, topics.events, topics.dead_letters, topics.job_stats}
     if heartbeats in others:

@@ -52,16 +52,15 @@ def server_list(text: str) -> str:
         raise argparse.ArgumentTypeError("expected HOST:PORT[,HOST:PORT...], got nothing")
     for part in parts:
         addr = part.split("://", 1)[-1]
-        host, sep, port = addr.rpartition(":") if not addr.endswith("]") else ("", "", "")
+        if _ipv6(addr) or (addr[:1] == "[" and addr[-1:] == "]" and _ipv6(addr[1:-1])):
+            continue  # an IPv6 literal without a port
+        host, sep, port = addr.rpartition(":")
         if not sep:
-            host, port = addr, ""
-        if ":" in host and not (host.startswith("[") and host.endswith("]")):
-            if not _ipv6(addr):
-                raise argparse.ArgumentTypeError(f"bad address {part!r}: expected HOST:PORT (an IPv6 host in "
-                                                 "brackets: [::1]:PORT)")
-            host, sep, port = addr, "", ""  # an IPv6 literal without brackets and without a port
-        if not host or any(c.isspace() for c in part) or (sep and not (port.isdigit() and 0 < int(port) < 65536)):
-            raise argparse.ArgumentTypeError(f"bad address {part!r}: expected HOST:PORT, port 1-65535")
+            host, port = addr, "9092"  # no port: the client's default
+        if (not host or any(c.isspace() for c in part) or (":" in host and not (host[0] == "[" and host[-1] == "]"))
+                or not (port.isdigit() and 0 < int(port) < 65536)):
+            raise argparse.ArgumentTypeError(f"bad address {part!r}: expected HOST:PORT, port 1-65535 (an IPv6 "
+                                             "host in brackets: [::1]:PORT)")
     return ",".join(parts)
 
 
@@ -81,14 +80,12 @@ def optional_server_list(text: str) -> str:
 
 def topic_prefix(text: str) -> str:
     """An argparse `type` for a Kafka topic prefix: every topic it makes (`records.Topics.prefixed`) must be a Kafka
-    topic name (1-249 of A-Z a-z 0-9 . _ -), else the stack started and failed at its first topic."""
-    import re
+    topic name (`records.is_topic_name`), else the stack started and failed at its first topic."""
+    from electra.streaming.records import Topics, is_topic_name
 
-    from electra.streaming.records import Topics
-
-    longest = max((t for t in vars(Topics.prefixed(text)).values()), key=len)
-    if not re.fullmatch(r"[A-Za-z0-9._-]*", text) or len(longest) > 249:
-        raise argparse.ArgumentTypeError(f"{text!r} does not make Kafka topic names ({longest!r}: 1-249 of "
+    bad = [t for t in vars(Topics.prefixed(text)).values() if not is_topic_name(t)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{text!r} does not make Kafka topic names ({bad[0]!r}: 1-249 of "
                                          "A-Z a-z 0-9 . _ -)")
     return text
 

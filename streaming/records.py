@@ -58,6 +58,11 @@ MIN_TIMEOUT_MS, MAX_TIMEOUT_MS = 100, 3_600_000
 LOWEST_PRIORITY = 2**31 - 1
 
 
+def is_topic_name(name: str) -> bool:
+    """Kafka's rule for a topic name: 1-249 of A-Z a-z 0-9 . _ -"""
+    return 0 < len(name) < 250 and all(c.isascii() and (c.isalnum() or c in "._-") for c in name)
+
+
 @dataclass(frozen=True)
 class Topics:
     """Topic names; a deployment may prefix them (several Electra clusters on one Kafka)."""
