@@ -314,8 +314,16 @@ async def open_loop(endpoint: str, raws: list[bytes], period_s: float, stop: asy
         pool.close()
 
 
+def set_sizes(brokers: int, replicas: int = 3) -> list[int]:
+    """Replicas per set for exactly `brokers` brokers: sets of `replicas`, the remainder one more each in the
+    first sets (1,000 brokers: 332 sets of 3 and one of 4), so a point asked for N brokers runs N."""
+    sets = max(1, brokers // replicas)
+    extra = max(0, brokers - sets * replicas)
+    return [replicas + extra // sets + (1 if g < extra % sets else 0) for g in range(sets)]
+
+
 class BrokerLoad:
-    """`brokers` simulated brokers (sets of `replicas`) against a controller group's HTTP endpoints."""
+    """`brokers` simulated brokers (sets of `replicas`, `set_sizes`) against a controller group's HTTP endpoints."""
 
     def __init__(self, leader: str, brokers: int, *, endpoints: list[str] | None = None, replicas: int = 3,
                  cluster: str = "perf", heartbeat_timeout_ms: int = 10_000, heartbeats_to: str = "all",
@@ -327,12 +335,11 @@ class BrokerLoad:
         self.heartbeat_targets: list[str | None] = list(self.endpoints) if heartbeats_to == "all" else [None]
         self.timeout_ms = heartbeat_timeout_ms
         self.rng = random.Random(seed)
-        sets = max(1, brokers // replicas)
         self.sets: dict[str, list[Broker]] = {}
-        for g in range(sets):
+        for g, size in enumerate(set_sizes(brokers, replicas)):
             name = f"{cluster}-{g}"
             self.sets[name] = [Broker(cluster, name, r + 1, f"10.{g // 250}.{g % 250}.{r + 1}:10911")
-                               for r in range(replicas)]
+                               for r in range(size)]
         self.brokers = [b for bs in self.sets.values() for b in bs]
         for b in self.brokers:
             b.replica_info = get("controller", f"/v1/broker-sets/{b.name}/replica-info")

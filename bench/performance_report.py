@@ -61,6 +61,7 @@ from .broker_load import (
     open_loop,
     post,
     saturate,
+    set_sizes,
 )
 from .common import (
     percentile,
@@ -227,7 +228,8 @@ def _run_etcd_point(brokers: int, args, tmp: Path) -> dict:
     procs, clients = start_etcd(d)
     try:
         leader = etcd_leader(clients).removeprefix("http://")
-        sets = max(1, brokers // 3)
+        sizes = set_sizes(brokers)
+        sets = len(sizes)
 
         def kv(op: str, body: dict) -> bytes:
             return post(leader, f"/v3/kv/{op}", body)
@@ -245,7 +247,7 @@ def _run_etcd_point(brokers: int, args, tmp: Path) -> dict:
             rng = random.Random(0)
             mix, cpu = Samples(time.monotonic()), _Cpu(pids)
             phase = [mix]  # where the brokers' reads go: the real mix's samples, then the capacity phase's
-            per_broker = [reads[i // 3] for i in range(3 * sets)]  # every broker reads its set's key
+            per_broker = [reads[g] for g, size in enumerate(sizes) for _ in range(size)]  # its set's key
             t = asyncio.create_task(open_loop(leader, per_broker, REPLICA_INFO_PERIOD_S, stop, lambda: phase[0],
                                               "range", rng))
             await asyncio.sleep(args.duration)
@@ -262,7 +264,7 @@ def _run_etcd_point(brokers: int, args, tmp: Path) -> dict:
             out["capacity"] = _capacity(cap, ("range",), closed, cpu, args.duration)
             return out
 
-        return {"brokers": 3 * sets, "sets": sets} | uvloop.run(drive())
+        return {"brokers": sum(sizes), "sets": sets} | uvloop.run(drive())
     finally:
         stop_processes(procs, grace_s=1.0)  # a throwaway etcd: its graceful stop waits ~7 s for peers
 
@@ -517,7 +519,7 @@ def main(argv: list[str]) -> int:
                 print(_point_line("etcd", pt), flush=True)
 
     def at(arch: str) -> dict | None:
-        return next((q for q in points[arch] if q["brokers"] // 3 == result_at // 3), None)
+        return next((q for q in points[arch] if q["brokers"] == result_at), None)
 
     new, old = at("new"), at("legacy")
     nan = float("nan")

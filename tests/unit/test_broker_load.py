@@ -166,3 +166,11 @@ def test_a_lane_reconnects_after_the_server_closed_its_connection(monkeypatch):
     bodies, samples, opened = asyncio.run(main())
     assert len(bodies) >= 4 and opened == len(bodies)  # every answer closed the connection: a new one each time
     assert len(samples.done["heartbeat"]) >= 4 and not samples.failed
+
+
+@pytest.mark.parametrize("brokers", [3, 4, 5, 10, 100, 999, 1000, 1001, 5000])
+def test_a_point_runs_exactly_the_brokers_asked_for(brokers):
+    sizes = broker_load.set_sizes(brokers)
+    assert sum(sizes) == brokers
+    assert len(sizes) == brokers // 3
+    assert min(sizes) >= 3 and max(sizes) - min(sizes) <= 1
