@@ -24,7 +24,7 @@ view: before any job record has stated the grace; when the record is a replay (f
 node began to follow the topic, or older than MAX_AGE_MS on arrival: the consumer re-followed
 the topic); and when the job's last view (its data horizon) is older than STALE_VIEW_TIMEOUTS of
 the replicas' heartbeat timeouts (the job is stopped or far behind: a replica alive there may have
-died since without a session record saying so).
+died since without a session record saying so) and stays so for MAX_AGE_MS after the disconnect.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def _no_later_than(d: Disconnected, now_ms: int) -> Disconnected:
 
 MAX_AGE_MS = 5_000  # a disconnect older than this when it arrives (a replay after the consumer re-followed
 #                    the topic, a consumer far behind) only updates the table: its crash is the job's
-COVER_RECHECK_S = 0.1  # a silence the job's view does not cover yet is looked at again this often
+COVER_RECHECK_S = 0.1  # a silence or crash waiting for the job's view is looked at again this often
 # The job's view is stale past this many of the live replicas' smallest heartbeat timeout. Not one: the view
 # lags by a trigger interval and a batch (2.5-3.5 s on a loaded 2-core machine, against the bench's 3 s
 # timeout), and replicas' own deaths reach the lane sooner than the job's view, by their session records: a
@@ -259,7 +259,12 @@ class ConnectionLossLane:
             return
         if self._stale(at, alive):
             # The job's last view (the data horizon) is old: a replica judged alive there may have died since
-            # (without a session record). The job (stopped, or far behind) decides once it has a fresh view.
+            # (without a session record). A slow batch or two make it so on a loaded machine: the next batch's
+            # records bring a fresh view, so look again every COVER_RECHECK_S, as for a silence. A job stopped
+            # or far behind decides once it has a fresh view: left to it after MAX_AGE_MS.
+            if self.now_ms() - d.at_ms - (self.grace_ms(d) or 0) <= MAX_AGE_MS:  # (since it counts)
+                self._hold(COVER_RECHECK_S, d, arrived_at_ms)
+                return
             self.stats["stale_view"] += 1
             log.warning("set %s: master %d %s, but the streaming job's last view of the "
                         "replicas is %.1f s old: left to the job (is it running?)", d.name, d.broker_id, d.what(),

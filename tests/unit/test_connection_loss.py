@@ -154,8 +154,30 @@ def test_a_replayed_or_late_record_and_a_stale_view_of_the_job_elect_nothing():
     assert 1 not in late.table.group("c", "s")  # the table still takes it
     stale = Stack()
     stale.table.horizon_ms = NOW - 5_001  # the job's last view is older than twice the replicas' 3 s timeout
-    stale.take(_lost())
+
+    def job_still_behind() -> None:
+        assert stale.lane._held and 1 not in stale.table.group("c", "s")  # waiting for a fresher view; gone here
+        stale.now_ms = NOW + 5_001  # no fresh view within MAX_AGE_MS of the disconnect
+
+    stale.take(_lost(), meanwhile=job_still_behind)
     assert stale.master == (1, 1) and stale.lane.stats["stale_view"] == 1 and stale.node.proposed == 0
+
+
+def test_a_crash_waits_out_a_slow_batch_of_the_job_then_elects():
+    """On a loaded machine two slow batches leave the job's view older than twice the timeout for a moment; the
+    next batch's records bring it back, and the lane elects then instead of leaving the crash to the job."""
+    st = Stack()
+    st.table.horizon_ms = NOW - 5_001
+
+    def next_batch() -> None:
+        assert st.lane._held and st.master == (1, 1)
+        st.now_ms = NOW + 2_500
+        for i in (2, 3):
+            st.table.put("c", "s", _live(i, NOW + 1_500))
+        st.table.advance_horizon(NOW + 1_500)
+
+    st.take(_lost(), meanwhile=next_batch)
+    assert st.master[0] in (2, 3) and st.lane.stats["stale_view"] == 0 and st.lane.stats["elected"] == 1
 
 
 def test_followers_and_replayed_records_only_mark_the_broker_gone():
