@@ -117,7 +117,8 @@ def _no_later_than(d: Disconnected, now_ms: int) -> Disconnected:
 
 MAX_AGE_MS = 5_000  # a disconnect older than this when it arrives (a replay after the consumer re-followed
 #                    the topic, a consumer far behind) only updates the table: its crash is the job's
-COVER_RECHECK_S = 0.1  # a silence or crash waiting for the job's view is looked at again this often
+COVER_RECHECK_S = 0.1  # a silence or crash waiting for the job's view is looked at again this often (and
+#                         whenever the job's records move the view: `on_view`)
 # The job's view is stale past this many of the live replicas' smallest heartbeat timeout. Not one: the view
 # lags by a trigger interval and a batch (2.5-3.5 s on a loaded 2-core machine, against the bench's 3 s
 # timeout), and replicas' own deaths reach the lane sooner than the job's view, by their session records: a
@@ -149,6 +150,9 @@ class ConnectionLossLane:
         self._timings: deque[tuple[int, float]] = deque(maxlen=256)
         self._tasks: set[asyncio.Task] = set()
         self._held: dict[int, asyncio.TimerHandle] = {}  # lost connections waiting out the grace
+        # holds that wait for the job's view (a silence, a crash under a stale view): looked at again as soon as
+        # the view moves (`on_view`), their timer being the fallback while no job record arrives
+        self._view_waits: dict[int, tuple[Disconnected, int]] = {}
         # (cluster, set, id) of silences waiting for the job's view
         self._pending_silent: set[tuple[str, str, int]] = set()
         self._next_hold = 0
@@ -163,6 +167,7 @@ class ConnectionLossLane:
         for h in self._held.values():
             h.cancel()
         self._held.clear()
+        self._view_waits.clear()
         self._pending_silent.clear()
         for t in list(self._tasks):
             t.cancel()
@@ -209,15 +214,33 @@ class ConnectionLossLane:
             else:
                 self._hold(wait_s, d, now_ms)
 
-    def _hold(self, wait_s: float, d: Disconnected, arrived_at_ms: int) -> None:
+    def _hold(self, wait_s: float, d: Disconnected, arrived_at_ms: int) -> int:
         """Look at `d` again in `wait_s` (a grace to wait out, a job's view to catch up)."""
         self._next_hold += 1
         self._held[self._next_hold] = asyncio.get_running_loop().call_later(
             wait_s, self._held_over, self._next_hold, d, arrived_at_ms)
+        return self._next_hold
 
     def _held_over(self, hold: int, d: Disconnected, arrived_at_ms: int) -> None:
         self._held.pop(hold, None)
+        self._view_waits.pop(hold, None)
         if not self._stopped:
+            self._counts(d, arrived_at_ms)
+
+    def _wait_view(self, d: Disconnected, arrived_at_ms: int) -> None:
+        """Look at `d` again when the job's view moves (`on_view`), or in COVER_RECHECK_S if it does not."""
+        self._view_waits[self._hold(COVER_RECHECK_S, d, arrived_at_ms)] = (d, arrived_at_ms)
+
+    def on_view(self) -> None:
+        """The job's records moved its view here (the liveness consumer, after applying them): what waits for
+        the view is looked at now rather than at its next recheck, up to COVER_RECHECK_S later."""
+        if not self._view_waits or self._stopped:
+            return
+        waits, self._view_waits = self._view_waits, {}
+        for hold, (d, arrived_at_ms) in waits.items():
+            handle = self._held.pop(hold, None)
+            if handle is not None:
+                handle.cancel()
             self._counts(d, arrived_at_ms)
 
     def _counts(self, d: Disconnected, arrived_at_ms: int) -> None:
@@ -263,7 +286,7 @@ class ConnectionLossLane:
             # records bring a fresh view, so look again every COVER_RECHECK_S, as for a silence. A job stopped
             # or far behind decides once it has a fresh view: left to it after MAX_AGE_MS.
             if self.now_ms() - d.at_ms - (self.grace_ms(d) or 0) <= MAX_AGE_MS:  # (since it counts)
-                self._hold(COVER_RECHECK_S, d, arrived_at_ms)
+                self._wait_view(d, arrived_at_ms)
                 return
             self.stats["stale_view"] += 1
             log.warning("set %s: master %d %s, but the streaming job's last view of the "
@@ -316,7 +339,7 @@ class ConnectionLossLane:
                         "the job", d.name, d.broker_id, d.what())
             return
         self._pending_silent.add((d.cluster, d.name, d.broker_id))  # not a candidate meanwhile
-        self._hold(COVER_RECHECK_S, d, arrived_at_ms)
+        self._wait_view(d, arrived_at_ms)
 
     async def _elect(self, d: Disconnected, master_epoch: int, live: list[BrokerLiveInfo], at_ms: int,
                      arrived_ms: int) -> None:

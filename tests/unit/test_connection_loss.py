@@ -553,3 +553,45 @@ def test_the_consumer_counts_silences_apart_from_disconnects():
                                         "on_disconnects": lambda self, found, now: taken.extend(found)})()})()
     consumer._apply([_silent(), _lost(), _lost(broker=2)])
     assert (consumer.stats["silences"], consumer.stats["disconnects"], len(taken)) == (1, 2, 3)
+
+
+def test_a_silence_is_elected_as_soon_as_the_job_s_records_move_the_view():
+    """The liveness consumer calls `on_view` after the job's records moved the horizon: what waits for the view is
+    looked at then, not at its next recheck up to COVER_RECHECK_S later."""
+    st = Stack(master_heard_ms=HEARD - 1_000)
+    st.table.horizon_ms = HEARD - 1_000
+
+    def job_batch() -> None:
+        assert st.lane._view_waits and st.master == (1, 1)
+        st.table.advance_horizon(HEARD + 300)
+        st.lane.on_view()
+        assert not st.lane._held and not st.lane._view_waits and st.lane._tasks  # electing now
+
+    st.take(_silent(), meanwhile=job_batch)
+    assert st.master[0] in (2, 3) and st.lane.stats["elected"] == 1
+    waiting = Stack(master_heard_ms=HEARD - 1_000)
+    waiting.table.horizon_ms = HEARD - 1_000
+
+    def view_not_there_yet() -> None:
+        waiting.table.advance_horizon(HEARD - 500)  # moved, but not to the session's last heartbeat
+        waiting.lane.on_view()
+        assert waiting.lane._view_waits and len(waiting.lane._held) == 1 and not waiting.lane._tasks
+        waiting.now_ms = HEARD + TIMEOUT + 5_001
+
+    waiting.take(_silent(), meanwhile=view_not_there_yet)
+    assert waiting.master == (1, 1) and waiting.lane.stats["not_covered"] == 1 and not waiting.lane._view_waits
+
+
+def test_the_consumer_tells_the_lane_when_the_job_s_records_moved_the_view():
+    consumer = LivenessConsumer.__new__(LivenessConsumer)
+    consumer.stats = {"bad_records": 0, "records": 0, "last_record_ms": 0, "disconnects": 0, "silences": 0,
+                      "sessions_opened": 0}
+    views = []
+    consumer.svc = type("Svc", (), {"liveness": LivenessTable(), "now_ms": lambda self: NOW,
+                                    "connection_loss": type("L", (), {
+                                        "on_disconnects": lambda self, found, now: None,
+                                        "on_view": lambda self: views.append(1)})()})()
+    consumer._apply([Connected("c", "s", _live(1, NOW - 5))])  # a session's opening: not the job's view
+    assert views == []
+    consumer._apply([("c", "s", [_live(1, NOW - 5), _live(2, NOW - 3)])])
+    assert views == [1] and consumer.svc.liveness.horizon_ms == NOW - 3

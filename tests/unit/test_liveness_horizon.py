@@ -167,6 +167,7 @@ def _consumer(clock_ms: int) -> LivenessConsumer:
     svc = type("Svc", (), {})()
     svc.liveness = LivenessTable()
     svc.now_ms = lambda: clock_ms
+    svc.connection_loss = type("Lane", (), {"on_view": lambda self: None})()  # (its lane: test_connection_loss.py)
     return LivenessConsumer(svc, "127.0.0.1:9")
 
 
