@@ -24,7 +24,7 @@ view: before any job record has stated the grace; when the record is a replay (f
 node began to follow the topic, or older than MAX_AGE_MS on arrival: the consumer re-followed
 the topic); and when the job's last view (its data horizon) is older than STALE_VIEW_TIMEOUTS of
 the replicas' heartbeat timeouts (the job is stopped or far behind: a replica alive there may have
-died since without a session record saying so) and stays so for MAX_AGE_MS after the disconnect.
+died since without a session record saying so) and stays so for MAX_AGE_MS after the disconnect counts.
 """
 
 from __future__ import annotations
@@ -152,7 +152,8 @@ class ConnectionLossLane:
         self._held: dict[int, asyncio.TimerHandle] = {}  # lost connections waiting out the grace
         # holds that wait for the job's view (a silence, a crash under a stale view): looked at again as soon as
         # the view moves (`on_view`), their timer being the fallback while no job record arrives
-        self._view_waits: dict[int, tuple[Disconnected, int]] = {}
+        # (the record, its arrival, and the outcome counted if the wait ends without an election of this lane)
+        self._view_waits: dict[int, tuple[Disconnected, int, str]] = {}
         # (cluster, set, id) of silences waiting for the job's view
         self._pending_silent: set[tuple[str, str, int]] = set()
         self._next_hold = 0
@@ -223,13 +224,18 @@ class ConnectionLossLane:
 
     def _held_over(self, hold: int, d: Disconnected, arrived_at_ms: int) -> None:
         self._held.pop(hold, None)
-        self._view_waits.pop(hold, None)
+        waited = self._view_waits.pop(hold, None)
         if not self._stopped:
-            self._counts(d, arrived_at_ms)
+            self._counts(d, arrived_at_ms, None if waited is None else waited[2])
 
-    def _wait_view(self, d: Disconnected, arrived_at_ms: int) -> None:
-        """Look at `d` again when the job's view moves (`on_view`), or in COVER_RECHECK_S if it does not."""
-        self._view_waits[self._hold(COVER_RECHECK_S, d, arrived_at_ms)] = (d, arrived_at_ms)
+    def _wait_view(self, d: Disconnected, arrived_at_ms: int, outcome: str) -> None:
+        """Look at `d` again when the job's view moves (`on_view`), or in COVER_RECHECK_S if it does not. `outcome`:
+        what is counted if the wait ends with the set elected by someone else (the job) or this node not leading."""
+        self._view_waits[self._hold(COVER_RECHECK_S, d, arrived_at_ms)] = (d, arrived_at_ms, outcome)
+
+    def _within_wait(self, d: Disconnected) -> bool:
+        """Whether `d` may still wait for the job's view: up to MAX_AGE_MS after it counts (its grace included)."""
+        return self.now_ms() - d.at_ms - (self.grace_ms(d) or 0) <= MAX_AGE_MS
 
     def on_view(self) -> None:
         """The job's records moved its view here (the liveness consumer, after applying them): what waits for
@@ -237,14 +243,15 @@ class ConnectionLossLane:
         if not self._view_waits or self._stopped:
             return
         waits, self._view_waits = self._view_waits, {}
-        for hold, (d, arrived_at_ms) in waits.items():
+        for hold, (d, arrived_at_ms, outcome) in waits.items():
             handle = self._held.pop(hold, None)
             if handle is not None:
                 handle.cancel()
-            self._counts(d, arrived_at_ms)
+            self._counts(d, arrived_at_ms, outcome)
 
-    def _counts(self, d: Disconnected, arrived_at_ms: int) -> None:
-        """The disconnect counts now: the broker is gone from the table, and the leader elects if it was a master."""
+    def _counts(self, d: Disconnected, arrived_at_ms: int, waited: str | None = None) -> None:
+        """The disconnect counts now: the broker is gone from the table, and the leader elects if it was a master.
+        `waited`: looked at again after waiting for the job's view (the outcome to count if it ends here)."""
         if d.reason == records.SILENT:  # (set again below while it waits for the job's view: on every other path gone)
             self._pending_silent.discard((d.cluster, d.name, d.broker_id))
         newest = self.liveness.session_opened_at(d.cluster, d.name, d.broker_id)
@@ -267,16 +274,24 @@ class ConnectionLossLane:
         if replayed:
             self.stats["replayed"] += 1
             return
-        if self.node.role != Role.LEADER:
-            return
         bs = self.sm.sets.get(d.name)
-        if bs is None or bs.cluster != d.cluster or bs.master_id != d.broker_id or d.name in self._electing:
+        if (self.node.role != Role.LEADER or bs is None or bs.cluster != d.cluster or bs.master_id != d.broker_id
+                or d.name in self._electing):
+            if waited is not None and d.name not in self._electing:  # while it waited: the job elected, or this
+                self.stats[waited] += 1  # node stopped leading (a follower never waits: it returns above at once)
             return
         live = self._candidates(d.cluster, d.name)
         at = self.live_now_ms()
         alive = [b for b in live if b.alive_at(at)]
-        if not alive:  # as the job: nobody to elect, nothing proposed (the job looks again when a heartbeat
-            self.stats["no_live_replica"] += 1  # arrives; this lane does not)
+        if not alive:
+            # Nobody to elect at the job's view. That view may be part of a batch: its records come in several
+            # polls, and the first moves the horizon past replicas whose own records are still on their way. So
+            # wait for the view as for a stale one; then, as the job: nothing proposed (the job looks again when a
+            # heartbeat arrives).
+            if self._within_wait(d):
+                self._wait_view(d, arrived_at_ms, "no_live_replica")
+                return
+            self.stats["no_live_replica"] += 1
             log.warning("set %s: master %d %s and no other broker is alive: nothing to elect yet; the "
                         "streaming job proposes once a replica heartbeats", d.name, d.broker_id, d.what())
             return
@@ -285,8 +300,8 @@ class ConnectionLossLane:
             # (without a session record). A slow batch or two make it so on a loaded machine: the next batch's
             # records bring a fresh view, so look again every COVER_RECHECK_S, as for a silence. A job stopped
             # or far behind decides once it has a fresh view: left to it after MAX_AGE_MS.
-            if self.now_ms() - d.at_ms - (self.grace_ms(d) or 0) <= MAX_AGE_MS:  # (since it counts)
-                self._wait_view(d, arrived_at_ms)
+            if self._within_wait(d):
+                self._wait_view(d, arrived_at_ms, "stale_view")
                 return
             self.stats["stale_view"] += 1
             log.warning("set %s: master %d %s, but the streaming job's last view of the "
@@ -339,7 +354,7 @@ class ConnectionLossLane:
                         "the job", d.name, d.broker_id, d.what())
             return
         self._pending_silent.add((d.cluster, d.name, d.broker_id))  # not a candidate meanwhile
-        self._wait_view(d, arrived_at_ms)
+        self._wait_view(d, arrived_at_ms, "not_covered")
 
     async def _elect(self, d: Disconnected, master_epoch: int, live: list[BrokerLiveInfo], at_ms: int,
                      arrived_ms: int) -> None:

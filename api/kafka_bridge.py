@@ -313,7 +313,8 @@ class LivenessConsumer:
             # (LivenessTable.judge_at). Never past this node's clock: a stamp from a clock running
             # ahead, or a forged one, must not hold the horizon where the clock cannot catch up.
             table.advance_horizon(min(newest, self.svc.now_ms()))
-            self.svc.connection_loss.on_view()  # what waits for the job's view is looked at again now
         if sets:  # the job's records only: the ingest workers' say nothing about whether the job is alive
             self.stats["records"] += sets
             self.stats["last_record_ms"] = self.svc.now_ms()
+        if newest:
+            self.svc.connection_loss.on_view()  # what waits for the job's view is looked at again now

@@ -178,6 +178,28 @@ def test_a_crash_waits_out_a_slow_batch_of_the_job_then_elects():
 
     st.take(_lost(), meanwhile=next_batch)
     assert st.master[0] in (2, 3) and st.lane.stats["stale_view"] == 0 and st.lane.stats["elected"] == 1
+    fresh = Stack()
+    fresh.table.horizon_ms = NOW - 5_001
+
+    def job_records() -> None:
+        fresh.table.advance_horizon(NOW + 500)
+        fresh.lane.on_view()  # looked at now, not at the next recheck
+        assert not fresh.lane._view_waits and fresh.lane._tasks
+
+    fresh.take(_lost(), meanwhile=job_records)
+    assert fresh.master[0] in (2, 3)
+    job_first = Stack()
+    job_first.table.horizon_ms = NOW - 5_001
+
+    def the_job_elects() -> None:
+        fresh_view = {i: _live(i, NOW + 500) for i in (2, 3)}
+        assert job_first.node._apply(C.elect_master("c", "s", C.CONTROLLER_TRIGGER, NOW + 500, fresh_view,
+                                                  expected_master_epoch=1)).code == Code.SUCCESS
+        job_first.lane.on_view()
+
+    job_first.take(_lost(), meanwhile=the_job_elects)
+    assert job_first.master[1] == 2 and job_first.lane.stats["stale_view"] == 1  # left to the job, counted
+    assert job_first.lane.stats["proposed"] == 0
 
 
 def test_followers_and_replayed_records_only_mark_the_broker_gone():
@@ -234,9 +256,31 @@ def test_no_live_replica_means_no_election():
     st = Stack()
     st.table.disconnect("c", "s", 2, NOW)
     st.table.disconnect("c", "s", 3, NOW)
-    st.take(_lost())
+
+    def nobody_comes_back() -> None:
+        assert st.lane._view_waits  # (the view may be part of a batch: it waits for the rest, below)
+        st.now_ms = NOW + 5_001
+
+    st.take(_lost(), meanwhile=nobody_comes_back)
     assert st.master == (1, 1) and st.node.proposed == 0  # as the job: nothing proposed
-    assert st.lane.stats["no_live_replica"] == 1
+    assert st.lane.stats["no_live_replica"] == 1 and not st.lane._view_waits
+
+
+def test_a_crash_judged_on_part_of_a_job_batch_waits_for_the_set_s_own_records():
+    """A job batch's liveness records come in several polls. The first moves the horizon past replicas whose own
+    records are still on their way: they look dead there, and the crash must wait for them, not be given up."""
+    st = Stack()  # the set's records of the batch before: its replicas heard at NOW - 500
+    st.now_ms = NOW + 3_000
+    st.table.advance_horizon(NOW + 2_600)  # another set's records of this batch: the replicas look dead here
+
+    def rest_of_the_batch() -> None:
+        assert st.lane._view_waits and st.master == (1, 1)
+        for i in (2, 3):
+            st.table.put("c", "s", _live(i, NOW + 2_500))
+        st.lane.on_view()
+
+    st.take(_lost(), meanwhile=rest_of_the_batch)
+    assert st.master[0] in (2, 3) and st.lane.stats["no_live_replica"] == 0 and st.lane.stats["elected"] == 1
 
 
 # ------------------------------------------------------------------ the records
