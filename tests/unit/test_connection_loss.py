@@ -587,16 +587,35 @@ def test_the_table_remembers_when_a_silence_was_noticed_until_the_broker_is_back
     assert table.disconnect_noticed_at("c", "s", 2) == NOW + 20 and not table._noticed
 
 
-def test_the_consumer_counts_silences_apart_from_disconnects():
+class LaneCalls:
+    """What the liveness consumer hands its node's lane."""
+
+    def __init__(self) -> None:
+        self.taken: list[Disconnected] = []
+        self.views = 0
+
+    def on_disconnects(self, found: list[Disconnected], now_ms: int) -> None:
+        self.taken.extend(found)
+
+    def on_view(self) -> None:
+        self.views += 1
+
+
+def _consumer_over(lane: LaneCalls) -> LivenessConsumer:
+    """A liveness consumer without Kafka, over a fresh table, at NOW."""
     consumer = LivenessConsumer.__new__(LivenessConsumer)
     consumer.stats = {"bad_records": 0, "records": 0, "last_record_ms": 0, "disconnects": 0, "silences": 0,
                       "sessions_opened": 0}
-    taken = []
     consumer.svc = type("Svc", (), {"liveness": LivenessTable(), "now_ms": lambda self: NOW,
-                                    "connection_loss": type("L", (), {
-                                        "on_disconnects": lambda self, found, now: taken.extend(found)})()})()
+                                    "connection_loss": lane})()
+    return consumer
+
+
+def test_the_consumer_counts_silences_apart_from_disconnects():
+    lane = LaneCalls()
+    consumer = _consumer_over(lane)
     consumer._apply([_silent(), _lost(), _lost(broker=2)])
-    assert (consumer.stats["silences"], consumer.stats["disconnects"], len(taken)) == (1, 2, 3)
+    assert (consumer.stats["silences"], consumer.stats["disconnects"], len(lane.taken)) == (1, 2, 3)
 
 
 def test_a_silence_is_elected_as_soon_as_the_job_s_records_move_the_view():
@@ -627,15 +646,9 @@ def test_a_silence_is_elected_as_soon_as_the_job_s_records_move_the_view():
 
 
 def test_the_consumer_tells_the_lane_when_the_job_s_records_moved_the_view():
-    consumer = LivenessConsumer.__new__(LivenessConsumer)
-    consumer.stats = {"bad_records": 0, "records": 0, "last_record_ms": 0, "disconnects": 0, "silences": 0,
-                      "sessions_opened": 0}
-    views = []
-    consumer.svc = type("Svc", (), {"liveness": LivenessTable(), "now_ms": lambda self: NOW,
-                                    "connection_loss": type("L", (), {
-                                        "on_disconnects": lambda self, found, now: None,
-                                        "on_view": lambda self: views.append(1)})()})()
+    lane = LaneCalls()
+    consumer = _consumer_over(lane)
     consumer._apply([Connected("c", "s", _live(1, NOW - 5))])  # a session's opening: not the job's view
-    assert views == []
+    assert lane.views == 0
     consumer._apply([("c", "s", [_live(1, NOW - 5), _live(2, NOW - 3)])])
-    assert views == [1] and consumer.svc.liveness.horizon_ms == NOW - 3
+    assert lane.views == 1 and consumer.svc.liveness.horizon_ms == NOW - 3
