@@ -149,10 +149,10 @@ class ConnectionLossLane:
         # (record's way here, proposal to answer) in ms, of the last elections: where a lane failover's time goes
         self._timings: deque[tuple[int, float]] = deque(maxlen=256)
         self._tasks: set[asyncio.Task] = set()
-        self._held: dict[int, asyncio.TimerHandle] = {}  # lost connections waiting out the grace
-        # holds that wait for the job's view (a silence, a crash under a stale view): looked at again as soon as
-        # the view moves (`on_view`), their timer being the fallback while no job record arrives
-        # (the record, its arrival, and the outcome counted if the wait ends without an election of this lane)
+        # every hold's timer, by hold id: a grace to wait out, or the fallback recheck of a wait for the view
+        self._held: dict[int, asyncio.TimerHandle] = {}
+        # the holds that wait for the job's view (looked at again as soon as it moves: `on_view`): the record,
+        # its arrival, and the outcome counted if the wait ends without an election of this lane
         self._view_waits: dict[int, tuple[Disconnected, int, str]] = {}
         # (cluster, set, id) of silences waiting for the job's view
         self._pending_silent: set[tuple[str, str, int]] = set()
