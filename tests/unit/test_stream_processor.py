@@ -169,6 +169,42 @@ def test_sets_share_a_bucket_one_state_value_and_the_earliest_timer():
     assert sorted(json.loads(h.state.value[0])) == ["a", "b"]  # both sets in one state value
 
 
+def test_a_master_past_its_deadline_is_proposed_before_the_bucket_s_other_sets_are_processed(monkeypatch):
+    """A bucket holds thousands of sets at scale: its failovers leave first, not after all of its sets and its
+    state's write. The other sets are still processed and stored in the same batch."""
+    from electra.streaming import detector
+
+    processed: list[str] = []
+    real = detector.process
+    monkeypatch.setattr(detector, "process",
+                        lambda w, name, *a, **k: (processed.append(name), real(w, name, *a, **k))[1])
+    h = FakeHandle()
+    sent: list[tuple[list[str], list[str], int]] = []
+
+    class Proposer:
+        def send(self, payloads: list[dict]) -> None:
+            if payloads:
+                sent.append(([q["brokerName"] for q in payloads], list(processed), h.state.calls))
+
+    p = MasterWatchProcessor(proposer=Proposer())
+    p.init(h)
+    names = ["a", "b", "c", "d", "e"]
+    rows = [ev(i, 1, 1, n) for i, n in enumerate(names)]
+    run(p, rows + [hb(b, T0, 10 * i + b, n) for i, n in enumerate(names) for b in (1, 2, 3)], T0)
+    # c's master (broker 1) falls silent; the others keep heartbeating past its 2 s timeout.
+    for t in (1000, 2000, 2600):
+        p.close()
+        p.init(h)
+        processed.clear()
+        calls = h.state.calls
+        out = run(p, [hb(b, T0 + t, t + 10 * i + b, n) for i, n in enumerate(names) for b in (1, 2, 3)
+                      if not (n == "c" and b == 1)], T0 + t)
+    assert sent == [(["c"], ["c"], calls + 1)]  # only the state's read before the proposal left
+    assert sorted(processed) == names and h.state.calls == calls + 2
+    assert sorted(json.loads(h.state.value[0])) == names
+    assert [n for k, n in zip(out["kind"], out["brokerName"]) if k == "proposal"] == ["c"]
+
+
 def test_a_disconnected_master_is_proposed_in_the_batch_that_brings_the_record():
     """The disconnect's ingest time moves the data horizon: no waiting for a later batch or the timeout."""
     from electra.streaming.parsing import DISCONNECTED
