@@ -70,13 +70,28 @@ def _one_per_broker(heartbeats: list[dict]) -> list[dict]:
     return detector.collapse_heartbeats(heartbeats)
 
 
-def _may_propose(watch: detector.SetWatch | None, events: list, disconnects: list, judge_ms: int) -> bool:
-    """Whether this batch may fail the set's master over: a new watch, an event or a lost connection, or a master
-    whose timer is due or was left unarmed (waiting for a live replica, or silent). Heartbeats alone only move a
-    master's deadline later. A set misjudged here is still processed in the same batch, only after the others."""
+def _may_propose(watch: detector.SetWatch | None, events: list, disconnects: list, heartbeats: list,
+                 judge_ms: int) -> bool:
+    """Whether this batch may fail the set's master over: a new watch, an event or a lost connection, a master
+    whose timer or deadline is due or whose timer was left unarmed (waiting for a live replica, or silent), or a
+    heartbeat that brings a broker or a timeout the watch does not hold (a shorter timeout moves the deadline
+    earlier). Otherwise heartbeats only move the master's deadline later. A set misjudged here is still processed
+    in the same batch, only after the others."""
     if watch is None or events or disconnects:
         return True
-    return watch.master_id is not None and (watch.timer_ms is None or watch.timer_ms <= judge_ms)
+    if watch.master_id is None:
+        return False
+    if watch.timer_ms is None or watch.timer_ms <= judge_ms:
+        return True
+    deadline = watch.master_deadline_ms()  # a timer re-armed while nothing was judged can be later than it
+    if deadline is not None and deadline < judge_ms:
+        return True
+    brokers = watch.brokers
+    for _, hb in heartbeats:
+        b = brokers.get(hb["brokerId"])
+        if b is None or b.timeout_ms != hb["heartbeatTimeoutMillis"]:
+            return True
+    return False
 
 
 class MasterWatchProcessor(StatefulProcessor):
@@ -194,8 +209,8 @@ class MasterWatchProcessor(StatefulProcessor):
         watches, armed = self._load(bucket)
         # The sets this batch may fail over go first, and their proposals leave before the bucket's other sets
         # are processed and its state is stored: at 10,000 sets that is most of a bucket's time.
-        urgent = {name for name, (events, _, dcs) in by_set.items()
-                  if judge is not None and _may_propose(watches.get(name), events, dcs, judge)}
+        urgent = {name for name, (events, hbs, dcs) in by_set.items()
+                  if judge is not None and _may_propose(watches.get(name), events, dcs, hbs, judge)}
         outputs = self._apply(watches, [(n, v) for n, v in by_set.items() if n in urgent], now, judge)
         outputs += self._due(watches, set(by_set), now)
         self._propose(outputs)

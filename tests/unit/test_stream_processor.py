@@ -205,6 +205,30 @@ def test_a_master_past_its_deadline_is_proposed_before_the_bucket_s_other_sets_a
     assert [n for k, n in zip(out["kind"], out["brokerName"]) if k == "proposal"] == ["c"]
 
 
+def test_a_set_is_taken_first_whenever_its_master_may_be_past_its_deadline_this_batch():
+    """Besides a due timer: a timer re-armed while nothing was judged (later than the deadline), and a heartbeat
+    with a shorter timeout (an earlier deadline). Heartbeats as the watch already holds them are not urgent."""
+    from electra.streaming import detector
+    from electra.streaming.processor import _may_propose
+
+    def hbd(bid: int, ts: int, timeout: int = 2000) -> dict:
+        d = json.loads(hb(bid, ts, 0)[-1])
+        d["heartbeatTimeoutMillis"] = timeout
+        return d
+
+    w, _ = detector.process(None, "bs", [hbd(b, T0) for b in (1, 2, 3)],
+                            [{"index": 1, "brokerName": "bs", "clusterName": "c1",
+                              "state": {"clusterName": "c1", "masterBrokerId": 1, "masterEpoch": 1}}], T0)
+    assert w.timer_ms == T0 + 2001
+    same = [((0, 1), hbd(2, T0 + 500)), ((0, 2), hbd(3, T0 + 500))]
+    assert not _may_propose(w, [], [], same, T0 + 1500)
+    assert _may_propose(w, [], [], same, T0 + 2001)  # the timer is due
+    assert _may_propose(w, [], [], [((0, 3), hbd(1, T0, timeout=1000))] + same, T0 + 1500)  # a shorter timeout
+    assert _may_propose(w, [], [], [((0, 4), hbd(4, T0 + 500))], T0 + 1500)  # a broker the watch does not hold
+    w.timer_ms = T0 + 3001  # re-armed a second on by a timer that fired with no data horizon
+    assert _may_propose(w, [], [], same, T0 + 2500)  # the deadline, T0 + 2000, is behind the judge instant
+
+
 def test_a_disconnected_master_is_proposed_in_the_batch_that_brings_the_record():
     """The disconnect's ingest time moves the data horizon: no waiting for a later batch or the timeout."""
     from electra.streaming.parsing import DISCONNECTED
