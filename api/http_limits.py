@@ -194,7 +194,7 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
             self._in_head = True
             self._head_began = False  # a request head began in the read being parsed
             self._chunk_len = 0
-            self._head_refused = False
+            self._refusal: bytes | None = None  # a refused request's answer (431, 400), due after those before it
             self._last_bytes = b""  # the end of the previous read: a head's end marker may straddle two reads
             over = len(self.connections) >= limits.max_connections
             super().connection_made(transport)
@@ -225,7 +225,7 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
             (`_head_began`): that read also carries the end of the request before, whose bytes are not
             the new head's. A head refused from a parser callback was answered (431) there: the parser's
             error is not a malformed request then, and gets no second answer."""
-            if self._head_refused:  # refused, the answers before it still going out: nothing more is read
+            if self._refusal is not None:  # refused, the answers before it still going out: nothing more is read
                 return
             self._head_began, self._chunk_len = False, len(data)
             if self._in_head:
@@ -239,18 +239,17 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserCallbackError as exc:  # raised by a callback: a 431 answered, or a fault
-                if self._head_refused or self.transport.is_closing():
+                if self._refusal is not None or self.transport.is_closing():
                     return
                 self.logger.error("a request failed in the HTTP protocol", exc_info=exc.__context__ or exc)
                 self.transport.write(INTERNAL_REPLY)
                 self.transport.close()
                 return
             except httptools.HttpParserError:
-                if self._head_refused:
+                if self._refusal is not None:
                     return
                 self.logger.warning("Invalid HTTP request received.")
-                self.transport.write(MALFORMED_REPLY)  # JSON, as every other answer (uvicorn's is plain text)
-                self.transport.close()
+                self._refuse(MALFORMED_REPLY)  # JSON, as every other answer (uvicorn's is plain text)
                 return
             except httptools.HttpParserUpgrade:
                 if self._should_upgrade():
@@ -275,12 +274,16 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
                 raise HeadRefused  # stops the parser: nothing of this request reaches the application
 
         def _refuse_head(self) -> None:
-            """431 and close, after the answers still due to the requests before this one (pipelined)."""
-            self._head_refused = True
+            self._refuse(head_too_large(limits.max_header_bytes))
+
+        def _refuse(self, reply: bytes) -> None:
+            """Answer `reply` and close, after the answers still due to the requests before this one (pipelined):
+            a request the node took before a malformed one or an oversized head is answered, not left unknown."""
+            self._refusal = reply
             self._deadline.cancel()
             if self.pipeline or (self.cycle is not None and not self.cycle.response_complete):
                 return  # `on_response_complete` answers once they are out; what else arrives is ignored
-            self.transport.write(head_too_large(limits.max_header_bytes))
+            self.transport.write(reply)
             self.transport.close()
 
         def on_message_begin(self) -> None:
@@ -319,8 +322,8 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
             if self.pipeline:
                 cycle, app = self.pipeline.pop()
                 self._start_asgi_task(cycle, app)
-            elif self._head_refused:  # the answers before a refused head are out: now its 431
-                self._refuse_head()
+            elif self._refusal is not None:  # the answers before a refused request are out: now its own
+                self._refuse(self._refusal)
             elif not self._in_request:  # idle until the next request: closed quietly at the keep-alive limit
                 self._deadline.arm(self.transport, self.timeout_keep_alive)
 

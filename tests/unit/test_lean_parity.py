@@ -418,6 +418,37 @@ def test_pipelined_requests_are_answered_in_order_across_both_paths(tmp_path, sl
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("slow_first", [True, False])
+def test_a_malformed_request_is_refused_only_after_the_requests_before_it_are_answered(tmp_path, slow_first):
+    """A write the node took before a malformed request on the same connection is answered, then the 400: the
+    client must not read "malformed" for a write that was applied."""
+    async def main():
+        svc, app = _build(None)
+        lean = LeanPath(svc, app.state.request_metrics, None)
+        server, task, port = await _serve(app, lean_protocol(lean))
+        try:
+            slow, hb = _post("slow", f"{S}/b-slow/register", REG), _post("hb", "/v1/heartbeat", HB)
+            rows = [slow, hb] if slow_first else [hb, slow]
+            raw = b"".join(_raw(r, None).replace(b"Connection: close\r\n", b"") for r in rows)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(raw + b"BOGUS / HTTP/1.1\r\n\r\n")
+            got = b""
+            for _ in range(100):  # bounded: until the node closes the connection
+                chunk = await asyncio.wait_for(reader.read(65536), 10)
+                if not chunk:
+                    break
+                got += chunk
+            writer.close()
+            answers = _split(got)
+            assert [a[0] for a in answers] == [200, 200, 400]
+            assert json.loads(answers[2][1])["remark"] == "malformed HTTP request"
+        finally:
+            server.should_exit = True
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
+
+
 async def _front_end(tmp_path, app, lean_backend: LeanPath, tokens: TokenStore | None):
     """The front-end arrangement in one process: a front-end server on TCP, the node's link and app on unix sockets.
 
