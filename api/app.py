@@ -35,7 +35,7 @@ from electra.security.auth import limited_to_clusters
 from electra.security.dashboard_login import LOGIN_PATH, LOGOUT_PATH
 from electra.security.http_auth import credential_still_valid
 from electra.state.codes import Code
-from electra.state.limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID
+from electra.state.limits import ADDRESS_PATTERN, INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID
 from electra.state.liveness import BrokerLiveInfo
 
 from .api_docs import api_docs_router
@@ -43,7 +43,7 @@ from .controller import Controller
 from .dashboard import dashboard_router
 from .event_stream import EventStream
 from .http_limits import DEFAULT_LIMITS, BodyLimit, HTTPLimits
-from .names import NAME_PATTERN, Name
+from .names import NAME_PATTERN, Address, Name
 from .replies import RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
 from .watchers import OVERFLOW, RESYNC, NotApplied
 
@@ -75,7 +75,7 @@ TimeoutMillis = Annotated[int, JAVA_INTEGER, Field(ge=100, le=3_600_000)]
 class Heartbeat(BaseModel):
     clusterName: Name
     brokerName: Name
-    brokerAddr: Annotated[str, Field(min_length=1, max_length=255)]
+    brokerAddr: Address
     brokerId: BrokerId
     epoch: Int32 = -1
     maxOffset: Int64 = -1
@@ -87,13 +87,13 @@ class Heartbeat(BaseModel):
 class ApplyBrokerId(BaseModel):
     clusterName: Name
     brokerId: BrokerId
-    registerCheckCode: Annotated[str, Field(min_length=1, max_length=512)]
+    registerCheckCode: Annotated[str, Field(min_length=1, max_length=512, pattern=ADDRESS_PATTERN)]
 
 
 class RegisterBroker(BaseModel):
     clusterName: Name
     brokerId: BrokerId
-    brokerAddress: Annotated[str, Field(min_length=1, max_length=255)]
+    brokerAddress: Address
 
 
 class ElectMaster(BaseModel):

@@ -285,9 +285,10 @@ def _wire_heartbeat() -> type[msgspec.Struct]:
     """A msgspec Struct accepting exactly the heartbeats `records.validate_heartbeat` accepts, or fewer.
 
     Its fields, in the order of `validate_heartbeat`'s result, carry the same limits (names and
-    addresses of 1-255 characters, integers that are not bools nor floats, RocketMQ's ranges, an
-    optional `ts` that may not be null). What it refuses goes the slow way (`validate_heartbeat`),
-    which names the problem; tests/unit/test_ingest_fast_path.py holds the two to the same results.
+    addresses of 1-255 characters, no control character in an address, integers that are not bools nor
+    floats, RocketMQ's ranges, an optional `ts` that may not be null). What it refuses goes the slow way
+    (`validate_heartbeat`), which names the problem; tests/unit/test_ingest_fast_path.py holds the two to the
+    same results.
     """
     def text(most: int) -> Any:
         return Annotated[str, msgspec.Meta(min_length=1, max_length=most)]
@@ -296,7 +297,7 @@ def _wire_heartbeat() -> type[msgspec.Struct]:
         return Annotated[int, msgspec.Meta(ge=lo, le=hi)]
 
     fields: list[tuple] = [("clusterName", text(records.MAX_NAME)), ("brokerName", text(records.MAX_NAME)),
-                           ("brokerAddr", text(records.MAX_ADDR)), ("brokerId", integer(1, MAX_BROKER_ID))]
+                           ("brokerAddr", records.AddrField), ("brokerId", integer(1, MAX_BROKER_ID))]
     fields += [(k, integer(lo, hi), default) for k, (default, lo, hi) in records.HEARTBEAT_INT_FIELDS.items()]
     fields.append(("ts", integer(1, INT64_MAX) | msgspec.UnsetType, msgspec.UNSET))
     return msgspec.defstruct("WireHeartbeat", fields, forbid_unknown_fields=False)

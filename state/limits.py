@@ -11,6 +11,7 @@ all check against these bounds; the last one is the backstop, through the field 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 import msgspec
@@ -18,6 +19,19 @@ import msgspec
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_BROKER_ID = 2**62  # below INT64_MAX so "next broker id" (max + 1) always stays a Java long
+
+# Broker addresses (and the address in a registerCheckCode): any text but control characters. A broker's address
+# is handed to every other broker as its master's (`masterAddress`), and RocketMQ's are HOST:PORT; a NUL or a
+# newline in one is never an address, and once stored it would be served to the whole set. (pydantic's and
+# Python's regex engines both read this pattern.)
+ADDRESS_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def printable(v: str) -> bool:
+    """Whether `v` holds no control character (ADDRESS_PATTERN's rule, for hand-written checks)."""
+    return _CONTROL.search(v) is None
+
 
 # The same ranges as field types: msgspec checks them while it decodes a command or a record.
 Int32Field = Annotated[int, msgspec.Meta(ge=INT32_MIN, le=INT32_MAX)]

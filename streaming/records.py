@@ -43,7 +43,16 @@ from typing import Annotated, Any
 
 import msgspec
 
-from electra.state.limits import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID, check_int
+from electra.state.limits import (
+    ADDRESS_PATTERN,
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_BROKER_ID,
+    check_int,
+    printable,
+)
 
 HEARTBEATS = "electra.heartbeats"
 EVENTS = "electra.events"
@@ -113,8 +122,8 @@ def validate_heartbeat(d: Any) -> dict:
         raise InvalidHeartbeat("body: a JSON object is required")
     out: dict[str, Any] = {"clusterName": _name(d, "clusterName"), "brokerName": _name(d, "brokerName")}
     addr = d.get("brokerAddr")
-    if not isinstance(addr, str) or not (1 <= len(addr) <= MAX_ADDR):
-        raise InvalidHeartbeat(f"brokerAddr: a string of 1-{MAX_ADDR} characters is required")
+    if not isinstance(addr, str) or not (1 <= len(addr) <= MAX_ADDR) or not printable(addr):
+        raise InvalidHeartbeat(f"brokerAddr: a string of 1-{MAX_ADDR} printable characters is required")
     out["brokerAddr"] = addr
     try:
         out["brokerId"] = check_int("brokerId", d.get("brokerId"), 1, MAX_BROKER_ID)
@@ -128,7 +137,8 @@ def validate_heartbeat(d: Any) -> dict:
 
 
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME)]
-_Addr = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ADDR)]
+# (msgspec searches with Python's re, where `$` also matches before a final newline: `\Z` is the end)
+AddrField = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ADDR, pattern=ADDRESS_PATTERN[:-1] + r"\Z")]
 _I32 = Annotated[int, msgspec.Meta(ge=INT32_MIN, le=INT32_MAX)]
 _I64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 
@@ -138,7 +148,7 @@ class _WireHeartbeat(msgspec.Struct):
 
     clusterName: _Name
     brokerName: _Name
-    brokerAddr: _Addr
+    brokerAddr: AddrField
     brokerId: Annotated[int, msgspec.Meta(ge=1, le=MAX_BROKER_ID)]
     epoch: _I32 = -1
     maxOffset: _I64 = -1
@@ -265,8 +275,8 @@ def _broker_ref(d: dict, kind: str) -> dict[str, Any]:
     out: dict[str, Any] = {"type": kind, "clusterName": _name(d, "clusterName"),
                            "brokerName": _name(d, "brokerName")}
     addr = d.get("brokerAddr")
-    if not isinstance(addr, str) or not (1 <= len(addr) <= MAX_ADDR):
-        raise InvalidHeartbeat(f"brokerAddr: a string of 1-{MAX_ADDR} characters is required")
+    if not isinstance(addr, str) or not (1 <= len(addr) <= MAX_ADDR) or not printable(addr):
+        raise InvalidHeartbeat(f"brokerAddr: a string of 1-{MAX_ADDR} printable characters is required")
     out["brokerAddr"] = addr
     bid = d.get("brokerId")
     if type(bid) is not int or not (1 <= bid <= 2**62):

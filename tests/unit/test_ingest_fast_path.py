@@ -7,6 +7,7 @@ import json
 import random
 
 import msgspec
+import pytest
 
 from electra.api.ingest import accept_fast, fast_heartbeat
 from electra.streaming import records
@@ -43,6 +44,11 @@ class Producer:
         self.sent.append((key, value))
 
 
+CONTROL_IN_ADDRESS = [b'{"clusterName":"c","brokerName":"s","brokerId":1,"brokerAddr":"a\\u0000b"}',
+                      b'{"clusterName":"c","brokerName":"s","brokerId":1,"brokerAddr":"a:1\\n"}',
+                      b'{"clusterName":"c","brokerName":"s","brokerId":1,"brokerAddr":"a\x7f"}']
+
+
 def test_fast_path_matches_validate_heartbeat_on_odd_and_random_bodies():
     raws = [json.dumps(BASE).encode(), json.dumps({k: BASE[k] for k in ("clusterName", "brokerName", "brokerId",
                                                                         "brokerAddr")}).encode(),
@@ -53,7 +59,7 @@ def test_fast_path_matches_validate_heartbeat_on_odd_and_random_bodies():
             b'{"clusterName":"c","brokerName":"s","brokerId":1,"brokerAddr":"a","epoch":1.0}',
             b'{"clusterName":"c","brokerName":"s","brokerId":1,"brokerAddr":"a","epoch":1e2}',
             b'{"clusterName":"c","brokerName":"s","brokerId":1,"brokerAddr":"a","epoch":-0}',
-            b'{"clusterName":"c","brokerName":"s","brokerId":1,"brokerAddr":"a","epoch":NaN}']
+            b'{"clusterName":"c","brokerName":"s","brokerId":1,"brokerAddr":"a","epoch":NaN}', *CONTROL_IN_ADDRESS]
     for field in FIELDS:
         for v in ODD_VALUES:
             raws.append(json.dumps({**BASE, field: v}).encode())
@@ -72,6 +78,9 @@ def test_fast_path_matches_validate_heartbeat_on_odd_and_random_bodies():
         check(raw)
         accepted += fast_heartbeat(raw) is not None
     assert accepted > 100  # the fast path is taken, not only refused
+    for raw in CONTROL_IN_ADDRESS:  # refused: an address is handed to other brokers
+        with pytest.raises(records.InvalidHeartbeat, match="brokerAddr"):
+            records.validate_heartbeat(json.loads(raw))
 
 
 def test_fast_path_produces_the_heartbeat_stamped_with_the_ingest_clock():
