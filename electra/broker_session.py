@@ -129,9 +129,11 @@ class StatusProtocol(SharedReadBuffer, asyncio.Protocol):
                 return
             status, used, close = got
             self.buf = self.buf[used:]
+            if close:  # closed before the answer is handed on: its callback must not send on this connection
+                self.closed = True
+                if self.transport is not None:
+                    self.transport.abort()
             self._answer(status)
-            if close:
-                self.abort()
 
     def _answer(self, status: int) -> None:
         cb, self.on_answer = self.on_answer, None

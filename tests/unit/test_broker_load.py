@@ -174,3 +174,25 @@ def test_a_point_runs_exactly_the_brokers_asked_for(brokers):
     assert sum(sizes) == brokers
     assert len(sizes) == brokers // 3
     assert min(sizes) >= 3 and max(sizes) - min(sizes) <= 1
+
+
+def test_a_lane_late_on_its_heartbeats_does_not_send_on_a_connection_its_answer_closed(monkeypatch):
+    """Behind schedule, the lane sends the next heartbeat as soon as an answer comes. An answer that closes the
+    connection must not take that heartbeat with it (it was counted failed, as the server never read it)."""
+    monkeypatch.setattr(broker_load, "HEARTBEAT_PERIOD_S", 0.1)
+
+    async def main():
+        bodies: list = []
+        close = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+        server, ep, conns = await _server([close] * 100, close_after_each=True, bodies=bodies)
+        load = _Load()
+        now = time.monotonic()
+        lane = HeartbeatLane(load, lambda: ep, _brokers(3), [now - 0.05] * 3)  # all three overdue
+        lane.start()
+        await asyncio.sleep(0.25)
+        lane.stop()
+        server.close()
+        return bodies, load.samples
+
+    bodies, samples = asyncio.run(main())
+    assert len(samples.done["heartbeat"]) >= 3 and not samples.failed
