@@ -65,7 +65,8 @@ async def _load(endpoints: list[str], brokers: int, duration: float, creds=None)
 
 def main(argv: list[str]) -> int:
     p = Parser(prog="electra bench controller", description=__doc__)
-    p.add_argument("--brokers", type=int, minimum=1, default=1000, help="simulated brokers (default 1000)")
+    p.add_argument("--brokers", type=int, minimum=1, maximum=200_000, default=1000,
+                   help="simulated brokers (default 1000)")
     p.add_argument("--duration", type=float, minimum=1, default=10.0, help="seconds measured (default 10)")
     args = p.parse_args(argv)
     print(f"bench controller: 3 controller processes (fsync on), {args.brokers} simulated brokers over HTTP, "

@@ -106,7 +106,8 @@ async def _run(args: argparse.Namespace, endpoints: list[str], procs, creds) -> 
 
 def main(argv: list[str]) -> int:
     p = Parser(prog="electra bench dashboard", description=__doc__)
-    p.add_argument("--sets", type=int, minimum=1, default=1000, help="broker sets (of 3 brokers) registered first")
+    p.add_argument("--sets", type=int, minimum=1, maximum=100_000, default=1000,
+                   help="broker sets (of 3 brokers) registered first")
     p.add_argument("--viewers", type=int, minimum=2, default=20,
                    help="SSE viewers in the last measurement (default 20; at least 2: the per-viewer cost is the "
                         "slope between 1 viewer and this many)")

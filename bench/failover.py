@@ -387,7 +387,7 @@ def _batch_ms(log: Path) -> float:
 def main(argv: list[str]) -> int:
     p = Parser(prog="electra bench failover", description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--groups", type=count_list(1), default="100,300,1000",
+    p.add_argument("--groups", type=count_list(1, 64_000), default="100,300,1000",
                    help="broker set counts to try, smallest first")
     p.add_argument("--crash", type=int, default=20, help="masters crashed per size (session reset)")
     p.add_argument("--hang", type=int, default=20, help="masters hung per size (no heartbeats, connection kept)")

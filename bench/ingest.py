@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
 
     p = Parser(prog="electra bench ingest", description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--brokers", type=int, minimum=1, default=30_000,
+    p.add_argument("--brokers", type=int, minimum=1, maximum=1_000_000, default=30_000,
                    help="distinct brokers heartbeating (default 30000)")
     p.add_argument("--concurrency", type=int, minimum=1, default=64, help="connections (default 64)")
     p.add_argument("--duration", type=float, minimum=1, default=10.0, help="seconds measured (default 10)")

@@ -438,7 +438,7 @@ def _point_line(system: str, pt: dict) -> str:
 def main(argv: list[str]) -> int:
     p = Parser(prog="electra report performance", description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--brokers", type=count_list(3), default="10,100,1000,5000",
+    p.add_argument("--brokers", type=count_list(3, 200_000), default="10,100,1000,5000",
                    help="concurrent brokers per point, comma-separated, each at least 3 (one set; "
                         "default 10,100,1000,5000)")
     p.add_argument("--duration", type=float, minimum=1, default=10.0,

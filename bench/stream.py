@@ -108,8 +108,8 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog="electra bench stream", description=__doc__.splitlines()[0])
-    ap.add_argument("--sets", type=int, minimum=1, default=100, help="broker sets (default 100)")
-    ap.add_argument("--brokers", type=int, minimum=1, default=3, help="brokers per set (default 3)")
+    ap.add_argument("--sets", type=int, minimum=1, maximum=100_000, default=100, help="broker sets (default 100)")
+    ap.add_argument("--brokers", type=int, minimum=1, maximum=64, default=3, help="brokers per set (default 3)")
     ap.add_argument("--hb-interval-ms", type=int, minimum=1, default=1000,
                     help="each broker's heartbeat interval (default 1000, RocketMQ's)")
     ap.add_argument("--timeout-ms", type=int, minimum=1, default=3000,

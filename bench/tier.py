@@ -87,7 +87,8 @@ async def _final(endpoints: list[str], creds, timeout: float = 30.0) -> tuple[fl
 
 def main(argv: list[str]) -> int:
     p = Parser(prog="electra bench tier", description=__doc__)
-    p.add_argument("--brokers", type=int, minimum=1, default=300, help="simulated brokers writing (default 300)")
+    p.add_argument("--brokers", type=int, minimum=1, maximum=200_000, default=300,
+                   help="simulated brokers writing (default 300)")
     p.add_argument("--duration", type=float, minimum=1, default=10.0, help="seconds measured (default 10)")
     p.add_argument("--tier-uri", help="default: a directory in the benchmark's temporary directory")
     args = p.parse_args(argv)

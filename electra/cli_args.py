@@ -128,8 +128,11 @@ def count_list(minimum: int, maximum: int | None = None, *, sort: bool = True) -
     (where the first one means something)."""
 
     def convert(text: str) -> list[int]:
+        items = text.split(",")
+        if any(x.strip() for x in items) and not all(x.strip() for x in items):
+            raise argparse.ArgumentTypeError(f"expected counts like 10,100,1000 (no empty item), got {text!r}")
         try:
-            counts = list(dict.fromkeys(int(x) for x in text.split(",") if x.strip()))
+            counts = list(dict.fromkeys(int(x) for x in items if x.strip()))
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected counts like 10,100,1000, got {text!r}") from None
         if not counts:

@@ -51,14 +51,17 @@ def test_a_benchmark_refuses_a_negative_duration(capsys):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["bench", "failover", "--groups", "abc"], "argument --groups: expected counts like 10,100,1000, got 'abc'"),
-    (["bench", "failover", "--groups", "100,-5"], "argument --groups: every count must be at least 1, got 100,-5"),
+    (["bench", "failover", "--groups", "100,-5"], "argument --groups: every count must be from 1 to 64000, got 100,-5"),
+    (["bench", "failover", "--groups", "1,,2"], "argument --groups: expected counts like 10,100,1000 (no empty item)"),
+    (["bench", "failover", "--groups", "99999999999999999999"], "every count must be from 1 to 64000"),
+    (["bench", "stream", "--sets", "100001"], "argument --sets: must be at most 100000, got 100001"),
     (["bench", "failover", "--groups", ","], "argument --groups: expected at least one count"),
     (["bench", "failover", "--timeout-ms", "0"], "argument --timeout-ms: must be at least 1, got 0"),
     (["bench", "stream", "--sets", "0"], "argument --sets: must be at least 1, got 0"),
     (["bench", "dashboard", "--viewers", "1"], "argument --viewers: must be at least 2, got 1"),  # nan per viewer
     (["bench", "reads", "--entries", "10"], "argument --entries: must be at least 1000, got 10"),
     (["bench", "api", "--front-ends", "0,17"], "argument --front-ends: every count must be from 0 to 16, got 0,17"),
-    (["report", "performance", "--brokers", "2,10"], "argument --brokers: every count must be at least 3, got 2,10"),
+    (["report", "performance", "--brokers", "2,10"], "--brokers: every count must be from 3 to 200000, got 2,10"),
     (["up", "--http-port", "70000"], "argument --http-port: must be at most 65535, got 70000"),
     (["simulate-brokers", "--groups", "0"], "argument --groups: must be at least 1, got 0"),
     (["ingest", "--workers", "0"], "argument --workers: must be at least 1, got 0"),
