@@ -705,6 +705,23 @@ def _broker_set_arg(args: argparse.Namespace) -> str:
     return given[0]
 
 
+async def _every_node_metadata(client) -> dict:
+    """`admin metadata`: each node's metadata in endpoint order; a node that gives none is an entry naming it and
+    why (an operator asks this when a node is in trouble, so the others still answer). Code 1 if any gave none."""
+    body: list[dict] = []
+    for ep in client.endpoints:
+        try:
+            body.append({"endpoint": ep, **await client.metadata(ep)})
+        except PermissionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one node's failure, reported as its entry
+            body.append({"endpoint": ep, "error": _status_failure(exc, client.scheme)})
+    failed = sum("error" in m for m in body)
+    if failed:
+        return {"code": 1, "remark": f"{failed} of {len(body)} nodes gave no metadata", "body": body}
+    return {"code": 0, "body": body}
+
+
 def cmd_admin(args: argparse.Namespace) -> int:
     """mqadmin-style verbs; prints the RocketMQ response as JSON, exit 0 only for code 0."""
     import json
@@ -733,7 +750,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
             elif args.verb == "transfer-leader":
                 res = await client.transfer_leadership(args.to)
             else:  # metadata
-                res = {"code": 0, "body": [await client.metadata(ep) for ep in client.endpoints]}
+                res = await _every_node_metadata(client)
         except PermissionError as exc:
             print(f"error: {exc} (set ELECTRA_TOKEN_FILE and ELECTRA_CA_FILE)", file=sys.stderr)
             return 1

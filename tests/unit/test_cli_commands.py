@@ -166,3 +166,45 @@ def test_status_says_why_a_node_gave_nothing(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "closed the connection: a secure node speaks HTTPS (set ELECTRA_CA_FILE" in out, out
     assert f"unreachable: cannot connect to 127.0.0.1:{refused_port}" in out, out
+
+
+def test_admin_metadata_answers_for_the_nodes_that_answer_and_names_the_one_that_does_not(capsys, monkeypatch):
+    """Asked when a node is in trouble: one unreachable node printed only "error: timed out" before."""
+    import http.server
+    import json
+    import socket
+    import threading
+
+    for k in ("ELECTRA_CA_FILE", "ELECTRA_TOKEN_FILE", "ELECTRA_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+
+    class Metadata(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = json.dumps({"node_id": 1, "role": "LEADER"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    live = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metadata)
+    thread = threading.Thread(target=live.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    refused = socket.create_server(("127.0.0.1", 0))
+    refused_port = refused.getsockname()[1]
+    refused.close()
+    live_ep, dead_ep = f"127.0.0.1:{live.server_address[1]}", f"127.0.0.1:{refused_port}"
+    try:
+        assert main(["admin", "--endpoints", f"{live_ep},{dead_ep}", "metadata"]) == 1
+    finally:
+        live.shutdown()
+        thread.join(5)
+        live.server_close()
+    res = json.loads(capsys.readouterr().out)
+    assert res["code"] == 1 and res["remark"] == "1 of 2 nodes gave no metadata"
+    assert res["body"][0] == {"endpoint": live_ep, "node_id": 1, "role": "LEADER"}
+    assert res["body"][1]["endpoint"] == dead_ep
+    assert res["body"][1]["error"].startswith(f"unreachable: cannot connect to {dead_ep}")
