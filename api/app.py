@@ -214,6 +214,19 @@ def _event_index(text: str) -> int | None:
     return value if value <= INT64_MAX else None
 
 
+SEND_JSON = "send the body as JSON (Content-Type: application/json)"
+
+
+def _body_not_json(request: Request, exc: RequestValidationError) -> bool:
+    """A body refused because it was sent as something else than JSON (`text/plain`, a form: curl's `-d` without
+    `-H`), which FastAPI then does not parse: 415 says so, where 422 blamed the body's content. Without a
+    Content-Type FastAPI reads the body as JSON, so a refusal then is the body's."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if not media or media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return False
+    return any(tuple(e.get("loc", ()))[:1] == ("body",) for e in exc.errors())
+
+
 def _invalid(errors: list[dict[str, str]]) -> JSONResponse:
     """422 with code 2005 naming each bad field: every invalid request's answer."""
     remark = "invalid request: " + "; ".join(f"{e['field']}: {e['problem']}" for e in errors[:3])
@@ -253,6 +266,8 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         count_invalid(request)
+        if _body_not_json(request, exc):
+            return JSONResponse({"code": int(Code.CONTROLLER_INVALID_REQUEST), "remark": SEND_JSON}, status_code=415)
         return _invalid(validation_errors(exc))
 
     def count_invalid(request: Request) -> None:
@@ -509,6 +524,8 @@ def _openapi(app: FastAPI) -> dict:
                 op["security"] = []  # public
             else:
                 op.setdefault("responses", {}).update(refused)
+            if "requestBody" in op:
+                op.setdefault("responses", {})["415"] = {"description": "the body was not sent as JSON (code 2005)"}
     schema["paths"][LOGIN_PATH] = {"post": {
         "tags": ["dashboard"], "summary": "Sign in: a token for a session cookie (observer or admin role)",
         "security": [],
