@@ -363,8 +363,9 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
 
     @app.get("/v1/broker-sets/{name}/watch", tags=["broker"])
     async def watch(name: Name, request: Request,
-                    after: Annotated[int | None, Query(ge=0, le=INT64_MAX, description=(
-                        "resume after this event index (the `id` of the last event received)"))] = None,
+                    after: Annotated[str | None, Query(max_length=64, description=(
+                        "resume after this event index (the `id` of the last event received: ASCII digits; empty: "
+                        "none received yet)"))] = None,
                     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", description=(
                         "as `after`; sent by an EventSource when it reconnects, and preferred to `after`"))] = None):
         """Server-sent events: one `role-change` event per election or sync-state-set change (503 when full).
@@ -374,12 +375,14 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
         with the set as it is now when this node no longer holds them. A watcher too slow for its queue
         has its stream ended, and resumes the same way."""
         nonlocal watchers
-        resume = after
-        if last_event_id is not None and last_event_id.strip():  # empty: no event received yet (as the SSE spec)
-            resume = _event_index(last_event_id)
-            if resume is None:
-                return _invalid([{"field": "header.Last-Event-ID", "problem": "must be the id of an event "
-                                  "this stream sent (a Raft index: digits)"}])
+        # One rule for both (the header wins): ASCII digits, empty for none received yet (as the SSE spec).
+        resume = None
+        for field, given in (("query.after", after), ("header.Last-Event-ID", last_event_id)):
+            if given is not None and given.strip():
+                resume = _event_index(given)
+                if resume is None:
+                    return _invalid([{"field": field, "problem": "must be the id of an event this stream sent "
+                                      "(a Raft index: digits)"}])
         if watchers >= limits.max_watchers:
             return JSONResponse({"code": int(Code.SYSTEM_BUSY),
                                  "remark": f"this node serves at most {limits.max_watchers} watchers"},

@@ -86,7 +86,8 @@ def test_a_watcher_resumes_on_another_node_from_its_last_event(tmp_path):
                 assert got[0][1] == resumed[2][1]
                 # Bad resume points are refused with the API's validation answer.
                 for headers, query in (({"Last-Event-ID": "x1"}, ""), ({"Last-Event-ID": "1" * 30}, ""),
-                                       ({}, "?after=-1"), ({}, "?after=ab")):
+                                       ({}, "?after=-1"), ({}, "?after=ab"), ({}, "?after=%2B5"), ({}, "?after=5.0"),
+                                       ({"Last-Event-ID": "+5"}, "")):
                     r = await raw.get(url_b + query, headers=headers)
                     assert r.status_code == 422 and r.json()["code"] == Code.CONTROLLER_INVALID_REQUEST, r.text
                 # Leading zeros are the same index (what some clients send back).
