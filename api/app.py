@@ -200,7 +200,14 @@ def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
     """Each bad field and what is wrong with it; never the value sent (it may be huge or hostile)."""
     out = []
     for e in exc.errors()[:20]:
-        field = ".".join(str(p) for p in e.get("loc", ()))
+        loc = tuple(e.get("loc", ()))
+        if e.get("type") == "json_invalid" and loc[:1] == ("body",):  # FastAPI puts the character's position there
+            where = f" at character {loc[1]}" if len(loc) > 1 else ""
+            reason = (e.get("ctx") or {}).get("error")
+            problem = f"not JSON{where}" + (f": {reason}" if reason else "")
+            out.append({"field": "body", "problem": problem[:200]})
+            continue
+        field = ".".join(str(p) for p in loc)
         out.append({"field": field[:200], "problem": str(e.get("msg", "invalid"))[:200]})
     return out
 

@@ -142,7 +142,8 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
     for key, typ in _NODE_TYPES.items():
         if getattr(args, key) is not None:
             continue
-        env = os.environ.get("ELECTRA_NODE_ID" if key == "id" else f"ELECTRA_{key.upper()}")
+        env_name = "ELECTRA_NODE_ID" if key == "id" else f"ELECTRA_{key.upper()}"
+        env = os.environ.get(env_name)
         value = env if env is not None else file_values.get(key)
         if isinstance(value, dict):  # TOML tables: {"1" = "host:port", ...}
             value = ",".join(f"{k}={v}" for k, v in value.items())
@@ -164,7 +165,7 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
             try:
                 value = typ(value) if not isinstance(value, int) or typ is not int else value
             except (argparse.ArgumentTypeError, ValueError) as exc:
-                refuse(f"bad value for {key}: {exc}")
+                refuse(f"bad value for {key} (from {env_name if env is not None else args.config}): {exc}")
         setattr(args, key, value)
     missing = [k for k in ("id", "peers", "data_dir") if getattr(args, k) is None]
     if missing:
@@ -922,7 +923,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "variables (e.g. ELECTRA_NODE_ID, ELECTRA_PEERS), else the --config TOML file.")
     n.add_argument("--config", help="TOML file with the options below as keys (id, peers, data_dir, ...)")
     for opt, typ, help_text in NODE_OPTIONS:
-        n.add_argument(opt, type=typ, default=None, help=help_text)
+        # a bounded number is checked once its source is known, against _NODE_BOUNDS (one message for every source)
+        unbounded = {"minimum": None} if typ in (int, float) and opt[2:].replace("-", "_") in _NODE_BOUNDS else {}
+        n.add_argument(opt, type=typ, default=None, help=help_text, **unbounded)
     n.add_argument("--unsafe-no-fsync", action="store_true", default=None,
                    help="benchmarks only: acks before data is durable")
     n.add_argument("--bootstrap-from-tier", action="store_true", default=None,

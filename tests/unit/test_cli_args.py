@@ -34,7 +34,6 @@ def test_the_electra_commands_use_it_down_to_their_subcommands(capsys):
     assert "argument --episodes: must be at least 1" in _error(capsys, cli, ["chaos", "--episodes", "-3"])
     assert "argument --seeds: must be at least 1" in _error(capsys, cli, ["sim", "--seeds", "-5"])
     assert "argument --settle-ms: must be at least 500, got 0" in _error(capsys, cli, ["sim", "--settle-ms", "0"])
-    assert "argument --id: must be at least 0" in _error(capsys, cli, ["node", "--id", "-1"])
     assert "argument --first-episode: must be at least 0" in _error(capsys, cli, ["chaos", "--first-episode", "-1"])
     shard = cli.parse_args(["chaos", "--long", "--first-episode", "500", "--episodes", "500"])
     assert (shard.first_episode, shard.episodes) == (500, 500)
@@ -67,6 +66,8 @@ def test_a_benchmark_refuses_a_negative_duration(capsys):
     (["ingest", "--workers", "0"], "argument --workers: must be at least 1, got 0"),
     (["simulate-brokers", "--groups", "64001"], "argument --groups: must be at most 64000, got 64001"),
     (["sim", "--seeds", "0"], "argument --seeds: must be at least 1, got 0"),
+    (["node", "--id", "-1", "--peers", "1=127.0.0.1:1", "--data-dir", "x"], "id must be from 1 to 2147483647, not -1"),
+    (["node", "--id", "0", "--peers", "1=127.0.0.1:1", "--data-dir", "x"], "id must be from 1 to 2147483647, not 0"),
     (["sim", "--seeds", "99999999999999"], "argument --seeds: must be at most 100000000, got 99999999999999"),
     (["sim", "--start", "-1"], "argument --start: must be at least 0, got -1"),
     (["report", "performance", "--brokers", "10", "--out", "/proc/no-such-dir/x"],
@@ -381,3 +382,13 @@ def test_runs_whose_options_would_be_ignored_or_fail_later_are_refused_up_front(
             run()
         assert e.value.code == 2
         assert match in capsys.readouterr().err
+
+
+def test_node_names_the_variable_a_bad_setting_came_from(capsys, monkeypatch):
+    from electra import cli
+
+    monkeypatch.setenv("ELECTRA_NODE_ID", "abc")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["node", "--peers", "1=127.0.0.1:1", "--data-dir", "x"])
+    assert exc.value.code == 2
+    assert "bad value for id (from ELECTRA_NODE_ID):" in capsys.readouterr().err

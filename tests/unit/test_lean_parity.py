@@ -613,3 +613,22 @@ def test_the_frameworks_own_refusals_speak_the_api_shape():
             await asyncio.wait_for(task, 10)
 
     asyncio.run(main())
+
+
+def test_a_body_that_is_not_json_is_named_as_the_body_with_where_it_breaks():
+    """FastAPI puts the failing character's position in the error's location: `body.1` read as a field."""
+    async def main():
+        svc, app = _build(None)
+        lean = LeanPath(svc, app.state.request_metrics, None)
+        server, task, port = await _serve(app, lean_protocol(lean))
+        try:
+            return await _exchange(port, _raw(_post("broken JSON", f"{S}/b1/register", b'{"clusterName": '), None))
+        finally:
+            server.should_exit = True
+            await asyncio.wait_for(task, 10)
+
+    status, _, body = asyncio.run(main())
+    answer = json.loads(body)
+    assert status == 422 and answer["errors"] == [{"field": "body", "problem": "not JSON at character 16: "
+                                                   "Expecting value"}], answer
+    assert answer["remark"] == "invalid request: body: not JSON at character 16: Expecting value"
