@@ -307,6 +307,13 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
 
         registry.register(tier.collector())
         app.include_router(history_router(tier.cfg.uri, tier.cfg.storage_options))
+    else:
+        @app.get("/v1/admin/history", include_in_schema=False)
+        async def no_history() -> JSONResponse:
+            """Said plainly: "no such endpoint" read as a wrong URL, not as a node started without a tier."""
+            return JSONResponse({"code": int(Code.REQUEST_CODE_NOT_SUPPORTED),
+                                 "remark": "this node keeps no history: start it with --tier-uri, or read the tier "
+                                           "with `electra history --tier-uri URI`"}, status_code=404)
 
     # read-only pages and their SSE stream, whose viewers are capped as the watchers are
     app.include_router(dashboard_router(controller.dashboard, max_viewers=limits.max_watchers))

@@ -242,6 +242,8 @@ ROWS = [
     Row("name with a space (escaped)", "GET", f"{S}/a%20b/replica-info", lean=False),
     Row("name escaped but valid", "GET", f"{S}/b%31/replica-info", lean=False),
     Row("name too long", "GET", f"{S}/{'b' * 256}/replica-info", lean=False, token="wide"),
+    Row("history on a node without a tier: said so", "GET", "/v1/admin/history?at=now", lean=False, token="admin",
+        status=404),
     _post("name '..' (a dot segment)", f"{S}/../apply-broker-id", {"clusterName": "c", "brokerId": 1,
           "registerCheckCode": "a:1;1"}, lean=False, token="wide", no_call=True, status=422),
     Row("name '.' (a dot segment)", "GET", f"{S}/./replica-info", lean=False, token="wide", no_call=True, status=422),
