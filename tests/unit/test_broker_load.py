@@ -148,7 +148,12 @@ def test_a_lane_sends_each_live_broker_once_a_period_at_its_phase(monkeypatch):
     assert opened == 1
 
 
-def test_a_lane_reconnects_after_the_server_closed_its_connection(monkeypatch):
+@pytest.mark.parametrize(("brokers", "late_s", "run_s", "least"), [(1, 0.0, 0.45, 4), (3, 0.05, 0.25, 3)],
+                         ids=["on-time", "late"])
+def test_a_lane_reconnects_after_the_server_closed_its_connection(monkeypatch, brokers, late_s, run_s, least):
+    """Every answer closes its connection: the next heartbeat goes on a new one. Behind schedule ("late": every
+    broker overdue) the lane sends the next heartbeat as soon as an answer comes; an answer that closes the
+    connection must not take that heartbeat with it (it was counted failed: the server never read it)."""
     monkeypatch.setattr(broker_load, "HEARTBEAT_PERIOD_S", 0.1)
 
     async def main():
@@ -156,16 +161,16 @@ def test_a_lane_reconnects_after_the_server_closed_its_connection(monkeypatch):
         close = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
         server, ep, conns = await _server([close] * 100, close_after_each=True, bodies=bodies)
         load = _Load()
-        lane = HeartbeatLane(load, lambda: ep, _brokers(1), [time.monotonic()])
+        lane = HeartbeatLane(load, lambda: ep, _brokers(brokers), [time.monotonic() - late_s] * brokers)
         lane.start()
-        await asyncio.sleep(0.45)
+        await asyncio.sleep(run_s)
         lane.stop()
         server.close()
         return bodies, load.samples, len(conns)
 
     bodies, samples, opened = asyncio.run(main())
-    assert len(bodies) >= 4 and opened == len(bodies)  # every answer closed the connection: a new one each time
-    assert len(samples.done["heartbeat"]) >= 4 and not samples.failed
+    assert len(bodies) >= least and opened == len(bodies)  # a new connection for each
+    assert len(samples.done["heartbeat"]) >= least and not samples.failed
 
 
 @pytest.mark.parametrize("brokers", [3, 4, 5, 10, 100, 999, 1000, 1001, 5000])
@@ -174,25 +179,3 @@ def test_a_point_runs_exactly_the_brokers_asked_for(brokers):
     assert sum(sizes) == brokers
     assert len(sizes) == brokers // 3
     assert min(sizes) >= 3 and max(sizes) - min(sizes) <= 1
-
-
-def test_a_lane_late_on_its_heartbeats_does_not_send_on_a_connection_its_answer_closed(monkeypatch):
-    """Behind schedule, the lane sends the next heartbeat as soon as an answer comes. An answer that closes the
-    connection must not take that heartbeat with it (it was counted failed, as the server never read it)."""
-    monkeypatch.setattr(broker_load, "HEARTBEAT_PERIOD_S", 0.1)
-
-    async def main():
-        bodies: list = []
-        close = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
-        server, ep, conns = await _server([close] * 100, close_after_each=True, bodies=bodies)
-        load = _Load()
-        now = time.monotonic()
-        lane = HeartbeatLane(load, lambda: ep, _brokers(3), [now - 0.05] * 3)  # all three overdue
-        lane.start()
-        await asyncio.sleep(0.25)
-        lane.stop()
-        server.close()
-        return bodies, load.samples
-
-    bodies, samples = asyncio.run(main())
-    assert len(samples.done["heartbeat"]) >= 3 and not samples.failed

@@ -397,71 +397,59 @@ def _split(raw: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
+def _pipelined(slow_first: bool, then: bytes, answers: int | None) -> tuple[list[tuple[int, bytes]], int]:
+    """A slow lean write and a lean heartbeat (in that order or the other), then `then`, written at once on one
+    connection to a lean server; the answers once `answers` are in (None: once the node closes the connection),
+    and the requests the lean path served."""
+    async def main():
+        svc, app = _build(None)
+        lean = LeanPath(svc, app.state.request_metrics, None)
+        server, task, port = await _serve(app, lean_protocol(lean))
+        try:
+            slow, hb = _post("slow", f"{S}/b-slow/register", REG), _post("hb", "/v1/heartbeat", HB)
+            rows = [slow, hb] if slow_first else [hb, slow]
+            raw = b"".join(_raw(r, None).replace(b"Connection: close\r\n", b"") for r in rows)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(raw + then)
+            got = b""
+            for _ in range(100):  # bounded: until the answers are in, or the node closes the connection
+                chunk = await asyncio.wait_for(reader.read(65536), 10)
+                got += chunk
+                if not chunk or (answers is not None and got.count(b"HTTP/1.1 ") >= answers
+                                 and len(_split(got)) == answers):
+                    break
+            writer.close()
+            return _split(got), lean.stats["served"]
+        finally:
+            server.should_exit = True
+            await asyncio.wait_for(task, 10)
+
+    return asyncio.run(main())
+
+
 @pytest.mark.parametrize("slow_first", [True, False])
-def test_pipelined_requests_are_answered_in_order_across_both_paths(tmp_path, slow_first):
+def test_pipelined_requests_are_answered_in_order_across_both_paths(slow_first):
     """A slow lean write, a lean heartbeat, a FastAPI answer (422) and a read, pipelined on one connection.
 
     A request pipelined behind one still in flight waits in uvicorn's queue and is served by FastAPI.
     """
-    async def main():
-        svc, app = _build(None)
-        lean = LeanPath(svc, app.state.request_metrics, None)
-        server, task, port = await _serve(app, lean_protocol(lean))
-        try:
-            slow, hb = _post("slow", f"{S}/b-slow/register", REG), _post("hb", "/v1/heartbeat", HB)
-            rows = [slow, hb] if slow_first else [hb, slow]
-            rows += [_post("bad", f"{S}/b1/register", {"x": 1}), Row("read", "GET", f"{S}/b1/replica-info")]
-            raw = b"".join(_raw(r, None).replace(b"Connection: close\r\n", b"") for r in rows)
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(raw)
-            got = b""
-            for _ in range(100):  # bounded: until four answers are in
-                got += await asyncio.wait_for(reader.read(65536), 10)
-                if got.count(b"HTTP/1.1 ") >= 4 and len(_split(got)) == 4:
-                    break
-            writer.close()
-            answers = _split(got)
-            assert [a[0] for a in answers] == [200, 200, 422, 200]
-            remarks = [json.loads(a[1])["remark"].split()[0] for a in (answers[0], answers[1], answers[3])]
-            first = ["register", "heartbeat"] if slow_first else ["heartbeat", "register"]
-            assert remarks == first + ["replica_info"]
-            assert lean.stats["served"] >= 1
-        finally:
-            server.should_exit = True
-            await asyncio.wait_for(task, 10)
-
-    asyncio.run(main())
+    then = b"".join(_raw(r, None).replace(b"Connection: close\r\n", b"")
+                    for r in (_post("bad", f"{S}/b1/register", {"x": 1}), Row("read", "GET", f"{S}/b1/replica-info")))
+    answers, served = _pipelined(slow_first, then, 4)
+    assert [a[0] for a in answers] == [200, 200, 422, 200]
+    remarks = [json.loads(a[1])["remark"].split()[0] for a in (answers[0], answers[1], answers[3])]
+    first = ["register", "heartbeat"] if slow_first else ["heartbeat", "register"]
+    assert remarks == first + ["replica_info"]
+    assert served >= 1
 
 
 @pytest.mark.parametrize("slow_first", [True, False])
-def test_a_malformed_request_is_refused_only_after_the_requests_before_it_are_answered(tmp_path, slow_first):
+def test_a_malformed_request_is_refused_only_after_the_requests_before_it_are_answered(slow_first):
     """A write the node took before a malformed request on the same connection is answered, then the 400: the
     client must not read "malformed" for a write that was applied."""
-    async def main():
-        svc, app = _build(None)
-        lean = LeanPath(svc, app.state.request_metrics, None)
-        server, task, port = await _serve(app, lean_protocol(lean))
-        try:
-            slow, hb = _post("slow", f"{S}/b-slow/register", REG), _post("hb", "/v1/heartbeat", HB)
-            rows = [slow, hb] if slow_first else [hb, slow]
-            raw = b"".join(_raw(r, None).replace(b"Connection: close\r\n", b"") for r in rows)
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(raw + b"BOGUS / HTTP/1.1\r\n\r\n")
-            got = b""
-            for _ in range(100):  # bounded: until the node closes the connection
-                chunk = await asyncio.wait_for(reader.read(65536), 10)
-                if not chunk:
-                    break
-                got += chunk
-            writer.close()
-            answers = _split(got)
-            assert [a[0] for a in answers] == [200, 200, 400]
-            assert json.loads(answers[2][1])["remark"] == "malformed HTTP request"
-        finally:
-            server.should_exit = True
-            await asyncio.wait_for(task, 10)
-
-    asyncio.run(main())
+    answers, _ = _pipelined(slow_first, b"BOGUS / HTTP/1.1\r\n\r\n", None)
+    assert [a[0] for a in answers] == [200, 200, 400]
+    assert json.loads(answers[2][1])["remark"] == "malformed HTTP request"
 
 
 async def _front_end(tmp_path, app, lean_backend: LeanPath, tokens: TokenStore | None):
