@@ -1046,7 +1046,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--cluster")
     v.add_argument("--broker-ids", type=int, minimum=1, nargs="+", metavar="ID",
                    help="the ids to remove (leave the option out to remove the whole set; an empty list is refused, "
-                        "not taken for the whole set)")
+                        "not taken for the whole set). It takes every word after it: give NAME first "
+                        "(`clean-broker-data NAME --broker-ids 1 2`) or end the ids with `--`")
     v.add_argument("--clean-living", action="store_true", help="also clean brokers that are alive")
     v = verbs.add_parser("replica-info", help="master, epochs and sync-state set of one broker set")
     _add_broker_set_args(v)
