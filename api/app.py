@@ -307,7 +307,7 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
 
         registry.register(tier.collector())
         app.include_router(history_router(tier.cfg.uri, tier.cfg.storage_options))
-    else:
+    else:  # (here, not in electra.tiering.api: that module loads pyarrow, which a node without a tier never needs)
         @app.get("/v1/admin/history", include_in_schema=False)
         async def no_history() -> JSONResponse:
             """Said plainly: "no such endpoint" read as a wrong URL, not as a node started without a tier."""
