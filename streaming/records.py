@@ -112,6 +112,13 @@ def _name(d: dict, key: str) -> str:
     return v
 
 
+def _addr(d: dict) -> str:
+    v = d.get("brokerAddr")
+    if not isinstance(v, str) or not (1 <= len(v) <= MAX_ADDR) or not printable(v):
+        raise InvalidHeartbeat(f"brokerAddr: a string of 1-{MAX_ADDR} printable characters is required")
+    return v
+
+
 def validate_heartbeat(d: Any) -> dict:
     """The canonical heartbeat dict (defaults filled in, ints checked), or InvalidHeartbeat.
 
@@ -121,10 +128,7 @@ def validate_heartbeat(d: Any) -> dict:
     if not isinstance(d, dict):
         raise InvalidHeartbeat("body: a JSON object is required")
     out: dict[str, Any] = {"clusterName": _name(d, "clusterName"), "brokerName": _name(d, "brokerName")}
-    addr = d.get("brokerAddr")
-    if not isinstance(addr, str) or not (1 <= len(addr) <= MAX_ADDR) or not printable(addr):
-        raise InvalidHeartbeat(f"brokerAddr: a string of 1-{MAX_ADDR} printable characters is required")
-    out["brokerAddr"] = addr
+    out["brokerAddr"] = _addr(d)
     try:
         out["brokerId"] = check_int("brokerId", d.get("brokerId"), 1, MAX_BROKER_ID)
         for key, (default, lo, hi) in _HB_INT_FIELDS.items():
@@ -274,10 +278,7 @@ def _broker_ref(d: dict, kind: str) -> dict[str, Any]:
     """The fields a session record names its broker and instant with, checked (InvalidHeartbeat names the field)."""
     out: dict[str, Any] = {"type": kind, "clusterName": _name(d, "clusterName"),
                            "brokerName": _name(d, "brokerName")}
-    addr = d.get("brokerAddr")
-    if not isinstance(addr, str) or not (1 <= len(addr) <= MAX_ADDR) or not printable(addr):
-        raise InvalidHeartbeat(f"brokerAddr: a string of 1-{MAX_ADDR} printable characters is required")
-    out["brokerAddr"] = addr
+    out["brokerAddr"] = _addr(d)
     bid = d.get("brokerId")
     if type(bid) is not int or not (1 <= bid <= 2**62):
         raise InvalidHeartbeat("brokerId: an integer of at least 1 is required")
