@@ -18,6 +18,7 @@ from pathlib import Path
 from electra.cli_args import Parser, make_dir, optional_server_list, parse_addr, refuse, server_list, topic_prefix
 from electra.interrupts import exit_if_stop_hangs, terminate_as_interrupt
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
+from electra.state.limits import MAX_BROKER_ID
 from electra.tiering.options import parse_storage_options
 
 
@@ -1038,13 +1039,13 @@ def build_parser() -> argparse.ArgumentParser:
     v = verbs.add_parser("elect-master", help="admin-designated election (mqadmin electMaster)")
     _add_broker_set_args(v)
     v.add_argument("--cluster", required=True)
-    v.add_argument("--broker-id", type=int, minimum=1, required=True)
+    v.add_argument("--broker-id", type=int, minimum=1, maximum=MAX_BROKER_ID, required=True)
     v.add_argument("--unclean", action="store_true",
                    help="may pick a live broker outside the sync-state set (it may lack acknowledged messages)")
     v = verbs.add_parser("clean-broker-data", help="remove broker ids, or a whole set (CLEAN_BROKER_DATA)")
     _add_broker_set_args(v)
     v.add_argument("--cluster")
-    v.add_argument("--broker-ids", type=int, minimum=1, nargs="+", metavar="ID",
+    v.add_argument("--broker-ids", type=int, minimum=1, maximum=MAX_BROKER_ID, nargs="+", metavar="ID",
                    help="the ids to remove (leave the option out to remove the whole set; an empty list is refused, "
                         "not taken for the whole set). It takes every word after it: give NAME first "
                         "(`clean-broker-data NAME --broker-ids 1 2`) or end the ids with `--`")
@@ -1119,8 +1120,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_bench(args, extra)
         if args.cmd == "report":
             return cmd_report(args, extra)
-        if extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        if extra:  # blamed on the sub-command's own parser, whose usage says what it takes
+            args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return args.fn(args)
     except KeyboardInterrupt:  # a command without its own handling (status, admin, ...): no traceback
         print(f"electra {args.cmd}: interrupted", file=sys.stderr)

@@ -156,6 +156,17 @@ class Parser(argparse.ArgumentParser):
     `add_subparsers()` are `Parser`s too.
     """
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """Parse as argparse does, and note in `command_parser` the innermost parser that ran.
+
+        A sub-command's parser runs inside its parent's and returns first, so the innermost one
+        names itself; an unknown argument is then refused by the parser whose usage fits it.
+        """
+        parsed, extra = super().parse_known_args(args, namespace)
+        if getattr(parsed, "command_parser", None) is None:
+            parsed.command_parser = self
+        return parsed, extra
+
     def add_argument(self, *args: Any, minimum: float | None = 0, maximum: float | None = None,
                      **kwargs: Any) -> argparse.Action:
         kind = kwargs.get("type")

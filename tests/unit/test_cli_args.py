@@ -317,6 +317,8 @@ def test_the_read_task_rule_and_the_job_refuses_a_negative_count(capsys):
     (["admin", "clean-broker-data", "b0", "--broker-ids"], "expected at least one argument"),  # the whole set before
     (["admin", "clean-broker-data", "b0", "--broker-ids", "0"], "must be at least 1"),
     (["admin", "elect-master", "b0", "--cluster", "c", "--broker-id", "0"], "must be at least 1"),
+    (["admin", "elect-master", "b0", "--cluster", "c", "--broker-id", "9" * 23], "must be at most 4611686018427387904"),
+    (["admin", "clean-broker-data", "b0", "--broker-ids", "1", "9" * 23], "must be at most 4611686018427387904"),
     (["up", "--demo-groups", "100000"], "at most 64000"),
     (["ingest", "--insecure", "--kafka-bootstrap", "k:1", "--workers", "100000"], "at most 256"),
     (["ingest", "--insecure", "--kafka-bootstrap", "k:1", "--listen", "127.0.0.1:0"], "port 1-65535"),
@@ -392,3 +394,21 @@ def test_node_names_the_variable_a_bad_setting_came_from(capsys, monkeypatch):
         cli.main(["node", "--peers", "1=127.0.0.1:1", "--data-dir", "x"])
     assert exc.value.code == 2
     assert "bad value for id (from ELECTRA_NODE_ID):" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, usage", [(["admin", "metadata", "--bogus"], "electra admin metadata"),
+                                         (["admin", "--endpoints", "http://127.0.0.1:1", "metadata", "--zz"],
+                                          "electra admin metadata"),
+                                         (["up", "--x"], "electra up"),
+                                         (["chaos", "--bogus"], "electra chaos"),
+                                         (["simulate-brokers", "--x"], "electra simulate-brokers")])
+def test_an_unknown_argument_is_refused_by_the_sub_command_it_follows(argv, usage, capsys):
+    """Not by the top-level parser, whose usage lists commands, not the options the user got wrong."""
+    from electra import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{usage}: error: unrecognized arguments: {argv[-1]}" in err
+    assert f"usage: {usage}" in err
