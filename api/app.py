@@ -41,7 +41,7 @@ from electra.state.liveness import BrokerLiveInfo
 from .api_docs import api_docs_router
 from .controller import Controller
 from .dashboard import dashboard_router
-from .event_stream import EventStream
+from .event_stream import EventStream, refuse_http10
 from .http_limits import DEFAULT_LIMITS, BodyLimit, HTTPLimits
 from .names import NAME_PATTERN, Address, Name
 from .replies import RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
@@ -389,6 +389,8 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
         with the set as it is now when this node no longer holds them. A watcher too slow for its queue
         has its stream ended, and resumes the same way."""
         nonlocal watchers
+        if (refused := refuse_http10(request)) is not None:
+            return refused
         # One rule for both (the header wins): ASCII digits, empty for none received yet (as the SSE spec).
         resume = None
         for field, given in (("query.after", after), ("header.Last-Event-ID", last_event_id)):
@@ -543,6 +545,9 @@ def _openapi(app: FastAPI) -> dict:
                 op.setdefault("responses", {}).update(refused)
             if "requestBody" in op:
                 op.setdefault("responses", {})["415"] = {"description": "the body was not sent as JSON (code 2005)"}
+            if path.endswith(("/watch", "/dashboard/stream")):  # api/event_stream.py: refuse_http10
+                op.setdefault("responses", {})["505"] = {"description": "an HTTP/1.0 client, which cannot read a "
+                                                                        "chunked stream (code 3)"}
     schema["paths"][LOGIN_PATH] = {"post": {
         "tags": ["dashboard"], "summary": "Sign in: a token for a session cookie (observer or admin role)",
         "security": [],

@@ -48,7 +48,7 @@ from electra.security.http_auth import credential_still_valid
 from electra.state.codes import Code
 from electra.state.liveness import PIPELINE_LAG_BOUND_MS
 
-from .event_stream import EventStream
+from .event_stream import EventStream, refuse_http10
 from .names import NAME_PATTERN
 from .topic_stats import JOB_FIELDS, TopicStats
 
@@ -394,6 +394,8 @@ def dashboard_router(feed: DashboardFeed, max_viewers: int = 200) -> APIRouter:
     @router.get("/v1/dashboard/stream", tags=["dashboard"])
     async def stream(request: Request):
         """Server-sent events: `history` once (recent samples), then one `frame` per second (503 when full)."""
+        if (refused := refuse_http10(request)) is not None:
+            return refused
         if feed.viewers >= max_viewers:  # each stream holds a connection and a queue, as a watcher does
             return JSONResponse({"code": int(Code.SYSTEM_BUSY),
                                  "remark": f"this node serves at most {max_viewers} dashboard viewers"},

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastapi.responses import StreamingResponse
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from electra.state.codes import Code
 
 
 class EventStream(StreamingResponse):
@@ -24,3 +27,17 @@ class EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.release()
+
+
+def refuse_http10(request: Request) -> JSONResponse | None:
+    """505 for an HTTP/1.0 client, None for the others.
+
+    A stream has no length, so it is sent chunked, and an HTTP/1.0 client cannot read a chunked body
+    (RFC 9112 forbids sending it one); the server could only end such a stream by closing the connection,
+    which uvicorn does not do. Asked before a slot is taken.
+    """
+    if request.scope.get("http_version") != "1.0":
+        return None
+    return JSONResponse({"code": int(Code.REQUEST_CODE_NOT_SUPPORTED),
+                         "remark": "this stream needs HTTP/1.1 (an HTTP/1.0 client cannot read its chunked body)"},
+                        status_code=505)

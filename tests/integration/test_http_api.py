@@ -274,6 +274,8 @@ def test_a_dashboard_set_page_checks_the_name_and_never_repeats_it(tmp_path):
                 assert spec["paths"]["/healthz"]["get"]["security"] == []
                 assert "401" in spec["paths"]["/v1/broker-sets/{name}/register"]["post"]["responses"]
                 assert "text/plain" in spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+                for stream in ("/v1/broker-sets/{name}/watch", "/v1/dashboard/stream"):
+                    assert "505" in spec["paths"][stream]["get"]["responses"]
         finally:
             for n in nodes.values():
                 await n.stop()

@@ -301,3 +301,19 @@ def test_connections_and_watchers_beyond_their_limits_get_503_with_retry_after(t
         assert (await client.get("/healthz")).status_code == 200
 
     _run(tmp_path, scenario, HTTPLimits(request_timeout_s=30, max_connections=40, max_watchers=3))
+
+
+def test_an_http10_client_is_refused_a_stream_it_could_not_read_without_taking_a_slot(tmp_path):
+    """A stream is sent chunked, which an HTTP/1.0 client cannot read (RFC 9112): 505, before the slot is taken."""
+    async def scenario(nodes, leader, ep, client):
+        for path in ("/v1/broker-sets/b/watch", "/v1/dashboard/stream"):
+            for _ in range(2):  # more than the one slot: a refusal holds none
+                raw = await _read_all(ep, f"GET {path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+                head, _, body = raw.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 505 ") and b"chunked" not in head.lower(), raw
+                assert json.loads(body)["code"] == Code.REQUEST_CODE_NOT_SUPPORTED
+                assert "HTTP/1.1" in json.loads(body)["remark"]
+            streams = await _open_streams(client, path, 1)  # HTTP/1.1 is served
+            await streams[0].__aexit__(None, None, None)
+
+    _run(tmp_path, scenario, HTTPLimits(request_timeout_s=30, max_connections=40, max_watchers=1))
