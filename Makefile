@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 # The folders installed as electra.* (pyproject [tool.setuptools] package-dir).
-PKG_DIRS = electra consensus state api streaming bench tiering security
+PKG_DIRS = electra consensus state api streaming bench tiering security chaos
 # Reinstall when pyproject.toml changes or a file is added, renamed or removed in a package folder:
 # the strict editable install links each file, so a new module is importable only after it.
 STAMP   = $(VENV)/.installed-$(shell { cat pyproject.toml; find $(PKG_DIRS) -type f -not -path '*/__pycache__/*' \

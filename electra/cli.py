@@ -1012,7 +1012,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the safety phase (clients and faults), in virtual time")
     s.add_argument("--settle-ms", type=int, minimum=500, default=1500,
                    help="the liveness phase's limit (faults healed; at least 500: the group needs a few election "
-                        "timeouts of 100-140 ms to converge, so less reports a liveness failure of the setting)")
+                        "timeouts of 100-130 ms to converge, so less reports a liveness failure of the setting)")
     s.add_argument("--mutations", default="all",
                    help="deliberate bugs the simulator must catch: all, none, or a comma-separated list")
     s.add_argument("--keep-going", action="store_true")
