@@ -188,12 +188,26 @@ class HeartbeatProducer:
         if producer is None:
             self.stats["unavailable"] += 1
             raise KafkaUnavailable("not connected to Kafka yet")
+        probe = False
         if not self._healthy:
-            now = time.monotonic()
-            if now - self._last_probe < 1.0:
+            instant = time.monotonic()
+            if instant - self._last_probe < 1.0:
                 self.stats["unavailable"] += 1
                 raise KafkaUnavailable("Kafka deliveries are failing")
-            self._last_probe = now  # half-open: this one goes through as a probe
+            # Half-open: this record goes to Kafka as a probe, and its sender is still told 503. Its delivery is
+            # as unknown as the ones that failed, so a 200 would promise what the circuit cannot; a broker beating
+            # once a second to this node alone would have been told 200 throughout an outage.
+            self._last_probe = instant
+            probe = True
+        self._queue(key, value, now)
+        if probe:
+            self.stats["unavailable"] += 1
+            raise KafkaUnavailable("Kafka deliveries are failing (this record was sent as a probe)")
+        self.stats["accepted"] += 1
+
+    def _queue(self, key: bytes, value: bytes, now: bool) -> None:
+        """Into its partition's group (sent at once with `now`, or when full); KafkaUnavailable if `send` fails."""
+        producer = self._producer
         part = self._partition(key)
         if part is None:  # no topic metadata yet: one record, and the producer says what is wrong
             try:
@@ -204,7 +218,6 @@ class HeartbeatProducer:
                 raise KafkaUnavailable(str(exc)) from None
             fut.add_callback(lambda _meta: self._on_delivered(1))
             fut.add_errback(self._on_error)
-            self.stats["accepted"] += 1
             return
         with self._lock:  # held while a group is handed to the producer: a partition's groups stay in order
             group = self._groups.get(part)
@@ -217,7 +230,6 @@ class HeartbeatProducer:
             if now or self._group_bytes[part] >= self.group_bytes:
                 del self._group_bytes[part]
                 self._send_group(part, self._groups.pop(part))
-        self.stats["accepted"] += 1
 
     def flush_groups(self) -> None:
         """Send every waiting group now."""

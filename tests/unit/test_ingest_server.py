@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from electra.api.ingest import KafkaUnavailable
 from electra.api.ingest_server import MAX_BODY, IngestProtocol
 from electra.api.sessions import SessionRegistry
@@ -93,6 +95,49 @@ def test_pipelined_heartbeats_are_answered_in_order_on_one_kept_alive_connection
     assert json.loads(got[0][2])["code"] == 0 and "JSON" in json.loads(got[1][2])["detail"]
     assert [hb["brokerId"] for hb in producer.sent] == [1, 2] and all(hb["ts"] > 0 for hb in producer.sent)
     assert not transport.closed
+
+
+class _Kafka:
+    """kafka-python's producer as the circuit sees it: `send` returns a future whose callbacks the test fires."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.futures: list[dict] = []
+
+    def partitions_for(self, _topic):
+        return {0}
+
+    def send(self, topic, key=None, value=None, partition=None):
+        self.sent.append(value)
+        fut: dict = {}
+        self.futures.append(fut)
+        return type("F", (), {"add_callback": lambda s, f: fut.__setitem__("ok", f),
+                              "add_errback": lambda s, f: fut.__setitem__("err", f)})()
+
+
+def test_an_open_circuit_sends_a_probe_a_second_and_still_answers_its_sender_503():
+    """The probe's delivery is as unknown as the ones that failed: a broker beating once a second (each beat a
+    probe) was told 200 throughout a Kafka outage. The record still goes, and its delivery closes the circuit."""
+    from electra.api.ingest import HeartbeatProducer
+
+    kafka = _Kafka()
+    p = HeartbeatProducer("k:9092", "hb")
+    p._producer, p._healthy = kafka, True
+    hb = {**HB, "ts": 1}
+    p.submit(hb)
+    p.flush_groups()
+    kafka.futures[-1]["err"](RuntimeError("expired"))  # the delivery failed: the circuit opens
+    for _ in range(2):  # a second apart: each is the probe of its second, sent and refused
+        p._last_probe -= 1.0
+        with pytest.raises(KafkaUnavailable, match="probe"):
+            p.submit(hb)
+        with pytest.raises(KafkaUnavailable, match="failing"):  # within the second: refused, not sent
+            p.submit(hb)
+    p.flush_groups()
+    assert len(kafka.sent) == 2 and json.loads(kafka.sent[1])["heartbeats"] == [hb, hb]
+    kafka.futures[-1]["ok"](None)  # the probes were delivered: the circuit closes
+    p.submit(hb)
+    assert p.stats["accepted"] == 2 and p.stats["unavailable"] == 4
 
 
 def test_unavailable_kafka_gets_503_with_retry_after():
