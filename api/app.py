@@ -43,6 +43,7 @@ from .controller import Controller
 from .dashboard import dashboard_router
 from .event_stream import EventStream, refuse_http10
 from .http_limits import DEFAULT_LIMITS, BodyLimit, HTTPLimits
+from .invalid import invalid_request
 from .names import NAME_PATTERN, Address, Name
 from .replies import RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
 from .watchers import OVERFLOW, RESYNC, NotApplied
@@ -236,9 +237,7 @@ def _body_not_json(request: Request, exc: RequestValidationError) -> bool:
 
 def _invalid(errors: list[dict[str, str]]) -> JSONResponse:
     """422 with code 2005 naming each bad field: every invalid request's answer."""
-    remark = "invalid request: " + "; ".join(f"{e['field']}: {e['problem']}" for e in errors[:3])
-    return JSONResponse({"code": int(Code.CONTROLLER_INVALID_REQUEST), "remark": remark, "errors": errors},
-                        status_code=422)
+    return JSONResponse(invalid_request(errors), status_code=422)
 
 
 class HeadAsGet:

@@ -39,6 +39,8 @@ from electra.security.kafka_settings import kafka_client_kwargs
 from electra.state.limits import INT64_MAX, MAX_BROKER_ID
 from electra.streaming import records
 
+from .invalid import invalid_body_field, invalid_request
+
 log = logging.getLogger("electra.api.ingest")
 
 
@@ -296,19 +298,16 @@ def _body(status: int, payload: dict) -> tuple[int, bytes]:
 def _wire_heartbeat() -> type[msgspec.Struct]:
     """A msgspec Struct accepting exactly the heartbeats `records.validate_heartbeat` accepts, or fewer.
 
-    Its fields, in the order of `validate_heartbeat`'s result, carry the same limits (names and
-    addresses of 1-255 characters, no control character in an address, integers that are not bools nor
-    floats, RocketMQ's ranges, an optional `ts` that may not be null). What it refuses goes the slow way
-    (`validate_heartbeat`), which names the problem; tests/unit/test_ingest_fast_path.py holds the two to the
-    same results.
+    Its fields, in the order of `validate_heartbeat`'s result, carry the same limits (names of 1-255 characters
+    of the name rule, addresses of 1-255 without control characters, JSON integers (not bools, nor the decimal
+    text and integral floats the slow way also reads), RocketMQ's ranges, an optional `ts` that may not be
+    null). What it refuses goes the slow way (`validate_heartbeat`), which reads it or names the problem;
+    tests/unit/test_ingest_fast_path.py holds the two to the same results.
     """
-    def text(most: int) -> Any:
-        return Annotated[str, msgspec.Meta(min_length=1, max_length=most)]
-
     def integer(lo: int, hi: int) -> Any:
         return Annotated[int, msgspec.Meta(ge=lo, le=hi)]
 
-    fields: list[tuple] = [("clusterName", text(records.MAX_NAME)), ("brokerName", text(records.MAX_NAME)),
+    fields: list[tuple] = [("clusterName", records.NameField), ("brokerName", records.NameField),
                            ("brokerAddr", records.AddrField), ("brokerId", integer(1, MAX_BROKER_ID))]
     fields += [(k, integer(lo, hi), default) for k, (default, lo, hi) in records.HEARTBEAT_INT_FIELDS.items()]
     fields.append(("ts", integer(1, INT64_MAX) | msgspec.UnsetType, msgspec.UNSET))
@@ -381,7 +380,7 @@ def handle_heartbeat(producer: HeartbeatProducer, raw: bytes | records.InvalidHe
             hb = validate_for_kafka(raw)
     except records.InvalidHeartbeat as exc:
         producer.stats["invalid"] += 1
-        return _body(422, {"code": 2005, "remark": "invalid heartbeat", "detail": str(exc)})
+        return _body(422, invalid_request([invalid_body_field(str(exc))]))
     hb["ts"] = now_ms
     try:
         producer.submit(hb)

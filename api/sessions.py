@@ -36,6 +36,7 @@ from collections.abc import Callable
 from electra.streaming import records
 
 from .ingest import HeartbeatProducer, KafkaUnavailable, parse_heartbeat
+from .invalid import invalid_body_field, invalid_request
 
 log = logging.getLogger("electra.api.sessions")
 
@@ -181,7 +182,7 @@ class SessionRegistry:
         try:
             hb = parse_heartbeat(raw)
         except records.InvalidHeartbeat as exc:
-            return _answer(422, {"code": 2005, "remark": "invalid session", "detail": str(exc)})
+            return _answer(422, invalid_request([invalid_body_field(str(exc))]))
         held = self.broker_of(conn)
         if held is not None and (held["brokerName"], held["brokerId"]) != (hb["brokerName"], hb["brokerId"]):
             return _answer(409, {"code": 2005, "remark": "this connection already holds the session of "

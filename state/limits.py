@@ -20,12 +20,40 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_BROKER_ID = 2**62  # below INT64_MAX so "next broker id" (max + 1) always stays a Java long
 
+# Broker-set and cluster names: letters, digits and `_.:%-`, but not "." or "..", which are a URL's dot segments
+# (clients, proxies and browsers resolve them away: such a set could be made and never named again). Written
+# without look-arounds: pydantic's regex engine has none. The node's API (api/names.py) and the heartbeat rule of
+# the ingest workers and the streaming job (streaming/records.py) both check it.
+NAME_PATTERN = r"^(?:[A-Za-z0-9_.:%\-]*[A-Za-z0-9_:%\-][A-Za-z0-9_.:%\-]*|\.{3,})$"
+_NAME = re.compile(NAME_PATTERN[:-1] + r"\Z")
+# An integer as RocketMQ's string fields carry one: decimal text as Java's `Long.parseLong` reads it (no "1_0", no
+# " 1", which Python's int() would take).
+JAVA_LONG_TEXT = re.compile(r"[+-]?[0-9]+")
+
 # Broker addresses (and the address in a registerCheckCode): any text but control characters. A broker's address
 # is handed to every other broker as its master's (`masterAddress`), and RocketMQ's are HOST:PORT; a NUL or a
 # newline in one is never an address, and once stored it would be served to the whole set. (pydantic's and
 # Python's regex engines both read this pattern.)
 ADDRESS_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def is_name(v: str) -> bool:
+    """Whether `v` is a broker-set or cluster name (NAME_PATTERN; the length is checked apart)."""
+    return _NAME.match(v) is not None
+
+
+def as_java_integer(v: Any) -> Any:
+    """`v` read as the node's API reads an integer field (api/app.py): decimal text and an integral float become
+    the number; anything else is returned unchanged, for `check_int` to accept or refuse (a bool stays a bool)."""
+    if type(v) is str and JAVA_LONG_TEXT.fullmatch(v):
+        try:
+            return int(v)
+        except ValueError:  # more digits than Python converts (4,300): beyond every Java type anyway
+            return v
+    if type(v) is float and v.is_integer():
+        return int(v)
+    return v
 
 
 def printable(v: str) -> bool:

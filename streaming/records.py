@@ -50,7 +50,10 @@ from electra.state.limits import (
     INT64_MAX,
     INT64_MIN,
     MAX_BROKER_ID,
+    NAME_PATTERN,
+    as_java_integer,
     check_int,
+    is_name,
     printable,
 )
 
@@ -107,8 +110,8 @@ HEARTBEAT_INT_FIELDS = _HB_INT_FIELDS  # public: the ingest server's C fast path
 
 def _name(d: dict, key: str) -> str:
     v = d.get(key)
-    if not isinstance(v, str) or not (1 <= len(v) <= MAX_NAME):
-        raise InvalidHeartbeat(f"{key}: a string of 1-{MAX_NAME} characters is required")
+    if not isinstance(v, str) or not (1 <= len(v) <= MAX_NAME) or not is_name(v):
+        raise InvalidHeartbeat(f"{key}: a name of 1-{MAX_NAME} letters, digits and `_.:%-` is required (not . or ..)")
     return v
 
 
@@ -129,10 +132,10 @@ def validate_heartbeat(d: Any) -> dict:
         raise InvalidHeartbeat("body: a JSON object is required")
     out: dict[str, Any] = {"clusterName": _name(d, "clusterName"), "brokerName": _name(d, "brokerName")}
     out["brokerAddr"] = _addr(d)
-    try:
-        out["brokerId"] = check_int("brokerId", d.get("brokerId"), 1, MAX_BROKER_ID)
+    try:  # integers read as the node's API reads them ("2" and 2.0 are 2), so a broker gets one verdict from both
+        out["brokerId"] = check_int("brokerId", as_java_integer(d.get("brokerId")), 1, MAX_BROKER_ID)
         for key, (default, lo, hi) in _HB_INT_FIELDS.items():
-            out[key] = check_int(key, d.get(key, default), lo, hi)
+            out[key] = check_int(key, as_java_integer(d.get(key, default)), lo, hi)
         if "ts" in d:
             out["ts"] = check_int("ts", d["ts"], 1, INT64_MAX)
     except ValueError as exc:
@@ -140,7 +143,7 @@ def validate_heartbeat(d: Any) -> dict:
     return out
 
 
-_Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME)]
+NameField = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN[:-1] + r"\Z")]
 # (msgspec searches with Python's re, where `$` also matches before a final newline: `\Z` is the end)
 AddrField = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ADDR, pattern=ADDRESS_PATTERN[:-1] + r"\Z")]
 _I32 = Annotated[int, msgspec.Meta(ge=INT32_MIN, le=INT32_MAX)]
@@ -150,8 +153,8 @@ _I64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 class _WireHeartbeat(msgspec.Struct):
     """`validate_heartbeat`'s rule as a type, so msgspec checks it while it decodes (no dict, no Python loop)."""
 
-    clusterName: _Name
-    brokerName: _Name
+    clusterName: NameField
+    brokerName: NameField
     brokerAddr: AddrField
     brokerId: Annotated[int, msgspec.Meta(ge=1, le=MAX_BROKER_ID)]
     epoch: _I32 = -1

@@ -156,11 +156,16 @@ def test_ingest_workers_answer_200_422_and_503_while_kafka_is_down():
                 with contextlib.suppress(OSError):
                     status = _post(url, json.dumps(hb).encode())[0]
                 time.sleep(0.1)
+            # the node API's answers: its 422 shape, its name rule, RocketMQ's decimal text read as the number
             status, body, _ = _post(url, json.dumps({**hb, "brokerId": 0}).encode())
-            assert status == 422 and "brokerId" in body["detail"]
+            assert status == 422 and body["code"] == 2005 and body["errors"][0]["field"] == "body.brokerId"
+            assert body["remark"].startswith("invalid request: body.brokerId: ")
+            status, body, _ = _post(url, json.dumps({**hb, "brokerName": ".."}).encode())
+            assert status == 422 and [e["field"] for e in body["errors"]] == ["body.brokerName"]
             status, body, _ = _post(url, b"{not json")
-            assert status == 422
-            for i in range(20):
+            assert status == 422 and body["errors"][0]["field"] == "body"
+            assert _post(url, json.dumps({**hb, "brokerId": "1", "maxOffset": 19.0}).encode())[0] == 200
+            for i in range(19):
                 assert _post(url, json.dumps({**hb, "maxOffset": i}).encode())[0] == 200
             # 200 means accepted by the producer (delivery is asynchronous, after up to linger_ms).
             deadline = time.monotonic() + 10
@@ -170,7 +175,8 @@ def test_ingest_workers_answer_200_422_and_503_while_kafka_is_down():
                     break
                 time.sleep(0.2)
             assert len(got) >= 21 and {g["maxOffset"] for g in got} >= set(range(20))
-            assert all(g["brokerName"] == "b" and g["ts"] > 0 for g in got)
+            assert all(g["brokerName"] == "b" and g["brokerId"] == 1 and type(g["maxOffset"]) is int and g["ts"] > 0
+                       for g in got)
             # Kafka goes away: within the delivery timeout the workers answer 503 with Retry-After.
             kafka.stop()
             deadline = time.monotonic() + 30

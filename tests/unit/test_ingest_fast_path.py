@@ -14,7 +14,8 @@ from electra.streaming import records
 
 BASE = {"clusterName": "c", "brokerName": "set-1", "brokerId": 1, "brokerAddr": "10.0.0.1:10911", "epoch": 3,
         "maxOffset": 100, "confirmOffset": 90, "heartbeatTimeoutMillis": 3000, "electionPriority": 5}
-ODD_VALUES = [None, True, False, 0, 1, -1, 1.0, 2.5, 1e3, "", "x", "é" * 255, "é" * 256, "x" * 255, "x" * 256,
+ODD_VALUES = [None, True, False, 0, 1, -1, 1.0, 2.5, 1e3, "", "x", "1", "+2", "-3", " 1", "1_0", "2.0", ".", "..",
+              "...", "a b", "a/b", "sét", "é" * 255, "é" * 256, "x" * 255, "x" * 256,
               "\U0001F600" * 255, [], {}, [1], 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**63 - 1, 2**63, -2**63,
               -2**63 - 1, 2**64, 10**30, 99, 100, 3_600_000, 3_600_001, 2**62, 2**62 + 1]
 FIELDS = [*BASE, "ts", "extra"]
@@ -85,9 +86,26 @@ def test_fast_path_matches_validate_heartbeat_on_odd_and_random_bodies():
 
 def test_fast_path_produces_the_heartbeat_stamped_with_the_ingest_clock():
     producer = Producer()
-    raw = json.dumps({**BASE, "brokerName": "sét", "ts": 5, "extra": 1}).encode()
+    raw = json.dumps({**BASE, "brokerName": "set-1", "ts": 5, "extra": 1}).encode()
     assert accept_fast(producer, fast_heartbeat(raw), 1234) == (200, b'{"code": 0, "remark": "Heart beat success"}')
     [(key, value)] = producer.sent
-    assert key == "sét".encode()
+    assert key == b"set-1"
     assert json.loads(value) == {**slow(raw), "ts": 1234}
     assert list(json.loads(value)) == list(records.validate_heartbeat(json.loads(raw)))
+
+
+def test_the_heartbeat_rule_takes_names_and_integers_as_the_node_api_does():
+    """The node's API refuses a name outside the name rule and reads "2" and 2.0 as 2 (RocketMQ's Java fields):
+    the ingest workers and the job took every name (even "..", "a/b", a NUL) and refused "2", so one broker body
+    got two verdicts, and names no controller route could reach went into Kafka."""
+    for name in (".", "..", "a b", "a/b", "sét", "a\x00b", "x\n", "\u202e"):
+        for key in ("clusterName", "brokerName"):
+            with pytest.raises(records.InvalidHeartbeat, match=key):
+                records.validate_heartbeat({**BASE, key: name})
+    assert records.validate_heartbeat({**BASE, "brokerName": "..."})["brokerName"] == "..."
+    read = records.validate_heartbeat({**BASE, "brokerId": "2", "epoch": "+3", "maxOffset": 7.0, "confirmOffset": "-1"})
+    assert (read["brokerId"], read["epoch"], read["maxOffset"], read["confirmOffset"]) == (2, 3, 7, -1)
+    assert all(type(read[k]) is int for k in ("brokerId", "epoch", "maxOffset", "confirmOffset"))
+    for bad in (" 1", "1_0", "2.0", "", "x", 2.5, True, "9" * 5000, float("inf")):
+        with pytest.raises(records.InvalidHeartbeat, match="brokerId"):
+            records.validate_heartbeat({**BASE, "brokerId": bad})

@@ -92,7 +92,7 @@ def test_pipelined_heartbeats_are_answered_in_order_on_one_kept_alive_connection
     proto.data_received(stream[37:])
     got = responses(transport.data)
     assert [s for s, _, _ in got] == [200, 422, 200]
-    assert json.loads(got[0][2])["code"] == 0 and "JSON" in json.loads(got[1][2])["detail"]
+    assert json.loads(got[0][2])["code"] == 0 and "JSON" in json.loads(got[1][2])["errors"][0]["problem"]
     assert [hb["brokerId"] for hb in producer.sent] == [1, 2] and all(hb["ts"] > 0 for hb in producer.sent)
     assert not transport.closed
 
