@@ -227,12 +227,17 @@ SEND_JSON = "send the body as JSON (Content-Type: application/json)"
 
 def _body_not_json(request: Request, exc: RequestValidationError) -> bool:
     """A body refused because it was sent as something else than JSON (`text/plain`, a form: curl's `-d` without
-    `-H`), which FastAPI then does not parse: 415 says so, where 422 blamed the body's content. Without a
-    Content-Type FastAPI reads the body as JSON, so a refusal then is the body's."""
+    `-H`) or without a Content-Type, which FastAPI then does not parse: 415 says so, where 422 blamed the body's
+    content. (FastAPI's strict content type: a browser sends a body without one, or as text/plain, without asking
+    the server first, so reading it as JSON would let any web page write to a node it can reach.) No body at all
+    stays a 422 naming the missing body."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if not media or media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
         return False
-    return any(tuple(e.get("loc", ()))[:1] == ("body",) for e in exc.errors())
+    refused = [e for e in exc.errors() if tuple(e.get("loc", ()))[:1] == ("body",)]
+    if not media and all(e.get("type") == "missing" and tuple(e["loc"]) == ("body",) for e in refused):
+        return False  # (also when `refused` is empty: no body error at all)
+    return bool(refused)
 
 
 def _invalid(errors: list[dict[str, str]]) -> JSONResponse:

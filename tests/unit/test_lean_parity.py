@@ -110,7 +110,7 @@ class Row:
     body: bytes | dict | None = None
     token: str | None = "broker"
     lean: bool = True  # served by the lean path on the lean server (False: handed to FastAPI)
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str | None] = field(default_factory=dict)
     secure_only: bool = False  # about tokens
     no_call: bool = False  # must reach no handler on either server (a refused forgery)
     status: int | None = None  # the status both must answer, where the row pins it
@@ -215,6 +215,11 @@ ROWS = [
           no_call=True),
     _post("a form (curl -d without -H)", f"{S}/b1/register", REG, lean=False, no_call=True, status=415,
           headers={"Content-Type": "application/x-www-form-urlencoded"}),
+    _post("no Content-Type (a browser's body sent cross-site without asking)", f"{S}/b1/register", REG, lean=False,
+          no_call=True, status=415, headers={"Content-Type": None}),
+    _post("no Content-Type on a heartbeat", "/v1/heartbeat", HB, lean=False, no_call=True, status=415,
+          headers={"Content-Type": None}),
+    _post("no body at all: the body is missing", f"{S}/b1/register", None, lean=False, no_call=True, status=422),
     _post("a JSON subtype (+json) is JSON", f"{S}/b1/register", REG, lean=False,
           headers={"Content-Type": "application/problem+json"}),
     _post("JSON with a charset", f"{S}/b1/register", REG, lean=False,
@@ -314,7 +319,7 @@ def _raw(row: Row, token: str | None) -> bytes:
             head.append(f"Content-Length: {len(body)}")
         if "Content-Type" not in row.headers:
             head.append("Content-Type: application/json")
-    head += [f"{k}: {v}" for k, v in row.headers.items()]
+    head += [f"{k}: {v}" for k, v in row.headers.items() if v is not None]  # None: the header left out
     if token is not None:
         head.append(f"Authorization: {token}")
     return ("\r\n".join(head) + "\r\n\r\n").encode() + (body or b"")
