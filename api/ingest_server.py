@@ -30,6 +30,7 @@ from dataclasses import replace
 
 import httptools
 
+from electra.cli_args import bind_probe
 from electra.interrupts import exit_if_stop_hangs
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.security.auth import AuthError, TokenStore
@@ -439,7 +440,11 @@ def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topi
     `liveness_topic`, sessions' opening and end also go there (the nodes' connection-loss lane).
     """
     ctx = multiprocessing.get_context("spawn")
-    _listen(host, port).close()  # fail here, clearly, if the address is taken
+    # Fail here, clearly, if another process listens there: not with `_listen`, whose SO_REUSEPORT bind succeeded
+    # beside another `electra ingest` and split the connections with it. This command's workers share the port.
+    taken = bind_probe(host, port)
+    if taken is not None:
+        raise OSError(taken.errno, f"cannot listen on {host}:{port}: {taken.strerror or taken}")
     procs = [ctx.Process(target=run_worker, args=(host, port, bootstrap, topic, log_level, tls_files, tokens_file,
                                liveness_topic),
                          daemon=False,

@@ -15,7 +15,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from electra.cli_args import Parser, make_dir, optional_server_list, parse_addr, refuse, server_list, topic_prefix
+from electra.cli_args import (
+    Parser,
+    bind_probe,
+    make_dir,
+    optional_server_list,
+    parse_addr,
+    refuse,
+    server_list,
+    topic_prefix,
+)
 from electra.interrupts import exit_if_stop_hangs, terminate_as_interrupt
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.state.limits import MAX_BROKER_ID
@@ -418,6 +427,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    taken = bind_probe(host, port)  # before the workers: their SO_REUSEPORT binds would share another process's port
+    if taken is not None:
+        print(f"error: cannot listen on {host}:{port} (--listen): {taken.strerror or taken}", file=sys.stderr)
+        return 1
     print(f"ingest: {args.workers} worker process(es) on {scheme}://{host}:{port}/v1/heartbeat -> Kafka "
           f"{args.kafka_bootstrap} topic {heartbeats} (session records also to {liveness})", flush=True)
     serve_ingest(host, port, args.kafka_bootstrap, workers=args.workers, topic=heartbeats,

@@ -886,3 +886,54 @@ def test_the_worker_sweeps_for_silent_sessions_on_its_loop_and_a_failing_sweep_d
 
     asyncio.run(main())
     assert Registry.calls >= 3
+
+
+def _reuseport_listener():
+    """A listener as another `electra ingest`'s worker holds its port: SO_REUSEPORT, on a free loopback port."""
+    import socket
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    return sock
+
+
+def test_ingest_refuses_a_port_another_process_serves_with_so_reuseport(monkeypatch, capsys):
+    """QA: a second `electra ingest` on the first one's port bound beside it (both SO_REUSEPORT) and the kernel
+    split the connections between the two; the parent's check now binds without SO_REUSEPORT first."""
+    from electra import cli
+    from electra.api import ingest_server
+
+    class NoWorkers:  # the old check passed and started workers: this ends the test at once instead
+        def Process(self, *args, **kwargs):
+            raise AssertionError("workers started on a port another process serves")
+
+    monkeypatch.setattr(ingest_server.multiprocessing, "get_context", lambda _method: NoWorkers())
+    with _reuseport_listener() as other:
+        port = other.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}: Address already in use"):
+            ingest_server.serve_ingest("127.0.0.1", port, "127.0.0.1:1", workers=1)
+        served = []
+        monkeypatch.setattr(ingest_server, "serve_ingest", lambda *a, **kw: served.append(a))
+        assert cli.main(["ingest", "--insecure", "--listen", f"127.0.0.1:{port}", "--kafka-bootstrap",
+                         "127.0.0.1:1", "--workers", "1"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: cannot listen on 127.0.0.1:{port} (--listen): Address already in use" in err, err
+    assert not served
+
+
+def test_the_parent_s_check_leaves_a_port_free_for_its_own_workers_to_share():
+    """The check closes its probe: the command's SO_REUSEPORT workers still bind the port together."""
+    import socket
+
+    from electra.api.ingest_server import _listen
+    from electra.cli_args import bind_probe
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert bind_probe("127.0.0.1", port) is None
+    with _listen("127.0.0.1", port) as a, _listen("127.0.0.1", port) as b:
+        assert a.getsockname() == b.getsockname()
+        assert bind_probe("127.0.0.1", port) is not None  # and a third process is refused
