@@ -470,6 +470,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.tier_uri and args.no_tier:
         refuse("--tier-uri and --no-tier contradict each other: give one")
     make_dir(args.data_dir, "--data-dir")
+    _refuse_ports_in_use(args)
     cfg = StackConfig(data_dir=Path(args.data_dir), secure=not args.insecure, nodes=args.nodes,
                       raft_port=args.raft_port,
                       http_port=args.http_port, ingest_port=args.ingest_port, ingest_workers=args.ingest_workers,
@@ -499,6 +500,24 @@ def _refuse_overlapping_ports(args: argparse.Namespace) -> None:
             if shared:
                 refuse(f"--{a.replace('_', '-')} {getattr(args, a)} and --{b.replace('_', '-')} {getattr(args, b)} "
                        f"overlap at port {min(shared)} (node i listens on each first port + i - 1)")
+
+
+def _refuse_ports_in_use(args: argparse.Namespace) -> None:
+    """Every port the stack will listen on (on 127.0.0.1) must be free before anything starts. A taken one failed
+    late and said something else: nodes crash-looping while `up` announced the leader of the stack that held their
+    HTTP ports, tansu exiting without its reason, 20 s of Kafka client errors."""
+    legacy = args.architecture == "legacy"  # no Kafka, no ingest workers
+    roles = {"raft_port": "Raft", "http_port": "HTTP", **({} if legacy else {"ingest_port": "heartbeat ingest"})}
+    ports = [(getattr(args, option) + i - 1, option, f"node {i}'s {role}")
+             for option, role in roles.items() for i in range(1, args.nodes + 1)]
+    if not args.kafka_bootstrap and not legacy:
+        ports.append((args.kafka_port, "kafka_port", "the embedded Kafka broker"))
+    for port, option, what in ports:
+        taken = bind_probe("127.0.0.1", port)
+        if taken is not None:
+            said = f"port {port} (--{option.replace('_', '-')}, {what})"
+            refuse(f"{said} is already in use on 127.0.0.1" if taken.errno == errno.EADDRINUSE
+                   else f"{said}: cannot listen on 127.0.0.1: {taken.strerror or taken}")
 
 
 def _run_stack(stack, cfg, args: argparse.Namespace) -> int:

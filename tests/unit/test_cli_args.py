@@ -150,6 +150,56 @@ def test_up_refuses_overlapping_port_ranges_before_starting_anything(argv, messa
     assert not (tmp_path / "d").exists()  # nothing started, nothing written
 
 
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.mark.parametrize(("taken", "what"), [(0, "--raft-port, node 1's Raft"), (1, "--http-port, node 1's HTTP"),
+                                             (2, "--ingest-port, node 1's heartbeat ingest"),
+                                             (3, "--kafka-port, the embedded Kafka broker")])
+def test_up_refuses_a_port_in_use_before_starting_anything(taken, what, monkeypatch, capsys, tmp_path):
+    """QA: with the HTTP ports held by another stack, `up` announced that stack's leader while its own nodes
+    crash-looped; a held Kafka port ended in tansu's "exit 0" or 20 s of client errors. A port whose
+    connections are in TIME_WAIT (a stack just stopped, then restarted on its data dir) is not in use."""
+    import socket
+
+    from electra import cli
+
+    started = []
+    monkeypatch.setattr(cli, "_run_stack", lambda stack, cfg, args: started.append(cfg) or 0)
+    ports = _free_ports(4)
+    argv = ["up", "--insecure", "--nodes", "1", "--data-dir", str(tmp_path / "d"),
+            *(x for option, port in zip(("--raft-port", "--http-port", "--ingest-port", "--kafka-port"), ports,
+                                        strict=True) for x in (option, str(port)))]
+    with socket.socket() as other:  # another process's listener (an ingest's: SO_REUSEPORT, refused alike)
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as every server of the stack binds
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", ports[taken]))
+        other.listen(1)
+        with pytest.raises(SystemExit) as exc:
+            cli.main(argv)
+        assert exc.value.code == 2 and not started
+        err = capsys.readouterr().err
+        assert f"error: port {ports[taken]} ({what}) is already in use on 127.0.0.1\n" == err, err
+        client = socket.create_connection(("127.0.0.1", ports[taken]), timeout=5)
+        conn, _ = other.accept()
+        conn.close()  # closed first on the listening side: its end of the connection stays in TIME_WAIT
+        client.close()
+    assert cli.main(argv) == 0 and len(started) == 1
+    if taken == 3:  # with an external Kafka, the embedded broker's port is not ours to check
+        with socket.create_server(("127.0.0.1", ports[3])):
+            assert cli.main([*argv, "--kafka-bootstrap", "kafka:9092"]) == 0
+
+
 def test_a_node_refuses_a_data_dir_that_is_a_file_and_names_a_file_in_its_layout(tmp_path, capsys):
     from electra.cli import main
     from electra.consensus.files import OsFiles
@@ -199,6 +249,7 @@ def test_up_passes_accept_new_peers_to_every_node(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cli, "_run_stack", fake_run)
     monkeypatch.setattr(LocalStack, "spawn", lambda self, name, cmd, **kw: cmd)
+    monkeypatch.setattr(cli, "bind_probe", lambda host, port: None)  # a `make run` may hold the default ports
     for flag, expect in ((["--accept-new-peers"], True), ([], False)):
         seen.clear()
         assert cli.main(["up", "--insecure", "--nodes", "3", "--data-dir", str(tmp_path / "d"), *flag]) == 0
@@ -273,6 +324,7 @@ def test_up_passes_the_disconnect_grace_to_the_streaming_job_and_refuses_a_negat
 
     monkeypatch.setattr(cli, "_run_stack", fake_run)
     monkeypatch.setattr(LocalStack, "spawn", lambda self, name, cmd, **kw: cmd)
+    monkeypatch.setattr(cli, "bind_probe", lambda host, port: None)  # a `make run` may hold the default ports
     for flag, expect in ((["--disconnect-grace-ms", "1500"], "1500"), ([], None)):
         assert cli.main(["up", "--insecure", "--data-dir", str(tmp_path / "d"), *flag]) == 0
         cmd = seen["job"]
