@@ -126,11 +126,9 @@ def lock_data_dir(data_dir: Path | str) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         try:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            raise _in_use(data_dir, fd) from None
         finally:
             os.close(fd)
-        raise DataDirInUse(f"data directory {data_dir} is in use by another process (pid {holder}); refusing "
-                           "to start (two processes on one directory would write the same log)") from None
     try:  # who holds it, for the refusal above; a full disk must not stop a restart here
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -140,3 +138,26 @@ def lock_data_dir(data_dir: Path | str) -> int:
         os.close(fd)
         raise DataDirInUse(f"data directory {data_dir} is not writable by this user; refusing to start")
     return fd
+
+
+def check_data_dir_free(data_dir: Path | str) -> None:
+    """Raise DataDirInUse if a process holds `<data_dir>/LOCK`, as `lock_data_dir` would, but take nothing and
+    create nothing: `electra up` asks before it starts anything, and leaves the lock to the node it starts."""
+    data_dir = Path(data_dir)
+    try:
+        fd = os.open(data_dir / LOCK, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # never served (or not a directory: the node says so)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released with the descriptor
+    except BlockingIOError:
+        raise _in_use(data_dir, fd) from None
+    finally:
+        os.close(fd)
+
+
+def _in_use(data_dir: Path, fd: int) -> DataDirInUse:
+    """The refusal naming the lock's holder, whose pid it wrote into the file."""
+    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    return DataDirInUse(f"data directory {data_dir} is in use by another process (pid {holder}); refusing "
+                        "to start (two processes on one directory would write the same log)")

@@ -455,8 +455,6 @@ def dashboard_hint(endpoint: str, creds) -> str:
 def cmd_up(args: argparse.Namespace) -> int:
     """The whole local stack: Kafka-compatible broker, controller nodes, ingest workers, the Spark job
     and, with --demo, simulated brokers. Ctrl-C (or SIGTERM) stops everything."""
-    from electra.local_stack import LocalStack, StackConfig
-
     for option in ("raft_port", "http_port", "ingest_port"):  # node i listens on the first port + i - 1
         if getattr(args, option) + args.nodes - 1 > 65535:
             print(f"error: --{option.replace('_', '-')} {getattr(args, option)}: {args.nodes} nodes need ports up to "
@@ -470,7 +468,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.tier_uri and args.no_tier:
         refuse("--tier-uri and --no-tier contradict each other: give one")
     make_dir(args.data_dir, "--data-dir")
-    _refuse_ports_in_use(args)
+    claim = _claim_data_dir(args)  # first: a second `up` on a data dir in use is told so, not that its ports are
+    try:
+        _refuse_ports_in_use(args)
+        return _up(args)
+    finally:
+        os.close(claim)  # the stack's lock, for a caller that goes on (tests); an exit releases it anyway
+
+
+def _up(args: argparse.Namespace) -> int:
+    """`electra up` once its data dir is claimed and its ports are free: configure the stack, run it."""
+    from electra.local_stack import LocalStack, StackConfig
+
     cfg = StackConfig(data_dir=Path(args.data_dir), secure=not args.insecure, nodes=args.nodes,
                       raft_port=args.raft_port,
                       http_port=args.http_port, ingest_port=args.ingest_port, ingest_workers=args.ingest_workers,
@@ -500,6 +509,26 @@ def _refuse_overlapping_ports(args: argparse.Namespace) -> None:
             if shared:
                 refuse(f"--{a.replace('_', '-')} {getattr(args, a)} and --{b.replace('_', '-')} {getattr(args, b)} "
                        f"overlap at port {min(shared)} (node i listens on each first port + i - 1)")
+
+
+def _claim_data_dir(args: argparse.Namespace) -> int:
+    """Lock `<data-dir>/LOCK` for this `up` (the descriptor holds it) and check that no process serves a node's data
+    dir, before anything starts or a log opens: a second `up` on a data dir in use started tansu and ingest workers,
+    truncated the running stack's kafka.log and wrote to its logs before its nodes refused. The nodes' locks are only
+    checked, not taken: each node takes its own (consensus/data_dir_claims.py)."""
+    from electra.consensus.data_dir_claims import DataDirInUse, check_data_dir_free, lock_data_dir
+
+    try:
+        claim = lock_data_dir(args.data_dir)
+    except (DataDirInUse, OSError) as exc:
+        refuse(str(exc))
+    try:
+        for i in range(1, args.nodes + 1):
+            check_data_dir_free(Path(args.data_dir) / f"node{i}")
+    except (DataDirInUse, OSError) as exc:
+        os.close(claim)
+        refuse(str(exc))
+    return claim
 
 
 def _refuse_ports_in_use(args: argparse.Namespace) -> None:

@@ -200,6 +200,44 @@ def test_up_refuses_a_port_in_use_before_starting_anything(taken, what, monkeypa
             assert cli.main([*argv, "--kafka-bootstrap", "kafka:9092"]) == 0
 
 
+def test_up_refuses_a_data_dir_in_use_before_starting_anything_or_opening_a_log(monkeypatch, capsys, tmp_path):
+    """QA: a second `up` on a running stack's data dir started tansu and ingest workers, truncated the running
+    kafka.log and wrote to its logs before its nodes refused their data dirs. `up` now holds `<data-dir>/LOCK`
+    and checks each node's lock first, leaving that lock to the node it starts."""
+    import os
+
+    from electra import cli
+    from electra.consensus.data_dir_claims import DataDirInUse, check_data_dir_free, lock_data_dir
+
+    d = tmp_path / "d"
+    held_while_running = []
+
+    def fake_run(stack, cfg, args):
+        with pytest.raises(DataDirInUse):  # a second `up` is refused while this one runs
+            check_data_dir_free(d)
+        os.close(lock_data_dir(d / "node1"))  # and the node can take its own lock
+        held_while_running.append(True)
+        return 0
+
+    monkeypatch.setattr(cli, "_run_stack", fake_run)
+    monkeypatch.setattr(cli, "bind_probe", lambda host, port: None)  # a `make run` may hold the default ports
+    argv = ["up", "--insecure", "--nodes", "3", "--data-dir", str(d)]
+    for held in (d, d / "node2"):  # another `up` on this data dir; a node process still serving its part
+        claim = lock_data_dir(held)
+        try:
+            with pytest.raises(SystemExit) as exc:
+                cli.main(argv)
+        finally:
+            os.close(claim)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and f"error: data directory {held} is in use by another process (pid " \
+            f"{os.getpid()})" in err, err
+        assert not (d / "logs").exists() and not held_while_running  # nothing started, no log opened
+    assert cli.main(argv) == 0 and held_while_running
+    check_data_dir_free(d)  # released when `up` returns
+    assert cli.main(argv) == 0  # and a restart on the same data dir runs
+
+
 def test_a_node_refuses_a_data_dir_that_is_a_file_and_names_a_file_in_its_layout(tmp_path, capsys):
     from electra.cli import main
     from electra.consensus.files import OsFiles
