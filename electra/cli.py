@@ -600,8 +600,12 @@ def _run_stack(stack, cfg, args: argparse.Namespace) -> int:
                                     "--groups", str(args.demo_groups), *([] if interactive else ["--no-stdin"]),
                                     "--ids-file", str(Path(cfg.data_dir) / "demo-broker-ids.json")],
                         log_to_file=False, stdin=sys.stdin if interactive else None, role="broker")
-            print(f"demo: {args.demo_groups} simulated broker sets x 3 replicas; type `kill-master SET` "
-                  "(e.g. kill-master sim-set-0) to watch a failover, `hang-master SET`, `status`, `quit`", flush=True)
+            print(f"demo: {args.demo_groups} simulated broker sets x 3 replicas; " + (
+                "type `kill-master SET` (e.g. kill-master sim-set-0) to watch a failover, `hang-master SET`, "
+                "`status`, `quit`" if interactive else
+                "stdin is not a terminal, so demo commands are off (they are read from a terminal: run `electra up "
+                "--demo` in one, or `electra simulate-brokers`, whose stdin takes kill, hang, revive, kill-master)"),
+                  flush=True)
         if stack.tier_uri:
             print(f"Delta tier: {stack.tier_uri} (`electra history --tier-uri {stack.tier_uri} --at <ISO time>`)")
         print("the stack is up; Ctrl-C stops it. `electra status` shows the controllers.", flush=True)

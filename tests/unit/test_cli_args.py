@@ -238,6 +238,39 @@ def test_up_refuses_a_data_dir_in_use_before_starting_anything_or_opening_a_log(
     assert cli.main(argv) == 0  # and a restart on the same data dir runs
 
 
+def test_up_demo_says_its_commands_are_off_when_stdin_is_not_a_terminal(monkeypatch, capsys, tmp_path):
+    """QA: with stdin not a terminal the simulator ran with --no-stdin, yet the banner said to type kill-master."""
+    import io
+    import signal
+    from types import SimpleNamespace
+
+    from electra import cli
+
+    async def leader(*args, **kwargs):
+        return 1
+
+    def ctrl_c():  # once the stack is up
+        raise KeyboardInterrupt
+
+    spawned: dict[str, list[str]] = {}
+    stack = SimpleNamespace(start_controllers=lambda: None, raft_peers="1=127.0.0.1:1", logs=tmp_path, creds=None,
+                            endpoints={1: "127.0.0.1:1"}, ingest_endpoints={1: "127.0.0.1:2"}, exited=ctrl_c,
+                            spawn=lambda name, cmd, **kw: spawned.setdefault(name, cmd), _py=lambda: ["electra"],
+                            tier_uri=None, stop_all=lambda: None)
+    cfg = SimpleNamespace(legacy=True, nodes=1, ingest_workers=1, data_dir=tmp_path)
+    monkeypatch.setattr(cli, "_wait_for_http_leader", leader)
+    monkeypatch.setattr(cli.sys, "stdin", io.StringIO())  # a pipe, /dev/null: not a terminal
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:  # `_run_stack` ignores these signals while it stops the stack
+        assert cli._run_stack(stack, cfg, SimpleNamespace(no_streaming=True, demo=True, demo_groups=2)) == 0
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    out = capsys.readouterr().out
+    assert "--no-stdin" in spawned["brokers"]
+    assert "stdin is not a terminal, so demo commands are off" in out and "type `kill-master" not in out, out
+
+
 def test_a_node_refuses_a_data_dir_that_is_a_file_and_names_a_file_in_its_layout(tmp_path, capsys):
     from electra.cli import main
     from electra.consensus.files import OsFiles
