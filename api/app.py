@@ -43,7 +43,7 @@ from .controller import Controller
 from .dashboard import dashboard_router
 from .event_stream import EventStream, refuse_http10
 from .http_limits import DEFAULT_LIMITS, BodyLimit, HTTPLimits
-from .invalid import invalid_request
+from .invalid import SEND_JSON, invalid_request, is_json_media
 from .names import NAME_PATTERN, Address, Name
 from .replies import RequestMetrics, answered, pipeline_heartbeat, refused, request_url_on
 from .watchers import OVERFLOW, RESYNC, NotApplied
@@ -222,20 +222,17 @@ def _event_index(text: str) -> int | None:
     return value if value <= INT64_MAX else None
 
 
-SEND_JSON = "send the body as JSON (Content-Type: application/json)"
-
-
 def _body_not_json(request: Request, exc: RequestValidationError) -> bool:
     """A body refused because it was sent as something else than JSON (`text/plain`, a form: curl's `-d` without
     `-H`) or without a Content-Type, which FastAPI then does not parse: 415 says so, where 422 blamed the body's
     content. (FastAPI's strict content type: a browser sends a body without one, or as text/plain, without asking
     the server first, so reading it as JSON would let any web page write to a node it can reach.) No body at all
     stays a 422 naming the missing body."""
-    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+    content_type = request.headers.get("content-type")
+    if is_json_media(content_type):
         return False
     refused = [e for e in exc.errors() if tuple(e.get("loc", ()))[:1] == ("body",)]
-    if not media and all(e.get("type") == "missing" and tuple(e["loc"]) == ("body",) for e in refused):
+    if not content_type and all(e.get("type") == "missing" and tuple(e["loc"]) == ("body",) for e in refused):
         return False  # (also when `refused` is empty: no body error at all)
     return bool(refused)
 

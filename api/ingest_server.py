@@ -49,6 +49,7 @@ from .http_limits import (
     open_line_bytes,
 )
 from .ingest import HeartbeatProducer, accept_fast, decode_body, fast_heartbeat, handle_heartbeat
+from .invalid import SEND_JSON, is_json_media
 from .read_buffer import SharedReadBuffer
 from .sessions import SessionRegistry
 
@@ -60,8 +61,10 @@ MAX_BODY = 64 << 10
 # workers is ~1,000 each, the node API's cap (1,000) refused the rest. Idle sessions cost a file
 # descriptor, not CPU; the worker raises its descriptor limit to fit (`_raise_fd_limit`).
 INGEST_LIMITS = replace(DEFAULT_LIMITS, max_connections=16_384)
+_SEND_JSON_BODY = json.dumps({"code": 2005, "remark": SEND_JSON}).encode()
 _REASONS = {200: b"OK", 401: b"Unauthorized", 403: b"Forbidden",
             404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict", 413: b"Payload Too Large",
+            415: b"Unsupported Media Type",
             422: b"Unprocessable Entity", 400: b"Bad Request", 500: b"Internal Server Error",
             503: b"Service Unavailable"}
 
@@ -182,6 +185,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
         self.in_head, self.head_bytes, self.content_length = True, 0, 0
         self.head_began, self.head_size = True, 12  # the request line's method and version
         self.authorization = None
+        self.content_type: str | None = None
         self.deadline.arm(self.transport, self.limits.request_timeout_s, TIMEOUT_REPLY)
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -191,6 +195,8 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
             self.content_length = int(value) if value.isdigit() else MAX_BODY + 1
         elif lname == b"authorization":
             self.authorization = value.decode("latin-1")
+        elif lname == b"content-type":
+            self.content_type = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         self.in_head = False
@@ -251,6 +257,8 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
                 self._reply(405, _NOT_ALLOWED, close=not keep, allow=b"POST")
             elif self.too_large:
                 self._reply(413, b'{"code":2005,"remark":"heartbeat too large"}', close=True)
+            elif raw and not is_json_media(self.content_type):  # as the node's API: never read as JSON
+                self._reply(415, _SEND_JSON_BODY, close=not keep)
             else:
                 now = int(time.time() * 1000)
                 status, body = (accept_fast(self.producer, fast, now) if fast is not None
@@ -274,6 +282,8 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
                 self._reply(413, b'{"code":2005,"remark":"session request too large"}', close=True)
             elif not keep and path == b"/v1/session":  # it would end with this answer: a session for nothing
                 self._reply(400, _SESSION_NEEDS_KEEP_ALIVE, close=True)
+            elif self.body and not is_json_media(self.content_type):
+                self._reply(415, _SEND_JSON_BODY, close=not keep)
             else:
                 now = int(time.time() * 1000)
                 status, body = (self.sessions.open(self, b"".join(self.body), now) if path == b"/v1/session"

@@ -7,6 +7,15 @@ from __future__ import annotations
 
 from electra.state.codes import Code
 
+SEND_JSON = "send the body as JSON (Content-Type: application/json)"  # a 415's remark, on every server
+
+
+def is_json_media(content_type: str | None) -> bool:
+    """Whether a Content-Type says JSON: `application/json` or `application/*+json`, parameters (a charset) aside.
+    Without one a body is not read (a browser sends one cross-site without asking the server first)."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
 
 def invalid_request(errors: list[dict[str, str]]) -> dict:
     """The body of a 422 for `errors` ([{"field": "body.brokerId", "problem": "..."}, ...])."""

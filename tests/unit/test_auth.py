@@ -92,7 +92,7 @@ def test_token_store_reloads_rotates_and_revokes(tmp_path):
 def _request(proto: IngestProtocol, body: dict, token: str | None) -> bytes:
     raw = json.dumps(body).encode()
     auth = f"authorization: Bearer {token}\r\n".encode() if token else b""
-    proto.data_received(b"POST /v1/heartbeat HTTP/1.1\r\nhost: x\r\n" + auth +
+    proto.data_received(b"POST /v1/heartbeat HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n" + auth +
                         b"content-length: %d\r\n\r\n" % len(raw) + raw)
     return proto.transport.data
 
@@ -121,7 +121,8 @@ def test_ingest_server_asks_brokers_for_a_token_scoped_to_the_heartbeat_set(tmp_
     for junk in (b', "x": ' + b"9" * 4400 + b"}", b', "x": "\xff"}', b', "x": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"):
         proto.transport.data = b""
         raw = forged + junk
-        proto.data_received(b"POST /v1/heartbeat HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + tok.encode()
+        proto.data_received(b"POST /v1/heartbeat HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                            b"authorization: Bearer " + tok.encode()
                             + b"\r\ncontent-length: %d\r\n\r\n" % len(raw) + raw)
         assert proto.transport.data[9:12] in (b"403", b"422"), (junk[:12], proto.transport.data)
     assert producer.sent == []

@@ -11,6 +11,7 @@ import pytest
 
 from electra.api.ingest import KafkaUnavailable
 from electra.api.ingest_server import MAX_BODY, IngestProtocol
+from electra.api.invalid import SEND_JSON
 from electra.api.sessions import SessionRegistry
 
 
@@ -937,3 +938,26 @@ def test_the_parent_s_check_leaves_a_port_free_for_its_own_workers_to_share():
     with _listen("127.0.0.1", port) as a, _listen("127.0.0.1", port) as b:
         assert a.getsockname() == b.getsockname()
         assert bind_probe("127.0.0.1", port) is not None  # and a third process is refused
+
+
+def test_a_body_not_sent_as_json_is_a_415_as_at_the_node():
+    """As the node's API (FastAPI's strict content type): a body without a Content-Type, or as text/plain or a form,
+    is never read as JSON; a browser sends such a body cross-site without asking the server first."""
+    body = json.dumps(HB).encode()
+
+    def ask(content_type: str | None, path: str = "/v1/heartbeat", data: bytes = body) -> tuple[int, dict]:
+        producer = FakeProducer()
+        proto, transport = connect(producer)
+        head = f"POST {path} HTTP/1.1\r\nHost: x\r\n" + (f"Content-Type: {content_type}\r\n" if content_type else "")
+        proto.data_received(head.encode() + b"Content-Length: %d\r\n\r\n" % len(data) + data)
+        [(status, _, answer)] = responses(transport.data)
+        return status, json.loads(answer)
+
+    for refused in (None, "text/plain", "application/x-www-form-urlencoded", "application/jsonx"):
+        for path in ("/v1/heartbeat", "/v1/session"):
+            status, answer = ask(refused, path)
+            assert status == 415 and answer == {"code": 2005, "remark": SEND_JSON}, (refused, path)
+    for taken in ("application/json", "Application/JSON; charset=utf-8", "application/problem+json"):
+        assert ask(taken)[0] == 200, taken
+    status, answer = ask(None, data=b"")  # nothing sent: the body is what is wrong
+    assert status == 422 and answer["errors"][0]["field"] == "body"
