@@ -146,6 +146,9 @@ def tls_bounded_loop() -> asyncio.AbstractEventLoop:
 
 TIMEOUT_REPLY = raw_error(408, _INVALID, "request not received in time")
 MALFORMED_REPLY = raw_error(400, _INVALID, "malformed HTTP request")  # the ingest workers' answer too
+# No route upgrades the connection (h2c, websocket): httptools stops at such a head, before its body, and the
+# application then answered a 422 about a missing body (curl --http2 over plain HTTP). The ingest workers' too.
+UPGRADE_REPLY = raw_error(400, _INVALID, "upgrade not supported")
 INTERNAL_REPLY = raw_error(500, 1, "internal error; see the node's log")
 BUSY_REPLY = raw_error(503, _BUSY, "too many connections", retry_after=True)
 
@@ -272,6 +275,9 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
                     self._head_so_far() > limits.max_header_bytes:
                 self._refuse_head()
                 raise HeadRefused  # stops the parser: nothing of this request reaches the application
+            if self.parser.should_upgrade():
+                self._refuse(UPGRADE_REPLY)
+                raise HeadRefused
 
         def _refuse_head(self) -> None:
             self._refuse(head_too_large(limits.max_header_bytes))

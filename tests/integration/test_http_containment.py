@@ -317,3 +317,21 @@ def test_an_http10_client_is_refused_a_stream_it_could_not_read_without_taking_a
             await streams[0].__aexit__(None, None, None)
 
     _run(tmp_path, scenario, HTTPLimits(request_timeout_s=30, max_connections=40, max_watchers=1))
+
+
+def test_an_upgrade_is_refused_with_a_400_saying_so_not_a_422_about_a_missing_body(tmp_path):
+    """`curl --http2` over plain HTTP asks to upgrade to h2c: httptools stops at that head, before the body, and the
+    application answered `body: Field required` for a body that was sent. No route upgrades: a 400 says so."""
+    async def scenario(nodes, leader, ep, client):
+        body = json.dumps(_hb()).encode()
+        for path in ("/v1/heartbeat", "/v1/broker-sets/b/register"):
+            raw = await _read_all(ep, (f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+                                       "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n"
+                                       "Content-Type: application/json\r\n"
+                                       f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+            head, _, answer = raw.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 400 ") and json.loads(answer) == {
+                "code": Code.CONTROLLER_INVALID_REQUEST, "remark": "upgrade not supported"}, raw
+        assert (await client.post("/v1/heartbeat", json=_hb())).status_code == 200  # the same request, no upgrade
+
+    _run(tmp_path, scenario)
