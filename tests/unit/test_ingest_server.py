@@ -961,3 +961,18 @@ def test_a_body_not_sent_as_json_is_a_415_as_at_the_node():
         assert ask(taken)[0] == 200, taken
     status, answer = ask(None, data=b"")  # nothing sent: the body is what is wrong
     assert status == 422 and answer["errors"][0]["field"] == "body"
+
+
+def test_a_node_s_front_ends_refuse_a_port_another_process_serves_with_so_reuseport(tmp_path):
+    """The same check for `electra node --front-ends N`: its front-ends bind the API port with SO_REUSEPORT, and the
+    parent's check did too, so a node started on another's port shared it silently."""
+    import asyncio
+
+    from electra.api.front_ends import FrontEnds
+
+    with _reuseport_listener() as other:
+        port = other.getsockname()[1]
+        fronts = FrontEnds.__new__(FrontEnds)
+        fronts.host, fronts.port = "127.0.0.1", port
+        with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1:{port} \\(--http-addr\\): Address "):
+            asyncio.run(fronts.start(ready_timeout_s=1))
