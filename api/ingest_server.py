@@ -27,6 +27,7 @@ import socket
 import ssl
 import time
 from dataclasses import replace
+from urllib.parse import unquote_to_bytes
 
 import httptools
 
@@ -61,6 +62,18 @@ MAX_BODY = 64 << 10
 # workers is ~1,000 each, the node API's cap (1,000) refused the rest. Idle sessions cost a file
 # descriptor, not CPU; the worker raises its descriptor limit to fit (`_raise_fd_limit`).
 INGEST_LIMITS = replace(DEFAULT_LIMITS, max_connections=16_384)
+def _route_path(url: bytes) -> bytes:
+    """The path a request names, as the node's server reads it: from an absolute-form target (`POST http://host/v1/
+    heartbeat`, which RFC 9112 has every server accept) too, and percent-decoded (`/v1/%68eartbeat`)."""
+    if url[:1] != b"/":
+        try:
+            url = httptools.parse_url(url).path or b""
+        except httptools.HttpParserInvalidURLError:
+            return b""  # no route: a 404
+    path = url.split(b"?", 1)[0]
+    return unquote_to_bytes(path) if b"%" in path else path
+
+
 _SEND_JSON_BODY = json.dumps({"code": 2005, "remark": SEND_JSON}).encode()
 _REASONS = {200: b"OK", 401: b"Unauthorized", 403: b"Forbidden",
             404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict", 413: b"Payload Too Large",
@@ -227,7 +240,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
             return
         keep = self.parser.should_keep_alive()
         self.deadline.arm(self.transport, self.sessions.idle_limit_s(self, self.limits.idle_timeout_s))
-        path = self.url.split(b"?", 1)[0]
+        path = _route_path(self.url)
         method = self.parser.get_method()
         raw = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         decoded: object = _NOT_DECODED

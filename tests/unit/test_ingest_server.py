@@ -976,3 +976,19 @@ def test_a_node_s_front_ends_refuse_a_port_another_process_serves_with_so_reusep
         fronts.host, fronts.port = "127.0.0.1", port
         with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1:{port} \\(--http-addr\\): Address "):
             asyncio.run(fronts.start(ready_timeout_s=1))
+
+
+def test_an_absolute_form_or_percent_encoded_path_names_its_route_as_at_the_node():
+    """RFC 9112 has every server accept an absolute-form target (what a client sends through a proxy); the node
+    (uvicorn) took it and a percent-encoded path, the ingest workers answered 404."""
+    body = json.dumps(HB).encode()
+    for target in ("http://127.0.0.1:7401/v1/heartbeat", "/v1/%68eartbeat", "/v1/heartbeat?x=1"):
+        producer = FakeProducer()
+        proto, transport = connect(producer)
+        proto.data_received(post(body).replace(b"POST /v1/heartbeat ", f"POST {target} ".encode(), 1))
+        assert [s for s, _, _ in responses(transport.data)] == [200], target
+        assert len(producer.sent) == 1
+    for target in ("http://h/v1/heartbea", "/v1/%2568eartbeat", "*"):  # decoded once: %2568 is "%68", no route
+        proto, transport = connect(FakeProducer())
+        proto.data_received(post(body).replace(b"POST /v1/heartbeat ", f"POST {target} ".encode(), 1))
+        assert [s for s, _, _ in responses(transport.data)] == [404], target
