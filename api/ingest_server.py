@@ -74,6 +74,7 @@ def _route_path(url: bytes) -> bytes:
     return unquote_to_bytes(path) if b"%" in path else path
 
 
+_TOO_LARGE_BODY = json.dumps({"code": 2005, "remark": f"request body over {MAX_BODY} bytes"}).encode()  # as at a node
 _SEND_JSON_BODY = json.dumps({"code": 2005, "remark": SEND_JSON}).encode()
 _REASONS = {200: b"OK", 401: b"Unauthorized", 403: b"Forbidden",
             404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict", 413: b"Payload Too Large",
@@ -220,7 +221,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
         if self.parser.should_upgrade():  # one answer (the 400), not the route's and then the 400
             self._reply(400, b'{"code":2005,"remark":"upgrade not supported"}', close=True)
         elif self.content_length > MAX_BODY:  # refuse before reading a byte of the body
-            self._reply(413, b'{"code":2005,"remark":"heartbeat too large"}', close=True)
+            self._reply(413, _TOO_LARGE_BODY, close=True)
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -230,7 +231,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
         self.size += len(body)
         if self.size > MAX_BODY:
             if not self.too_large:  # a chunked body past the limit: refused now, not after it ends
-                self._reply(413, b'{"code":2005,"remark":"request body too large"}', close=True)
+                self._reply(413, _TOO_LARGE_BODY, close=True)
             self.too_large = True
         elif not self.too_large:
             self.body.append(body)
@@ -269,7 +270,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
             if method != b"POST":
                 self._reply(405, _NOT_ALLOWED, close=not keep, allow=b"POST")
             elif self.too_large:
-                self._reply(413, b'{"code":2005,"remark":"heartbeat too large"}', close=True)
+                self._reply(413, _TOO_LARGE_BODY, close=True)
             elif raw and not is_json_media(self.content_type):  # as the node's API: never read as JSON
                 self._reply(415, _SEND_JSON_BODY, close=not keep)
             else:
@@ -292,7 +293,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
             if method != b"POST":
                 self._reply(405, _NOT_ALLOWED, close=not keep, allow=b"POST")
             elif self.too_large:
-                self._reply(413, b'{"code":2005,"remark":"session request too large"}', close=True)
+                self._reply(413, _TOO_LARGE_BODY, close=True)
             elif not keep and path == b"/v1/session":  # it would end with this answer: a session for nothing
                 self._reply(400, _SESSION_NEEDS_KEEP_ALIVE, close=True)
             elif self.body and not is_json_media(self.content_type):
