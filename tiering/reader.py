@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from electra.state.machine import BrokerSet
 
 from .schema import GAP, fold_event, sets_from_snapshot_rows
-from .store import TierStore
+from .store import TABLE_NOTE, TierStore
 
 MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last instant `iso` can write
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -92,15 +92,21 @@ def iso(ms: int) -> str:
 
 MAX_EVENTS = 100_000  # events in one history answer at most (`limit`; `truncated` says when more matched)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Where a native backtrace starts ("   0: <unknown>", "stack backtrace:"): delta-rs appends one to some errors.
+_BACKTRACE = re.compile(r"^(\d+: |stack backtrace:)", re.IGNORECASE)
 
 
 def tier_failure(exc: BaseException) -> str:
     """Why the tier could not be read, in one line (delta-rs and object stores raise pages of text): the first
-    line says what failed, the last one usually why ("Permission denied", "Connection refused")."""
+    line says what failed, the last one usually why ("Permission denied", "Connection refused"). A native
+    backtrace after them is dropped (its last frame is no reason), and the table is named when known."""
     text = _ANSI.sub("", str(exc))  # delta-rs colours some of its messages for a terminal
     lines = [ln.strip(" \t↳") for ln in text.splitlines() if ln.strip(" \t↳")] or [""]
+    end = next((n for n, ln in enumerate(lines) if n and _BACKTRACE.match(ln)), len(lines))
+    lines = lines[:end]
     text = lines[0][:300] + (f" ... {lines[-1][:200]}" if len(lines) > 1 else "")
-    return f"{type(exc).__name__}: {text}"
+    table = next((n for n in getattr(exc, "__notes__", ()) if n.startswith(TABLE_NOTE)), "")
+    return f"{table.removeprefix(TABLE_NOTE)}{' table: ' if table else ''}{type(exc).__name__}: {text}"
 
 
 def parse_cursor(text: str) -> tuple[int, int]:

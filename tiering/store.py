@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -43,6 +44,9 @@ APPS = {"events": "electra.events", "snapshots": "electra.snapshots"}
 # retention moves it to the snapshot it keeps). Absent on tables created before it was recorded.
 APP_HISTORY_FROM = "electra.history_from"
 SCHEMAS = {"events": EVENTS_SCHEMA, "snapshots": SNAPSHOTS_SCHEMA}
+# Added to an error raised while opening or reading a table, so that its one-line report (`tier_failure`)
+# says which of the two tables is damaged: delta-rs's own message does not.
+TABLE_NOTE = "electra.tier.table="
 
 
 class Fenced(Exception):
@@ -78,6 +82,17 @@ def is_local(uri: str) -> bool:
     return scheme in ("", "file") or len(scheme) == 1  # a Windows drive letter counts as local
 
 
+@contextmanager
+def _naming(which: str) -> Iterator[None]:
+    """Notes on an error from table `which` that it came from there (`TABLE_NOTE`); the type is kept, so
+    callers still catch `TableNotFoundError` and the rest as before."""
+    try:
+        yield
+    except Exception as exc:
+        exc.add_note(f"{TABLE_NOTE}{which}")
+        raise
+
+
 class TierStore:
     def __init__(self, uri: str | os.PathLike, storage_options: dict[str, str] | None = None) -> None:
         self.uri = str(uri).rstrip("/")
@@ -104,14 +119,15 @@ class TierStore:
 
     def table(self, which: str, version: int | None = None) -> DeltaTable:
         """A handle on the newest version (cached and refreshed), or on `version` (time travel)."""
-        if version is not None:
-            return DeltaTable(self.uris[which], version=version, storage_options=self.storage_options)
-        dt = self._tables.get(which)
-        if dt is None:
-            dt = self._tables[which] = DeltaTable(self.uris[which], storage_options=self.storage_options)
-        else:
-            dt.update_incremental()
-        return dt
+        with _naming(which):
+            if version is not None:
+                return DeltaTable(self.uris[which], version=version, storage_options=self.storage_options)
+            dt = self._tables.get(which)
+            if dt is None:
+                dt = self._tables[which] = DeltaTable(self.uris[which], storage_options=self.storage_options)
+            else:
+                dt.update_incremental()
+            return dt
 
     def read(self, which: str, version: int | None = None, columns: list[str] | None = None) -> pa.Table:
         """The rows of table `which` (at `version`, or the newest) as Arrow, read by delta-rs's own engine.
@@ -126,8 +142,10 @@ class TierStore:
         if columns:
             schema = pa.schema([schema.field(c) for c in columns])
         names = ", ".join('"' + c.replace('"', '""') + '"' for c in schema.names)
-        reader = QueryBuilder().register("t", self.table(which, version)).execute(f"SELECT {names} FROM t")
-        return pa.table(reader.read_all()).cast(schema)
+        dt = self.table(which, version)
+        with _naming(which):
+            reader = QueryBuilder().register("t", dt).execute(f"SELECT {names} FROM t")
+            return pa.table(reader.read_all()).cast(schema)
 
     def exists(self) -> bool:
         try:

@@ -304,6 +304,15 @@ def test_history_cli_says_what_it_cannot_read(tmp_path, capsys):
     assert main(["history", "--tier-uri", str(tmp_path / "tier"), "--at", "now"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot read the tier at {tmp_path / 'tier'}: ") and "Traceback" not in err
+    # QA: which of the two tables is damaged was not said
+    for which in ("events", "snapshots"):
+        uri = tmp_path / f"one_{which}"
+        TierStore(uri).ensure()
+        log = uri / which / "_delta_log"
+        (log / "00000000000000000001.json").write_text('{"add": garbage}\n')
+        assert main(["history", "--tier-uri", str(uri), "--at", "now"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: cannot read the tier at {uri}: {which} table: ") and err.count("\n") == 1
 
 
 def test_a_process_that_read_the_tier_exits_cleanly(tmp_path):
@@ -453,6 +462,11 @@ def test_a_tier_failure_keeps_the_cause():
     assert tier_failure(exc) == ("OSError: Kernel error -> Generic LocalFileSystem error: Unable to open file "
                                  "/t/_last_checkpoint ... Permission denied (os error 13)")
     assert tier_failure(OSError("\x1b[31mGeneric S3 error\x1b[0m")) == "OSError: Generic S3 error"  # no colour codes
+    # QA: the last frame of a native backtrace that delta-rs appends was reported as the reason
+    exc = OSError("Kernel error: Json error: Encountered unexpected 'g' whilst parsing value\n   0: <unknown>\n"
+                  "  12: start_thread\n             at ./nptl/pthread_create.c:442:8\n  13: clone3\n"
+                  "             at ./misc/../sysdeps/unix/sysv/linux/x86_64/clone3.S:81:0\n")
+    assert tier_failure(exc) == "OSError: Kernel error: Json error: Encountered unexpected 'g' whilst parsing value"
 
 
 def test_a_tier_that_keeps_failing_is_retried_with_back_off_and_logged_in_one_line(caplog):
