@@ -70,8 +70,13 @@ def cmd_history(args: argparse.Namespace) -> int:
         return 2
     reader = TierReader(args.tier_uri, args.tier_options)
     try:
-        if not reader.store.exists():
-            print(f"error: no tier tables at {args.tier_uri}", file=sys.stderr)
+        missing = reader.store.missing()
+        if missing:
+            found = [w for w in reader.store.uris if w not in missing]
+            print(f"error: no {missing[0]} table at {args.tier_uri}/{missing[0]}: found only the {found[0]} table "
+                  f"(a tier holds both)" if found else
+                  f"error: no tier tables at {args.tier_uri} (neither events/ nor snapshots/ is a Delta table)",
+                  file=sys.stderr)
             return 1
         out = reader.history(times["--at"], times.get("--events-from"), times.get("--events-to"), args.limit,
                              args.after)

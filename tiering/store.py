@@ -148,12 +148,17 @@ class TierStore:
             return pa.table(reader.read_all()).cast(schema)
 
     def exists(self) -> bool:
-        try:
-            self.table("events")
-            self.table("snapshots")
-            return True
-        except TableNotFoundError:
-            return False
+        return not self.missing()
+
+    def missing(self) -> list[str]:
+        """The tables that are not there, so that a half tier is reported as such, not as no tier at all."""
+        out = []
+        for which in self.uris:
+            try:
+                self.table(which)
+            except TableNotFoundError:
+                out.append(which)
+        return out
 
     @staticmethod
     def _progress(dt: DeltaTable, which: str) -> Progress:

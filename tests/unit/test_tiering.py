@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -304,6 +305,17 @@ def test_history_cli_says_what_it_cannot_read(tmp_path, capsys):
     assert main(["history", "--tier-uri", str(tmp_path / "tier"), "--at", "now"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot read the tier at {tmp_path / 'tier'}: ") and "Traceback" not in err
+    assert main(["history", "--tier-uri", str(tmp_path / "none"), "--at", "now"]) == 1
+    assert capsys.readouterr().err == (f"error: no tier tables at {tmp_path / 'none'} "
+                                       "(neither events/ nor snapshots/ is a Delta table)\n")
+    # QA: a tier holding one of the two tables was reported as no tier at all
+    for which, other in (("events", "snapshots"), ("snapshots", "events")):
+        uri = tmp_path / f"half_{which}"
+        TierStore(uri).ensure()
+        shutil.rmtree(uri / other)
+        assert main(["history", "--tier-uri", str(uri), "--at", "now"]) == 1
+        assert capsys.readouterr().err == f"error: no {other} table at {uri}/{other}: found only the {which} table " \
+                                          "(a tier holds both)\n"
     # QA: which of the two tables is damaged was not said
     for which in ("events", "snapshots"):
         uri = tmp_path / f"one_{which}"
