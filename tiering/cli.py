@@ -48,9 +48,15 @@ def _event_limit(text: str) -> int:
 
 def cmd_history(args: argparse.Namespace) -> int:
     from .reader import TierReader, event_window, parse_time, tier_failure
+    from .store import check_uri
 
     if not args.tier_uri:
         print("error: --tier-uri (or ELECTRA_TIER_URI) is required", file=sys.stderr)
+        return 2
+    try:
+        check_uri(args.tier_uri)
+    except ValueError as exc:
+        print(f"error: --tier-uri: {exc}", file=sys.stderr)
         return 2
     times = {}
     for option, text in (("--at", args.at), ("--events-from", args.events_from), ("--events-to", args.events_to)):

@@ -25,7 +25,7 @@ from electra.state.machine import ControllerStateMachine
 from electra.tiering.bootstrap import bootstrap_from_tier
 from electra.tiering.reader import TierReader, event_window, iso, parse_time
 from electra.tiering.schema import event_rows, events_table, snapshot_rows, snapshots_table
-from electra.tiering.store import Conflict, Fenced, Moved, TierStore
+from electra.tiering.store import Conflict, Fenced, Moved, TierStore, check_uri
 
 T0 = 1_790_000_000_000  # epoch ms of the first command
 
@@ -308,6 +308,12 @@ def test_history_cli_says_what_it_cannot_read(tmp_path, capsys):
     assert main(["history", "--tier-uri", str(tmp_path / "none"), "--at", "now"]) == 1
     assert capsys.readouterr().err == (f"error: no tier tables at {tmp_path / 'none'} "
                                        "(neither events/ nor snapshots/ is a Delta table)\n")
+    # QA: a scheme delta-rs cannot open read as an empty tier
+    assert main(["history", "--tier-uri", "ftp://x/y", "--at", "now"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --tier-uri: unsupported scheme ftp:// (give a local path, file://, s3://")
+    for ok in ("s3://b/t", "S3A://b/t", "abfss://c@a.dfs.core.windows.net/t", "file:///t", "C:\\t", "/t"):
+        check_uri(ok)
     # QA: a tier holding one of the two tables was reported as no tier at all
     for which, other in (("events", "snapshots"), ("snapshots", "events")):
         uri = tmp_path / f"half_{which}"
