@@ -23,8 +23,9 @@ def add_history_command(sub) -> None:
     h.add_argument("--at", required=True, help="instant whose state to show")
     h.add_argument("--events-from", help="also list events from this instant ...")
     h.add_argument("--events-to", help="... to this one (inclusive)")
-    h.add_argument("--limit", type=_event_limit, default=100_000,
-                   help="events at most (1-100000, default 100000; `truncated` says when more matched)")
+    h.add_argument("--limit", type=_event_limit, default=None,  # None: not given, so refused without a window
+                   help="events at most (1-100000, default 100000; `truncated` says when more matched; "
+                        "needs --events-from or --events-to)")
     h.add_argument("--after", type=_cursor, default=None,
                    help="events after this cursor only: a truncated answer's `next_after` (INDEX:SEQ), "
                         "or a Raft index")
@@ -47,7 +48,7 @@ def _event_limit(text: str) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from .reader import TierReader, event_window, parse_time, tier_failure
+    from .reader import MAX_EVENTS, TierReader, event_window, parse_time, tier_failure
     from .store import check_uri
 
     if not args.tier_uri:
@@ -66,9 +67,11 @@ def cmd_history(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 print(f"error: {option}: {exc}", file=sys.stderr)
                 return 2
-    if args.after is not None and args.events_from is None and args.events_to is None:
-        print("error: --after pages through events: give --events-from or --events-to too", file=sys.stderr)
-        return 2
+    if args.events_from is None and args.events_to is None:
+        for option, value, what in (("--after", args.after, "pages through"), ("--limit", args.limit, "caps the")):
+            if value is not None:
+                print(f"error: {option} {what} events: give --events-from or --events-to too", file=sys.stderr)
+                return 2
     try:
         event_window(times.get("--events-from"), times.get("--events-to"))
     except ValueError:
@@ -84,8 +87,8 @@ def cmd_history(args: argparse.Namespace) -> int:
                   f"error: no tier tables at {args.tier_uri} (neither events/ nor snapshots/ is a Delta table)",
                   file=sys.stderr)
             return 1
-        out = reader.history(times["--at"], times.get("--events-from"), times.get("--events-to"), args.limit,
-                             args.after)
+        out = reader.history(times["--at"], times.get("--events-from"), times.get("--events-to"),
+                             MAX_EVENTS if args.limit is None else args.limit, args.after)
     except Exception as exc:  # an object store that cannot be reached or read, a damaged table
         print(f"error: cannot read the tier at {args.tier_uri}: {tier_failure(exc)}", file=sys.stderr)
         return 1

@@ -289,6 +289,9 @@ def test_history_cli_reads_the_tables(tmp_path, capsys):
     assert all(e["index"] > 3 for e in json.loads(capsys.readouterr().out)["events"]["events"])
     assert main(["history", "--tier-uri", uri, "--at", "now", "--after", "3"]) == 2
     assert "give --events-from or --events-to too" in capsys.readouterr().err
+    # QA: --limit without a window was ignored where --after is refused
+    assert main(["history", "--tier-uri", uri, "--at", "now", "--limit", "5"]) == 2
+    assert capsys.readouterr().err == "error: --limit caps the events: give --events-from or --events-to too\n"
     for bad in ("x", "3:", ":4", "-1", "3:4:5", "1" * 19):
         with pytest.raises(SystemExit):
             main(["history", "--tier-uri", uri, "--at", "now", "--events-from", "0", "--after", bad])
