@@ -48,7 +48,7 @@ def _event_limit(text: str) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from .reader import MAX_EVENTS, TierReader, event_window, parse_time, tier_failure
+    from .reader import MAX_EVENTS, TierReader, event_window, not_in_future, parse_time, tier_failure
     from .store import check_uri
 
     if not args.tier_uri:
@@ -64,6 +64,8 @@ def cmd_history(args: argparse.Namespace) -> int:
         if text is not None:
             try:
                 times[option] = parse_time(text)
+                if option == "--at":
+                    not_in_future(times[option])
             except ValueError as exc:
                 print(f"error: {option}: {exc}", file=sys.stderr)
                 return 2

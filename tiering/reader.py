@@ -75,6 +75,20 @@ def parse_time(text: str | int | float) -> int:
     return ms
 
 
+CLOCK_SKEW_MS = 60_000  # how far ahead of the reader's clock an instant may be: leaders' clocks differ a little
+
+
+def not_in_future(ms: int, now_ms: int | None = None) -> int:
+    """`ms` if it is not after now (plus CLOCK_SKEW_MS). ValueError otherwise: the state at a future instant
+    is not known yet, and the latest state labelled with that instant and `complete` would say it is."""
+    if now_ms is None:
+        now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    if ms > now_ms + CLOCK_SKEW_MS:
+        raise ValueError("the instant is in the future: the tier holds the state up to now; give 'now' or "
+                         "an earlier time")
+    return ms
+
+
 def _is_basic_date(s: str) -> bool:
     """Eight digits that are a calendar date (YYYYMMDD, year 1971 on): ISO-8601's basic form, which
     `20261127` means to anyone typing it. As epoch milliseconds it would be 1970-01-01 05:37, an

@@ -265,6 +265,14 @@ def test_history_cli_reads_the_tables(tmp_path, capsys):
     assert "error: --at: expected an ISO-8601 time" in capsys.readouterr().err
     assert main(["history", "--tier-uri", uri, "--at", "now", "--events-to", "-5"]) == 2
     assert "error: --events-to: the instant must lie between 1970" in capsys.readouterr().err
+    # QA: an instant in the future was answered with the latest state and `complete: true`
+    assert main(["history", "--tier-uri", uri, "--at", "2999-01-01"]) == 2
+    assert capsys.readouterr().err == ("error: --at: the instant is in the future: the tier holds the state up "
+                                       "to now; give 'now' or an earlier time\n")
+    assert main(["history", "--tier-uri", uri, "--at", str(int(time.time() * 1000) + 30_000)]) == 0  # clock skew
+    assert json.loads(capsys.readouterr().out)["state"]["index"] == 40
+    assert main(["history", "--tier-uri", uri, "--at", "now", "--events-to", "2999-01-01"]) == 0  # a window may
+    capsys.readouterr()
     assert main(["history", "--tier-uri", uri, "--at", "now"]) == 0
     assert json.loads(capsys.readouterr().out)["state"]["index"] == 40
     assert main(["history", "--tier-uri", uri, "--at", "now", "--events-from", "0", "--limit", "3"]) == 0
@@ -393,6 +401,14 @@ def test_parse_time_refuses_without_repeating_the_text(text):
 
 def test_parse_time_now():
     assert abs(parse_time("now") - time.time() * 1000) < 60_000
+
+
+def test_an_instant_past_now_and_the_clock_skew_allowance_is_refused():
+    from electra.tiering.reader import CLOCK_SKEW_MS, not_in_future
+
+    assert not_in_future(T0 + CLOCK_SKEW_MS, now_ms=T0) == T0 + CLOCK_SKEW_MS
+    with pytest.raises(ValueError, match="in the future"):
+        not_in_future(T0 + CLOCK_SKEW_MS + 1, now_ms=T0)
 
 
 def test_reader_empty_tables(tmp_path):
