@@ -8,16 +8,15 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
+from electra.api.invalid import invalid_request
 from electra.state.codes import Code
 
-from .reader import MAX_EVENTS, TierReader, event_window, parse_cursor, parse_time, tier_failure
+from .reader import MAX_EVENTS, TierReader, event_window, not_in_future, parse_cursor, parse_time, tier_failure
 
 
 def _invalid(param: str, problem: str) -> JSONResponse:
-    """A bad query parameter: the API's 422 (the shape `api/app.py` gives every invalid request)."""
-    field = f"query.{param}"
-    return JSONResponse({"code": int(Code.CONTROLLER_INVALID_REQUEST), "remark": f"invalid request: {field}: {problem}",
-                         "errors": [{"field": field, "problem": problem}]}, status_code=422)
+    """A bad query parameter: the API's 422 (api/invalid.py), as `electra history` refuses it."""
+    return JSONResponse(invalid_request([{"field": f"query.{param}", "problem": problem}]), status_code=422)
 
 
 def history_router(uri: str, storage_options: dict[str, str] | None = None) -> APIRouter:
@@ -27,7 +26,8 @@ def history_router(uri: str, storage_options: dict[str, str] | None = None) -> A
     async def history(at: Annotated[str, Query(description="ISO-8601 time, epoch ms or `now`")],
                       from_: Annotated[str | None, Query(alias="from")] = None,
                       to: Annotated[str | None, Query()] = None,
-                      limit: Annotated[int, Query(ge=1, le=MAX_EVENTS, description="events at most")] = MAX_EVENTS,
+                      limit: Annotated[int | None, Query(ge=1, le=MAX_EVENTS, description=(
+                          f"events at most (default {MAX_EVENTS}); with `from` or `to`"))] = None,
                       after: Annotated[str | None, Query(description="page cursor: a truncated answer's "
                                                                      "`events.next_after` (INDEX:SEQ)")] = None):
         """State of every broker set as of `at`; with `from`/`to`, also the events between those instants
@@ -35,7 +35,9 @@ def history_router(uri: str, storage_options: dict[str, str] | None = None) -> A
         times: dict[str, int | None] = {}
         for param, t in (("at", at), ("from", from_), ("to", to)):
             try:
-                times[param] = None if t is None else parse_time(t)
+                times[param] = value = None if t is None else parse_time(t)
+                if param == "at" and value is not None:
+                    not_in_future(value)  # as `electra history --at`: a future state is not known yet
             except ValueError as exc:  # names the parameter, never repeats its value
                 return _invalid(param, str(exc))
         cursor = None
@@ -44,16 +46,18 @@ def history_router(uri: str, storage_options: dict[str, str] | None = None) -> A
                 cursor = parse_cursor(after)
             except ValueError as exc:
                 return _invalid("after", str(exc))
-            if times["from"] is None and times["to"] is None:
-                return _invalid("after", "pages through events: give `from` or `to` too")
+        if times["from"] is None and times["to"] is None:
+            for param, given, what in (("after", after, "pages through"), ("limit", limit, "caps the")):
+                if given is not None:
+                    return _invalid(param, f"{what} events: give `from` or `to` too")
         try:
             event_window(times["from"], times["to"])
         except ValueError as exc:
             return _invalid("from", f"{exc} (`from` is after `to`)")
         reader = TierReader(uri, storage_options)
         try:
-            return await asyncio.to_thread(reader.history, times["at"], times["from"], times["to"], limit,
-                                           cursor)
+            return await asyncio.to_thread(reader.history, times["at"], times["from"], times["to"],
+                                           MAX_EVENTS if limit is None else limit, cursor)
         except Exception as exc:  # the tier is unreachable, empty or damaged: its first line, not a repr
             return JSONResponse({"code": int(Code.SYSTEM_ERROR), "remark": f"tier unavailable: {tier_failure(exc)}"},
                                 status_code=503, headers={"retry-after": "5"})

@@ -258,6 +258,9 @@ def test_leader_killed_mid_upload_then_fenced_zombie_then_bootstrap_and_time_tra
                 nxt = r.json()["events"]["events"]
                 assert r.status_code == 200 and nxt and (nxt[0]["index"], nxt[0]["seq"]) > \
                     (first[-1]["index"], first[-1]["seq"]), r.text
+                for params, field in (({"at": "2999-01-01"}, "query.at"), ({"at": "now", "limit": 5}, "query.limit")):
+                    bad = await http.get(f"http://{c.http[fresh.node.cfg.node_id]}/v1/admin/history", params=params)
+                    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == field, bad.text
                 for after, params in (("x:1", {"from": 0}), ("5", {})):
                     bad = await http.get(f"http://{c.http[fresh.node.cfg.node_id]}/v1/admin/history",
                                          params={"at": "now", "after": after, **params})
