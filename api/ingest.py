@@ -322,10 +322,11 @@ _encode_wire = msgspec.json.Encoder().encode
 def fast_heartbeat(raw: bytes) -> msgspec.Struct | None:
     """A valid heartbeat body decoded and checked in C (msgspec), or None: then take the slow way."""
     try:
-        return _decode_wire(raw)
+        hb = _decode_wire(raw)
     # (msgspec recurses on nesting, and raises UnicodeDecodeError for bytes that are not UTF-8)
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return None
+    return hb if records.names_ok(hb) else None
 
 
 def accept_fast(producer: HeartbeatProducer, hb: msgspec.Struct, now_ms: int) -> tuple[int, bytes]:

@@ -50,7 +50,6 @@ from electra.state.limits import (
     INT64_MAX,
     INT64_MIN,
     MAX_BROKER_ID,
-    NAME_PATTERN,
     as_java_integer,
     check_int,
     is_name,
@@ -143,7 +142,16 @@ def validate_heartbeat(d: Any) -> dict:
     return out
 
 
-NameField = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN[:-1] + r"\Z")]
+# A name's length; its rule (NAME_PATTERN) is checked after decoding, by `names_ok` (a cached `is_name`): as a
+# msgspec pattern it ran Python's regex for every name of every heartbeat, ~1.4 µs each.
+NameField = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME)]
+
+
+def names_ok(hb: Any) -> bool:
+    """Whether a decoded heartbeat's cluster and broker-set names follow the name rule."""
+    return is_name(hb.clusterName) and is_name(hb.brokerName)
+
+
 # (msgspec searches with Python's re, where `$` also matches before a final newline: `\Z` is the end)
 AddrField = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ADDR, pattern=ADDRESS_PATTERN[:-1] + r"\Z")]
 _I32 = Annotated[int, msgspec.Meta(ge=INT32_MIN, le=INT32_MAX)]
@@ -182,6 +190,8 @@ def fast_heartbeat(raw: bytes | str) -> dict | None:
     try:
         hb = _HEARTBEAT_DECODER.decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    if not names_ok(hb):
         return None
     out = msgspec.structs.asdict(hb)  # in C: a third of the Python dict comprehension's cost
     if hb.ts is msgspec.UNSET:
@@ -382,6 +392,8 @@ def fast_heartbeat_group(value: bytes | str) -> list[dict] | None:
         return None
     out = []
     for hb in group.heartbeats:
+        if not names_ok(hb):
+            return None
         d = msgspec.structs.asdict(hb)
         if hb.ts is msgspec.UNSET:
             del d["ts"]

@@ -109,3 +109,15 @@ def test_the_heartbeat_rule_takes_names_and_integers_as_the_node_api_does():
     for bad in (" 1", "1_0", "2.0", "", "x", 2.5, True, "9" * 5000, float("inf")):
         with pytest.raises(records.InvalidHeartbeat, match="brokerId"):
             records.validate_heartbeat({**BASE, "brokerId": bad})
+
+
+def test_names_already_matched_are_remembered_within_a_bound_and_a_bad_one_never_is(monkeypatch):
+    from electra.state import limits
+
+    monkeypatch.setattr(limits, "NAMES_SEEN_MAX", 4)
+    monkeypatch.setattr(limits, "_names_seen", set())
+    for i in range(10):
+        assert limits.is_name(f"set-{i}") and len(limits._names_seen) <= 4
+    for _ in range(2):
+        assert not limits.is_name("..") and not limits.is_name("a b")
+    assert ".." not in limits._names_seen and "a b" not in limits._names_seen
