@@ -118,11 +118,11 @@ class FrontEnds:
 
     async def start(self, ready_timeout_s: float = 60.0) -> None:
         """Listen on the link socket, start the front-ends and wait until each has linked (bounded)."""
-        from electra.cli_args import bind_probe
+        from .ports import port_taken
 
         # Fail here, clearly, if another process listens there: the front-ends' SO_REUSEPORT binds would succeed
         # beside another node's (or any SO_REUSEPORT listener) and the kernel would split the connections.
-        taken = bind_probe(self.host, self.port)
+        taken = port_taken(self.host, self.port)
         if taken is not None:
             raise RuntimeError(f"cannot listen on {self.host}:{self.port} (--http-addr): {taken.strerror or taken}")
         loop = asyncio.get_running_loop()

@@ -148,7 +148,8 @@ TIMEOUT_REPLY = raw_error(408, _INVALID, "request not received in time")
 MALFORMED_REPLY = raw_error(400, _INVALID, "malformed HTTP request")  # the ingest workers' answer too
 # No route upgrades the connection (h2c, websocket): httptools stops at such a head, before its body, and the
 # application then answered a 422 about a missing body (curl --http2 over plain HTTP). The ingest workers' too.
-UPGRADE_REPLY = raw_error(400, _INVALID, "upgrade not supported")
+UPGRADE_REMARK = "upgrade not supported"
+UPGRADE_REPLY = raw_error(400, _INVALID, UPGRADE_REMARK)
 INTERNAL_REPLY = raw_error(500, 1, "internal error; see the node's log")
 BUSY_REPLY = raw_error(503, _BUSY, "too many connections", retry_after=True)
 

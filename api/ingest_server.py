@@ -31,7 +31,6 @@ from urllib.parse import unquote_to_bytes
 
 import httptools
 
-from electra.cli_args import bind_probe
 from electra.interrupts import exit_if_stop_hangs
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.security.auth import AuthError, TokenStore
@@ -42,6 +41,7 @@ from .http_limits import (
     BUSY_REPLY,
     DEFAULT_LIMITS,
     TIMEOUT_REPLY,
+    UPGRADE_REMARK,
     HeadRefused,
     HTTPLimits,
     LazyDeadline,
@@ -51,6 +51,7 @@ from .http_limits import (
 )
 from .ingest import HeartbeatProducer, accept_fast, decode_body, fast_heartbeat, handle_heartbeat
 from .invalid import SEND_JSON, is_json_media
+from .ports import bind_listening, port_taken
 from .read_buffer import SharedReadBuffer
 from .sessions import SessionRegistry
 
@@ -74,6 +75,7 @@ def _route_path(url: bytes) -> bytes:
     return unquote_to_bytes(path) if b"%" in path else path
 
 
+_UPGRADE_BODY = json.dumps({"code": 2005, "remark": UPGRADE_REMARK}).encode()  # as at a node (http_limits)
 _TOO_LARGE_BODY = json.dumps({"code": 2005, "remark": f"request body over {MAX_BODY} bytes"}).encode()  # as at a node
 _SEND_JSON_BODY = json.dumps({"code": 2005, "remark": SEND_JSON}).encode()
 _REASONS = {200: b"OK", 401: b"Unauthorized", 403: b"Forbidden",
@@ -177,7 +179,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._reply(400, b'{"code":2005,"remark":"upgrade not supported"}', close=True)
+            self._reply(400, _UPGRADE_BODY, close=True)
         except httptools.HttpParserCallbackError as exc:
             # raised by one of our callbacks: a 431 already answered (the connection is closing), or a fault of
             # this worker, which the broker must not take for its own mistake
@@ -219,7 +221,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
             self._reply_raw(head_too_large(self.limits.max_header_bytes))
             raise HeadRefused  # stops the parser: nothing of this request is acted on
         if self.parser.should_upgrade():  # one answer (the 400), not the route's and then the 400
-            self._reply(400, b'{"code":2005,"remark":"upgrade not supported"}', close=True)
+            self._reply(400, _UPGRADE_BODY, close=True)
         elif self.content_length > MAX_BODY:  # refuse before reading a byte of the body
             self._reply(413, _TOO_LARGE_BODY, close=True)
 
@@ -379,10 +381,7 @@ async def sweep_silent_sessions(sessions: SessionRegistry, every_s: float = SWEE
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
+    sock = bind_listening(host, port, reuse_port=True)  # the workers of one command share the port
     sock.listen(1024)
     sock.setblocking(False)
     return sock
@@ -464,9 +463,9 @@ def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topi
     `liveness_topic`, sessions' opening and end also go there (the nodes' connection-loss lane).
     """
     ctx = multiprocessing.get_context("spawn")
-    # Fail here, clearly, if another process listens there: not with `_listen`, whose SO_REUSEPORT bind succeeded
-    # beside another `electra ingest` and split the connections with it. This command's workers share the port.
-    taken = bind_probe(host, port)
+    # Fail here, clearly, if another process listens there (`electra ingest` says so before this, naming
+    # --listen): the workers' SO_REUSEPORT binds would share its port. This command's workers share it.
+    taken = port_taken(host, port)
     if taken is not None:
         raise OSError(taken.errno, f"cannot listen on {host}:{port}: {taken.strerror or taken}")
     procs = [ctx.Process(target=run_worker, args=(host, port, bootstrap, topic, log_level, tls_files, tokens_file,

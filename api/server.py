@@ -23,6 +23,7 @@ from .http_limits import DEFAULT_LIMITS, HTTPLimits
 from .lean_http import lean_protocol
 from .lean_path import LeanPath
 from .legacy import ARCHITECTURES, LegacyControllerService
+from .ports import bind_listening
 from .replies import count_auth_refusal
 from .service import ControllerService
 
@@ -184,13 +185,9 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
 
 def _bound_socket(host: str, port: int) -> socket.socket:
     """The API's listening socket (as uvicorn binds it: SO_REUSEADDR); RuntimeError naming the address."""
-    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host.strip("[]"), port))
+        sock = bind_listening(host, port)
     except OSError as exc:
-        sock.close()
         raise RuntimeError(f"cannot listen on {host}:{port} (--http-addr): {exc.strerror or exc}") from None
     sock.set_inheritable(True)
     return sock

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from electra.api.ports import port_taken
 from electra.cli_args import (
     Parser,
-    bind_probe,
     make_dir,
     optional_server_list,
     parse_addr,
@@ -427,7 +427,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    taken = bind_probe(host, port)  # before the workers: their SO_REUSEPORT binds would share another process's port
+    taken = port_taken(host, port)  # before the workers: their SO_REUSEPORT binds would share another process's port
     if taken is not None:
         print(f"error: cannot listen on {host}:{port} (--listen): {taken.strerror or taken}", file=sys.stderr)
         return 1
@@ -542,7 +542,7 @@ def _refuse_ports_in_use(args: argparse.Namespace) -> None:
     if not args.kafka_bootstrap and not legacy:
         ports.append((args.kafka_port, "kafka_port", "the embedded Kafka broker"))
     for port, option, what in ports:
-        taken = bind_probe("127.0.0.1", port)
+        taken = port_taken("127.0.0.1", port)
         if taken is not None:
             said = f"port {port} (--{option.replace('_', '-')}, {what})"
             refuse(f"{said} is already in use on 127.0.0.1" if taken.errno == errno.EADDRINUSE

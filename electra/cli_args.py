@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -99,22 +98,6 @@ def make_dir(path: str | Path, option: str) -> Path:
     except OSError as exc:
         refuse(f"{option} {path}: cannot create the directory ({exc.strerror or exc})")
     return Path(path)
-
-
-def bind_probe(host: str, port: int) -> OSError | None:
-    """Why nothing could listen on `host:port` now (EADDRINUSE: another process listens there), or None.
-
-    It binds as the servers do, with SO_REUSEADDR (a stopped stack's connections in TIME_WAIT are no conflict,
-    so a restart is not refused), but without SO_REUSEPORT: with it, the bind succeeded beside another
-    process's SO_REUSEPORT listener and the kernel split the connections between the two."""
-    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host.strip("[]"), port))
-        except OSError as exc:
-            return exc
-    return None
 
 
 def _bound(value: float) -> str:

@@ -220,7 +220,7 @@ def test_up_refuses_a_data_dir_in_use_before_starting_anything_or_opening_a_log(
         return 0
 
     monkeypatch.setattr(cli, "_run_stack", fake_run)
-    monkeypatch.setattr(cli, "bind_probe", lambda host, port: None)  # a `make run` may hold the default ports
+    monkeypatch.setattr(cli, "port_taken", lambda host, port: None)  # a `make run` may hold the default ports
     argv = ["up", "--insecure", "--nodes", "3", "--data-dir", str(d)]
     for held in (d, d / "node2"):  # another `up` on this data dir; a node process still serving its part
         claim = lock_data_dir(held)
@@ -320,7 +320,7 @@ def test_up_passes_accept_new_peers_to_every_node(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cli, "_run_stack", fake_run)
     monkeypatch.setattr(LocalStack, "spawn", lambda self, name, cmd, **kw: cmd)
-    monkeypatch.setattr(cli, "bind_probe", lambda host, port: None)  # a `make run` may hold the default ports
+    monkeypatch.setattr(cli, "port_taken", lambda host, port: None)  # a `make run` may hold the default ports
     for flag, expect in ((["--accept-new-peers"], True), ([], False)):
         seen.clear()
         assert cli.main(["up", "--insecure", "--nodes", "3", "--data-dir", str(tmp_path / "d"), *flag]) == 0
@@ -395,7 +395,7 @@ def test_up_passes_the_disconnect_grace_to_the_streaming_job_and_refuses_a_negat
 
     monkeypatch.setattr(cli, "_run_stack", fake_run)
     monkeypatch.setattr(LocalStack, "spawn", lambda self, name, cmd, **kw: cmd)
-    monkeypatch.setattr(cli, "bind_probe", lambda host, port: None)  # a `make run` may hold the default ports
+    monkeypatch.setattr(cli, "port_taken", lambda host, port: None)  # a `make run` may hold the default ports
     for flag, expect in ((["--disconnect-grace-ms", "1500"], "1500"), ([], None)):
         assert cli.main(["up", "--insecure", "--data-dir", str(tmp_path / "d"), *flag]) == 0
         cmd = seen["job"]

@@ -929,15 +929,15 @@ def test_the_parent_s_check_leaves_a_port_free_for_its_own_workers_to_share():
     import socket
 
     from electra.api.ingest_server import _listen
-    from electra.cli_args import bind_probe
+    from electra.api.ports import port_taken
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert bind_probe("127.0.0.1", port) is None
+    assert port_taken("127.0.0.1", port) is None
     with _listen("127.0.0.1", port) as a, _listen("127.0.0.1", port) as b:
         assert a.getsockname() == b.getsockname()
-        assert bind_probe("127.0.0.1", port) is not None  # and a third process is refused
+        assert port_taken("127.0.0.1", port) is not None  # and a third process is refused
 
 
 def test_a_body_not_sent_as_json_is_a_415_as_at_the_node():
