@@ -439,7 +439,8 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
                 yield f"event: {kind}\nid: {ev['index']}\ndata: {json.dumps(ev)}\n\n"
             while not await request.is_disconnected() and credential_still_valid(request.scope):
                 try:
-                    ev = await asyncio.wait_for(q.get(), timeout=5.0)
+                    async with asyncio.timeout(5.0):
+                        ev = await q.get()
                 except TimeoutError:
                     yield ": keep-alive\n\n"
                     continue

@@ -408,7 +408,8 @@ def dashboard_router(feed: DashboardFeed, max_viewers: int = 200) -> APIRouter:
                 yield feed.encoded
             while not await request.is_disconnected():
                 try:
-                    chunk = await asyncio.wait_for(q.get(), timeout=5.0)
+                    async with asyncio.timeout(5.0):
+                        chunk = await q.get()
                 except TimeoutError:
                     chunk = None
                 if not credential_still_valid(request.scope):  # revoked, or signed out: the stream ends

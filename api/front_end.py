@@ -63,7 +63,8 @@ class FrontEndLink:
         loop = asyncio.get_running_loop()
         while not stop.is_set():
             try:
-                _, link = await asyncio.wait_for(loop.create_unix_connection(LinkClient, self.link_path), 5)
+                async with asyncio.timeout(5):
+                    _, link = await loop.create_unix_connection(LinkClient, self.link_path)
             except (TimeoutError, OSError) as exc:
                 log.warning("front-end %d: cannot reach the Raft process at %s: %s", os.getpid(), self.link_path, exc)
             else:
@@ -85,7 +86,8 @@ class FrontEndLink:
         sent: dict[tuple[str, str], int] = {}
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), every_s)
+                async with asyncio.timeout(every_s):
+                    await stop.wait()
             rows = [[e, c, n - sent.get((e, c), 0)] for (e, c), n in self.metrics.counts.items()
                     if n > sent.get((e, c), 0)]
             link = self.link
@@ -202,7 +204,8 @@ async def run(opts: dict) -> None:
     exit_if_stop_hangs(f"front-end {os.getpid()}")
     stop.set()
     server.should_exit = True
-    await asyncio.wait_for(asyncio.gather(serving, linked, counting, return_exceptions=True), 15)
+    async with asyncio.timeout(15):
+        await asyncio.gather(serving, linked, counting, return_exceptions=True)
     if watch is not None:
         watch.cancel()
     if os.getppid() != opts["parent_pid"]:  # the node died without cleaning up: remove its socket directory

@@ -80,11 +80,13 @@ class LegacyControllerService(ControllerService):
             raise NotLeader(self.node.leader_id, self.leader_address())
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait_for(self.events.put((work, fut)), ENQUEUE_WAIT_S)
+            async with asyncio.timeout(ENQUEUE_WAIT_S):
+                await self.events.put((work, fut))
         except TimeoutError:
             raise ProposalDropped(f"the event queue is full ({EVENT_QUEUE_CAPACITY} requests waiting)") from None
         try:
-            return await asyncio.wait_for(fut, RESULT_WAIT_S)  # cancels `fut` on timeout: the scheduler skips it
+            async with asyncio.timeout(RESULT_WAIT_S):  # cancels `fut` on timeout: the scheduler skips it
+                return await fut
         except TimeoutError:
             raise ProposalTimeout(f"no result within {RESULT_WAIT_S:.0f}s from the event queue") from None
 

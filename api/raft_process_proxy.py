@@ -92,7 +92,8 @@ class RaftProcessProxy:
             await _send_simple(send, 503, _health_or(scope, _NOT_SENT), [(b"retry-after", b"1")])
             return
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.socket_path), 5)
+            async with asyncio.timeout(5):
+                reader, writer = await asyncio.open_unix_connection(self.socket_path)
         except (TimeoutError, OSError):
             await _send_simple(send, 503, _health_or(scope, _UNAVAILABLE), [(b"retry-after", b"1")])
             return
@@ -166,7 +167,8 @@ class RaftProcessProxy:
                 if started:
                     data = await reader.read(_READ_CHUNK)
                 else:
-                    data = await asyncio.wait_for(reader.read(_READ_CHUNK), STALL_CHECK_S)
+                    async with asyncio.timeout(STALL_CHECK_S):
+                        data = await reader.read(_READ_CHUNK)
             except TimeoutError:
                 if self.stalled():
                     return False

@@ -297,7 +297,8 @@ async def open_loop(endpoint: str, raws: list[bytes], period_s: float, stop: asy
             wait = due - time.monotonic()
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), wait)
+                    async with asyncio.timeout(wait):
+                        await stop.wait()
                 continue
             s = samples_of()
             s.send_lag.append(-wait)
@@ -410,7 +411,8 @@ class BrokerLoad:
                         i = self.endpoints.index(ask) if ask in self.endpoints else -1
                         ask = self.endpoints[(i + 1) % len(self.endpoints)]
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), every_s)
+                        async with asyncio.timeout(every_s):
+                            await self._stop.wait()
             finally:
                 conn.close()
 

@@ -77,7 +77,8 @@ async def _flood(ep: str, duration: float, concurrency: int, counts: dict[str, i
         try:
             reader, writer = await asyncio.open_connection(host, int(port), ssl=broker.ssl_context())
             writer.write(data)
-            reply = await asyncio.wait_for(reader.read(200), 15)
+            async with asyncio.timeout(15):
+                reply = await reader.read(200)
             writer.close()
             if reply[:9] == b"HTTP/1.1 ":
                 count(int(reply[9:12]))

@@ -123,7 +123,8 @@ async def run_async(url: str, script_text: str, connections: int, duration_s: fl
 
     sampler = asyncio.create_task(sample_wait())
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), duration_s + TIMEOUT_S + 30)
+        async with asyncio.timeout(duration_s + TIMEOUT_S + 30):
+            out, _ = await proc.communicate()
     except TimeoutError:
         proc.kill()
         await proc.wait()

@@ -423,7 +423,8 @@ async def run(cfg: PipelineConfig) -> tuple[int, str]:
         try:
             if fleet is not None:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(fleet.stop(), timeout=30)
+                    async with asyncio.timeout(30):
+                        await fleet.stop()
         finally:
             await asyncio.to_thread(cluster.close)
     return _report(cfg, results, skipped)

@@ -78,8 +78,8 @@ class LinkProxy:
                 await _drain_into_nothing(reader)
                 return
             try:
-                up_reader, up_writer = await asyncio.wait_for(
-                    asyncio.open_connection("127.0.0.1", self.target_port), timeout=3)
+                async with asyncio.timeout(3):
+                    up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
             except (OSError, TimeoutError):
                 return
             conn.upstream = up_writer

@@ -162,7 +162,8 @@ async def stop_workload(wl, clients, tasks, log) -> None:
     history closes; the other workload tasks are cancelled and their failures recorded."""
     wl.stop.set()
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.gather(*clients, return_exceptions=True), timeout=wl.op_timeout_s + 3)
+        async with asyncio.timeout(wl.op_timeout_s + 3):
+            await asyncio.gather(*clients, return_exceptions=True)
     for t in tasks:
         t.cancel()
     for res in await asyncio.gather(*tasks, return_exceptions=True):

@@ -204,7 +204,8 @@ class Workload:
         if read and client.preferred:
             before = (client.preferred, await self.leader_term(client.preferred))
         try:
-            node, res = await asyncio.wait_for(self._request(s, kind, a), timeout=self.op_timeout_s + 1.0)
+            async with asyncio.timeout(self.op_timeout_s + 1.0):
+                node, res = await self._request(s, kind, a)
         except (_Unknown, TimeoutError) as exc:
             self.log.add("unknown", id=op_id, why=str(exc) or "timed out")
             return "unknown"
@@ -278,7 +279,8 @@ class Workload:
                         await r.read()
             await asyncio.gather(*(one(ep, s, b) for ep in self.endpoints for s in self.sets for b in BROKERS))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), timeout=HEARTBEAT_INTERVAL_S)
+                async with asyncio.timeout(HEARTBEAT_INTERVAL_S):
+                    await self.stop.wait()
 
     async def watch_loop(self, s: str) -> None:
         """One watcher of set `s`, as a broker runs it: on any node, reconnecting to a random node when the stream

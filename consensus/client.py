@@ -75,11 +75,12 @@ class RaftClient:
 
     async def _send(self, c: _Conn, req: dict[str, Any], timeout: float | None) -> dict[str, Any]:
         req_id = next(self._ids)
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         c.waiting[req_id] = fut
         c.writer.write(pack_frame(msgpack.packb({**req, "id": req_id}, use_bin_type=True)))
         try:
-            return await asyncio.wait_for(fut, timeout or self.timeout)
+            async with asyncio.timeout(timeout or self.timeout):
+                return await fut
         finally:
             c.waiting.pop(req_id, None)
 

@@ -955,7 +955,8 @@ class RaftNode:
             while self._running and core.role == Role.LEADER and core.term == term and silent < 3:
                 self.transport.send(sender.next_message())
                 try:
-                    resp = await asyncio.wait_for(q.get(), timeout=max(1.0, self.cfg.tick_s * 20))
+                    async with asyncio.timeout(max(1.0, self.cfg.tick_s * 20)):
+                        resp = await q.get()
                 except TimeoutError:
                     silent += 1  # resend the same chunk; the receiver tells us where it is
                     continue

@@ -208,8 +208,9 @@ class PeerTransport:
         reader = asyncio.StreamReader(limit=2**16, loop=loop)
         protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
         try:
-            transport, _ = await asyncio.wait_for(loop.connect_accepted_socket(
-                lambda: protocol, sock, ssl=self.server_ssl, ssl_handshake_timeout=5), timeout=6)
+            async with asyncio.timeout(6):
+                transport, _ = await loop.connect_accepted_socket(
+                    lambda: protocol, sock, ssl=self.server_ssl, ssl_handshake_timeout=5)
         except (OSError, TimeoutError) as exc:
             sock.close()
             self.stats["rejected_handshakes"] += 1
@@ -225,7 +226,8 @@ class PeerTransport:
         _nodelay(writer)
         peername = writer.get_extra_info("peername")
         try:
-            frame = await asyncio.wait_for(read_hello_frame(reader), timeout=5)
+            async with asyncio.timeout(5):
+                frame = await read_hello_frame(reader)
             src = self._check_hello(frame, None, writer)
             if src > self.id:  # lower ids dial higher ones, so there is one connection per pair
                 raise ValueError(f"node {src} must accept connections from node {self.id}, not dial it")
@@ -260,12 +262,14 @@ class PeerTransport:
         host, port = self.addrs[pid]
         while not self._stopping:
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port, ssl=self.client_ssl,
-                                            ssl_handshake_timeout=5 if self.client_ssl else None), timeout=7)
+                async with asyncio.timeout(7):
+                    reader, writer = await asyncio.open_connection(
+                        host, port, ssl=self.client_ssl, ssl_handshake_timeout=5 if self.client_ssl else None)
                 _nodelay(writer)
                 writer.write(self._hello(pid))
-                self._check_hello(await asyncio.wait_for(read_hello_frame(reader), timeout=5), pid, writer)
+                async with asyncio.timeout(5):
+                    frame = await read_hello_frame(reader)
+                self._check_hello(frame, pid, writer)
             except (OSError, TimeoutError, ValueError, FrameError, asyncio.IncompleteReadError) as exc:
                 if isinstance(exc, ValueError | FrameError | ssl.SSLError):
                     self.log.warning("node %d: handshake with node %d failed: %s", self.id, pid, brief(exc))

@@ -675,7 +675,8 @@ async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, dur
                     print(f"not every broker registered within {duration_s:g}s ({why})", flush=True)
                 break
             try:
-                kind, item = await asyncio.wait_for(events.get(), timeout)
+                async with asyncio.timeout(timeout):
+                    kind, item = await events.get()
             except TimeoutError:
                 continue
             if kind == "registered":

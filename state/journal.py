@@ -109,7 +109,8 @@ class EventJournal:
             self._changed = asyncio.Event()
         self._changed.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._changed.wait()
 
     def _notify(self) -> None:
         if self._changed is not None:

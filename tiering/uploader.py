@@ -122,7 +122,8 @@ class TierUploader:
                 self._log_failure("tier upload round failed", exc, failures)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._backoff(failures))
+                async with asyncio.timeout(self._backoff(failures)):
+                    await self._wake.wait()
 
     def _backoff(self, failures: int) -> float:
         """The wait before the next round: the interval, doubled per failure in a row up to MAX_BACKOFF_S."""

@@ -525,3 +525,32 @@ def test_a_tier_that_keeps_failing_is_retried_with_back_off_and_logged_in_one_li
     records = [r for r in caplog.records if r.name == "electra.tiering.uploader"]
     assert records[0].exc_info is not None and all(r.exc_info is None for r in records[1:])
     assert "3 in a row" in records[2].getMessage() and "Connection refused" in records[2].getMessage()
+
+
+def test_an_uploader_stops_when_a_role_change_wakes_it_as_it_is_cancelled(tmp_path):
+    """CI hung 60 s in a cluster's stop: a node's stop woke its uploader (a role change) in the same loop turn that
+    cancelled it, and 3.11's `asyncio.wait_for` lost the cancellation, so the upload loop ran on."""
+    import asyncio
+
+    from electra.tiering.uploader import TierConfig, TierUploader
+
+    woken = []
+    node = SimpleNamespace(cfg=SimpleNamespace(node_id=1), core=None, applied=0, on_role_change=woken.append)
+
+    async def main():
+        up = TierUploader(node, ControllerStateMachine(), None, TierConfig(str(tmp_path / "tier"), interval_s=30))
+        up.start()
+        for _ in range(200):  # the tables exist and the first round ran: the loop waits to be woken
+            if up.metrics["rounds"]:
+                break
+            await asyncio.sleep(0.05)
+        assert up.metrics["rounds"] == 1
+        woken[0]()  # the node's stop: its role changes, which wakes the loop ...
+        task = up._task
+        stopping = asyncio.ensure_future(up.stop())  # ... in the loop turn that cancels it
+        done, _ = await asyncio.wait([stopping], timeout=5)
+        if not done:
+            task.cancel()  # (a second cancellation, arriving alone, ends the loop)
+        assert done and task.cancelled(), "the uploader's loop ran on after stop()"
+
+    asyncio.run(main())
