@@ -28,7 +28,7 @@ from electra.cli_args import (
 from electra.interrupts import exit_if_stop_hangs, terminate_as_interrupt
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.state.limits import MAX_BROKER_ID
-from electra.tiering.options import parse_storage_options
+from electra.tiering.options import parse_storage_options, tier_uri
 
 
 def parse_peers(text: str) -> dict[int, tuple[str, int]]:
@@ -97,7 +97,7 @@ NODE_OPTIONS = [
     ("--kafka-bootstrap", optional_server_list, "Kafka bootstrap servers: heartbeats, events and liveness go through "
                                                 "Kafka (empty: none)"),
     ("--topic-prefix", topic_prefix, "prefix of the Kafka topic names (several Electra clusters on one Kafka)"),
-    ("--tier-uri", str, "upload snapshots and events to Delta tables under this path or object-store URI"),
+    ("--tier-uri", tier_uri, "upload snapshots and events to Delta tables under this path or object-store URI"),
     ("--tier-options", parse_storage_options, "KEY=VALUE,... delta-rs storage options for --tier-uri"),
     ("--tier-retention-days", float, "history older than this is dropped from the tier, keeping the snapshot it "
                                      "rests on (default 30; docs/tiering.md)"),
@@ -1021,7 +1021,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--topic-prefix", type=topic_prefix, default="")
     u.add_argument("--spark-master", default="local[2]", help="Spark master URL for the streaming job")
     u.add_argument("--no-streaming", action="store_true", help="do not start the Spark job")
-    u.add_argument("--tier-uri", help="Delta tables for snapshots and events (default <data-dir>/tier)")
+    u.add_argument("--tier-uri", type=tier_uri, help="Delta tables for snapshots and events (default <data-dir>/tier)")
     u.add_argument("--no-tier", action="store_true", help="no Delta tiering")
     u.add_argument("--demo", action="store_true", help="also run simulated RocketMQ brokers")
     u.add_argument("--demo-groups", type=int, minimum=1, maximum=64_000, default=20,

@@ -55,11 +55,12 @@ def bootstrap_from_tier(data_dir: str | Path, uri: str, storage_options: dict[st
             log.info("bootstrap: %s already has a Raft log up to %d; not bootstrapping", data_dir, rec.last_index)
             return None
         reader = TierReader(uri, storage_options)
-        if not reader.store.exists():
+        absence = reader.store.absence()
+        if absence:
             # Asked to restore, and nothing to restore from (a wrong path, an unmounted volume): starting
             # empty would create a new cluster state and, with it, fresh tables at that path.
-            raise BootstrapError(f"bootstrap from the tier: no tier tables at {uri}; nothing to start this node "
-                                 "from (check the path; to start it empty, drop --bootstrap-from-tier)")
+            raise BootstrapError(f"bootstrap from the tier: {absence}; nothing to start this node from (check the "
+                                 "path; to start it empty, drop --bootstrap-from-tier)")
         st = reader.state_at_index(None)
         if st.index == 0:
             return None

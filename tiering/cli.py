@@ -48,8 +48,8 @@ def _event_limit(text: str) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
+    from .options import check_uri
     from .reader import MAX_EVENTS, TierReader, event_window, not_in_future, parse_time, tier_failure
-    from .store import check_uri
 
     if not args.tier_uri:
         print("error: --tier-uri (or ELECTRA_TIER_URI) is required", file=sys.stderr)
@@ -81,13 +81,9 @@ def cmd_history(args: argparse.Namespace) -> int:
         return 2
     reader = TierReader(args.tier_uri, args.tier_options)
     try:
-        missing = reader.store.missing()
-        if missing:
-            found = [w for w in reader.store.uris if w not in missing]
-            print(f"error: no {missing[0]} table at {args.tier_uri}/{missing[0]}: found only the {found[0]} table "
-                  f"(a tier holds both)" if found else
-                  f"error: no tier tables at {args.tier_uri} (neither events/ nor snapshots/ is a Delta table)",
-                  file=sys.stderr)
+        absence = reader.store.absence()
+        if absence:
+            print(f"error: {absence}", file=sys.stderr)
             return 1
         out = reader.history(times["--at"], times.get("--events-from"), times.get("--events-to"),
                              MAX_EVENTS if args.limit is None else args.limit, args.after)

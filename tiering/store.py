@@ -33,6 +33,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from .options import is_local
 from .schema import EVENTS_SCHEMA, SNAPSHOTS_SCHEMA
 
 log = logging.getLogger("electra.tiering.store")
@@ -75,30 +76,6 @@ class Progress:
     upto_term: int  # Raft term of the entry at `upto`
     term: int  # Raft term of the uploader of the last commit
     version: int  # Delta table version this was read from
-
-
-# The URI schemes delta-rs 1.6 opens (its "Unknown scheme" error lists them); a path without one is local.
-SCHEMES = frozenset((
-    "file", "abfs", "abfss", "adl", "az", "azblob", "azdls", "azure", "b2", "cos", "dbfs", "fs", "gcs", "gs", "hdfs",
-    "hf", "lakefs", "memory", "obs", "oss", "s3", "s3a", "sftp", "swift", "tos", "uc", "viewfs", "webdav", "webhdfs",
-    "opendal+azblob", "opendal+azdls", "opendal+b2", "opendal+cos", "opendal+fs", "opendal+ftp", "opendal+gcs",
-    "opendal+hf", "opendal+memory", "opendal+obs", "opendal+oss", "opendal+s3", "opendal+sftp", "opendal+swift",
-    "opendal+tos", "opendal+webdav", "opendal+webhdfs",
-))
-
-
-def check_uri(uri: str) -> None:
-    """ValueError naming what works, for a scheme delta-rs cannot open: it fails as if no table were there,
-    which reads as an empty tier."""
-    scheme = urlparse(uri).scheme.lower()
-    if len(scheme) > 1 and scheme not in SCHEMES:  # one letter: a Windows drive
-        raise ValueError(f"unsupported scheme {scheme}:// (give a local path, file://, s3://, gs://, az://, "
-                         "abfss://, hdfs:// or another object store delta-rs opens, see docs/tiering.md)")
-
-
-def is_local(uri: str) -> bool:
-    scheme = urlparse(uri).scheme
-    return scheme in ("", "file") or len(scheme) == 1  # a Windows drive letter counts as local
 
 
 @contextmanager
@@ -168,6 +145,17 @@ class TierStore:
 
     def exists(self) -> bool:
         return not self.missing()
+
+    def absence(self) -> str | None:
+        """What is missing, in words (a half tier named as such, not as no tier at all); None if both tables are
+        there."""
+        missing = self.missing()
+        if not missing:
+            return None
+        if len(missing) == len(self.uris):
+            return f"no tier tables at {self.uri} (neither events/ nor snapshots/ is a Delta table)"
+        found = next(w for w in self.uris if w not in missing)
+        return f"no {missing[0]} table at {self.uris[missing[0]]}: found only the {found} table (a tier holds both)"
 
     def missing(self) -> list[str]:
         """The tables that are not there, so that a half tier is reported as such, not as no tier at all."""

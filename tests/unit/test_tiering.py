@@ -23,9 +23,10 @@ from electra.state.journal import JournalEntry, entry_for
 from electra.state.liveness import BrokerLiveInfo
 from electra.state.machine import ControllerStateMachine
 from electra.tiering.bootstrap import bootstrap_from_tier
+from electra.tiering.options import check_uri
 from electra.tiering.reader import TierReader, event_window, iso, parse_time
 from electra.tiering.schema import event_rows, events_table, snapshot_rows, snapshots_table
-from electra.tiering.store import Conflict, Fenced, Moved, TierStore, check_uri
+from electra.tiering.store import Conflict, Fenced, Moved, TierStore
 
 T0 = 1_790_000_000_000  # epoch ms of the first command
 
@@ -484,11 +485,35 @@ def test_bootstrap_refuses_when_there_is_nothing_to_start_from(tmp_path, capsys)
     with pytest.raises(BootstrapError, match="no tier tables"):
         bootstrap_from_tier(tmp_path / "node", str(tmp_path / "missing"), fsync=False)
     assert not (tmp_path / "missing" / "events").exists()
+    half = tmp_path / "half"  # one table lost (a partial copy, a retention job gone wrong): named, not "no tier"
+    TierStore(half).ensure()
+    shutil.rmtree(half / "snapshots")
+    with pytest.raises(BootstrapError, match=f"no snapshots table at {half}/snapshots: found only the events table"):
+        bootstrap_from_tier(tmp_path / "node", str(half), fsync=False)
     args = build_parser().parse_args(["node", "--id", "1", "--peers", "1=127.0.0.1:7101", "--data-dir",
                                       str(tmp_path / "d"), "--insecure", "--bootstrap-from-tier"])
     with pytest.raises(SystemExit) as exit_:
         resolve_node_settings(args)
     assert exit_.value.code == 2 and "--bootstrap-from-tier needs --tier-uri" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["node", "up"])
+@pytest.mark.parametrize("uri, problem", [("ftp://host/tier", "unsupported scheme ftp://"),
+                                          ("Ftp://host/tier", "unsupported scheme ftp://")])
+def test_node_and_up_refuse_a_tier_uri_they_could_not_open(command, uri, problem, capsys, monkeypatch):
+    """QA: `electra node --tier-uri ftp://...` started, and its uploader then failed as if the tier were empty."""
+    from electra.cli import build_parser, resolve_node_settings
+
+    node = ["--id", "1", "--peers", "1=127.0.0.1:7101", "--data-dir", "d", "--insecure"] if command == "node" else []
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([command, *node, "--tier-uri", uri])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --tier-uri: " in err and problem in err
+    if command == "node":  # the same check for a value from the environment (or the TOML file)
+        monkeypatch.setenv("ELECTRA_TIER_URI", uri)
+        with pytest.raises(SystemExit) as exit_:
+            resolve_node_settings(build_parser().parse_args(["node", *node]))
+        assert exit_.value.code == 2 and problem in capsys.readouterr().err
 
 
 def test_a_tier_failure_keeps_the_cause():
