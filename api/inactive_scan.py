@@ -67,15 +67,29 @@ class InactiveMasterScan:
         """RocketMQ's scan waits for its elections before the next period; the new one does not: a set whose
         master times out while another scan's elections are still in flight is not kept waiting for them."""
         while True:
-            await asyncio.sleep(self.next_wait_s())
+            try:
+                wait_s = self.next_wait_s()
+            except Exception:
+                log.exception("inactive-master scan: cannot tell when the next master times out; scanning in "
+                              "%.1fs", self.interval_s)
+                wait_s = self.interval_s
+            await asyncio.sleep(wait_s)
             if self.node.role != Role.LEADER:
                 continue
             if self.at_master_expiry:
-                scan = asyncio.create_task(self.scan_once())
+                scan = asyncio.create_task(self._scan_logged())
                 self._scans.add(scan)
                 scan.add_done_callback(self._scans.discard)
             else:
-                await self.scan_once()
+                await self._scan_logged()
+
+    async def _scan_logged(self) -> None:
+        """One scan whose failure is logged and ends only that scan: the periodic scan is a failover path, and
+        an exception in its loop ended it for good, unseen (`stop()` gathers the task's error away)."""
+        try:
+            await self.scan_once()
+        except Exception:
+            log.exception("inactive-master scan failed; the next one runs on schedule")
 
     def next_wait_s(self) -> float:
         """Seconds until the next scan: the fixed period, or sooner when a live master times out before it."""

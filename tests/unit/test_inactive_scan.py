@@ -183,3 +183,47 @@ def test_a_set_whose_election_is_in_flight_is_not_elected_again_by_the_next_scan
         assert len(calls) == 2 * len(DEAD)
 
     asyncio.run(main())
+
+
+def test_a_scan_that_fails_is_logged_and_the_next_one_runs(caplog):
+    """Review: an exception in the scan's loop (from the state, the liveness table or the clock) ended the periodic
+    failover scan for good, and `stop()` gathered the error away: dead masters were no longer replaced."""
+    failures = {"expiry": 1, "scan": 1}
+    scanned = []
+
+    class _Flaky(_StateWithDeadMasters):
+        def sets_needing_election(self, live_of, now_ms: int) -> list[str]:
+            if failures["scan"]:
+                failures["scan"] -= 1
+                raise KeyError("a state the scan did not expect")
+            scanned.append(now_ms)
+            return []
+
+    async def elect_master(cluster: str, name: str, broker_id: int) -> dict:
+        return {"code": 0, "header": {}}
+
+    async def main(at_master_expiry: bool) -> None:
+        scan = InactiveMasterScan(SimpleNamespace(role=Role.LEADER), _Flaky(), LivenessTable(), elect_master, 0.01,
+                                  lambda: 0, at_master_expiry=at_master_expiry)
+        if at_master_expiry:
+            def next_wait_s() -> float:
+                if failures["expiry"]:
+                    failures["expiry"] -= 1
+                    raise ValueError("a liveness entry the scan did not expect")
+                return 0.01
+            scan.next_wait_s = next_wait_s
+        scan.start()
+        for _ in range(200):  # bounded: 2 s at most
+            if scanned:
+                break
+            await asyncio.sleep(0.01)
+        await scan.stop()
+
+    for at_master_expiry in (False, True):
+        failures.update(expiry=1, scan=1)
+        scanned.clear()
+        caplog.clear()
+        asyncio.run(main(at_master_expiry))
+        assert scanned, "no scan ran after the one that failed"
+        assert "inactive-master scan failed" in caplog.text
+        assert at_master_expiry == ("cannot tell when the next master times out" in caplog.text)
