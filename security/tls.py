@@ -66,7 +66,15 @@ class NodeTLS:
         return self._new(ssl.PROTOCOL_TLS_SERVER, verify=False)
 
     def _mtimes(self) -> tuple:
-        return tuple(os.stat(p).st_mtime_ns if p.exists() else 0 for p in (self.cert, self.key, self.ca))
+        """The files' modification times, 0 for one that is missing: one stat each, no `exists()` first (a
+        rotation that replaces a file between the two raised, and ended the watch and with it every reload)."""
+        out = []
+        for path in (self.cert, self.key, self.ca):
+            try:
+                out.append(os.stat(path).st_mtime_ns)
+            except OSError:
+                out.append(0)
+        return tuple(out)
 
     def reload_if_changed(self) -> bool:
         """Load the files again into every context made here if any of them changed; True if reloaded."""
@@ -87,7 +95,10 @@ class NodeTLS:
         """Reload on change until cancelled (one task per node process)."""
         while True:
             await asyncio.sleep(interval_s)
-            self.reload_if_changed()
+            try:
+                self.reload_if_changed()
+            except Exception:  # keep watching: a task that ended here would never reload again
+                log.exception("TLS reload check failed; checking again in %.0fs", interval_s)
 
 
 def client_context(ca_file: str | Path | None) -> ssl.SSLContext:

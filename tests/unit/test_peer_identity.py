@@ -189,6 +189,28 @@ def test_rotated_node_certificate_is_reloaded_into_the_live_contexts(pki, tmp_pa
     assert ctx.cert_store_stats()["x509_ca"] == before + 1
 
 
+def test_a_file_replaced_while_its_change_is_checked_does_not_end_the_reloads(pki, tmp_path, monkeypatch):
+    """Review: the check asked `exists()` and then stat'ed the file; a rotation that replaces the file between the
+    two raised FileNotFoundError, which ended the watch task and with it every later reload."""
+    import os
+    import pathlib
+    import shutil
+
+    d = tmp_path / "rot"
+    shutil.copytree(pki["good"], d)
+    tls = _tls(d, 1)
+    tls.peer_server_context()
+    key = tls.key
+    os.rename(key, f"{key}.old")  # the rotation's first step: the key is gone ...
+    real_exists = pathlib.Path.exists
+    monkeypatch.setattr(pathlib.Path, "exists", lambda self: True if self == key else real_exists(self))
+    assert not tls.reload_if_changed()  # ... just after it was seen (a half-written rotation: nothing reloaded)
+    monkeypatch.undo()
+    os.rename(f"{key}.old", key)
+    create_node_cert(d, 1, ["127.0.0.1"])
+    assert tls.reload_if_changed()
+
+
 def test_a_data_dir_belongs_to_one_member_and_one_process(tmp_path):
     """QA: a node restarted with only itself in --peers elected itself (two leaders); `--id 2` on node 3's data
     dir was accepted; two processes wrote one log. Each now refuses with the reason."""
