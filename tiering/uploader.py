@@ -28,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -44,6 +44,7 @@ from .store import Conflict, Fenced, Moved, TierStore
 log = logging.getLogger("electra.tiering.uploader")
 
 MAX_BACKOFF_S = 60.0  # rounds that keep failing (a damaged or unreachable tier) are retried at most this far apart
+STOP_WAIT_S = 10.0  # how long a stop waits for a tier call in flight (an object store that stopped answering)
 
 
 @dataclass
@@ -71,6 +72,7 @@ class TierUploader:
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tier-{node.cfg.node_id}")
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._in_thread: Future | None = None  # the last tier call handed to `_exec`
         self.active_term = 0  # the term this node claimed the tables in (0: not uploading)
         self.fenced_term = 0  # a term in which the tables refused us
         self.uploaded = 0  # events progress of the table, as last read or committed
@@ -89,13 +91,23 @@ class TierUploader:
         self._task = asyncio.create_task(self._run(), name=f"tier-upload-{self.node.cfg.node_id}")
 
     async def stop(self) -> None:
+        """Cancel the loop, then wait up to STOP_WAIT_S for the tier call in flight: its thread cannot be
+        interrupted, and a node's stop must not hang on an object store that stopped answering (the call, if
+        it ends later, commits at most what this term's leader may: a newer leader's claim fences it)."""
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await asyncio.get_running_loop().run_in_executor(None, self._exec.shutdown, True)
+        self._exec.shutdown(wait=False, cancel_futures=True)
+        busy = self._in_thread
+        if busy is not None and not busy.done():
+            done, _ = await asyncio.wait([asyncio.wrap_future(busy)], timeout=STOP_WAIT_S)
+            if not done:
+                log.warning("tier: a call to %s still runs after %.0fs; stopping without waiting for it",
+                            self.cfg.uri, STOP_WAIT_S)
 
     async def _thread(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._exec, fn, *args)
+        self._in_thread = self._exec.submit(fn, *args)
+        return await asyncio.wrap_future(self._in_thread)
 
     async def _run(self) -> None:
         failures = 0

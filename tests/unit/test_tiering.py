@@ -579,3 +579,40 @@ def test_an_uploader_stops_when_a_role_change_wakes_it_as_it_is_cancelled(tmp_pa
         assert done and task.cancelled(), "the uploader's loop ran on after stop()"
 
     asyncio.run(main())
+
+
+def test_a_stop_waits_a_bounded_time_for_a_tier_call_that_does_not_return(tmp_path, monkeypatch, caplog):
+    """Review: a stop waited for the tier call in flight without a bound (an object store that stopped answering),
+    and a node's stop waits for its uploader first: the node never stopped."""
+    import asyncio
+    import logging
+    import threading
+
+    from electra.tiering import uploader as uploader_module
+    from electra.tiering.uploader import TierConfig, TierUploader
+
+    monkeypatch.setattr(uploader_module, "STOP_WAIT_S", 0.2, raising=False)
+    node = SimpleNamespace(cfg=SimpleNamespace(node_id=1), core=None, applied=0, on_role_change=lambda fn: None)
+    answer = threading.Event()
+    calls = []
+
+    async def main():
+        up = TierUploader(node, ControllerStateMachine(), None, TierConfig(str(tmp_path / "tier"), interval_s=30))
+        up.store.ensure = lambda: (calls.append(1), answer.wait(30))  # the object store does not answer
+        up.start()
+        for _ in range(100):
+            if calls:
+                break
+            await asyncio.sleep(0.02)
+        assert calls
+        stopping = asyncio.ensure_future(up.stop())
+        done, _ = await asyncio.wait([stopping], timeout=5)
+        answer.set()  # (let the thread end either way)
+        assert done, "stop() waited for a tier call that did not return"
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="electra.tiering.uploader"):
+            asyncio.run(main())
+    finally:
+        answer.set()
+    assert "still runs after" in caplog.text
