@@ -129,9 +129,13 @@ class FrontEndLink:
         return Reply(a.status, a.body, a.headers)
 
     def _deliver(self, reply: asyncio.Future, req: LeanRequest, scheme: str, answer: asyncio.Future) -> None:
+        if answer.cancelled():
+            if not reply.done():
+                reply.cancel()
+            return
+        exc = answer.exception()  # read even when the client left: no "exception was never retrieved" logged
         if reply.done():
             return
-        exc = answer.exception()
         if exc is None:
             a = answer.result()
             reply.set_result(Reply(a.status, a.body, a.headers))

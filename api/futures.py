@@ -28,12 +28,13 @@ def then(src: asyncio.Future[T], fn: Callable[[T], U],
     out: asyncio.Future[U] = src.get_loop().create_future()
 
     def done(f: asyncio.Future[T]) -> None:
+        if f.cancelled():
+            if not out.done():
+                out.cancel()
+            return
+        exc = f.exception()  # read even when nobody listens any more: no "exception was never retrieved" logged
         if out.done():
             return
-        if f.cancelled():
-            out.cancel()
-            return
-        exc = f.exception()
         try:
             if exc is None:
                 out.set_result(fn(f.result()))

@@ -105,7 +105,8 @@ class RaftProcessProxy:
                 await self._refuse_stalled(scope, send)
         finally:
             if pump is not None:
-                pump.cancel()
+                pump.cancel()  # its error, if it had one (the process answered and closed mid-body), is read:
+                pump.add_done_callback(lambda t: t.cancelled() or t.exception())  # not logged as never retrieved
             writer.close()
 
     def _write_head(self, scope, writer: asyncio.StreamWriter) -> bool:

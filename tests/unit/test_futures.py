@@ -58,3 +58,27 @@ def test_cancelling_the_answer_leaves_the_proposal_alone_and_a_cancelled_proposa
             await out
 
     asyncio.run(main())
+
+
+def test_a_proposal_failing_after_its_caller_left_logs_nothing() -> None:
+    """Review: a scan or a client cancelled while its proposal was pending, and the node's stop then failed the
+    proposal: its error was never read, and asyncio logged "Future exception was never retrieved" at every stop."""
+    import gc
+
+    from electra.consensus.errors import NodeStopped
+
+    reported: list[dict] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: reported.append(context))
+        src = loop.create_future()
+        answer = then(src, lambda x: x)
+        answer.cancel()  # the caller left
+        src.set_exception(NodeStopped("stopping"))  # the node's stop fails what is pending
+        await asyncio.sleep(0)
+        del src, answer
+        gc.collect()
+
+    asyncio.run(main())
+    assert not [c for c in reported if "never retrieved" in c.get("message", "")], reported
