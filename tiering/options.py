@@ -1,4 +1,5 @@
-"""Command-line and config parsing for tiering options (kept free of heavy imports)."""
+"""Command-line and config parsing for tiering options, and the tier URI's checks (kept free of heavy imports:
+`electra node` and `electra up` check `--tier-uri` before loading delta-rs)."""
 
 from __future__ import annotations
 

@@ -143,9 +143,6 @@ class TierStore:
             reader = QueryBuilder().register("t", dt).execute(f"SELECT {names} FROM t")
             return pa.table(reader.read_all()).cast(schema)
 
-    def exists(self) -> bool:
-        return not self.missing()
-
     def absence(self) -> str | None:
         """What is missing, in words (a half tier named as such, not as no tier at all); None if both tables are
         there."""
