@@ -179,6 +179,7 @@ class RaftNode:
         self._tick_handle: Cancellable | None = None
         self._running = False
         self._stopped = False
+        self._stop_done: asyncio.Future[None] | None = None  # set while/after stop() runs: later callers wait on it
         self.failure: DiskFailure | None = None  # set when the node stopped on a disk error
         self.failed: asyncio.Future[DiskFailure] | None = None  # resolves with that error: the host's signal to exit
         self._role_listeners: list[Callable[[Role, int, int], None]] = []
@@ -284,8 +285,23 @@ class RaftNode:
         rec.terms, rec.datas, rec.snapshot_index, rec.snapshot_term = [], [], snap[0], snap[1]
 
     async def stop(self) -> None:
+        """Stop serving, fail what waits, close the log. A second caller returns when the first is done.
+
+        (A disk failure stops the node from its own task; the host's stop arriving meanwhile must not
+        return, and let the process exit, before the log is closed.)
+        """
+        if self._stop_done is not None:
+            await asyncio.shield(self._stop_done)
+            return
         if self._stopped or (not self._running and self.failure is None):
-            return  # already stopped, or never started
+            return  # halted, or never started
+        self._stop_done = asyncio.get_running_loop().create_future()
+        try:
+            await self._stop()
+        finally:
+            self._stop_done.set_result(None)
+
+    async def _stop(self) -> None:
         self._stopped = True
         self._running = False
         if self._tick_handle:
@@ -301,6 +317,7 @@ class RaftNode:
         self._fail_pending(self.failure or NodeStopped("node stopped before the result was known"))
         await self.runtime.disk.run(self.storage.close)
         self.runtime.disk.shutdown()
+        self.runtime.snapshot_disk.shutdown()
 
     def halt(self) -> None:
         """Stop dead, as a killed process does: no more I/O, no flush, nothing answered.

@@ -88,7 +88,9 @@ class NodeRuntime:
         if rate_file:
             log.warning("TEST BUILD: node %d's monotonic clock runs at the rate in %s (%s). NEVER run this in "
                         "production.", node_id, rate_file, CLOCK_RATE_ENV)
-        return NodeRuntime(clock, OsFiles(), ThreadExecutor(f"raft-disk-{node_id}"), LoopExecutor(), _tcp_transport)
+        # two snapshot threads: a snapshot being written never holds up the log's mark (once a second)
+        snapshots = ThreadExecutor(f"raft-snapshot-{node_id}", workers=2, wait_on_shutdown=False)
+        return NodeRuntime(clock, OsFiles(), ThreadExecutor(f"raft-disk-{node_id}"), snapshots, _tcp_transport)
 
 
 class SystemClock:
@@ -137,26 +139,23 @@ class RatedClock:
 
 
 class ThreadExecutor:
-    """One dedicated thread: the event loop keeps receiving acks and proposals while the disk works."""
+    """Dedicated threads: the event loop keeps receiving acks and proposals while the disk works.
 
-    def __init__(self, name: str) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    Dedicated, not the loop's default pool: that pool also serves slow reads (`/v1/admin/history`
+    and the dashboard reading the Delta tier), and a node's snapshots must not queue behind them.
+    `wait_on_shutdown=False` for work a stopping node need not finish (a snapshot: the log has it);
+    the thread still ends its file, which is written aside and renamed, before the process exits.
+    """
+
+    def __init__(self, name: str, workers: int = 1, wait_on_shutdown: bool = True) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        self._wait = wait_on_shutdown
 
     async def run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)
-
-
-class LoopExecutor:
-    """The event loop's default thread pool."""
-
-    async def run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(None, fn)
-
-    def shutdown(self) -> None:
-        pass
+        self._pool.shutdown(wait=self._wait)
 
 
 def _tcp_transport(cfg: NodeConfig, cluster_id: str | None, on_message: Callable[[Message], None]) -> Transport:

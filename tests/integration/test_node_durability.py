@@ -103,6 +103,27 @@ def test_a_leader_whose_fsync_fails_fails_every_pending_request(tmp_path, monkey
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_the_hosts_stop_during_a_disk_failure_stop_returns_once_the_log_is_closed(tmp_path, monkeypatch):
+    """The node stops itself on a failed fsync; the host's stop, arriving meanwhile, waits for that stop.
+
+    Returning early would let the process exit with the log still open and the node's tasks running.
+    """
+    async def main():
+        cfg = _configs(tmp_path)[1]
+        cfg.peers = {1: cfg.peers[1]}
+        node = RaftNode(cfg, KVStateMachine())
+        await node.start()
+        await _wait(lambda: node.is_leader, what="leadership")
+        _fail_fsync_of(monkeypatch, [node])
+        node.propose_future(encode_put("k", 1))
+        await asyncio.wait_for(node.failed, 10)  # the host's signal: it stops the node now
+        await node.stop()
+        assert node.storage._file is None, "stop() returned before the failing node closed its log"
+        assert all(t.done() for t in node._tasks)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
 def test_a_transfer_from_a_leader_that_went_away_leaves_no_temporary_file(tmp_path):
     """Node 1 runs alone (its peers' ports are silent); peers 2 and 3 are played by hand."""
 

@@ -157,3 +157,35 @@ def test_lagging_follower_is_brought_up_by_install_snapshot_and_restarts_fast(tm
                 await n.stop()
 
     asyncio.run(asyncio.wait_for(main(), 90))
+
+
+def test_snapshots_are_taken_while_the_loops_default_executor_is_busy(tmp_path):
+    """Snapshots run on the node's own threads: slow tier reads that fill the default pool can't hold them up.
+
+    `/v1/admin/history` and the dashboard read the Delta tier through `asyncio.to_thread`; an object
+    store that answers slowly occupies the loop's default pool. Here that pool's one thread is held
+    for the whole test, and every node must still write its snapshot.
+    """
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def main():
+        busy, release = ThreadPoolExecutor(max_workers=1), threading.Event()
+        asyncio.get_running_loop().set_default_executor(busy)
+        held = asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
+        cfgs = _configs(tmp_path, snapshot_entries=300, compaction_slack=50)
+        nodes = {i: RaftNode(c, KVStateMachine()) for i, c in cfgs.items()}
+        for n in nodes.values():
+            await n.start()
+        try:
+            await _put_all(nodes, [encode_put(f"k{k}", k) for k in range(400)])
+            await _wait(lambda: all(n.metrics["snapshots_taken"] >= 1 for n in nodes.values()),
+                        what="a snapshot on every node while the default pool is busy")
+            assert not held.done()
+        finally:
+            release.set()
+            for n in nodes.values():
+                await n.stop()
+            await held
+
+    asyncio.run(asyncio.wait_for(main(), 60))
