@@ -78,8 +78,14 @@ class HeartbeatProducer:
         self._closed = False
         self._groups: dict[int, list[bytes]] = {}  # partition -> accepted records not yet sent, in order
         self._group_bytes: dict[int, int] = {}
+        # Groups are filled under `_lock` (held only for that) and handed to the producer by one thread, the
+        # flusher, under `_send_lock`: a Kafka that stalls blocks each `send()` up to `max_block_ms`, and no
+        # request may wait on that. One sender keeps a partition's groups in order.
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._ready: list[tuple[int, list[bytes]]] = []  # groups to send now (full, or holding a `now` record)
         self._pending = threading.Event()  # set while a group waits for its linger window
+        self._urgent = threading.Event()  # set when `_ready` holds a group: the flusher sends it without lingering
         self._connector = threading.Thread(target=self._connect_loop, name="kafka-connect", daemon=True)
         self._flusher = threading.Thread(target=self._flush_loop, name="heartbeat-groups", daemon=True)
         self._lane_out: list[tuple[bytes, bytes]] = []  # session records for the liveness topic (`to_liveness`)
@@ -231,21 +237,40 @@ class HeartbeatProducer:
             self._group_bytes[part] += len(value) + 1
             if now or self._group_bytes[part] >= self.group_bytes:
                 del self._group_bytes[part]
-                self._send_group(part, self._groups.pop(part))
+                self._ready.append((part, self._groups.pop(part)))
+                self._urgent.set()
 
     def flush_groups(self) -> None:
-        """Send every waiting group now."""
-        with self._lock:
-            groups, self._groups, self._group_bytes = self._groups, {}, {}
-            self._pending.clear()
+        """Send every waiting group now: the ready ones first, then the lingering ones (their successors)."""
+        with self._send_lock:
+            with self._lock:
+                ready, self._ready = self._ready, []
+                groups, self._groups, self._group_bytes = self._groups, {}, {}
+                self._pending.clear()
+                self._urgent.clear()
+            for part, group in ready:
+                self._send_group(part, group)
             for part, group in groups.items():
                 self._send_group(part, group)
 
+    def _send_ready(self) -> None:
+        with self._send_lock:
+            with self._lock:
+                ready, self._ready = self._ready, []
+                self._urgent.clear()
+            for part, group in ready:
+                self._send_group(part, group)
+
     def _flush_loop(self) -> None:
+        linger = self.linger_ms / 1000
         while not self._closed:
-            if not self._pending.wait(timeout=1.0):  # bounded: a closed producer's thread ends within 1 s
-                continue
-            time.sleep(self.linger_ms / 1000)  # the linger window: what else arrives meanwhile joins the groups
+            if not self._urgent.is_set() and not self._pending.wait(timeout=1.0):
+                continue  # bounded: a closed producer's thread ends within 1 s
+            # The linger window (what else arrives meanwhile joins the groups); a ready group goes at once.
+            deadline = time.monotonic() + linger
+            while not self._closed and (left := deadline - time.monotonic()) > 0:
+                if self._urgent.wait(timeout=left):
+                    self._send_ready()
             self.flush_groups()
 
     def _send_group(self, part: int, group: list[bytes]) -> None:
@@ -280,6 +305,7 @@ class HeartbeatProducer:
     def close(self, timeout: float = 5.0) -> None:
         self._closed = True
         self._pending.set()  # the flusher thread ends
+        self._urgent.set()
         if self._producer is not None:
             self.flush_groups()
             try:

@@ -94,18 +94,67 @@ def test_one_record_per_partition_holds_the_window_s_heartbeats_in_order():
     assert p.stats["accepted"] == p.stats["delivered"] == 24 and p.stats["records_sent"] == len(by_part)
 
 
+def _sent_within(kafka: _Kafka, n: int, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while len(kafka.sent) < n and time.monotonic() < deadline:  # bounded: `seconds`
+        time.sleep(0.005)
+    return len(kafka.sent) >= n
+
+
 def test_a_disconnected_record_goes_at_once_with_the_heartbeats_before_it():
     kafka = _Kafka(partitions=1)
-    p = _producer(kafka)
-    p.submit(_hb("a", 1))
-    p.submit(_hb("b", 2))
-    p.submit(records.disconnected_record(_hb("a", 1), records.CONNECTION_LOST, 7))
-    assert len(kafka.sent) == 1
-    assert [(i["brokerName"], i.get("type")) for i in _items(kafka.sent[0][1])] == [
-        ("a", None), ("b", None), ("a", records.DISCONNECTED)]
-    p.submit(_hb("c", 3))
-    p.flush_groups()
+    p = _producer(kafka, linger_ms=60_000)  # only a ready group can leave before the test ends
+    p._flusher.start()
+    try:
+        p.submit(_hb("a", 1))
+        p.submit(_hb("b", 2))
+        p.submit(records.disconnected_record(_hb("a", 1), records.CONNECTION_LOST, 7))
+        assert _sent_within(kafka, 1)
+        assert [(i["brokerName"], i.get("type")) for i in _items(kafka.sent[0][1])] == [
+            ("a", None), ("b", None), ("a", records.DISCONNECTED)]
+        p.submit(_hb("c", 3))
+        time.sleep(0.2)
+        assert len(kafka.sent) == 1  # "c" lingers
+    finally:
+        p.close()
     assert [i["brokerName"] for i in _items(kafka.sent[1][1])] == ["c"]
+
+
+def test_requests_never_wait_for_a_send_that_blocks_on_a_stalled_kafka():
+    """kafka-python's `send()` blocks up to `max_block_ms` when its buffer is full; only the flusher waits."""
+    import threading
+
+    class _Stalled(_Kafka):
+        def __init__(self) -> None:
+            super().__init__(partitions=4)
+            self.entered, self.release = threading.Event(), threading.Event()
+
+        def send(self, topic, key=None, value=None, partition=None):
+            self.entered.set()
+            self.release.wait(10)
+            return super().send(topic, key, value, partition)
+
+    kafka = _Stalled()
+    p = _producer(kafka, linger_ms=1)
+    p._flusher.start()
+    try:
+        p.submit(_hb("s-0", 1))
+        assert kafka.entered.wait(5), "the flusher never sent"
+        # the flusher is stuck in send(); requests for every partition, a `disconnected` one included, go on
+        submitter = threading.Thread(target=lambda: [
+            p.submit(_hb(f"s-{i}", 1, ts=2)) for i in range(20)] + [
+            p.submit(records.disconnected_record(_hb("s-1", 1), records.CONNECTION_LOST, 7))], daemon=True)
+        submitter.start()
+        submitter.join(5)
+        assert not submitter.is_alive(), "a request waited for the stalled send"
+    finally:
+        kafka.release.set()
+        p.close()
+    sent = [(i["brokerName"], i["ts"]) for _, v, _ in kafka.sent for i in _items(v)]
+    assert len(sent) == 22 and sent[0] == ("s-0", 1)
+    for name in {n for n, _ in sent}:  # a set's records stay in order
+        mine = [ts for n, ts in sent if n == name]
+        assert mine == sorted(mine)
 
 
 def test_a_group_never_exceeds_its_byte_bound():
