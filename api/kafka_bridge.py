@@ -21,6 +21,7 @@ admin-triggered requests copy into their commands.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -56,6 +57,7 @@ class EventsPublisher:
         self.published_index = 0  # last index known to be in the topic (while leading)
         self.stats = {"published": 0, "resyncs": 0, "errors": 0}
         self._producer: KafkaProducer | None = None
+        self._building: asyncio.Future[KafkaProducer] | None = None  # a producer its thread is still constructing
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -65,6 +67,10 @@ class EventsPublisher:
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        building, self._building = self._building, None
+        if building is not None and self._producer is None:  # the task left while its thread built one
+            with contextlib.suppress(Exception):
+                self._producer = await building
         if self._producer is not None:
             await asyncio.to_thread(self._producer.close, 5)
 
@@ -99,12 +105,16 @@ class EventsPublisher:
         # bounded: its thread cannot be cancelled, and a stopping node waits for it (the loop retries instead)
         await asyncio.to_thread(ensure_topics, self.bootstrap, self.topics.partitions(), 5.0)
         if self._producer is None:
-            self._producer = await asyncio.to_thread(
+            # Shielded: a thread cannot be cancelled, so a stop arriving meanwhile leaves the build running
+            # and `stop()` closes what it returns (its sender thread and sockets would otherwise outlive us).
+            self._building = asyncio.ensure_future(asyncio.to_thread(
                 KafkaProducer, bootstrap_servers=self.bootstrap, client_id="electra-events", acks="all",
                 # Not idempotent: an idempotent producer dies for good when Kafka comes back without its
                 # producer state (tansu restarts empty). Duplicates are harmless: records carry the index.
                 enable_idempotence=False, linger_ms=2, retries=5, max_block_ms=5000, request_timeout_ms=5000,
-                delivery_timeout_ms=15_000, metrics_enabled=False, **kafka_client_kwargs())
+                delivery_timeout_ms=15_000, metrics_enabled=False, **kafka_client_kwargs()))
+            self._producer = await asyncio.shield(self._building)
+            self._building = None
         last = await asyncio.to_thread(self._last_published_index)
         self.published_index = last
         log.info("events publisher: leading in term %d; topic %s ends at index %d", term, self.topic, last)
