@@ -129,6 +129,12 @@ async def run_async(url: str, script_text: str, connections: int, duration_s: fl
         proc.kill()
         await proc.wait()
         raise RuntimeError(f"wrk against {url} did not finish") from None
+    except BaseException:  # cancelled (Ctrl-C, a sibling's failure): wrk must not load the machine on
+        if proc.returncode is None:
+            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                await asyncio.shield(proc.wait())
+        raise
     finally:
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):

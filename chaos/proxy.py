@@ -190,3 +190,5 @@ class ProxyHub:
             self._call(lambda: asyncio.gather(*(link.stop() for link in self.links.values())))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():  # its selector and self-pipe: three descriptors an episode otherwise
+            self._loop.close()

@@ -74,3 +74,44 @@ def test_wrk_sends_every_request_and_reports_what_the_server_answered(tmp_path):
 def test_parse_refuses_output_without_a_result():
     with pytest.raises(RuntimeError, match="no result"):
         wrk.parse("unable to connect to 127.0.0.1:1 Connection refused\n")
+
+
+def test_a_cancelled_run_kills_its_wrk(tmp_path):
+    """Ctrl-C in a bench (or a sibling task's failure) cancels the run: wrk must not go on loading the machine."""
+    seen: dict = {}
+
+    async def main():
+        server = await _server(seen)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            run = asyncio.ensure_future(wrk.run_async(url, wrk.rotating_script([("GET", "/a", None)]), CONNECTIONS,
+                                                      30, tmp_path))
+            await asyncio.sleep(1.0)
+            children = [p for p in _children() if p[1] == "wrk"]
+            assert children, "wrk did not start"
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+            return children[0][0]
+        finally:
+            server.close()
+
+    pid = asyncio.run(asyncio.wait_for(main(), 60))
+    assert pid not in [p for p, _ in _children()], "wrk is still running after its run was cancelled"
+
+
+def _children() -> list[tuple[int, str]]:
+    import os
+    from pathlib import Path
+
+    me, out = os.getpid(), []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            if int(rest[1]) == me:
+                out.append((int(d), name))
+    return out
