@@ -45,6 +45,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("electra.api.kafka")
 
 
+# How long a fetch of the liveness topic may wait for records: a crashed broker's `disconnected` record waits
+# for it, on its way to the connection-loss lane, when the topic is quiet. kafka-python's default (500 ms)
+# put 132 ms at the median and 257 ms at worst between produce and consume on tansu here; 200 ms puts 31 and
+# 80 ms, for 28 ms of CPU a second per node while the topic is idle (consumer and tansu; 16 with 500 ms).
+LIVENESS_FETCH_WAIT_MS = 200
+
+
 class EventsPublisher:
     def __init__(self, svc: Controller, bootstrap: str, topics: records.Topics, *,
                  batch: int = 5000, hwm_fix: bool = True) -> None:
@@ -215,7 +222,8 @@ class LivenessConsumer:
     def _follow(self) -> None:
         consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, client_id="electra-liveness",
                                  enable_auto_commit=False, auto_offset_reset="earliest", request_timeout_ms=5000,
-                                 metrics_enabled=False, **kafka_client_kwargs())
+                                 fetch_max_wait_ms=LIVENESS_FETCH_WAIT_MS, metrics_enabled=False,
+                                 **kafka_client_kwargs())
         probe = KafkaConsumer(bootstrap_servers=self.bootstrap, client_id="electra-liveness-probe",
                               enable_auto_commit=False, request_timeout_ms=5000, metrics_enabled=False,
                               **kafka_client_kwargs())
