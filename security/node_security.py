@@ -45,6 +45,7 @@ def resolve_node_security(node_id: int, certs_dir: str | Path | None, *, insecur
     d = Path(certs_dir)
     cert, key = node_cert_paths(d, node_id)
     tls = NodeTLS(cert, key, d / CA_CERT)
+    tls.check()
     cert_cluster, cert_node = cert_node_identity(cert)
     if cert_node != node_id:
         raise ValueError(f"{cert} is the certificate of node {cert_node}, not of node {node_id}")

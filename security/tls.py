@@ -53,6 +53,11 @@ class NodeTLS:
         self._contexts.append((ctx, verify))
         return ctx
 
+    def check(self) -> None:
+        """Load the files once into a throwaway context: ValueError naming them if the key is unreadable,
+        does not match the certificate, or the CA file is not a certificate (at startup, not at first use)."""
+        self._load(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), True)
+
     def peer_server_context(self) -> ssl.SSLContext:
         """Raft listener: requires a client certificate signed by a trusted CA."""
         return self._new(ssl.PROTOCOL_TLS_SERVER, verify=True)

@@ -366,6 +366,13 @@ def test_node_without_certs_or_with_a_foreign_data_dir_refuses_to_start(tmp_path
         shutil.copy(swapped / f"node-2.{ext}", swapped / f"node-1.{ext}")
     p = subprocess.run([*base, "--certs-dir", str(swapped)], capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 2 and "is the certificate of node 2, not of node 1" in p.stderr, p.stderr
+    # node 1's certificate with node 2's key (a copy slip): refused in one line, not a traceback at first use
+    mismatched = shutil.copytree(creds.certs_dir, tmp_path / "mismatched")
+    shutil.copy(swapped / "node-2.key", mismatched / "node-1.key")
+    p = subprocess.run([*base, "--certs-dir", str(mismatched)], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert p.returncode == 2 and "error: cannot load TLS files" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
 
 
 def test_a_node_whose_http_port_is_taken_says_so_in_one_line(tmp_path):
