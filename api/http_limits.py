@@ -181,6 +181,14 @@ def open_line_bytes(data: bytes) -> int:
     return len(data) - data.rfind(b"\r\n") - 2 if b"\r\n" in data else len(data)
 
 
+def _has_path(url: bytes) -> bool:
+    """Whether a request target that is not origin-form (`http://host/...`, `*`) names a path uvicorn can read."""
+    try:
+        return httptools.parse_url(url).path is not None
+    except httptools.HttpParserInvalidURLError:
+        return False
+
+
 class HeadRefused(Exception):
     """Raised from a parser callback to stop parsing a request whose head was refused (431, answered)."""
 
@@ -278,6 +286,9 @@ def guarded_protocol(limits: HTTPLimits = DEFAULT_LIMITS) -> type[HttpToolsProto
                 raise HeadRefused  # stops the parser: nothing of this request reaches the application
             if self.parser.should_upgrade():
                 self._refuse(UPGRADE_REPLY)
+                raise HeadRefused
+            if self.url[:1] != b"/" and not _has_path(self.url):  # `GET http://x`: uvicorn fails on it (a 500)
+                self._refuse(MALFORMED_REPLY)
                 raise HeadRefused
 
         def _refuse_head(self) -> None:

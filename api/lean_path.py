@@ -226,8 +226,12 @@ class LeanPath:
             if k == b"content-length":
                 length = v
             elif k == b"content-type":
+                if ctype is not None:  # twice: the application reads the first; it answers, so both paths agree
+                    return None
                 ctype = v
             elif k == b"authorization":
+                if authorization is not None:  # likewise (the auth middleware checks the first)
+                    return None
                 authorization = v.decode("latin-1")
             elif k == b"transfer-encoding" or k == b"expect":
                 return None

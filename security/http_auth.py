@@ -9,6 +9,7 @@ credentials) the JSON body, and refusals get the API's error body. The routes st
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl
@@ -56,6 +57,8 @@ class AuthMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         method, path = scope["method"], scope["path"]
+        if _CONTROL.search(path):  # no route has one; a route's `$` matches before a final "\n" (`/v1/heartbeat%0A`)
+            return await _send_no_route(send)
         if method == "POST" and path in (dashboard_login.LOGIN_PATH, dashboard_login.LOGOUT_PATH):
             return await dashboard_login.handle(self.tokens, self.sessions, scope, receive, send)
         rule = rule_for(method, path)
@@ -82,7 +85,10 @@ class AuthMiddleware:
                 declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
                 if declared is not None and (not declared.isdigit() or int(declared) > MAX_SCOPED_BODY):
                     return await send_too_large(send, MAX_SCOPED_BODY)  # at once, as on every route
-                body, receive = await _buffer(receive)
+                try:
+                    body, receive = await _buffer(receive)
+                except _BodyTooLarge:  # a chunked body (no Content-Length) that grew past the bound
+                    return await send_too_large(send, MAX_SCOPED_BODY)
                 names = body_names(body)
                 authorize_body(principal, rule, cluster, names)
                 sets.append(_text(names.get("brokerName"), None))
@@ -166,6 +172,23 @@ async def send_too_large(send, max_bytes: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+class _BodyTooLarge(Exception):
+    """A broker's body passed MAX_SCOPED_BODY while it was read to check its scope: 413, as with a Content-Length."""
+
+
+# ASCII control characters: no route's path holds one. Starlette's route patterns end in `$`, which matches before
+# a final newline, so `/v1/heartbeat%0A` (decoded "/v1/heartbeat\n") would reach the heartbeat route under the
+# admin catch-all rule of `rule_for` instead of the broker-only one: refused as an unknown endpoint first.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_NO_ROUTE = json.dumps({"code": int(Code.REQUEST_CODE_NOT_SUPPORTED), "remark": "no such endpoint"}).encode()
+
+
+async def _send_no_route(send) -> None:
+    await send({"type": "http.response.start", "status": 404,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(_NO_ROUTE))]})
+    await send({"type": "http.response.body", "body": _NO_ROUTE})
+
+
 async def _buffer(receive):
     """Read the whole request body (bounded) and return it with a `receive` that replays it."""
     chunks, size = [], 0
@@ -176,7 +199,7 @@ async def _buffer(receive):
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > MAX_SCOPED_BODY:
-            raise AuthError(403, "request body too large to check the credential's scope")
+            raise _BodyTooLarge
         chunks.append(chunk)
         if not message.get("more_body"):
             break

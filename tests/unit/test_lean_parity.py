@@ -114,6 +114,8 @@ class Row:
     secure_only: bool = False  # about tokens
     no_call: bool = False  # must reach no handler on either server (a refused forgery)
     status: int | None = None  # the status both must answer, where the row pins it
+    also: list[str] = field(default_factory=list)  # raw header lines sent after the others (a header twice)
+    second_token: str | None = None  # a second Authorization header with this token (secure runs)
 
 
 def _post(what, path, body, **kw) -> Row:
@@ -277,6 +279,27 @@ ROWS = [
     # announced over the limit: 413 at once, for a broker too (it waited for the body to check its scope, 408)
     _post("body over 1 MiB, broker: 413 before reading it", f"{S}/b1/register", b"", lean=False, secure_only=True,
           headers={"Content-Length": str((1 << 20) + 1)}, status=413),
+    # chunked (no length to refuse at once): 413 once the body read to check the broker's scope passes the bound
+    _post("chunked body over 1 MiB, broker: 413", f"{S}/b1/register",
+          b"%x\r\n%b\r\n0\r\n\r\n" % ((1 << 20) + 10, b" " * ((1 << 20) + 10)), lean=False, secure_only=True,
+          headers={"Content-Length": None, "Transfer-Encoding": "chunked"}, status=413, no_call=True),
+    # a header twice: the lean path leaves the request to the application, which reads the first one
+    _post("Authorization twice, observer first: 403", f"{S}/b1/register", REG, lean=False, secure_only=True,
+          token="observer", second_token="broker", status=403, no_call=True),
+    _post("Authorization twice, broker first", f"{S}/b1/register", REG, lean=False, secure_only=True,
+          second_token="observer"),
+    _post("Content-Type twice, text first: 415", f"{S}/b1/register", REG, lean=False,
+          headers={"Content-Type": "text/plain"}, also=["Content-Type: application/json"], status=415, no_call=True),
+    # a route's `$` matches before a final newline: not the heartbeat route under the admin rule
+    _post("heartbeat path with a newline, admin: 404", "/v1/heartbeat%0A", HB, lean=False, token="admin",
+          status=404, no_call=True),
+    _post("heartbeat path with a newline, broker: 404", "/v1/heartbeat%0A", HB, lean=False, status=404,
+          no_call=True),
+    Row("absolute-form target without a path: 400", "GET", "http://x", lean=False, status=400, no_call=True),
+    Row("absolute-form target, a query and no path: 400", "GET", "http://x?a=1", lean=False, status=400,
+        no_call=True),
+    Row("a target that is no URL: 400", "GET", "x", lean=False, status=400, no_call=True),
+    Row("absolute-form target with a path", "GET", f"http://x{S}/b1/replica-info", lean=False),
 ]
 
 
@@ -311,7 +334,7 @@ async def _serve(app, protocol, proxy_headers: bool = True) -> tuple[uvicorn.Ser
     return server, task, port
 
 
-def _raw(row: Row, token: str | None) -> bytes:
+def _raw(row: Row, token: str | None, second: str | None = None) -> bytes:
     body = row.body if isinstance(row.body, bytes) or row.body is None else json.dumps(row.body).encode()
     head = [f"{row.method} {row.path} HTTP/1.1", "Host: 127.0.0.1", "Connection: close"]
     if body is not None:
@@ -322,6 +345,9 @@ def _raw(row: Row, token: str | None) -> bytes:
     head += [f"{k}: {v}" for k, v in row.headers.items() if v is not None]  # None: the header left out
     if token is not None:
         head.append(f"Authorization: {token}")
+    if second is not None:
+        head.append(f"Authorization: {second}")
+    head += row.also
     return ("\r\n".join(head) + "\r\n\r\n").encode() + (body or b"")
 
 
@@ -373,8 +399,9 @@ def test_lean_path_and_fastapi_answer_every_request_alike(tmp_path, secure):
                          or f"Bearer {tok[row.token]}") if secure and row.token else None
                 before = dict(lean.stats)
                 lean_calls, fast_calls = len(lean_svc.calls), len(fast_svc.calls)
-                got = await _exchange(lean_port, _raw(row, value))
-                want = await _exchange(fast_port, _raw(row, value))
+                second = f"Bearer {tok[row.second_token]}" if secure and row.second_token else None
+                got = await _exchange(lean_port, _raw(row, value, second))
+                want = await _exchange(fast_port, _raw(row, value, second))
                 assert got[0] == want[0], (row.what, got, want)
                 assert got[2] == want[2], (row.what, got[2], want[2])
                 for h in HEADERS_THAT_MATTER:
@@ -521,10 +548,11 @@ def test_front_end_processes_answer_every_request_like_fastapi(tmp_path, secure)
                     continue
                 value = ({"bogus": "Bearer not-a-token", "basic": "Basic dXNlcjpwYXNz", None: None}.get(row.token)
                          or f"Bearer {tok[row.token]}") if secure and row.token else None
+                second = f"Bearer {tok[row.second_token]}" if secure and row.second_token else None
                 before = dict(front_lean.stats)
                 node_calls, fast_calls = len(node_svc.calls), len(fast_svc.calls)
-                got = await _exchange(front_port, _raw(row, value))
-                want = await _exchange(fast[2], _raw(row, value))
+                got = await _exchange(front_port, _raw(row, value, second))
+                want = await _exchange(fast[2], _raw(row, value, second))
                 assert got[0] == want[0], (row.what, got, want)
                 assert got[2] == want[2], (row.what, got[2], want[2])
                 for h in HEADERS_THAT_MATTER:
