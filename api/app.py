@@ -35,7 +35,15 @@ from electra.security.auth import limited_to_clusters
 from electra.security.dashboard_login import LOGIN_PATH, LOGOUT_PATH
 from electra.security.http_auth import credential_still_valid
 from electra.state.codes import Code
-from electra.state.limits import ADDRESS_PATTERN, INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_BROKER_ID
+from electra.state.limits import (
+    ADDRESS_PATTERN,
+    FLOAT_EXACT,
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_BROKER_ID,
+)
 from electra.state.liveness import BrokerLiveInfo
 
 from .api_docs import api_docs_router
@@ -55,9 +63,12 @@ def _java_integer(value: object) -> object:
     """An integer as RocketMQ's fields carry one: a JSON number, or decimal text as `Long.parseLong` reads it.
 
     pydantic's lax mode also read `true` as 1 (`{"brokerIds": [true]}` cleaned broker 1), and "1_0" as 10
-    and " 1" as 1, which Java refuses. An integral float (2.0) is still read as the number."""
+    and " 1" as 1, which Java refuses. An integral float (2.0) is still read as the number, within +-2**53: past
+    that a double no longer holds the integer sent, and pydantic took 4611686018427387903.5 for 2**62."""
     if isinstance(value, bool):
         raise ValueError("a boolean is not a number")
+    if isinstance(value, float) and not (value.is_integer() and -FLOAT_EXACT <= value <= FLOAT_EXACT):
+        raise ValueError("not an integer (a number with a fraction, or too large to be read exactly)")
     if isinstance(value, str) and not _JAVA_LONG_TEXT.fullmatch(value):
         raise ValueError("not an integer (decimal digits, an optional sign)")
     return value

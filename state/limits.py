@@ -29,6 +29,9 @@ _NAME = re.compile(NAME_PATTERN[:-1] + r"\Z")
 # An integer as RocketMQ's string fields carry one: decimal text as Java's `Long.parseLong` reads it (no "1_0", no
 # " 1", which Python's int() would take).
 JAVA_LONG_TEXT = re.compile(r"[+-]?[0-9]+")
+# A JSON number with a fraction or an exponent is read as a double: beyond 2**53 its integer part is no longer the
+# one sent (9007199254740993.0 reads as ...992, 4611686018427387903.5 as 2**62), so such a float is no integer.
+FLOAT_EXACT = 1 << 53
 
 # Broker addresses (and the address in a registerCheckCode): any text but control characters. A broker's address
 # is handed to every other broker as its master's (`masterAddress`), and RocketMQ's are HOST:PORT; a NUL or a
@@ -59,14 +62,15 @@ def is_name(v: str) -> bool:
 
 
 def as_java_integer(v: Any) -> Any:
-    """`v` read as the node's API reads an integer field (api/app.py): decimal text and an integral float become
-    the number; anything else is returned unchanged, for `check_int` to accept or refuse (a bool stays a bool)."""
+    """`v` read as the node's API reads an integer field (api/app.py): decimal text and an integral float (within
+    +-2**53, where a double holds the integer sent) become the number; anything else is returned unchanged, for
+    `check_int` to accept or refuse (a bool stays a bool)."""
     if type(v) is str and JAVA_LONG_TEXT.fullmatch(v):
         try:
             return int(v)
         except ValueError:  # more digits than Python converts (4,300): beyond every Java type anyway
             return v
-    if type(v) is float and v.is_integer():
+    if type(v) is float and v.is_integer() and -FLOAT_EXACT <= v <= FLOAT_EXACT:
         return int(v)
     return v
 

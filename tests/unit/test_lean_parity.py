@@ -197,6 +197,13 @@ ROWS = [
     _post("timeout under its floor", "/v1/heartbeat", {**HB, "heartbeatTimeoutMillis": 99}, lean=False),
     _post("id as a string (pydantic coerces)", f"{S}/b1/register", {**REG, "brokerId": "2"}, lean=False),
     _post("id as a float (pydantic coerces 2.0)", f"{S}/b1/register", {**REG, "brokerId": 2.0}, lean=False),
+    # past 2**53 a double is not the integer sent: pydantic took 4611686018427387903.5 for 2**62
+    _post("id as a float with a fraction past 2**53: 422", f"{S}/b1/register",
+          b'{"clusterName":"c","brokerId":4611686018427387903.5,"brokerAddress":"10.0.0.2:10911"}', lean=False,
+          status=422, no_call=True),
+    _post("heartbeat offset as a float past 2**53: 422", "/v1/heartbeat",
+          b'{"clusterName":"c","brokerName":"b1","brokerAddr":"10.0.0.1:10911","brokerId":1,'
+          b'"maxOffset":123456789012345678.0}', lean=False, status=422, no_call=True),
     _post("id as a fraction", f"{S}/b1/register", {**REG, "brokerId": 2.5}, lean=False),
     _post("id as a bool", f"{S}/b1/register", {**REG, "brokerId": True}, lean=False),
     _post("address null", f"{S}/b1/register", {**REG, "brokerAddress": None}, lean=False),

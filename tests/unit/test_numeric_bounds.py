@@ -17,11 +17,18 @@ HB = {"clusterName": "c", "brokerName": "b", "brokerAddr": "a:1", "brokerId": 1}
 @pytest.mark.parametrize("field,value", [
     ("epoch", 2**31), ("epoch", 2**64), ("electionPriority", -(2**31) - 1), ("maxOffset", 2**63),
     ("confirmOffset", -(2**63) - 1), ("brokerId", 2**62 + 1), ("ts", 2**63), ("epoch", True), ("epoch", 1.5),
+    # a double past 2**53 no longer holds the integer sent (123456789012345678.0 reads as ...680)
+    ("maxOffset", 123456789012345678.0), ("confirmOffset", -float(2**60)),
 ])
 def test_heartbeat_records_outside_javas_types_are_invalid_and_named(field, value):
     with pytest.raises(InvalidHeartbeat) as info:
         validate_heartbeat({**HB, field: value})
     assert str(info.value).startswith(field) and str(info.value).endswith("required")
+
+
+def test_an_integral_double_within_2_to_the_53_is_read_as_its_integer():
+    hb = validate_heartbeat({**HB, "maxOffset": float(2**53), "epoch": 3.0})
+    assert hb["maxOffset"] == 2**53 and type(hb["maxOffset"]) is int and hb["epoch"] == 3
 
 
 def test_heartbeat_records_at_the_bounds_are_valid():
