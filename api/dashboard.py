@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import aiohttp
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as FastAPIPath
 from fastapi.responses import FileResponse, JSONResponse
 
@@ -388,7 +388,7 @@ def dashboard_router(feed: DashboardFeed, max_viewers: int = 200) -> APIRouter:
     @router.get("/dashboard/static/{file}", tags=["dashboard"], include_in_schema=False)
     async def static(file: str):
         if file not in static_files:
-            return JSONResponse({"code": 404, "remark": f"no dashboard file {file!r}"}, status_code=404)
+            raise HTTPException(404)  # the API's one "no such endpoint" answer (api/app.py), the value not echoed
         return FileResponse(STATIC_DIR / file)
 
     @router.get("/v1/dashboard/stream", tags=["dashboard"])

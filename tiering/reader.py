@@ -40,6 +40,9 @@ MIN_TYPED_MS = 100_000_000_000
 _MS = timedelta(milliseconds=1)
 
 
+_MS_TEXT = re.compile(r"-?[0-9]{1,19}")  # ASCII digits (int() also takes '١٢٣'), one sign: int() then cannot fail
+
+
 def parse_time(text: str | int | float) -> int:
     """Epoch milliseconds from a number, digits (epoch ms), `now`, or an ISO-8601 time (naive means UTC).
 
@@ -55,7 +58,7 @@ def parse_time(text: str | int | float) -> int:
             ms = int(datetime.now(UTC).timestamp() * 1000)
         elif len(s) == 8 and s.isdecimal() and s.isascii() and _is_basic_date(s):
             ms = (datetime.strptime(s, "%Y%m%d").replace(tzinfo=UTC) - _EPOCH) // _MS  # ISO's basic date, UTC
-        elif s.lstrip("-").isdecimal() and s.isascii() and len(s) <= 20:  # ASCII: int() also takes '١٢٣'
+        elif _MS_TEXT.fullmatch(s):
             ms = int(s)
             if 0 < ms < MIN_TYPED_MS:
                 raise ValueError("digits alone are epoch milliseconds (13 digits today); this one would be "

@@ -608,6 +608,8 @@ def test_the_frameworks_own_refusals_speak_the_api_shape():
         try:
             status, _, body = await ask("GET", "/v1/nothing")
             assert status == 404 and json.loads(body) == {"code": 3, "remark": "no such endpoint"}
+            status, _, body = await ask("GET", "/dashboard/static/%3Cnope%3E.js")  # the same answer, nothing echoed
+            assert status == 404 and json.loads(body) == {"code": 3, "remark": "no such endpoint"}
             status, headers, body = await ask("PUT", f"{S}/b1/register", json.dumps(REG).encode())
             assert status == 405 and json.loads(body)["code"] == 3 and headers["allow"] == "POST"
             status, _, body = await ask("POST", f"{S}/b1/register",

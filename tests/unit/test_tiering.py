@@ -393,7 +393,7 @@ def test_event_window():
 @pytest.mark.parametrize("text", ["", "yesterday", "-5", "19700101", "12345678", "2031", "1795795200", "4",
                                   "2026-13-01", "9" * 21, "10000-01-01", "0001-01-01",
                                   "99999999999999999999", "<script>", "\u00b2", "1\u00b2", "\u0661\u0662\u0663",
-                                  float("inf"), float("nan")])
+                                  float("inf"), float("nan"), "--1", "-+1", "+5", "--1700000000000"])
 def test_parse_time_refuses_without_repeating_the_text(text):
     with pytest.raises(ValueError) as err:
         parse_time(text)
