@@ -128,6 +128,8 @@ class LegacyControllerService(ControllerService):
 
     # ------------------------------------------------------------------ requests (ControllerService's interface)
     async def get_next_broker_id(self, cluster: str, name: str) -> dict:
+        if (refusal := self.other_cluster(cluster, name)) is not None:
+            return refusal
         return await self._append_event(self._read_event(lambda sm: sm.get_next_broker_id(cluster, name)))
 
     async def get_replica_info(self, name: str, lease: bool = False) -> dict:
@@ -135,16 +137,23 @@ class LegacyControllerService(ControllerService):
         return await self._append_event(self._read_event(lambda sm: sm.get_replica_info(name)))
 
     async def apply_broker_id(self, cluster: str, name: str, broker_id: int, check_code: str) -> dict:
+        if (refusal := self.other_cluster(cluster, name)) is not None:
+            return refusal
         return await self._append_event(self._write_event(
             lambda: C.apply_broker_id(cluster, name, broker_id, check_code, self.now_ms())))
 
     async def register_broker(self, cluster: str, name: str, broker_id: int, addr: str) -> dict:
+        if (refusal := self.other_cluster(cluster, name)) is not None:
+            return refusal
         return await self._append_event(self._write_event(
             lambda: C.register_broker(cluster, name, broker_id, addr, self.now_ms(),
                                       self.liveness.group(cluster, name))))
 
     async def elect_master(self, cluster: str, name: str, broker_id: int, designate: bool = False,
                            unclean: bool = False) -> dict:
+        if (refusal := self.other_cluster(cluster or None, name)) is not None:
+            return refusal
+
         def build() -> bytes:
             live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
             return C.elect_master(cluster, name, broker_id, self.now_ms(), live, designate=designate,
@@ -156,6 +165,9 @@ class LegacyControllerService(ControllerService):
 
     async def propose_election(self, cluster: str, name: str, expected_master_epoch: int,
                                live: list[BrokerLiveInfo], judged_at_ms: int | None = None) -> dict:
+        if (refusal := self.other_cluster(cluster, name)) is not None:
+            return refusal
+
         def build() -> bytes:
             now = self.now_ms() if judged_at_ms is None else min(judged_at_ms, self.now_ms())
             return C.elect_master(cluster, name, C.CONTROLLER_TRIGGER, now, live, unclean=self.unclean,
@@ -173,6 +185,9 @@ class LegacyControllerService(ControllerService):
 
     async def clean_broker_data(self, cluster: str | None, name: str, ids: list[int] | None,
                                 clean_living: bool) -> dict:
+        if (refusal := self.other_cluster(cluster or None, name)) is not None:
+            return refusal
+
         def build() -> bytes:
             live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
             return C.clean_broker_data(cluster, name, ids, clean_living, self.now_ms(), live)

@@ -93,3 +93,26 @@ def test_the_command_is_built_when_the_scheduler_takes_it():
 
     res = asyncio.run(main())
     assert res["header"]["masterBrokerId"] == 1  # the heartbeat sent while it queued counts
+
+
+def test_a_request_naming_another_cluster_than_its_sets_is_refused_as_in_the_new_architecture():
+    """docs/architectures.md: both architectures answer alike; a set belongs to the cluster it was created in."""
+    async def main():
+        svc, node = _service()
+        svc.start()
+        try:
+            await svc.apply_broker_id("c", "s", 1, "10.0.0.1:1;1")
+            before = list(node.ops)
+            answers = [await svc.register_broker("other", "s", 1, "10.0.0.9:1"),
+                       await svc.apply_broker_id("other", "s", 2, "10.0.0.2:1;2"),
+                       await svc.get_next_broker_id("other", "s"),
+                       await svc.elect_master("other", "s", 1),
+                       await svc.propose_election("other", "s", 0, []),
+                       await svc.clean_broker_data("other", "s", [1], True)]
+            return answers, node.ops[len(before):]
+        finally:
+            await svc.stop()
+
+    answers, ops = asyncio.run(main())
+    assert all(a["code"] == 2005 and "not in cluster 'other'" in a["remark"] for a in answers), answers
+    assert ops == []  # nothing reached the log
