@@ -1041,7 +1041,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ing = sub.add_parser("ingest", help="heartbeat ingest workers (HTTP -> Kafka), several processes on one port")
     ing.add_argument("--listen", type=lambda t: parse_addr(t, min_port=1), default=("127.0.0.1", 7401),
-                     help="HOST:PORT (default :7401; every worker shares this port, so it is not 0)")
+                     help="HOST:PORT (default 127.0.0.1:7401; every worker shares this port, so it is not 0)")
     ing.add_argument("--kafka-bootstrap", type=server_list, required=True,
                      help="Kafka bootstrap servers, HOST:PORT[,HOST:PORT]")
     ing.add_argument("--workers", type=int, minimum=1, maximum=256, default=2,

@@ -535,3 +535,13 @@ def test_an_unknown_argument_is_refused_by_the_sub_command_it_follows(argv, usag
     err = capsys.readouterr().err
     assert f"{usage}: error: unrecognized arguments: {argv[-1]}" in err
     assert f"usage: {usage}" in err
+
+
+def test_ingest_help_names_its_real_default_listen_address(capsys):
+    """The help said `default :7401` (every interface, as `:PORT` reads) where the default is loopback only."""
+    parser = build_parser()
+    assert parser.parse_args(["ingest", "--kafka-bootstrap", "k:1", "--insecure"]).listen == ("127.0.0.1", 7401)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["ingest", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(default 127.0.0.1:7401;" in help_text, help_text
