@@ -73,6 +73,12 @@ def _host_key(host: str) -> str:
         return h
 
 
+def parse_http_addr(text: str) -> tuple[str, int]:
+    """`--http-addr`: the address this node serves its API on and advertises to its peers (their redirects to
+    the leader name it), so a port of 0 ("any free port") is refused as `electra ingest --listen` refuses it."""
+    return parse_addr(text, min_port=1)
+
+
 def parse_http_peers(text: str) -> dict[int, str]:
     return {i: f"{h}:{p}" for i, (h, p) in parse_peers(text).items()}
 
@@ -83,7 +89,7 @@ NODE_OPTIONS = [
     ("--peers", parse_peers, "ID=HOST:PORT,... raft addresses of all members"),
     ("--data-dir", str, "where the Raft log and snapshots live"),
     ("--state-machine", str, "controller (default; HTTP API) or kv/counter (engine tests, binary protocol)"),
-    ("--http-addr", parse_addr, "controller HTTP API address (default 127.0.0.1:7301)"),
+    ("--http-addr", parse_http_addr, "controller HTTP API address (default 127.0.0.1:7301)"),
     ("--http-peers", parse_http_peers, "ID=HOST:PORT,... HTTP API of every member (for redirects to the leader)"),
     ("--client-addr", parse_addr, "binary client protocol address for kv/counter nodes (default: any port)"),
     ("--tick-ms", int, "Raft tick (default 100 ms; election timeout 10-13 ticks)"),

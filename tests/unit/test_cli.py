@@ -68,7 +68,9 @@ def test_clear_errors_for_missing_and_unknown_settings(tmp_path, monkeypatch, ca
     ([], {"ELECTRA_FRONT_ENDS": "-1"}, "front-ends must be from 0"),
     (["--election-jitter-ticks", "0"], {}, "election-jitter-ticks must be from 1"),
     (["--data-dir", ""], {}, "data-dir must not be empty"),  # the current directory before
-    (["--http-addr", "127.0.0.1:70000"], {}, "port 0-65535"),  # served on 70000 - 65536 before
+    (["--http-addr", "127.0.0.1:70000"], {}, "port 1-65535"),  # served on 70000 - 65536 before
+    (["--http-addr", "127.0.0.1:0"], {}, "port 1-65535"),  # served on a free port, advertised as port 0
+    ([], {"ELECTRA_HTTP_ADDR": "127.0.0.1:0"}, r"http_addr \(from ELECTRA_HTTP_ADDR\).*port 1-65535"),
     (["--peers", "1=127.0.0.1:70000"], {}, "port 1-65535"),
     (["--peers", "1=127.0.0.1:7101,1=127.0.0.1:7102"], {}, "node 1 is named twice"),
     (["--peers", "1=127.0.0.1:7101,2=127.0.0.1:7101"], {}, "node 1 has that address too"),
