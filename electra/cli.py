@@ -32,7 +32,10 @@ from electra.tiering.options import parse_storage_options, tier_uri
 
 
 def parse_peers(text: str) -> dict[int, tuple[str, int]]:
-    """Parse `1=127.0.0.1:7001,2=127.0.0.1:7002` into {1: ("127.0.0.1", 7001), ...}."""
+    """Parse `1=127.0.0.1:7001,2=[::1]:7002` into {1: ("127.0.0.1", 7001), 2: ("::1", 7002)}: an IPv6 host is
+    returned without brackets, as sockets bind and dial it. Written without them (`2=::1:7002`, as deployments
+    did), the last group is the port; where the rest is no IPv6 address, brackets are asked for, as `parse_addr`
+    asks for them."""
     peers: dict[int, tuple[str, int]] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         try:
@@ -46,6 +49,10 @@ def parse_peers(text: str) -> dict[int, tuple[str, int]]:
             raise argparse.ArgumentTypeError(f"bad peer {part!r}: write ID=HOST:PORT, without a scheme")
         if any(c.isspace() for c in host):
             raise argparse.ArgumentTypeError(f"bad peer {part!r}: a host has no blanks")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        elif ":" in host and not _is_ipv6(host):  # `2001:db8::7101`: host 2001:db8: port 7101, or a port left out?
+            raise argparse.ArgumentTypeError(f"bad peer {part!r}: write an IPv6 host in brackets, ID=[::1]:PORT")
         if not host or not 0 < port_no < 65536:
             raise argparse.ArgumentTypeError(f"bad peer {part!r}: expected ID=HOST:PORT, port 1-65535")
         if node_id <= 0:
@@ -59,6 +66,13 @@ def parse_peers(text: str) -> dict[int, tuple[str, int]]:
     if not peers:
         raise argparse.ArgumentTypeError("at least one peer is required")
     return peers
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text).version == 6
+    except ValueError:
+        return False
 
 
 def _host_key(host: str) -> str:
@@ -79,8 +93,13 @@ def parse_http_addr(text: str) -> tuple[str, int]:
     return parse_addr(text, min_port=1)
 
 
+def join_host_port(host: str, port: int) -> str:
+    """`HOST:PORT`, an IPv6 host in brackets (`[::1]:7301`): what an address in a URL looks like."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def parse_http_peers(text: str) -> dict[int, str]:
-    return {i: f"{h}:{p}" for i, (h, p) in parse_peers(text).items()}
+    return {i: join_host_port(h, p) for i, (h, p) in parse_peers(text).items()}
 
 
 # --------------------------------------------------------------------------- electra node
@@ -265,7 +284,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         print("error: --election-jitter-ticks must be at least 1", file=sys.stderr)
         return 2
     cfg.raft = replace(cfg.raft, election_jitter_ticks=args.election_jitter_ticks)
-    raft = f"{args.peers[args.id][0]}:{args.peers[args.id][1]}"
+    raft = join_host_port(*args.peers[args.id])
     if args.state_machine == "controller":
         from electra.api.server import start_controller_node
 

@@ -80,6 +80,8 @@ def test_clear_errors_for_missing_and_unknown_settings(tmp_path, monkeypatch, ca
     (["--tier-retention-days", "0"], {}, "tier-retention-days must be from"),
     ([], {"ELECTRA_TIER_RETENTION_DAYS": "nan"}, "tier-retention-days must be from"),
     (["--http-addr", "::1:7301"], {}, r"\[::1\]:PORT"),
+    (["--peers", "1=2001:db8::7101"], {}, r"write an IPv6 host in brackets, ID=\[::1\]:PORT"),  # port 7101, or none?
+    (["--peers", "1=[::1]:7101,2=::1:7101"], {}, "node 1 has that address too"),
     (["--http-addr", "http://127.0.0.1:7301"], {}, "without a scheme"),
     (["--peers", "1=127.0.0.1:7101,2=http://10.0.0.2:7101"], {}, "without a scheme"),  # a node never reachable
     (["--peers", "1=127.0.0.1:7101,2= host :7101"], {}, "a host has no blanks"),
@@ -254,3 +256,15 @@ def test_an_empty_kafka_bootstrap_or_tier_means_none_and_kafka_clients_forms_are
     assert a.kafka_bootstrap == "SASL_SSL://b1:9093,b2" and a.inactive_master_scan_ms == 0
     assert _node(["--id", "1", "--peers", "1=::1:7101", "--data-dir", str(tmp_path)], monkeypatch).peers == \
         {1: ("::1", 7101)}  # an IPv6 peer, unbracketed, as before
+
+
+def test_an_ipv6_peer_is_written_in_brackets_and_dialled_without_them():
+    """`--peers 1=[::1]:7101` kept the brackets in the host: the transport could neither bind nor dial "[::1]"."""
+    import socket
+
+    from electra.cli import parse_http_peers, parse_peers
+
+    peers = parse_peers("1=[::1]:7101,2=127.0.0.1:7102,3=[fd00::3]:7103")
+    assert peers == {1: ("::1", 7101), 2: ("127.0.0.1", 7102), 3: ("fd00::3", 7103)}
+    socket.getaddrinfo(peers[1][0], peers[1][1], type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    assert parse_http_peers("1=[::1]:7301,2=node-2:7301") == {1: "[::1]:7301", 2: "node-2:7301"}  # URLs: brackets
