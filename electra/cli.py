@@ -885,6 +885,11 @@ def cmd_simulate_brokers(args: argparse.Namespace) -> int:
             refuse(f"--ids-file {ids}: directory {ids.parent} does not exist")
     commands = None if args.no_stdin or not sys.stdin or sys.stdin.closed else stdin_lines()
     ingest = [e.strip() for e in (args.ingest_endpoints or "").split(",") if e.strip()]
+    for ep in ingest:  # the sessions dial HOST:PORT as given: no scheme, no default port (as --endpoints)
+        try:
+            parse_addr(ep, min_port=1)
+        except argparse.ArgumentTypeError as exc:
+            refuse(f"--ingest-endpoints (or ELECTRA_INGEST_ENDPOINTS): {exc}")
     import uvloop  # the simulator multiplexes thousands of sessions: uvloop's TLS and sockets cost less per heartbeat
 
     stats = uvloop.run(run_simulator(_endpoints(args), args.groups, args.replicas, duration_s=args.duration,

@@ -208,3 +208,25 @@ def test_admin_metadata_answers_for_the_nodes_that_answer_and_names_the_one_that
     assert res["body"][0] == {"endpoint": live_ep, "node_id": 1, "role": "LEADER"}
     assert res["body"][1]["endpoint"] == dead_ep
     assert res["body"][1]["error"].startswith(f"unreachable: cannot connect to {dead_ep}")
+
+
+@pytest.mark.parametrize(("entry", "message"), [("127.0.0.1", "expected HOST:PORT"),
+                                                 ("https://127.0.0.1:7401", "without a scheme")])
+def test_simulate_brokers_refuses_an_ingest_endpoint_it_cannot_dial(entry, message, monkeypatch, capsys):
+    """Kafka's forms (no port, a scheme) were taken, and the simulator's sessions failed on them with a traceback."""
+    from electra import broker_simulator
+
+    seen = []
+
+    async def fake_run(endpoints, groups, replicas, **kw):
+        seen.append(kw["ingest_endpoints"])
+        return {"registered": 1}
+
+    monkeypatch.setattr(broker_simulator, "run_simulator", fake_run)
+    argv = ["simulate-brokers", "--endpoints", "127.0.0.1:7301", "--no-stdin", "--ingest-endpoints"]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, f"127.0.0.1:7401,{entry}"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("error: --ingest-endpoints") and message in err, err
+    assert err.count("\n") == 1 and not seen
+    assert main([*argv, "127.0.0.1:7401, [::1]:7402"]) == 0 and seen == [["127.0.0.1:7401", "[::1]:7402"]]
