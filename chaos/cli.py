@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"comma-separated fault kinds, one per episode in turn, each optionally KIND:MODE "
                         f"(kill:leader, partition:one-way, ...; known kinds: {', '.join(KINDS)})")
     c.add_argument("--mixed", action="store_true", help="up to three overlapping fault kinds per episode")
-    c.add_argument("--sets", type=int, default=3, minimum=1, help="broker sets per episode (independent keys)")
+    c.add_argument("--sets", type=int, minimum=1,
+                   help="broker sets per episode (independent keys; default 3)")
     c.add_argument("--tick-ms", type=int, minimum=1, maximum=60_000, default=100,
                    help="Raft tick of the nodes (default 100 as electra up; election timeout 10-13 ticks)")
     c.add_argument("--out", default=".electra/chaos",
@@ -48,8 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--stop-on-failure", action="store_true")
     c.add_argument("--recovery-bound-s", type=float, default=30.0,
                    help="a write must be acknowledged this soon after the faults heal (default 30)")
-    c.add_argument("--fsync-delay-ms", type=int, default=0,
-                   help="every fsync of every node waits this long, the whole run (a slow disk everywhere)")
+    c.add_argument("--fsync-delay-ms", type=int,
+                   help="every fsync of every node waits this long, the whole run (a slow disk everywhere; "
+                        "default 0)")
     c.add_argument("--election-jitter-ticks", type=int, minimum=1, maximum=1000,
                    help="the nodes' election timeout spread in ticks (default: the node's, 4); 1 makes every "
                         "follower time out in the same tick, so split votes (and double votes) are likely")
@@ -77,6 +79,12 @@ def _check_combination(args: argparse.Namespace) -> None:
                                     ("--failover-bound-s", args.failover_bound_s)) if v is not None]
     if pipeline_only and not args.pipeline:
         refuse(f"{', '.join(pipeline_only)} apply to --pipeline runs only")
+    node_level_only = [o for o, given in (("--long", args.long), ("--sets", args.sets is not None),
+                                          ("--fsync-delay-ms", args.fsync_delay_ms is not None),
+                                          ("--election-jitter-ticks", args.election_jitter_ticks is not None))
+                       if given]
+    if node_level_only and args.pipeline:  # the pipeline run has its own workload, fault lengths and nodes
+        refuse(f"{', '.join(node_level_only)} do not apply to --pipeline runs (docs/chaos.md)")
     if args.episode is not None and args.first_episode is not None:
         refuse("--episode replays one episode: drop --first-episode")
     args.first_episode = args.first_episode or 0
@@ -100,10 +108,11 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     episodes = args.episodes if args.episodes is not None else LONG_EPISODES if args.long else RunConfig.episodes
     cfg = RunConfig(out_dir=Path(args.out) / time.strftime("%Y%m%d-%H%M%S"), episodes=episodes,
                     first_episode=args.first_episode, seed=args.seed, nodes=args.nodes, kinds=kinds,
-                    mixed=args.mixed, sets=args.sets, tick_ms=args.tick_ms, secure=not args.insecure,
+                    mixed=args.mixed, sets=args.sets if args.sets is not None else RunConfig.sets,
+                    tick_ms=args.tick_ms, secure=not args.insecure,
                     stop_on_failure=args.stop_on_failure,
                     time_budget_s=args.time_budget_s, recovery_bound_s=args.recovery_bound_s,
-                    fsync_delay_ms=args.fsync_delay_ms, election_jitter_ticks=args.election_jitter_ticks)
+                    fsync_delay_ms=args.fsync_delay_ms or 0, election_jitter_ticks=args.election_jitter_ticks)
     if args.long:
         cfg.mixed, cfg.fault_s = True, LONG_FAULT_S
     if args.episode is not None:

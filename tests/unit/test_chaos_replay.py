@@ -18,7 +18,7 @@ def test_a_replay_command_rebuilds_the_episode_it_names():
     args = build_parser().parse_args(shlex.split(replay_command(cfg, 612))[1:])
     assert (args.seed, args.episode, args.long, args.sets, args.tick_ms) == (13, 612, True, 5, 200)
     plain = build_parser().parse_args(shlex.split(replay_command(RunConfig(out_dir=Path(".")), 3))[1:])
-    assert (plain.long, plain.mixed, plain.sets, plain.tick_ms) == (False, False, 3, 100)
+    assert (plain.long, plain.mixed, plain.sets, plain.tick_ms) == (False, False, None, 100)  # None: RunConfig's 3
     bound = build_parser().parse_args(shlex.split(replay_command(RunConfig(out_dir=Path("."), recovery_bound_s=12.5),
                                                                  0))[1:])
     assert bound.recovery_bound_s == 12.5  # the verdict depends on it

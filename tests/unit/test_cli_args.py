@@ -545,3 +545,40 @@ def test_ingest_help_names_its_real_default_listen_address(capsys):
         parser.parse_args(["ingest", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "(default 127.0.0.1:7401;" in help_text, help_text
+
+
+@pytest.mark.parametrize("argv", [["--long"], ["--sets", "3"], ["--fsync-delay-ms", "0"],
+                                  ["--election-jitter-ticks", "1"], ["--long", "--sets", "5"]])
+def test_chaos_pipeline_refuses_node_level_options_it_would_ignore(argv, monkeypatch, capsys, tmp_path):
+    """QA: `chaos --pipeline` took --long, --sets, --fsync-delay-ms and --election-jitter-ticks and ran without them.
+    Given explicitly, even at their default value, they are refused; left out, the pipeline run starts."""
+    from electra.chaos import cli as chaos_cli
+    from electra.cli import main
+
+    started = []
+    monkeypatch.setattr(chaos_cli, "_cmd_pipeline", lambda args: started.append(args) or 0)
+    base = ["chaos", "--pipeline", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as exc:
+        main([*base, *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and not started, err
+    assert err == f"error: {', '.join(a for a in argv if a.startswith('--'))} do not apply to --pipeline runs " \
+                  "(docs/chaos.md)\n", err
+    assert main([*base, "--mixed", "--episodes", "2"]) == 0 and len(started) == 1
+
+
+def test_chaos_node_level_run_keeps_its_defaults_for_options_now_left_unset(monkeypatch, tmp_path):
+    """--sets and --fsync-delay-ms have no argparse default (so --pipeline can tell them given): 3 and 0 still."""
+    from electra.chaos import runner
+    from electra.cli import main
+
+    seen = []
+
+    async def fake_run(cfg):
+        seen.append(cfg)
+        return 0, "RESULT"
+
+    monkeypatch.setattr(runner, "run", fake_run)
+    assert main(["chaos", "--faults", "kill", "--out", str(tmp_path)]) == 0
+    assert main(["chaos", "--faults", "kill", "--out", str(tmp_path), "--sets", "5", "--fsync-delay-ms", "7"]) == 0
+    assert [(c.sets, c.fsync_delay_ms) for c in seen] == [(3, 0), (5, 7)]
