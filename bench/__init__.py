@@ -28,8 +28,15 @@ def run_benchmark(name: str, argv: list[str]) -> int:
     if name not in BENCHMARKS:
         print(f"unknown benchmark {name!r}; available: {', '.join(sorted(BENCHMARKS))}")
         return 2
-    module = importlib.import_module(BENCHMARKS[name])
     path = os.environ.get(results.ENV)
+    if path:
+        try:
+            results.check_writable(path)
+        except ValueError as exc:
+            from electra.cli_args import refuse
+
+            refuse(f"{results.ENV}={path}: {exc}")
+    module = importlib.import_module(BENCHMARKS[name])
     if not path:
         return module.main(argv)
     with contextlib.redirect_stdout(results.Recorder(sys.stdout, name, path)):

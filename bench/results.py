@@ -61,6 +61,29 @@ def format_line(bench: str, result: str, at: datetime | None = None) -> str:
     return f"{stamp} {bench} {result.strip()}"
 
 
+def check_writable(path: str | os.PathLike) -> None:
+    """ValueError (why, in a few words) unless a RESULT line can be appended to `path`, as `Recorder` appends it:
+    checked before a benchmark runs, not found out once it has. Opens the file as `Recorder` would (its
+    directories are made, as there) and removes it again if it did not exist."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError("is a directory: name the results file")
+    existed = p.exists()
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"{p.parent} is not a directory") from None
+    except OSError as exc:
+        raise ValueError(f"cannot create its directory {p.parent}: {exc.strerror or exc}") from None
+    try:
+        with p.open("a"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"cannot append to it: {exc.strerror or exc}") from None
+    if not existed:
+        p.unlink(missing_ok=True)
+
+
 class Recorder(io.TextIOBase):
     """Passes output through and appends each RESULT line, stamped with time and bench, to `path`."""
 

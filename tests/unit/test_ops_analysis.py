@@ -84,3 +84,32 @@ def test_bench_failover_sustains_a_size_only_when_its_sets_settled_and_every_mas
     assert not _verdict(full | {"hang_replaced": 19}, 1000, 40)[0]
     assert not _verdict(full | {"settled": 0, "crash_n": 0, "crash_replaced": 0, "hang_n": 0, "hang_replaced": 0},
                         1000, 40)[0]  # nothing settled: nothing measured
+
+
+def test_a_results_file_that_cannot_be_written_is_refused_before_the_benchmark_runs(tmp_path, monkeypatch, capsys):
+    """ELECTRA_BENCH_RESULTS naming a directory (or a path under a file) failed with a traceback once the whole
+    benchmark had run; now the benchmark does not start."""
+    import importlib
+
+    import pytest
+
+    from electra.cli import main
+
+    ran = []
+    module = importlib.import_module("electra.bench.raft")
+    monkeypatch.setattr(module, "main", lambda argv: ran.append(argv) or 0)
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    for bad, why in ((tmp_path, "is a directory: name the results file"),
+                     (a_file / "results.txt", f"{a_file} is not a directory"),
+                     ("/proc/electra/results.txt", "cannot create its directory /proc/electra")):
+        monkeypatch.setenv(results.ENV, str(bad))
+        with pytest.raises(SystemExit) as exc:
+            main(["bench", "raft"])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.startswith(f"error: {results.ENV}={bad}: {why}"), err
+        assert err.count("\n") == 1 and not ran, err
+    good = tmp_path / "new" / "results.txt"
+    monkeypatch.setenv(results.ENV, str(good))
+    assert main(["bench", "raft"]) == 0 and ran == [[]]
+    assert not good.exists()  # checked, not left behind empty: the benchmark wrote no RESULT line
