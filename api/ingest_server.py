@@ -24,7 +24,6 @@ import os
 import resource
 import signal
 import socket
-import ssl
 import time
 from dataclasses import replace
 from urllib.parse import unquote_to_bytes
@@ -35,6 +34,7 @@ from electra.interrupts import exit_if_stop_hangs
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.security.auth import AuthError, TokenStore
 from electra.security.http_auth import check_request, scope_names
+from electra.security.tls import server_context
 from electra.streaming import records
 
 from .http_limits import (
@@ -414,11 +414,9 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
     logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # `electra ingest` loaded both once before starting the workers (check_ingest_files): a bad file is refused there
     tokens = TokenStore(tokens_file) if tokens_file else None
-    tls = None
-    if tls_files:
-        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        tls.load_cert_chain(*tls_files)
+    tls = server_context(*tls_files) if tls_files else None
     _raise_fd_limit(INGEST_LIMITS.max_connections)
     producer = HeartbeatProducer(bootstrap, topic, liveness_topic=liveness_topic).start()
     sessions = SessionRegistry(producer)
@@ -451,6 +449,16 @@ def run_worker(host: str, port: int, bootstrap: str, topic: str, log_level: str 
         uvloop.run(main())
     finally:
         producer.close()
+
+
+def check_ingest_files(tls_files: tuple[str, str] | None, tokens_file: str | None) -> None:
+    """Load the certificate, key and tokens file once, as every worker will: ValueError naming the file that cannot
+    be used (unreadable, malformed, a key that is not the certificate's). Before the workers start: each of them
+    failed on it with a traceback, and the command said only that a worker exited."""
+    if tls_files:
+        server_context(*tls_files)
+    if tokens_file:
+        TokenStore(tokens_file)
 
 
 def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topic: str = records.HEARTBEATS,

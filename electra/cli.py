@@ -446,6 +446,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         if missing:
             print(f"error: missing {', '.join(missing)}", file=sys.stderr)
             return 2
+        from electra.api.ingest_server import check_ingest_files
+
+        try:  # as each worker will load them: a bad file is one line here, not a traceback from every worker
+            check_ingest_files(tls_files, tokens_file)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     scheme = "http" if args.insecure else "https"
     try:
         heartbeats, liveness = ingest_topics(args.topic, args.topic_prefix)

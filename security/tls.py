@@ -106,6 +106,18 @@ class NodeTLS:
                 log.exception("TLS reload check failed; checking again in %.0fs", interval_s)
 
 
+def server_context(cert: str | Path, key: str | Path) -> ssl.SSLContext:
+    """A TLS server context presenting `cert` and `key`, asking for no client certificate (the ingest's HTTPS:
+    callers send tokens); ValueError naming the files if they cannot be loaded (unreadable, not PEM, the key not
+    the certificate's)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(f"cannot load TLS files {cert}, {key}: {exc}") from None
+    return ctx
+
+
 def client_context(ca_file: str | Path | None) -> ssl.SSLContext:
     """HTTPS client context trusting the cluster CA bundle (hostname checked against the node certificate)."""
     ctx = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)

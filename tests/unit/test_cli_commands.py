@@ -230,3 +230,40 @@ def test_simulate_brokers_refuses_an_ingest_endpoint_it_cannot_dial(entry, messa
     assert exc.value.code == 2 and err.startswith("error: --ingest-endpoints") and message in err, err
     assert err.count("\n") == 1 and not seen
     assert main([*argv, "127.0.0.1:7401, [::1]:7402"]) == 0 and seen == [["127.0.0.1:7401", "[::1]:7402"]]
+
+
+def test_ingest_refuses_tls_or_tokens_files_it_cannot_load_before_starting_a_worker(tmp_path, monkeypatch, capsys):
+    """A malformed tokens file or a key that is not the certificate's killed every worker with a traceback, and
+    `electra ingest` said only "an ingest worker exited with 1"; now it loads them once and says which, exit 2."""
+    import shutil
+
+    from electra import cli
+    from electra.api import ingest_server
+    from electra.security.local import ensure_local_credentials
+
+    started = []
+    monkeypatch.setattr(ingest_server, "serve_ingest", lambda *a, **kw: started.append(kw))
+    monkeypatch.setattr(cli, "port_taken", lambda host, port: None)
+    creds = ensure_local_credentials(tmp_path / "good", [1, 2])
+
+    def ingest(certs) -> int:
+        return main(["ingest", "--certs-dir", str(certs), "--node-id", "1", "--kafka-bootstrap", "127.0.0.1:1",
+                     "--listen", "127.0.0.1:7401", "--workers", "1"])
+
+    def spoilt(name: str, spoil) -> object:
+        certs = shutil.copytree(creds.certs_dir, tmp_path / name)
+        spoil(certs)
+        return certs
+
+    cases = [
+        (spoilt("json", lambda d: (d / "tokens.json").write_text('{"tokens": [')), "cannot read tokens file"),
+        (spoilt("shape", lambda d: (d / "tokens.json").write_text("[]")), "cannot read tokens file"),
+        (spoilt("key", lambda d: shutil.copy(d / "node-2.key", d / "node-1.key")), "cannot load TLS files"),
+        (spoilt("cert", lambda d: (d / "node-1.crt").write_text("not a certificate")), "cannot load TLS files"),
+    ]
+    for certs, message in cases:
+        assert ingest(certs) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message} {certs}") and err.count("\n") == 1, err
+    assert not started
+    assert ingest(creds.certs_dir) == 0 and len(started) == 1
