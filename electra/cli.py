@@ -230,6 +230,17 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def check_kafka_settings() -> None:
+    """Refuse (exit 2) the ELECTRA_KAFKA_* client security settings that no Kafka client could use, before a
+    command that talks to Kafka starts anything (security/kafka_settings.py)."""
+    from electra.security.kafka_settings import check_kafka_security
+
+    try:
+        check_kafka_security()
+    except ValueError as exc:
+        refuse(str(exc))
+
+
 def cmd_node(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -238,6 +249,8 @@ def cmd_node(args: argparse.Namespace) -> int:
     from electra.consensus.service import ClientService
 
     args = resolve_node_settings(args)
+    if args.kafka_bootstrap:
+        check_kafka_settings()
     if args.id not in args.peers:
         print(f"error: --id {args.id} is not among --peers {sorted(args.peers)}", file=sys.stderr)
         return 2
@@ -427,6 +440,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from electra.api.ingest_server import serve_ingest
 
     host, port = args.listen
+    check_kafka_settings()
     tls_files = tokens_file = None
     if args.insecure:
         from electra.security.node_security import INSECURE_BANNER
@@ -499,6 +513,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         refuse(f"--data-dir {args.data_dir} is not a directory")
     if args.tier_uri and args.no_tier:
         refuse("--tier-uri and --no-tier contradict each other: give one")
+    if args.architecture != "legacy":  # its nodes, ingest workers and job read them (the legacy stack has no Kafka)
+        check_kafka_settings()
     make_dir(args.data_dir, "--data-dir")
     claim = _claim_data_dir(args)  # first: a second `up` on a data dir in use is told so, not that its ports are
     try:

@@ -93,6 +93,20 @@ class KafkaSecurity:
         return opts
 
 
+def check_kafka_security(env: dict | None = None) -> KafkaSecurity:
+    """The settings of the environment, checked as a command starts (ValueError with the variable to fix): an
+    unknown protocol or mechanism, a password file or CA file that cannot be read. Found only inside the Kafka
+    clients, each failed its attempts in a retry loop ("Kafka unreachable; retrying") without end."""
+    security = KafkaSecurity.from_env(env)
+    if security.tls and security.ca_file:
+        try:
+            with open(security.ca_file, "rb"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"cannot read ELECTRA_KAFKA_CA_FILE: {exc}") from None
+    return security
+
+
 def kafka_client_kwargs() -> dict:
     """The settings every kafka-python client in Electra is created with (read from the environment)."""
     return KafkaSecurity.from_env().client_kwargs()

@@ -267,3 +267,48 @@ def test_ingest_refuses_tls_or_tokens_files_it_cannot_load_before_starting_a_wor
         assert err.startswith(f"error: {message} {certs}") and err.count("\n") == 1, err
     assert not started
     assert ingest(creds.certs_dir) == 0 and len(started) == 1
+
+
+_SASL = {"ELECTRA_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "ELECTRA_KAFKA_SASL_USERNAME": "electra",
+         "ELECTRA_KAFKA_SASL_PASSWORD": "secret"}
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"ELECTRA_KAFKA_SECURITY_PROTOCOL": "SASL_TLS"}, "ELECTRA_KAFKA_SECURITY_PROTOCOL must be one of"),
+    ({**_SASL, "ELECTRA_KAFKA_SASL_MECHANISM": "GSSAPI"}, "ELECTRA_KAFKA_SASL_MECHANISM must be one of"),
+    ({"ELECTRA_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "ELECTRA_KAFKA_SASL_MECHANISM": "PLAIN",
+      "ELECTRA_KAFKA_SASL_USERNAME": "electra", "ELECTRA_KAFKA_SASL_PASSWORD_FILE": "/nonexistent/kafka-password"},
+     "cannot read ELECTRA_KAFKA_SASL_PASSWORD_FILE"),
+    ({"ELECTRA_KAFKA_SECURITY_PROTOCOL": "SSL", "ELECTRA_KAFKA_CA_FILE": "/nonexistent/kafka-ca.pem"},
+     "cannot read ELECTRA_KAFKA_CA_FILE"),
+])
+def test_bad_kafka_client_settings_are_refused_as_node_ingest_and_up_start(env, message, tmp_path, monkeypatch,
+                                                                           capsys):
+    """They were found only inside the Kafka clients' retry loops: "Kafka unreachable; retrying", without end."""
+    import os
+
+    from electra import cli
+    from electra.api import ingest_server
+
+    for k in [k for k in os.environ if k.startswith("ELECTRA_KAFKA_")]:
+        monkeypatch.delenv(k)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    started = []
+    monkeypatch.setattr(cli, "_serve_until_signal", lambda start: started.append("node") or 0)
+    monkeypatch.setattr(ingest_server, "serve_ingest", lambda *a, **kw: started.append("ingest"))
+    monkeypatch.setattr(cli, "_run_stack", lambda stack, cfg, args: started.append("up") or 0)
+    monkeypatch.setattr(cli, "port_taken", lambda host, port: None)
+    node = ["node", "--insecure", "--id", "1", "--peers", "1=127.0.0.1:7101", "--data-dir", str(tmp_path / "n")]
+    for argv in ([*node, "--kafka-bootstrap", "kafka:9092"],
+                 ["ingest", "--insecure", "--kafka-bootstrap", "kafka:9092"],
+                 ["up", "--insecure", "--nodes", "1", "--data-dir", str(tmp_path / "up")]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, (argv, err)
+    assert not started and not (tmp_path / "up").exists()
+    # a node without Kafka reads none of them; a legacy stack has no Kafka
+    assert main(node) == 0 and started == ["node"]
+    assert main(["up", "--insecure", "--nodes", "1", "--architecture", "legacy", "--data-dir",
+                 str(tmp_path / "legacy")]) == 0 and started == ["node", "up"]
