@@ -600,7 +600,7 @@ def _refuse_ports_in_use(args: argparse.Namespace) -> None:
 def _run_stack(stack, cfg, args: argparse.Namespace) -> int:
     """`electra up` once its stack is configured: start it, watch it, stop it (whatever happens)."""
     from electra.security.node_security import INSECURE_BANNER
-    from electra.streaming.embedded_kafka import KafkaBinaryMissing
+    from electra.streaming.embedded_kafka import KafkaBinaryMissing, KafkaDidNotStart
     from electra.streaming.kafka_io import KafkaUnreachable
 
     try:
@@ -610,7 +610,7 @@ def _run_stack(stack, cfg, args: argparse.Namespace) -> int:
         else:
             try:
                 bootstrap = stack.start_kafka()
-            except (KafkaBinaryMissing, KafkaUnreachable) as exc:
+            except (KafkaBinaryMissing, KafkaDidNotStart, KafkaUnreachable) as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 1
             where = ("external" if args.kafka_bootstrap

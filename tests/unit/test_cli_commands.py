@@ -312,3 +312,31 @@ def test_bad_kafka_client_settings_are_refused_as_node_ingest_and_up_start(env, 
     assert main(node) == 0 and started == ["node"]
     assert main(["up", "--insecure", "--nodes", "1", "--architecture", "legacy", "--data-dir",
                  str(tmp_path / "legacy")]) == 0 and started == ["node", "up"]
+
+
+def test_up_says_in_one_line_that_tansu_exited_without_waiting_for_its_port(tmp_path, monkeypatch, capsys):
+    """`up` waited the whole 15 s for the port of a tansu that had already exited, then ended in a traceback."""
+    import signal
+    import time
+    from types import SimpleNamespace
+
+    from electra import cli
+    from electra.local_stack import LocalStack, StackConfig
+
+    fake = tmp_path / "tansu"
+    fake.write_text("#!/bin/sh\necho 'tansu: cannot bind' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("ELECTRA_TANSU_BIN", str(fake))
+    stack = LocalStack(StackConfig(data_dir=tmp_path / "d", secure=False))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    t0 = time.monotonic()
+    try:  # `_run_stack` ignores these signals while it stops the stack
+        assert cli._run_stack(stack, stack.cfg, SimpleNamespace(kafka_bootstrap=None)) == 1
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert time.monotonic() - t0 < 10
+    err = capsys.readouterr().err
+    assert err.startswith("error: the embedded Kafka broker (tansu) exited with code 3 before it listened on "
+                          "127.0.0.1:") and err.endswith(f" (log {stack.logs / 'kafka.log'})\n"), err
+    assert "tansu: cannot bind" in (stack.logs / "kafka.log").read_text()
