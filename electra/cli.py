@@ -676,6 +676,9 @@ def _run_stack(stack, cfg, args: argparse.Namespace) -> int:
     except TimeoutError as exc:
         print(f"error: {exc} (logs in {stack.logs})", file=sys.stderr)
         return 1
+    except PermissionError as exc:  # HTTP 401/403 from a node (an OSError: before the clause below)
+        print(f"error: {exc} (a node refused the stack's own admin token; logs in {stack.logs})", file=sys.stderr)
+        return 1
     except OSError as exc:  # whoever read our output is gone (`electra up | tee`, then Ctrl-C; a closed terminal)
         if not isinstance(exc, BrokenPipeError) and exc.errno != errno.EIO:
             raise

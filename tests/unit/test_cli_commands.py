@@ -340,3 +340,30 @@ def test_up_says_in_one_line_that_tansu_exited_without_waiting_for_its_port(tmp_
     assert err.startswith("error: the embedded Kafka broker (tansu) exited with code 3 before it listened on "
                           "127.0.0.1:") and err.endswith(f" (log {stack.logs / 'kafka.log'})\n"), err
     assert "tansu: cannot bind" in (stack.logs / "kafka.log").read_text()
+
+
+def test_up_reports_a_node_refusing_its_credential_in_one_line(tmp_path, monkeypatch, capsys):
+    """HTTP 401/403 while `up` waited for a leader (a PermissionError, an OSError) ended as a traceback."""
+    import signal
+    from types import SimpleNamespace
+
+    from electra import cli
+
+    async def refused(*args, **kwargs):
+        raise PermissionError("127.0.0.1:7301: HTTP 401: invalid or revoked token")
+
+    stopped = []
+    stack = SimpleNamespace(start_controllers=lambda: None, raft_peers="1=127.0.0.1:1", logs=tmp_path, creds=None,
+                            endpoints={1: "127.0.0.1:7301"}, ingest_endpoints={1: "127.0.0.1:7401"},
+                            exited=lambda: [], stop_all=lambda: stopped.append(True))
+    cfg = SimpleNamespace(legacy=True, nodes=1, ingest_workers=1, data_dir=tmp_path)
+    monkeypatch.setattr(cli, "_wait_for_http_leader", refused)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:  # `_run_stack` ignores these signals while it stops the stack
+        assert cli._run_stack(stack, cfg, SimpleNamespace(no_streaming=True, demo=False)) == 1
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert capsys.readouterr().err == ("error: 127.0.0.1:7301: HTTP 401: invalid or revoked token (a node refused the "
+                                       f"stack's own admin token; logs in {tmp_path})\n")
+    assert stopped
