@@ -153,6 +153,15 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 _NODE_TYPES["unclean_election"] = bool
 
 
+def node_env_name(key: str) -> str:
+    """The environment variable an `electra node` setting is read from: ELECTRA_<KEY>, the id's ELECTRA_NODE_ID."""
+    return "ELECTRA_NODE_ID" if key == "id" else f"ELECTRA_{key.upper()}"
+
+
+# Every variable `electra node` reads a setting from (resolve_node_settings): what `electra up` keeps from its nodes.
+NODE_ENV = frozenset(node_env_name(key) for key in _NODE_TYPES)
+
+
 # Numbers a node takes, checked whichever source sets them (a tick of 0 ran Raft's tick in a busy loop).
 _NODE_BOUNDS = {"id": (1, 2**31 - 1), "tick_ms": (1, 60_000), "election_jitter_ticks": (1, 1000),
                 "snapshot_entries": (1, 2**62), "compaction_slack": (0, 2**62),
@@ -177,7 +186,7 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
     for key, typ in _NODE_TYPES.items():
         if getattr(args, key) is not None:
             continue
-        env_name = "ELECTRA_NODE_ID" if key == "id" else f"ELECTRA_{key.upper()}"
+        env_name = node_env_name(key)
         env = os.environ.get(env_name)
         value = env if env is not None else file_values.get(key)
         if isinstance(value, dict):  # TOML tables: {"1" = "host:port", ...}
@@ -205,7 +214,7 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
     missing = [k for k in ("id", "peers", "data_dir") if getattr(args, k) is None]
     if missing:
         refuse(f"missing {', '.join(missing)} (give --{missing[0].replace('_', '-')}, "
-               f"ELECTRA_{'NODE_ID' if missing[0] == 'id' else missing[0].upper()} or a --config key)")
+               f"{node_env_name(missing[0])} or a --config key)")
     if args.inactive_master_scan_ms is None:
         args.inactive_master_scan_ms = 0 if args.kafka_bootstrap else 5000
     if args.architecture not in ("new", "legacy"):

@@ -89,7 +89,7 @@ class LocalStack:
         out = open(self.logs / f"{name}.log", "ab") if log_to_file else None  # noqa: SIM115 - owned by the child
         # Each child leads its own process group: a Ctrl-C reaches only `electra up`, which stops the
         # children in order, and `stop()` can also end what a child started (Spark's JVM).
-        env = {**os.environ, **self.role_env(role), **(env_extra or {})} if role or env_extra else None
+        env = {**stack_env(), **self.role_env(role), **(env_extra or {})}
         # `die_with_parent`: a SIGKILLed `electra up` (or benchmark) leaves no process behind either.
         proc = subprocess.Popen(die_with_parent(cmd), stdout=out, stderr=subprocess.STDOUT if out else None,
                                 stdin=stdin if stdin is not None else subprocess.DEVNULL, env=env,
@@ -266,6 +266,18 @@ class LocalStack:
                 raise RuntimeError(f"{name} exited ({proc.returncode}):\n{self.log_tail(name)}")
             time.sleep(0.2)
         raise TimeoutError(f"{name} did not log {text!r} within {timeout}s:\n{self.log_tail(name)}")
+
+
+def stack_env() -> dict[str, str]:
+    """This process's environment without the variables that set `electra node` options (electra.cli.NODE_ENV:
+    ELECTRA_CERTS_DIR, ELECTRA_TOKENS_FILE, ELECTRA_CLUSTER_ID, ELECTRA_UNSAFE_NO_FSYNC, ...). The stack configures
+    its processes on their command lines; an operator's shell exporting these for a node of a real cluster silently
+    overrode or contradicted that (ELECTRA_CERTS_DIR with `up --insecure`: every node refused to start), and
+    `electra ingest` reads some of them too. The rest stays: ELECTRA_LOG_LEVEL, the Kafka client settings
+    (ELECTRA_KAFKA_SECURITY_PROTOCOL, ...), ELECTRA_TANSU_BIN, test hooks (ELECTRA_TEST_*)."""
+    from electra.cli import NODE_ENV
+
+    return {k: v for k, v in os.environ.items() if k not in NODE_ENV}
 
 
 def _kill_group(pgid: int) -> None:

@@ -367,3 +367,36 @@ def test_up_reports_a_node_refusing_its_credential_in_one_line(tmp_path, monkeyp
     assert capsys.readouterr().err == ("error: 127.0.0.1:7301: HTTP 401: invalid or revoked token (a node refused the "
                                        f"stack's own admin token; logs in {tmp_path})\n")
     assert stopped
+
+
+def test_up_keeps_the_operators_node_settings_from_the_processes_it_starts(tmp_path, monkeypatch):
+    """ELECTRA_CERTS_DIR, ELECTRA_TOKENS_FILE, ELECTRA_UNSAFE_NO_FSYNC, ... of the operator's shell reached the nodes
+    (and ingest) `up` starts and overrode or contradicted their command lines (ELECTRA_CERTS_DIR with `up --insecure`:
+    every node refused). Variables that set no node option still reach them."""
+    import subprocess
+
+    from electra import cli
+    from electra.local_stack import LocalStack, StackConfig
+
+    node_settings = {"ELECTRA_CERTS_DIR": "/etc/electra", "ELECTRA_TOKENS_FILE": "/etc/electra/tokens.json",
+                     "ELECTRA_CLUSTER_ID": "c0ffee", "ELECTRA_UNSAFE_NO_FSYNC": "1", "ELECTRA_FRONT_ENDS": "4",
+                     "ELECTRA_ARCHITECTURE": "legacy", "ELECTRA_NODE_ID": "7", "ELECTRA_TOPIC_PREFIX": "prod."}
+    others = {"ELECTRA_LOG_LEVEL": "DEBUG", "ELECTRA_KAFKA_SECURITY_PROTOCOL": "SSL", "ELECTRA_TANSU_BIN": "/bin/true",
+              "ELECTRA_TEST_MUTATION": "none", "ELECTRA_CA_FILE": "/etc/ca.crt"}
+    for k, v in {**node_settings, **others}.items():
+        monkeypatch.setenv(k, v)
+    assert set(node_settings) <= cli.NODE_ENV and not set(others) & cli.NODE_ENV
+    envs: list[dict | None] = []
+
+    class FakePopen:
+        def __init__(self, cmd, env=None, **kw):
+            envs.append(env)
+
+    monkeypatch.setattr(subprocess, "Popen", FakePopen)
+    stack = LocalStack(StackConfig(data_dir=tmp_path / "d", nodes=1, secure=False))
+    stack.start_controllers()  # node 1 and its ingest
+    stack.start_job()
+    assert len(envs) == 3
+    for env in envs:
+        assert env is not None and not set(node_settings) & set(env), env
+        assert all(env[k] == v for k, v in others.items())
