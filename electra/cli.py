@@ -546,7 +546,14 @@ def _up(args: argparse.Namespace) -> int:
                       architecture=args.architecture, accept_new_peers=args.accept_new_peers,
                       job_args=["--disconnect-grace-ms", str(args.disconnect_grace_ms)] if args.disconnect_grace_ms
                       else [])
-    stack = LocalStack(cfg)
+    from electra.security.local import LocalCredentialsError
+
+    try:  # creates <data-dir>/logs and, for a secure stack, the CA, node certificates and role tokens
+        stack = LocalStack(cfg)
+    except LocalCredentialsError as exc:
+        refuse(str(exc))
+    except OSError as exc:  # <data-dir>/logs: a full disk, no permission
+        refuse(f"--data-dir {args.data_dir}: cannot create its logs directory ({exc.strerror or exc})")
 
     with terminate_as_interrupt():  # SIGTERM, or the terminal closing (SIGHUP), stops the stack as Ctrl-C does
         return _run_stack(stack, cfg, args)

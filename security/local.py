@@ -14,9 +14,13 @@ from pathlib import Path
 from .auth import create_token
 from .credentials import ClientCredentials
 from .node_security import TOKENS_FILE
-from .pki import CA_CERT, create_ca, create_node_cert, node_cert_paths, read_cluster_id
+from .pki import CA_CERT, CA_KEY, CLUSTER_ID, create_ca, create_node_cert, node_cert_paths, read_cluster_id
 
 LOCAL_ROLES = ("admin", "observer", "pipeline", "broker")
+
+
+class LocalCredentialsError(ValueError):
+    """The certs directory cannot serve the local stack (a half-written CA, a full disk): what to do, in one line."""
 
 
 @dataclass
@@ -47,9 +51,33 @@ class LocalCredentials:
 
 def ensure_local_credentials(certs_dir: Path | str, node_ids, *, hosts=("127.0.0.1", "localhost")
                              ) -> LocalCredentials:
+    """The CA, node certificates and role tokens in `certs_dir`, created where missing; LocalCredentialsError
+    when the directory holds a CA that cannot be completed or a file cannot be written."""
     d = Path(certs_dir)
-    if not (d / CA_CERT).exists():
-        create_ca(d)
+    try:
+        return _ensure_local_credentials(d, node_ids, hosts)
+    except LocalCredentialsError:
+        raise
+    except OSError as exc:  # a full disk, no permission
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise LocalCredentialsError(f"cannot write the local credentials in {d}{where}: {exc.strerror or exc}") \
+            from None
+    except ValueError as exc:  # a file of the directory that cannot be read (pki, auth say which)
+        raise LocalCredentialsError(f"cannot use the local credentials in {d}: {exc}") from None
+
+
+def _ensure_local_credentials(d: Path, node_ids, hosts) -> LocalCredentials:
+    missing = [name for name in (CA_KEY, CA_CERT, CLUSTER_ID) if not (d / name).exists()]
+    if missing:
+        issued = sorted(p.name for p in d.glob("node-*.crt"))
+        if issued:  # a new CA would not have signed them: the nodes could not talk to each other
+            raise LocalCredentialsError(
+                f"{d} lacks {' and '.join(missing)} of the CA that issued {', '.join(issued)}: restore it, or remove "
+                f"{d} to start over (a new cluster id: remove the nodes' data dirs too)")
+        # create_ca writes ca.key, then ca.crt, then cluster-id, and nothing was issued from this CA: a first start
+        # cut short (a full disk, a kill) left part of it. Start the CA over (keeping a cluster id it wrote).
+        (d / CA_CERT).unlink(missing_ok=True)  # else create_ca would keep it trusted, as a CA rollover does
+        create_ca(d, overwrite=True)
     creds = LocalCredentials(d, read_cluster_id(d))
     for i in node_ids:
         if not creds.node_files(i)[0].exists():

@@ -400,3 +400,55 @@ def test_up_keeps_the_operators_node_settings_from_the_processes_it_starts(tmp_p
     for env in envs:
         assert env is not None and not set(node_settings) & set(env), env
         assert all(env[k] == v for k, v in others.items())
+
+
+def test_up_completes_a_local_ca_cut_short_and_says_what_to_do_with_one_it_cannot(tmp_path, monkeypatch, capsys):
+    """`ca.key` without `ca.crt` (a first `up` killed, or out of disk, between the two writes) raised FileExistsError
+    as a traceback on every later `up`; a full disk while writing credentials was a traceback too."""
+    import errno
+    import shutil
+
+    from electra import cli
+    from electra.security import local
+    from electra.security.pki import create_ca
+    from electra.security.tls import NodeTLS
+
+    started = []
+    monkeypatch.setattr(cli, "_run_stack", lambda stack, cfg, args: started.append(stack) or 0)
+    monkeypatch.setattr(cli, "port_taken", lambda host, port: None)
+    d = tmp_path / "d"
+    certs = d / "certs"
+
+    def up() -> int:
+        return cli.main(["up", "--nodes", "1", "--data-dir", str(d)])
+
+    for left in (["ca.key"], ["ca.key", "ca.crt"]):  # what create_ca had written when it was cut short
+        shutil.rmtree(d, ignore_errors=True)
+        create_ca(certs)
+        for name in {"ca.key", "ca.crt", "cluster-id"} - set(left):
+            (certs / name).unlink()
+        assert up() == 0  # nothing was issued from it: started over
+        creds = started[-1].creds
+        NodeTLS(*creds.node_files(1), creds.ca_file).check()  # node 1's certificate is the new CA's
+        assert creds.cluster_id == (certs / "cluster-id").read_text().strip()
+    # a CA that issued certificates is not replaced behind the nodes' back: which file, and what to do
+    (certs / "ca.crt").unlink()
+    with pytest.raises(SystemExit) as exc:
+        up()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err == (f"error: {certs} lacks ca.crt of the CA that issued node-1.crt: restore "
+                                           f"it, or remove {certs} to start over (a new cluster id: remove the "
+                                           "nodes' data dirs too)\n"), err
+    # out of disk while writing them: one line
+    shutil.rmtree(d)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(certs / "ca.key.tmp"))
+
+    monkeypatch.setattr(local, "create_ca", full)
+    with pytest.raises(SystemExit) as exc:
+        up()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err == (f"error: cannot write the local credentials in {certs} "
+                                           f"({certs / 'ca.key.tmp'}): No space left on device\n"), err
+    assert len(started) == 2
