@@ -89,7 +89,7 @@ class LocalStack:
         out = open(self.logs / f"{name}.log", "ab") if log_to_file else None  # noqa: SIM115 - owned by the child
         # Each child leads its own process group: a Ctrl-C reaches only `electra up`, which stops the
         # children in order, and `stop()` can also end what a child started (Spark's JVM).
-        env = {**stack_env(), **self.role_env(role), **(env_extra or {})}
+        env = {**stack_env(), **(self.role_env(role) if role else {}), **(env_extra or {})}
         # `die_with_parent`: a SIGKILLed `electra up` (or benchmark) leaves no process behind either.
         proc = subprocess.Popen(die_with_parent(cmd), stdout=out, stderr=subprocess.STDOUT if out else None,
                                 stdin=stdin if stdin is not None else subprocess.DEVNULL, env=env,

@@ -369,7 +369,8 @@ def test_up_reports_a_node_refusing_its_credential_in_one_line(tmp_path, monkeyp
     assert stopped
 
 
-def test_up_keeps_the_operators_node_settings_from_the_processes_it_starts(tmp_path, monkeypatch):
+@pytest.mark.parametrize("secure", [False, True], ids=["insecure", "secure"])
+def test_up_keeps_the_operators_node_settings_from_the_processes_it_starts(tmp_path, monkeypatch, secure):
     """ELECTRA_CERTS_DIR, ELECTRA_TOKENS_FILE, ELECTRA_UNSAFE_NO_FSYNC, ... of the operator's shell reached the nodes
     (and ingest) `up` starts and overrode or contradicted their command lines (ELECTRA_CERTS_DIR with `up --insecure`:
     every node refused). Variables that set no node option still reach them."""
@@ -393,13 +394,15 @@ def test_up_keeps_the_operators_node_settings_from_the_processes_it_starts(tmp_p
             envs.append(env)
 
     monkeypatch.setattr(subprocess, "Popen", FakePopen)
-    stack = LocalStack(StackConfig(data_dir=tmp_path / "d", nodes=1, secure=False))
-    stack.start_controllers()  # node 1 and its ingest
+    stack = LocalStack(StackConfig(data_dir=tmp_path / "d", nodes=1, secure=secure))
+    stack.start_controllers()  # node 1 and its ingest (a process without a role: no credential of its own)
     stack.start_job()
     assert len(envs) == 3
     for env in envs:
         assert env is not None and not set(node_settings) & set(env), env
-        assert all(env[k] == v for k, v in others.items())
+        assert all(env[k] == v for k, v in others.items() if not (secure and k == "ELECTRA_CA_FILE"))
+    if secure:  # the job acts as the pipeline role: the stack's CA and token, not the shell's
+        assert envs[2]["ELECTRA_CA_FILE"] != "/etc/ca.crt" and "ELECTRA_TOKEN_FILE" in envs[2]
 
 
 def test_up_completes_a_local_ca_cut_short_and_says_what_to_do_with_one_it_cannot(tmp_path, monkeypatch, capsys):
