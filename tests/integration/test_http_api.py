@@ -81,6 +81,11 @@ def test_broker_flow_redirects_follower_reads_errors_metrics_and_watch(tmp_path)
                 assert 'electra_requests_total{code="0",endpoint="elect_master"}' in metrics
                 assert "electra_raft_commit_index" in metrics and 'electra_raft_role{role="leader"} 1.0' in metrics
                 assert (await raw.get(f"http://{follower_ep}/healthz")).json()["ok"]
+                # In sync means alive too: the 800 ms timeouts of the registration heartbeats may have passed on a
+                # loaded machine (the CPU-heavy suite beside it: [3] alone was seen), so each broker beats again.
+                for bid in (1, 2, 3):
+                    await client.heartbeat("c", "b", bid, f"10.0.0.{bid}:10911", epoch=1, maxOffset=100 * bid,
+                                           heartbeatTimeoutMillis=800)
                 data = await client.sync_state_data(["b"])
                 assert [x["brokerId"] for x in data["body"]["replicasInfoTable"]["b"]["inSyncReplicas"]] == [1, 2, 3]
 
