@@ -9,12 +9,12 @@ credentials) the JSON body, and refusals get the API's error body. The routes st
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl
 
 from electra.state.codes import Code
+from electra.state.limits import printable
 
 from . import dashboard_login
 from .audit import AuditLog
@@ -57,7 +57,7 @@ class AuthMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         method, path = scope["method"], scope["path"]
-        if _CONTROL.search(path):  # no route has one; a route's `$` matches before a final "\n" (`/v1/heartbeat%0A`)
+        if not printable(path):  # a control character: no route has one (see _send_no_route)
             return await _send_no_route(send)
         if method == "POST" and path in (dashboard_login.LOGIN_PATH, dashboard_login.LOGOUT_PATH):
             return await dashboard_login.handle(self.tokens, self.sessions, scope, receive, send)
@@ -176,10 +176,9 @@ class _BodyTooLarge(Exception):
     """A broker's body passed MAX_SCOPED_BODY while it was read to check its scope: 413, as with a Content-Length."""
 
 
-# ASCII control characters: no route's path holds one. Starlette's route patterns end in `$`, which matches before
-# a final newline, so `/v1/heartbeat%0A` (decoded "/v1/heartbeat\n") would reach the heartbeat route under the
-# admin catch-all rule of `rule_for` instead of the broker-only one: refused as an unknown endpoint first.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# A path with a control character names no route. Starlette's route patterns end in `$`, which matches before a final
+# newline, so `/v1/heartbeat%0A` (decoded "/v1/heartbeat\n") would reach the heartbeat route under the admin catch-all
+# rule of `rule_for` instead of the broker-only one: refused as an unknown endpoint first.
 _NO_ROUTE = json.dumps({"code": int(Code.REQUEST_CODE_NOT_SUPPORTED), "remark": "no such endpoint"}).encode()
 
 
