@@ -236,6 +236,16 @@ def resolve_node_settings(args: argparse.Namespace) -> argparse.Namespace:
         refuse("--bootstrap-from-tier needs --tier-uri: the tier to start this node from")
     if args.state_machine not in ("controller", "kv", "counter"):
         refuse(f"--state-machine must be controller, kv or counter, not {args.state_machine!r}")
+    if args.tier_options and not args.tier_uri:
+        refuse("--tier-options needs --tier-uri: the options are for that tier's storage")
+    if args.state_machine != "controller":  # settings of the controller's API and pipeline, which kv/counter lack
+        given = [name for name, value in (("--kafka-bootstrap", args.kafka_bootstrap), ("--tier-uri", args.tier_uri),
+                                          ("--http-peers", args.http_peers), ("--front-ends", args.front_ends),
+                                          ("--architecture legacy", args.architecture == "legacy"),
+                                          ("--unclean-election", args.unclean_election)) if value]
+        if given:
+            refuse(f"{', '.join(given)}: only a controller node takes {'these' if len(given) > 1 else 'this'}, "
+                   f"not --state-machine {args.state_machine}")
     return args
 
 
@@ -507,6 +517,9 @@ def dashboard_hint(endpoint: str, creds) -> str:
             f"Settings > Certificates > View Certificates > Authorities > Import), or accept the warning once")
 
 
+UP_SPARK_MASTER = "local[2]"  # `electra up`'s streaming job: local mode on this machine's two cores
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     """The whole local stack: Kafka-compatible broker, controller nodes, ingest workers, the Spark job
     and, with --demo, simulated brokers. Ctrl-C (or SIGTERM) stops everything."""
@@ -522,6 +535,15 @@ def cmd_up(args: argparse.Namespace) -> int:
         refuse(f"--data-dir {args.data_dir} is not a directory")
     if args.tier_uri and args.no_tier:
         refuse("--tier-uri and --no-tier contradict each other: give one")
+    if args.architecture == "legacy":  # no Kafka, ingest workers or Spark job to give these to
+        ignored = [name for name, value in (("--kafka-bootstrap", args.kafka_bootstrap),
+                                            ("--topic-prefix", args.topic_prefix),
+                                            ("--ingest-workers", args.ingest_workers != 1),
+                                            ("--spark-master", args.spark_master != UP_SPARK_MASTER),
+                                            ("--disconnect-grace-ms", args.disconnect_grace_ms)) if value]
+        if ignored:
+            refuse(f"{', '.join(ignored)}: the legacy stack has no Kafka, ingest workers or streaming job "
+                   "(drop --architecture legacy or these options)")
     if args.architecture != "legacy":  # its nodes, ingest workers and job read them (the legacy stack has no Kafka)
         check_kafka_settings()
     make_dir(args.data_dir, "--data-dir")
@@ -1091,7 +1113,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use this Kafka (HOST:PORT[,HOST:PORT]) instead of starting the embedded broker")
     u.add_argument("--kafka-port", type=int, minimum=1, maximum=65535, default=19092, help="embedded broker port")
     u.add_argument("--topic-prefix", type=topic_prefix, default="")
-    u.add_argument("--spark-master", default="local[2]", help="Spark master URL for the streaming job")
+    u.add_argument("--spark-master", default=UP_SPARK_MASTER, help="Spark master URL for the streaming job")
     u.add_argument("--no-streaming", action="store_true", help="do not start the Spark job")
     u.add_argument("--tier-uri", type=tier_uri, help="Delta tables for snapshots and events (default <data-dir>/tier)")
     u.add_argument("--no-tier", action="store_true", help="no Delta tiering")

@@ -268,3 +268,21 @@ def test_an_ipv6_peer_is_written_in_brackets_and_dialled_without_them():
     assert peers == {1: ("::1", 7101), 2: ("127.0.0.1", 7102), 3: ("fd00::3", 7103)}
     socket.getaddrinfo(peers[1][0], peers[1][1], type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
     assert parse_http_peers("1=[::1]:7301,2=node-2:7301") == {1: "[::1]:7301", 2: "node-2:7301"}  # URLs: brackets
+
+
+def test_settings_a_node_would_ignore_are_refused(monkeypatch, capsys):
+    """Options another kind of node or a missing option would have silently dropped: named, exit 2."""
+    base = ["--id", "1", "--peers", "1=127.0.0.1:7101", "--data-dir", "d", "--insecure"]
+    _refused(capsys, lambda: _node([*base, "--tier-options", "region=x"], monkeypatch),
+             "^error: --tier-options needs --tier-uri")
+    for extra, named in ((["--kafka-bootstrap", "k:9092"], "--kafka-bootstrap"),
+                         (["--tier-uri", "/t"], "--tier-uri"), (["--front-ends", "2"], "--front-ends"),
+                         (["--http-peers", "1=127.0.0.1:7301"], "--http-peers"),
+                         (["--architecture", "legacy"], "--architecture legacy"),
+                         (["--unclean-election"], "--unclean-election")):
+        _refused(capsys, lambda extra=extra: _node([*base, "--state-machine", "kv", *extra], monkeypatch),
+                 f"^error: {named}: only a controller node takes this, not --state-machine kv")
+    _refused(capsys, lambda: _node([*base, "--state-machine", "counter", "--front-ends", "1", "--tier-uri", "/t"],
+                                   monkeypatch), "^error: --tier-uri, --front-ends: only a controller node takes these")
+    assert _node([*base, "--state-machine", "kv"], monkeypatch).state_machine == "kv"
+    assert _node([*base, "--tier-uri", "/t", "--tier-options", "a=b"], monkeypatch).tier_options == {"a": "b"}

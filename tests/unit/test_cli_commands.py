@@ -455,3 +455,24 @@ def test_up_completes_a_local_ca_cut_short_and_says_what_to_do_with_one_it_canno
     assert exc.value.code == 2 and err == (f"error: cannot write the local credentials in {certs} "
                                            f"({certs / 'ca.key.tmp'}): No space left on device\n"), err
     assert len(started) == 2
+
+
+def test_up_refuses_pipeline_options_for_the_legacy_stack_which_has_no_pipeline(tmp_path, monkeypatch, capsys):
+    """The legacy stack starts no Kafka, ingest workers or job: options for them were dropped without a word."""
+    from electra import cli
+
+    started = []
+    monkeypatch.setattr(cli, "_run_stack", lambda stack, cfg, args: started.append("up") or 0)
+    monkeypatch.setattr(cli, "port_taken", lambda host, port: None)
+    up = ["up", "--insecure", "--nodes", "1", "--architecture", "legacy", "--data-dir", str(tmp_path / "up")]
+    for extra, named in ((["--kafka-bootstrap", "k:9092"], "--kafka-bootstrap"),
+                         (["--topic-prefix", "t."], "--topic-prefix"), (["--ingest-workers", "2"], "--ingest-workers"),
+                         (["--spark-master", "local[1]"], "--spark-master"),
+                         (["--disconnect-grace-ms", "500"], "--disconnect-grace-ms")):
+        with pytest.raises(SystemExit) as exc:
+            main([*up, *extra])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.startswith(f"error: {named}: the legacy stack has no Kafka") \
+            and err.count("\n") == 1, err
+    assert not started and not (tmp_path / "up").exists()
+    assert main(up) == 0 and started == ["up"]
