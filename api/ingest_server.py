@@ -492,9 +492,11 @@ def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topi
     signal.signal(signal.SIGINT, on_signal)
     for p in procs:
         p.start()
+    ended = None
     try:
         while not stop and all(p.is_alive() for p in procs):
             time.sleep(0.2)
+        ended = next((p for p in procs if not p.is_alive()), None)
     finally:
         exit_if_stop_hangs("ingest")
         for p in procs:
@@ -504,6 +506,18 @@ def serve_ingest(host: str, port: int, bootstrap: str, *, workers: int = 2, topi
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    dead = [p.exitcode for p in procs if p.exitcode not in (0, -signal.SIGTERM, None)]
-    if dead and not stop:
-        raise SystemExit(f"an ingest worker exited with {dead[0]}")
+    if ended is not None and not stop:
+        # Whatever ended it (a crash, a SIGTERM or SIGKILL sent to the worker alone): this process was not asked to
+        # stop, so the service is down by accident. Exit 1, not 0, so a supervisor restarts it.
+        raise SystemExit(f"error: ingest worker {ended.name} ended on its own ({_exit_status(ended.exitcode)}); "
+                         "stopped the other workers")
+
+
+def _exit_status(code: int | None) -> str:
+    """A child's exit code as an operator reads it: `exit code 1`, or the signal's name for a negative one."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

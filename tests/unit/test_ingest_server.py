@@ -992,3 +992,48 @@ def test_an_absolute_form_or_percent_encoded_path_names_its_route_as_at_the_node
         proto, transport = connect(FakeProducer())
         proto.data_received(post(body).replace(b"POST /v1/heartbeat ", f"POST {target} ".encode(), 1))
         assert [s for s, _, _ in responses(transport.data)] == [404], target
+
+
+@pytest.mark.parametrize("exitcode, said", [(-9, "killed by SIGKILL"), (-15, "killed by SIGTERM"), (0, "exit code 0"),
+                                            (1, "exit code 1")])
+def test_ingest_exits_1_naming_the_worker_when_one_ends_without_being_asked(exitcode, said, monkeypatch):
+    """A lone worker SIGTERMed (or ending with 0) made `electra ingest` stop the others and exit 0: a supervisor
+    restarting on failure (systemd's Restart=on-failure) left the node without heartbeat ingest."""
+    from electra.api import ingest_server
+
+    class Worker:
+        def __init__(self, name: str, lives: int) -> None:
+            self.name, self.lives, self.exitcode = name, lives, None
+
+        def start(self) -> None:
+            pass
+
+        def is_alive(self) -> bool:
+            if self.exitcode is None and self.lives <= 0:
+                self.exitcode = exitcode
+            self.lives -= 1
+            return self.exitcode is None
+
+        def terminate(self) -> None:
+            self.exitcode = -15
+
+        def join(self, timeout: float) -> None:
+            pass
+
+    lives = iter([10**6, 2])  # the second worker ends by itself after two looks
+    workers: list[Worker] = []
+
+    class Context:
+        def Process(self, *, name: str, **kwargs):
+            workers.append(Worker(name, next(lives)))
+            return workers[-1]
+
+    monkeypatch.setattr(ingest_server.multiprocessing, "get_context", lambda _method: Context())
+    monkeypatch.setattr(ingest_server, "port_taken", lambda host, port: None)
+    monkeypatch.setattr(ingest_server.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(ingest_server.signal, "signal", lambda *_a: None)  # the test process keeps its handlers
+    with pytest.raises(SystemExit) as exit_:
+        ingest_server.serve_ingest("127.0.0.1", 1, "127.0.0.1:1", workers=2)
+    assert exit_.value.code == f"error: ingest worker ingest-worker-1 ended on its own ({said}); stopped the other " \
+                              "workers"
+    assert workers[0].exitcode == -15  # the other one was stopped
