@@ -33,7 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from electra.consensus.errors import RaftError
 from electra.security.auth import limited_to_clusters
 from electra.security.dashboard_login import LOGIN_PATH, LOGOUT_PATH
-from electra.security.http_auth import credential_still_valid
+from electra.security.http_auth import NO_ROUTE_REMARK, credential_still_valid
 from electra.state.codes import Code
 from electra.state.limits import (
     ADDRESS_PATTERN,
@@ -302,7 +302,7 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
             count_invalid(request)
             return _invalid([{"field": "body", "problem": "not JSON that can be read (nested too deep, a number "
                                                           "of over 4,300 digits, or not UTF-8)"}])
-        remark = {404: "no such endpoint", 405: "method not allowed on this endpoint"}.get(exc.status_code,
+        remark = {404: NO_ROUTE_REMARK, 405: "method not allowed on this endpoint"}.get(exc.status_code,
                                                                                            str(exc.detail)[:200])
         if exc.status_code in (404, 405):  # a misconfigured client shows up in the metrics (bounded labels)
             counted.count("no_route" if exc.status_code == 404 else "wrong_method",

@@ -33,7 +33,7 @@ import httptools
 from electra.interrupts import exit_if_stop_hangs
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.security.auth import AuthError, TokenStore
-from electra.security.http_auth import check_request, scope_names
+from electra.security.http_auth import NO_ROUTE_BODY, check_request, scope_names
 from electra.security.tls import server_context
 from electra.streaming import records
 
@@ -328,7 +328,7 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
             self._reply(200, ("\n".join(lines) + "\n").encode(), content_type=b"text/plain; version=0.0.4",
                         close=not keep)
         else:
-            self._reply(404, b'{"code":3,"remark":"no such endpoint"}', close=not keep)
+            self._reply(404, NO_ROUTE_BODY, close=not keep)
 
     def _check_caller(self, method: bytes, path: bytes, raw: bytes, decoded: object) -> None:
         """The credential check of `check_request`, skipped when this connection already passed it for the

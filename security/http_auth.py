@@ -179,13 +179,15 @@ class _BodyTooLarge(Exception):
 # A path with a control character names no route. Starlette's route patterns end in `$`, which matches before a final
 # newline, so `/v1/heartbeat%0A` (decoded "/v1/heartbeat\n") would reach the heartbeat route under the admin catch-all
 # rule of `rule_for` instead of the broker-only one: refused as an unknown endpoint first.
-_NO_ROUTE = json.dumps({"code": int(Code.REQUEST_CODE_NOT_SUPPORTED), "remark": "no such endpoint"}).encode()
+NO_ROUTE_REMARK = "no such endpoint"  # the API's one answer to a path it does not serve (app, ingest, this middleware)
+NO_ROUTE_BODY = json.dumps({"code": int(Code.REQUEST_CODE_NOT_SUPPORTED), "remark": NO_ROUTE_REMARK},
+                           separators=(",", ":")).encode()  # byte for byte as the application's JSONResponse
 
 
 async def _send_no_route(send) -> None:
     await send({"type": "http.response.start", "status": 404,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(_NO_ROUTE))]})
-    await send({"type": "http.response.body", "body": _NO_ROUTE})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(NO_ROUTE_BODY))]})
+    await send({"type": "http.response.body", "body": NO_ROUTE_BODY})
 
 
 async def _buffer(receive):
