@@ -36,16 +36,10 @@ class NodeTLS:
         self._stamp = self._mtimes()
 
     def _load(self, ctx: ssl.SSLContext, trust: bool) -> None:
-        try:
-            ctx.load_cert_chain(self.cert, self.key)
-            if trust:
-                ctx.load_verify_locations(cafile=self.ca)
-        except (ssl.SSLError, OSError) as exc:
-            raise ValueError(f"cannot load TLS files {self.cert}, {self.key}, {self.ca}: {exc}") from None
+        _load_files(ctx, self.cert, self.key, self.ca if trust else None)
 
     def _new(self, purpose: int, *, verify: bool) -> ssl.SSLContext:
-        ctx = ssl.SSLContext(purpose)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx = _context(purpose)
         if purpose == ssl.PROTOCOL_TLS_CLIENT:
             ctx.check_hostname = False  # peers are identified by the node URI in their certificate
         ctx.verify_mode = ssl.CERT_REQUIRED if verify else ssl.CERT_NONE
@@ -110,12 +104,28 @@ def server_context(cert: str | Path, key: str | Path) -> ssl.SSLContext:
     """A TLS server context presenting `cert` and `key`, asking for no client certificate (the ingest's HTTPS:
     callers send tokens); ValueError naming the files if they cannot be loaded (unreadable, not PEM, the key not
     the certificate's)."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx = _context(ssl.PROTOCOL_TLS_SERVER)
+    _load_files(ctx, cert, key)
+    return ctx
+
+
+def _context(purpose: int) -> ssl.SSLContext:
+    """Every Electra TLS endpoint's context: TLS 1.2 or newer, said here rather than left to the build's default."""
+    ctx = ssl.SSLContext(purpose)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+
+def _load_files(ctx: ssl.SSLContext, cert: str | Path, key: str | Path, ca: str | Path | None = None) -> None:
+    """Load a certificate, its key and (with `ca`) the CA to trust; ValueError naming the files if one cannot be
+    (unreadable, not PEM, the key not the certificate's)."""
     try:
         ctx.load_cert_chain(cert, key)
+        if ca is not None:
+            ctx.load_verify_locations(cafile=ca)
     except (ssl.SSLError, OSError) as exc:
-        raise ValueError(f"cannot load TLS files {cert}, {key}: {exc}") from None
-    return ctx
+        files = ", ".join(str(f) for f in (cert, key, ca) if f is not None)
+        raise ValueError(f"cannot load TLS files {files}: {exc}") from None
 
 
 def client_context(ca_file: str | Path | None) -> ssl.SSLContext:

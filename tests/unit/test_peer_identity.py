@@ -305,3 +305,19 @@ def test_an_http_request_on_the_raft_port_is_named(caplog):
 
     asyncio.run(asyncio.wait_for(main(), 10))
     assert any("an HTTP request arrived on the Raft peer port" in r.getMessage() for r in caplog.records)
+
+
+def test_every_tls_listener_refuses_versions_older_than_1_2(pki):
+    """One floor for every context, set by Electra (the ingest's HTTPS context relied on Python's default, which is
+    1.2 since 3.10 but is a build setting), and one error naming the files that could not be loaded."""
+    import ssl
+
+    from electra.security.tls import server_context
+
+    d = pki["good"]
+    tls = _tls(d, 1)
+    contexts = [server_context(d / "node-1.crt", d / "node-1.key"), tls.http_server_context(),
+                tls.peer_server_context(), tls.peer_client_context()]
+    assert [c.minimum_version for c in contexts] == [ssl.TLSVersion.TLSv1_2] * 4
+    with pytest.raises(ValueError, match=f"^cannot load TLS files {d}/node-2.crt, {d}/node-1.key: "):
+        server_context(d / "node-2.crt", d / "node-1.key")
