@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
+import msgspec
 from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from electra.api.invalid import invalid_request
 from electra.state.codes import Code
 
 from .reader import MAX_EVENTS, TierReader, event_window, not_in_future, parse_cursor, parse_time, tier_failure
+
+PAGE_EVENTS = 10_000  # events in one answer unless `limit` asks for more (up to MAX_EVENTS)
+_encode = msgspec.json.Encoder().encode
 
 
 def _invalid(param: str, problem: str) -> JSONResponse:
@@ -27,7 +31,8 @@ def history_router(uri: str, storage_options: dict[str, str] | None = None) -> A
                       from_: Annotated[str | None, Query(alias="from")] = None,
                       to: Annotated[str | None, Query()] = None,
                       limit: Annotated[int | None, Query(ge=1, le=MAX_EVENTS, description=(
-                          f"events at most (default {MAX_EVENTS}); with `from` or `to`"))] = None,
+                          f"events at most (default {PAGE_EVENTS}, at most {MAX_EVENTS}); with `from` or `to`"))]
+                      = None,
                       after: Annotated[str | None, Query(description="page cursor: a truncated answer's "
                                                                      "`events.next_after` (INDEX:SEQ)")] = None):
         """State of every broker set as of `at`; with `from`/`to`, also the events between those instants
@@ -55,9 +60,15 @@ def history_router(uri: str, storage_options: dict[str, str] | None = None) -> A
         except ValueError as exc:
             return _invalid("from", f"{exc} (`from` is after `to`)")
         reader = TierReader(uri, storage_options)
+
+        def answer() -> bytes:
+            """Read and encode off the event loop: the node's Raft ticks run there, and encoding a page of
+            events with the framework's encoder (pure Python) held the loop for seconds."""
+            return _encode(reader.history(times["at"], times["from"], times["to"],
+                                          PAGE_EVENTS if limit is None else limit, cursor))
+
         try:
-            return await asyncio.to_thread(reader.history, times["at"], times["from"], times["to"],
-                                           MAX_EVENTS if limit is None else limit, cursor)
+            return Response(await asyncio.to_thread(answer), media_type="application/json")
         except Exception as exc:  # the tier is unreachable, empty or damaged: its first line, not a repr
             return JSONResponse({"code": int(Code.SYSTEM_ERROR), "remark": f"tier unavailable: {tier_failure(exc)}"},
                                 status_code=503, headers={"retry-after": "5"})

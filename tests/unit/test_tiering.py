@@ -616,3 +616,45 @@ def test_a_stop_waits_a_bounded_time_for_a_tier_call_that_does_not_return(tmp_pa
     finally:
         answer.set()
     assert "still runs after" in caplog.text
+
+
+def test_history_endpoint_reads_and_encodes_off_the_event_loop_and_pages_10000_events_by_default(tmp_path,
+                                                                                               monkeypatch):
+    """A read-only token could hold a node's event loop (its Raft ticks) for seconds: the reader ran in a thread,
+    but FastAPI encoded its answer (up to 100,000 events) on the loop. Encoding is in the thread now, and an answer
+    without `limit` lists 10,000 events (`limit` still asks for up to 100,000)."""
+    import threading
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from electra.tiering import api
+    from electra.tiering.reader import TierReader
+
+    uri = str(tmp_path / "tier")
+    store = TierStore(uri)
+    store.ensure()
+    entries, states, ts, _ = _replay(_workload(40))
+    _upload(store, entries, states, [40], snapshot_at={40}, ts=ts)
+    limits, encoded_on = [], []
+    history, encode = TierReader.history, api._encode
+    monkeypatch.setattr(TierReader, "history", lambda self, *a: limits.append(a[3]) or history(self, *a))
+    monkeypatch.setattr(api, "_encode", lambda out: encoded_on.append(threading.current_thread()) or encode(out))
+    app = FastAPI()
+    app.include_router(api.history_router(uri))
+    loop_threads = []
+
+    @app.get("/loop")
+    async def loop() -> None:
+        loop_threads.append(threading.current_thread())
+
+    with TestClient(app) as client:
+        client.get("/loop")
+        got = client.get("/v1/admin/history", params={"at": "now", "from": "0"})
+        assert got.status_code == 200 and got.headers["content-type"] == "application/json"
+        assert got.json()["state"]["index"] == 40 and len(got.json()["events"]["events"]) == len(entries)
+        assert client.get("/v1/admin/history", params={"at": "now", "from": "0", "limit": "3"}).json()[
+            "events"]["truncated"] is True
+        assert client.get("/v1/admin/history", params={"at": "now", "from": "0", "limit": "100001"}).status_code == 422
+    assert limits == [10_000, 3]
+    assert len(encoded_on) == 2 and loop_threads[0] not in encoded_on
