@@ -195,6 +195,11 @@ class RaftCore:
         self.vote = vote
         self.vote_floor = (vote_floor[0], vote_floor[1])
         self.lead = NONE
+        # A node that has just started may have acknowledged a leader's heartbeat round an instant before it
+        # stopped: that leader's lease counts on it not voting for an election timeout from that ack. It does
+        # not know when that was, so it keeps the promise for an election timeout from its start (until it
+        # hears a leader, campaigns itself, or the window passes), as if it had heard a leader at start.
+        self._boot_quiet = True
         self.log = RaftLog(log_offset, offset_term, list(log_terms or []), list(log_data or []),
                            commit=commit, applied=applied, snapshot=snapshot)
         self.reads = ReadOnly(self.log.commit)
@@ -334,6 +339,7 @@ class RaftCore:
             self._hard_dirty = True
 
     def _become_follower(self, term: int, lead: int) -> None:
+        self._boot_quiet = False
         if self.role != Role.FOLLOWER or self.lead != lead:
             self._role_changed = True
         self._set_term(term)
@@ -346,6 +352,7 @@ class RaftCore:
         self.reads.drop_all(self.id)  # a leader that steps down can confirm no read
 
     def _become_leader(self) -> None:
+        self._boot_quiet = False
         self._set_role(Role.LEADER)
         self.lead = self.id
         self._role_changed = True
@@ -368,6 +375,7 @@ class RaftCore:
         return (self.log.last_term(), self.log.last_index()) < (floor_term, floor_index)
 
     def _campaign(self, pre: bool, force: bool = False) -> None:
+        self._boot_quiet = False  # its own timeout passed without a leader (or it was asked to take over)
         if self.term >= MAX_TERM:
             self._reset_timer()  # peers refuse terms beyond MAX_TERM (docs/security.md); stay a follower
             return
@@ -541,7 +549,7 @@ class RaftCore:
             if isinstance(m, VoteRequest):
                 # A leader holds its lease until CheckQuorum steps it down (on a tick that may come a
                 # little after its window ends on the clock); a follower for a timeout after last contact.
-                in_lease = (self.cfg.check_quorum and self.lead != NONE
+                in_lease = (self.cfg.check_quorum and (self.lead != NONE or self._boot_quiet)
                             and (self.role == Role.LEADER or self.elapsed < self.cfg.election_ticks))
                 if in_lease and not self._is_transfer_vote(m):
                     return  # we heard from a live leader recently: do not help unseat it

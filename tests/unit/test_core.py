@@ -132,6 +132,8 @@ def test_leader_does_not_count_itself_before_its_write_is_durable():
 def test_vote_and_term_changes_hold_every_message_until_persisted():
     net = Net()
     c = net.cores[1]
+    for i in (2, 3):
+        _up_for_an_election_timeout(net.cores[i])
     for _ in range(30):
         c.tick()
         if c.role == Role.PRE_CANDIDATE:
@@ -338,9 +340,15 @@ def test_a_rejection_from_a_follower_that_lost_its_tail_lowers_next_and_match():
     assert f.log_data == leader.log_data and leader.progress[f.id].match == leader.last_index()
 
 
+def _up_for_an_election_timeout(c: RaftCore) -> RaftCore:
+    """As if `c` had run past a started node's refusal window without its timer firing (no campaign)."""
+    c._ticks = c.cfg.election_ticks
+    return c
+
+
 def test_a_node_with_a_vote_floor_votes_as_if_it_still_held_its_lost_log():
-    c = RaftCore(3, [1, 2, 3], RaftConfig(), term=4, vote=0, vote_floor=(10, 2), rng=random.Random(1),
-                 clock=frozen_clock)
+    c = _up_for_an_election_timeout(RaftCore(3, [1, 2, 3], RaftConfig(), term=4, vote=0, vote_floor=(10, 2),
+                                             rng=random.Random(1), clock=frozen_clock))
     assert c.last_index() == 0  # it holds nothing...
     c.step(Vote(1, 3, 5, last_index=9, last_term=2))
     rd = c.ready()
@@ -351,7 +359,8 @@ def test_a_node_with_a_vote_floor_votes_as_if_it_still_held_its_lost_log():
 
 
 def test_pre_votes_respect_the_vote_floor_too():
-    c = RaftCore(3, [1, 2, 3], RaftConfig(), term=4, vote_floor=(10, 2), rng=random.Random(1), clock=frozen_clock)
+    c = _up_for_an_election_timeout(RaftCore(3, [1, 2, 3], RaftConfig(), term=4, vote_floor=(10, 2),
+                                             rng=random.Random(1), clock=frozen_clock))
     c.step(PreVote(1, 3, 5, last_index=9, last_term=2))
     rd = c.ready()
     assert [(m.type, m.reject) for m in rd.send_now + rd.send_after_persist] == [(MsgType.PRE_VOTE_RESP, True)]
@@ -653,3 +662,47 @@ def test_a_follower_whose_committed_entry_has_another_term_than_the_leaders_says
     answers = [m for m in net.sent[sent_before:] if m.src == bad.id and m.type == MsgType.APP_RESP]
     assert answers == []  # no reject/hint ping-pong with the leader
     assert bad.last_index() == n
+
+
+def test_a_restarted_follower_keeps_the_lease_promise_it_may_have_made_before_it_stopped():
+    """A follower acks the leader's round (the leader's lease counts on it not voting for an election timeout),
+    is killed and restarts at once with its durable term, vote and log. It used to vote for another candidate
+    immediately (a fresh core knew no leader), so that candidate won while the old leader still served lease
+    reads: stale reads. Now it refuses votes for an election timeout from its start."""
+    clock = ManualClock()
+    net = Net(clock=clock, tick_s=0.1, lease_s=0.81)
+    leader = net.elect()
+    net.tick(2)
+    b, c = (x for x in net.cores.values() if x is not leader)
+    net.cut = {c.id}  # c lost the leader: it will campaign; b refuses while in the leader's lease
+    net.tick(3, only=[b.id, leader.id])
+    acked_at = clock.now
+    assert leader.lease_read_index() is not None
+    old = net.cores[b.id]
+    net.cores[b.id] = b = RaftCore(b.id, old.peers, old.cfg, term=old.term, vote=old.vote,
+                                   log_terms=list(old.log_terms), log_data=list(old.log_data),
+                                   rng=random.Random(99), clock=clock)
+    net.cut = {leader.id}  # the old leader's next rounds do not reach b (nor c)
+    c.timeout = c.cfg.election_ticks  # c campaigns at its first tick past the timeout
+    c._timer_start = clock.now - c.cfg.election_ticks * c.cfg.tick_s
+    while clock.now < acked_at + 0.8:
+        net.tick(1, only=[b.id, c.id])
+        if leader.lease_read_index() is not None:
+            assert c.role != Role.LEADER, f"elected {clock.now - acked_at:.1f} s after b's ack, inside the lease"
+    for _ in range(40):  # once b's window has passed, c is elected as before
+        net.tick(1, only=[b.id, c.id])
+    assert c.role == Role.LEADER and b.lead == c.id
+
+
+def test_a_node_behind_its_vote_floor_still_votes_once_its_first_timeout_passed():
+    """Its timer fires and finds it may not campaign (behind the floor): that ends the started node's refusal
+    window too, or it would refuse every vote for ever (the timer reset each time)."""
+    c = RaftCore(3, [1, 2, 3], RaftConfig(election_ticks=10), term=4, vote_floor=(10, 2), rng=random.Random(1),
+                 clock=frozen_clock)
+    for _ in range(100):  # until its timer fired and was reset: back inside what would be the window
+        c.tick()
+        if c._ticks > c.cfg.election_ticks and c.elapsed < c.cfg.election_ticks:
+            break
+    assert c.role == Role.FOLLOWER and c.elapsed < c.cfg.election_ticks
+    c.step(Vote(2, 3, 6, last_index=3, last_term=3))
+    assert [m.reject for m in c.ready().send_after_persist] == [False] and c.vote == 2
