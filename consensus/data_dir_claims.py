@@ -12,7 +12,8 @@ A data directory belongs to one cluster and one member for life:
   of members, refuses: Electra has no online reconfiguration, and a node restarted with a smaller
   peer list elects itself in a majority of its own (two leaders, conflicting writes). Peer
   addresses may change. Changing the members takes every node stopped first, then each started
-  once with `--accept-new-peers`.
+  once with `--accept-new-peers`. A directory that holds a Raft log but no member record is not
+  adopted under whatever `--id` this start gives (that log's term and vote may be another node's).
 * `<data_dir>/LOCK`: an exclusive `flock` held by the process serving the directory (`electra
   node`), so a second process on the same directory refuses instead of writing the same log (two
   "replicas" on one disk).
@@ -104,6 +105,12 @@ def check_member_stamp(data_dir: Path | str, node_id: int, members: list[int], *
         raise MemberMismatch(f"{path} is not a member record ({{\"node_id\": N, \"members\": [...]}}); refusing to "
                              "start. If this is the node's own data dir, delete that file: the next start records "
                              "the node again")
+    if stamped is None and _holds_raft_state(data_dir):
+        # Its log holds some node's term and vote: adopted under another id, that node could vote twice in a term.
+        raise MemberMismatch(
+            f"data directory {data_dir} holds a Raft log but no member record, so which node wrote it is unknown; "
+            f"refusing to adopt it as node {node_id}. If it is node {node_id}'s own, write "
+            f"{json.dumps(want)} to {path}; otherwise point --data-dir elsewhere")
     if stamped is not None and stamped.get("node_id") != node_id:
         raise MemberMismatch(f"data directory {data_dir} belongs to node {stamped.get('node_id')}, not node {node_id}; "
                              "refusing to start (each node needs its own data directory)")

@@ -235,6 +235,14 @@ def test_a_data_dir_belongs_to_one_member_and_one_process(tmp_path):
         (tmp_path / "junk" / "member").write_text(junk)
         with pytest.raises(MemberMismatch, match="member record|cannot read"):
             check_member_stamp(tmp_path / "junk", 3, [1, 2, 3])
+    unstamped = tmp_path / "unstamped"  # some node's log without the record of which node wrote it
+    (unstamped / "raft-log").mkdir(parents=True)
+    (unstamped / "raft-log" / "00000000000000000001.seg").write_bytes(b"x")
+    with pytest.raises(MemberMismatch, match="holds a Raft log but no member record.*as node 2. If it is node 2's"):
+        check_member_stamp(unstamped, 2, [1, 2, 3])
+    assert not (unstamped / "member").exists()
+    (unstamped / "member").write_text('{"node_id": 2, "members": [1, 2, 3]}')  # what the refusal says to do
+    check_member_stamp(unstamped, 2, [1, 2, 3])
     check_member_stamp(d, 3, [1, 2, 3, 4, 5], accept_new=True)  # every node stopped, then restarted once so
     check_member_stamp(d, 3, [1, 2, 3, 4, 5])
     fd = lock_data_dir(d)
