@@ -245,7 +245,8 @@ class ControllerStateMachine:
             new = elect(bs.sync_state_set, everyone, old, prefer, live, now)
         if new is not None and new == old:
             return ElectMasterResult(code=Code.CONTROLLER_MASTER_STILL_EXIST, state=bs.view(),
-                                     remark="The old master is still alive, no need to elect new master")
+                                     remark=f"The old master {_java(old)} is still alive, not need to elect new master "
+                                            f"for broker {name}")
         if new is not None:
             bs.master_id = new
             if not mutations.enabled("elect_keeps_epoch"):  # the deliberate bug: two masters under one epoch
@@ -279,28 +280,28 @@ class ControllerStateMachine:
                            "The newSyncStateSet is equal with oldSyncStateSet, no needed to update syncStateSet")
         if bs.master_id is None or bs.master_id != cmd.master_id:
             return refused(Code.CONTROLLER_INVALID_MASTER,
-                           f"Rejecting alter syncStateSet request because the current leader is:{_java(bs.master_id)}, "
-                           f"not {cmd.master_id}")
+                           f"Rejecting alter syncStateSet request because the current leader is:"
+                           f"{{{_java(bs.master_id)}}}, not {{{_java(cmd.master_id)}}}")
         if cmd.master_epoch != bs.master_epoch:
             return refused(Code.CONTROLLER_FENCED_MASTER_EPOCH,
-                           f"Rejecting alter syncStateSet request because the current master epoch is "
-                           f"{bs.master_epoch}, not {cmd.master_epoch}")
+                           f"Rejecting alter syncStateSet request because the current master epoch is:"
+                           f"{{{bs.master_epoch}}}, not {{{cmd.master_epoch}}}")
         if cmd.sync_state_set_epoch != bs.sync_state_set_epoch:
             return refused(Code.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH,
-                           f"Rejecting alter syncStateSet request because the current syncStateSet epoch is "
-                           f"{bs.sync_state_set_epoch}, not {cmd.sync_state_set_epoch}")
+                           f"Rejecting alter syncStateSet request because the current syncStateSet epoch is:"
+                           f"{{{bs.sync_state_set_epoch}}}, not {{{cmd.sync_state_set_epoch}}}")
         live, now = C.live_by_id(cmd.live), cmd.now_ms
         for r in sorted(new_set):
             if r not in bs.brokers:
                 return refused(Code.CONTROLLER_INVALID_REPLICAS,
-                               f"Rejecting alter syncStateSet request because the replicas {r} don't exist")
+                               f"Rejecting alter syncStateSet request because the replicas {{{r}}} don't exist")
             if not _alive(live, r, now):
                 return refused(Code.CONTROLLER_BROKER_NOT_ALIVE,
-                               f"Rejecting alter syncStateSet request because the replicas {r} don't alive")
+                               f"Rejecting alter syncStateSet request because the replicas {{{r}}} don't alive")
         if bs.master_id not in new_set:
             return refused(Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED,
                            f"Rejecting alter syncStateSet request because the newSyncStateSet don't contains "
-                           f"origin leader {bs.master_id}")
+                           f"origin leader {{{_java(bs.master_id)}}}")
         bs.sync_state_set = new_set
         bs.sync_state_set_epoch += 1
         ev = AlterSyncStateSetEvent(name, sorted(new_set), bs.sync_state_set_epoch)

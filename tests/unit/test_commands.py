@@ -24,6 +24,13 @@ from electra.state.machine import ControllerStateMachine
 
 V1 = msgpack.unpackb((Path(__file__).parent / "data" / "controller_log_v1.msgpack").read_bytes(),
                      strict_map_key=False)
+# Responses changed on purpose since the log was written: by log index, the fields as they are now.
+CHANGED_SINCE_V1: dict[int, dict] = {
+    # RocketMQ's remark texts (ReplicasInfoManager's format strings, braces included).
+    16: {"remark": "The old master 1 is still alive, not need to elect new master for broker b"},
+    18: {"remark": "Rejecting alter syncStateSet request because the current syncStateSet epoch is:{2}, not {1}"},
+    21: {"remark": "The old master 3 is still alive, not need to elect new master for broker b"},
+}
 LIVE = [BrokerLiveInfo(1, "a:1", 10, 10_000, 3, 40, 30, 5), BrokerLiveInfo(2, "a:2", 9, 5_000)]
 
 # One command of every type, with every optional field both set and left out.
@@ -53,6 +60,7 @@ def test_replaying_a_v1_log_gives_the_same_responses_events_and_snapshot():
     for (index, data), want in zip(V1["log"], V1["responses"], strict=True):
         res = sm.apply(index, data)
         got = {**res.to_response(), "events": [e.to_public() for e in res.events]}
+        want = {**want, **CHANGED_SINCE_V1.get(index, {})}
         if want["code"] == Code.CONTROLLER_INVALID_REQUEST:
             assert got["code"] == want["code"] and not got["events"]  # the remark now names the reason
         else:

@@ -159,6 +159,34 @@ def test_alter_sync_state_set_checks_in_rocketmq_order():
         Code.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH
 
 
+def test_remarks_are_rocketmqs_format_strings():
+    """ReplicasInfoManager's String.format texts, braces and colons included; Java prints null as `null`."""
+    c = Controller()
+    c.register("b", 3)
+    every = live(1, 2, 3)
+    c(C.elect_master("c", "b", 1, NOW, every))  # master 1, epochs 1/1, set {1}
+    why = "Rejecting alter syncStateSet request because "
+    cases = [
+        (C.alter_sync_state_set("b", 2, 1, [1, 2], 1, NOW, every), f"{why}the current leader is:{{1}}, not {{2}}"),
+        (C.alter_sync_state_set("b", 1, 0, [1, 2], 1, NOW, every),
+         f"{why}the current master epoch is:{{1}}, not {{0}}"),
+        (C.alter_sync_state_set("b", 1, 1, [1, 2], 0, NOW, every),
+         f"{why}the current syncStateSet epoch is:{{1}}, not {{0}}"),
+        (C.alter_sync_state_set("b", 1, 1, [1, 9], 1, NOW, every), f"{why}the replicas {{9}} don't exist"),
+        (C.alter_sync_state_set("b", 1, 1, [1, 2], 1, NOW, live(1, 2, dead=(2,))),
+         f"{why}the replicas {{2}} don't alive"),
+        (C.alter_sync_state_set("b", 1, 1, [2, 3], 1, NOW, every),
+         f"{why}the newSyncStateSet don't contains origin leader {{1}}"),
+        (C.elect_master("c", "b", 2, NOW, every),
+         "The old master 1 is still alive, not need to elect new master for broker b"),
+    ]
+    for cmd, remark in cases:
+        assert c(cmd).remark == remark
+    c(C.elect_master("c", "b", C.CONTROLLER_TRIGGER, NOW, live(1, 2, 3, dead=(1, 2, 3))))  # 2004: no master now
+    r = c(C.alter_sync_state_set("b", 1, 2, [1, 2], 1, NOW, every))
+    assert r.code == Code.CONTROLLER_INVALID_MASTER and r.remark == f"{why}the current leader is:{{null}}, not {{1}}"
+
+
 def test_clean_broker_data_paths():
     c = Controller()
     r = c(C.clean_broker_data("c", "b", None, True, NOW, {}))
