@@ -201,21 +201,24 @@ class ControllerStateMachine:
                                    events=(ApplyBrokerIdEvent(cluster, name, addr, code, bid),))
 
     def _register_broker(self, cmd: C.RegisterBroker) -> RegisterBrokerResult:
-        name, bid, addr = cmd.name, cmd.broker_id, cmd.addr
+        cluster, name, bid, addr = cmd.cluster, cmd.name, cmd.broker_id, cmd.addr
         bs = self.sets.get(name)
         if bs is None:
-            return RegisterBrokerResult(code=Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
+            return RegisterBrokerResult(code=Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED, cluster_name=cluster,
+                                        broker_name=name,
                                         remark=f"Broker-set: {name} hasn't been registered in controller")
         known = bs.brokers.get(bid)
         if known is None:
-            return RegisterBrokerResult(code=Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
+            return RegisterBrokerResult(code=Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED, cluster_name=cluster,
+                                        broker_name=name,
                                         remark=f"BrokerId: {bid} hasn't been registered in broker-set: {name}")
         events: tuple[UpdateBrokerAddressEvent, ...] = ()
         if addr != known[0]:
             bs.brokers[bid] = (addr, known[1])
             events = (UpdateBrokerAddressEvent(bs.cluster, name, addr, bid),)
         master_alive = bs.master_id is not None and _alive_in(cmd.live, bs.master_id, cmd.now_ms)
-        return RegisterBrokerResult(code=Code.SUCCESS, state=bs.view(), master_alive=master_alive, events=events)
+        return RegisterBrokerResult(code=Code.SUCCESS, cluster_name=cluster, broker_name=name, state=bs.view(),
+                                    master_alive=master_alive, events=events)
 
     def _elect_master(self, cmd: C.ElectMaster) -> ElectMasterResult:
         name, bid = cmd.name, cmd.broker_id

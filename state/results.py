@@ -108,23 +108,33 @@ def _sync_state_body(view: BrokerSetView) -> dict[str, Any]:
 # ---------------------------------------------------------------------- writes
 @dataclass(frozen=True, kw_only=True)
 class ApplyBrokerIdResult(WriteResult):
+    """The request's cluster and set name, refused (2014) or not: RocketMQ builds its
+    ApplyBrokerIdResponseHeader(clusterName, brokerName) before any check."""
+
     cluster_name: str
     broker_name: str
 
     def header(self) -> dict[str, Any]:
-        return {"clusterName": self.cluster_name, "brokerName": self.broker_name} if self.ok else {}
+        return {"clusterName": self.cluster_name, "brokerName": self.broker_name}
+
+
+_NO_MASTER: dict[str, Any] = dict.fromkeys(("masterBrokerId", "masterAddress", "masterEpoch", "syncStateSetEpoch"))
 
 
 @dataclass(frozen=True, kw_only=True)
 class RegisterBrokerResult(WriteResult):
+    """The request's cluster and set name, refused (2010) or not (RocketMQ builds its
+    RegisterBrokerToControllerResponseHeader(clusterName, brokerName) before any check); the
+    master's fields null when refused or when the master is not alive."""
+
+    cluster_name: str
+    broker_name: str
     state: BrokerSetView | None = None  # the set after registering (None: refused)
     master_alive: bool = False  # the master is reported only while its heartbeat is fresh
 
     def header(self) -> dict[str, Any]:
-        if self.state is None:
-            return {}
-        master = _master_header(self.state) if self.master_alive else dict.fromkeys(_master_header(self.state))
-        return {"clusterName": self.state.cluster_name, "brokerName": self.state.broker_name, **master}
+        master = _master_header(self.state) if self.state is not None and self.master_alive else _NO_MASTER
+        return {"clusterName": self.cluster_name, "brokerName": self.broker_name, **master}
 
     def body(self) -> Any:
         return None if self.state is None else _sync_state_body(self.state)

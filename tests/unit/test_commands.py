@@ -26,6 +26,10 @@ V1 = msgpack.unpackb((Path(__file__).parent / "data" / "controller_log_v1.msgpac
                      strict_map_key=False)
 # Responses changed on purpose since the log was written: by log index, the fields as they are now.
 CHANGED_SINCE_V1: dict[int, dict] = {
+    # Refusals carry the request's cluster and set name, as RocketMQ's response headers do.
+    13: {"header": {"clusterName": "c", "brokerName": "b"}},
+    14: {"header": {"clusterName": "c", "brokerName": "nope", "masterBrokerId": None, "masterAddress": None,
+                    "masterEpoch": None, "syncStateSetEpoch": None}},
     # RocketMQ's remark texts (ReplicasInfoManager's format strings, braces included).
     16: {"remark": "The old master 1 is still alive, not need to elect new master for broker b"},
     18: {"remark": "Rejecting alter syncStateSet request because the current syncStateSet epoch is:{2}, not {1}"},

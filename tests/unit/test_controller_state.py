@@ -77,6 +77,26 @@ def test_register_broker_codes_master_info_and_address_update():
     assert r.header()["masterBrokerId"] is None  # a dead master is not reported
 
 
+def test_refused_apply_and_register_still_name_the_requests_cluster_and_set():
+    """RocketMQ builds ApplyBrokerIdResponseHeader / RegisterBrokerToControllerResponseHeader(clusterName,
+    brokerName) before any check, so its 2014 and 2010 replies carry both (the master's fields null)."""
+    c = Controller()
+    no_master = dict.fromkeys(("masterBrokerId", "masterAddress", "masterEpoch", "syncStateSetEpoch"))
+    r = c(C.apply_broker_id("c", "b", 2, "a:1;t")).to_response()  # a new set takes id 1 only
+    assert r["code"] == Code.CONTROLLER_BROKER_ID_INVALID and r["header"] == {"clusterName": "c", "brokerName": "b"}
+    c(C.apply_broker_id("c", "b", 1, "a:1;t"))
+    r = c(C.apply_broker_id("c", "b", 1, "z:9;other")).to_response()  # id 1 is another broker's
+    assert r["code"] == Code.CONTROLLER_BROKER_ID_INVALID and r["header"] == {"clusterName": "c", "brokerName": "b"}
+    r = c(C.register_broker("c", "nope", 1, "a:1", NOW, {})).to_response()  # no such set
+    assert r["code"] == Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED
+    assert r["header"] == {"clusterName": "c", "brokerName": "nope", **no_master} and r["body"] is None
+    r = c(C.register_broker("c", "b", 2, "a:2", NOW, {})).to_response()  # no such broker in the set
+    assert r["code"] == Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED
+    assert r["header"] == {"clusterName": "c", "brokerName": "b", **no_master} and r["body"] is None
+    r = c(C.register_broker("c", "b", 1, "a:1", NOW, {})).to_response()  # success, no master yet: the same keys
+    assert r["code"] == Code.SUCCESS and r["header"] == {"clusterName": "c", "brokerName": "b", **no_master}
+
+
 def test_first_election_is_the_first_asker_then_policy_decides():
     c = Controller()
     c.register("b", 3)
