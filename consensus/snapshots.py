@@ -164,12 +164,21 @@ class SnapshotStore:
         return SnapshotMeta(index, term, size, crc, path)
 
     def latest(self) -> SnapshotMeta | None:
-        """The newest snapshot that verifies; corrupt ones are logged and skipped."""
+        """The newest snapshot that verifies; corrupt ones are logged and skipped.
+
+        Only damage the file itself proves (header, size, checksum) is skipped. A read that fails
+        (EIO, EACCES, too many open files) says nothing about the data, and falling back from an
+        intact snapshot can reset an intact log behind it (`RaftNode` recovers a lost snapshot by
+        resetting the log to an older one): OSError names the file and the node refuses to start."""
         for path in self.list():
             try:
                 return self.read_meta(path)
-            except (SnapshotError, OSError, struct.error) as exc:
+            except (SnapshotError, struct.error) as exc:
                 log.error("snapshot %s is unusable (%s); falling back to an older one", path, exc)
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot read snapshot {path} ({exc.strerror or exc}): refusing to start "
+                                         "rather than fall back past it; fix the disk or the file's permissions"
+                              ) from None
         return None
 
     def create(self, index: int, term: int,

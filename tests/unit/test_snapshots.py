@@ -192,3 +192,23 @@ def test_a_transfer_whose_file_cannot_be_created_is_refused_not_raised(tmp_path)
     sender = SnapshotSender(1, 2, 7, meta, lambda off, n: blob[off:off + n], chunk_size=100)
     reply, done = receiver.on_chunk(sender.next_message(), 7)
     assert reply.reject and done is None and receiver.key is None
+
+
+def test_a_snapshot_that_cannot_be_read_stops_the_start_instead_of_falling_back(tmp_path, monkeypatch):
+    """A read error (EIO, EACCES) was taken for damage: the node fell back to an older snapshot and, with the log
+    compacted past it, reset an intact log. Only damage the file proves is skipped now."""
+    import errno
+
+    store = SnapshotStore(tmp_path, keep=3)
+    _write(store, 10, b"old state")
+    newest = _write(store, 20, b"new state")
+    real_open = store.files.open_read
+
+    def failing(path):
+        if path == newest.path:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_open(path)
+
+    monkeypatch.setattr(store.files, "open_read", failing)
+    with pytest.raises(OSError, match=f"cannot read snapshot {newest.path} \\(Input/output error\\): refusing"):
+        store.latest()
