@@ -393,11 +393,13 @@ def validate_for_kafka(decoded: Any) -> dict:
 
 
 def handle_heartbeat(producer: HeartbeatProducer, raw: bytes | records.InvalidHeartbeat | Any, now_ms: int, *,
-                     decoded: bool = False) -> tuple[int, bytes]:
+                     decoded: bool = False) -> tuple[int, bytes, dict | None]:
     """The whole request logic, free of HTTP plumbing (also used by the controller node's own endpoint).
 
     With `decoded`, `raw` is the body's JSON already decoded (or the InvalidHeartbeat decoding raised):
-    the ingest server decodes a body once for its credential check and for this."""
+    the ingest server decodes a body once for its credential check and for this. Returns the status, the
+    body and the heartbeat as validated (None if it was not valid): its integers are ints whether the body
+    wrote them `2`, `"2"` or `2.0`, its defaults filled in, so a caller reads it, never the body's JSON."""
     try:
         if not decoded:
             hb = parse_heartbeat(raw)
@@ -407,10 +409,10 @@ def handle_heartbeat(producer: HeartbeatProducer, raw: bytes | records.InvalidHe
             hb = validate_for_kafka(raw)
     except records.InvalidHeartbeat as exc:
         producer.stats["invalid"] += 1
-        return _body(422, invalid_request([invalid_body_field(str(exc))]))
+        return (*_body(422, invalid_request([invalid_body_field(str(exc))])), None)
     hb["ts"] = now_ms
     try:
         producer.submit(hb)
     except KafkaUnavailable as exc:
-        return _body(503, {"code": 1, "remark": f"heartbeat not accepted: Kafka unavailable ({exc})"})
-    return 200, _OK
+        return (*_body(503, {"code": 1, "remark": f"heartbeat not accepted: Kafka unavailable ({exc})"}), hb)
+    return 200, _OK, hb

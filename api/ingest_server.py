@@ -86,7 +86,6 @@ _REASONS = {200: b"OK", 401: b"Unauthorized", 403: b"Forbidden",
 
 
 _NOT_DECODED = object()
-_DEFAULT_TIMEOUT_MS = records.HEARTBEAT_INT_FIELDS["heartbeatTimeoutMillis"][0]
 
 
 _SESSION_NEEDS_KEEP_ALIVE = (b'{"code":2005,"remark":"a session needs a kept-alive connection: HTTP/1.1 '
@@ -277,17 +276,21 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
                 self._reply(415, _SEND_JSON_BODY, close=not keep)
             else:
                 now = int(time.time() * 1000)
-                status, body = (accept_fast(self.producer, fast, now) if fast is not None
-                                else handle_heartbeat(self.producer, decoded, now, decoded=True))
+                hb: dict | None = None
+                if fast is not None:
+                    status, body = accept_fast(self.producer, fast, now)
+                else:  # `hb`: the heartbeat as validated (ints, defaults), not the body's JSON ("2", 2.0)
+                    status, body, hb = handle_heartbeat(self.producer, decoded, now, decoded=True)
                 # a valid heartbeat (a 503 too: the broker is alive, Kafka is not) shows its session is not silent
                 if status in (200, 503) and self.sessions.broker_of(self) is not None:
                     if fast is not None:
                         changed = self.sessions.heard(self, fast.clusterName, fast.brokerName, fast.brokerId,
                                                       fast.heartbeatTimeoutMillis, now)
-                    else:  # accepted the slow way: `decoded` passed the heartbeat's validation
-                        changed = self.sessions.heard(
-                            self, decoded["clusterName"], decoded["brokerName"], decoded["brokerId"],
-                            decoded.get("heartbeatTimeoutMillis", _DEFAULT_TIMEOUT_MS), now)
+                    elif hb is not None:  # accepted the slow way
+                        changed = self.sessions.heard(self, hb["clusterName"], hb["brokerName"], hb["brokerId"],
+                                                      hb["heartbeatTimeoutMillis"], now)
+                    else:
+                        changed = False
                     if changed:  # a new heartbeat timeout: the connection may idle that long now
                         self.deadline.arm(self.transport, self.sessions.idle_limit_s(self, self.limits.idle_timeout_s))
                 self._reply(status, body, close=not keep, retry_after=status == 503)

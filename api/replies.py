@@ -161,6 +161,6 @@ def pipeline_heartbeat(metrics: RequestMetrics, producer, heartbeat_json: bytes,
     """A validated heartbeat sent on to Kafka (the heartbeat pipeline): 200, or 503 while Kafka is unreachable."""
     from .ingest import handle_heartbeat
 
-    status, body = handle_heartbeat(producer, heartbeat_json, now_ms)
+    status, body, _ = handle_heartbeat(producer, heartbeat_json, now_ms)
     metrics.count("heartbeat", "0" if status == 200 else str(status))
     return Reply(status, body, {"retry-after": "1"} if status == 503 else {})

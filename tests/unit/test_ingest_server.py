@@ -13,6 +13,7 @@ from electra.api.ingest import KafkaUnavailable
 from electra.api.ingest_server import MAX_BODY, IngestProtocol
 from electra.api.invalid import SEND_JSON
 from electra.api.sessions import SessionRegistry
+from electra.streaming import records
 
 
 class FakeProducer:
@@ -844,6 +845,30 @@ def test_a_heartbeat_taken_the_slow_way_or_refused_for_kafka_still_shows_the_ses
     s.heard_ms = 1
     proto.data_received(post(b'{"clusterName":"c"}'))  # an invalid one is not a heartbeat
     assert s.heard_ms == 1
+
+
+def test_a_session_heartbeat_whose_numbers_are_text_or_floats_is_heard_as_its_integers():
+    """The slow way reads `"2"` and `2.0` as 2 (docs/heartbeat-pipeline.md); the session must be told the integers it
+    validated, not the body's JSON: a text timeout was stored and the idle limit raised TypeError (a 500 that closed
+    the session's connection after the heartbeat was produced), `"1" != 1` left the session never heard (a
+    spurious `silent` record), and a float timeout put a float `ts` in the `silent` record the nodes refuse."""
+    producer, sessions, proto, others, clock = _silence_rig()
+    s, t = sessions._by_conn[proto], proto.transport
+    for fields, timeout_ms in (({"heartbeatTimeoutMillis": "3000"}, 3_000),
+                               ({"brokerId": "1", "heartbeatTimeoutMillis": 4000.0}, 4_000),
+                               ({"brokerId": 1.0}, 10_000)):  # (no timeout given: the default again)
+        s.heard_ms, s.silent = 1, True
+        clock.t += 1
+        _beat(proto, **fields)
+        assert responses(t.data)[-1][0] == 200 and not t.closed, fields
+        assert s.heard_ms > 1 and not s.silent and s.heard_mono == clock.t, fields
+        assert s.timeout_ms == timeout_ms and type(s.timeout_ms) is int, fields
+        assert sessions.idle_limit_s(proto, 1.0) == timeout_ms / 1000 + 1
+    _beat(proto, heartbeatTimeoutMillis=3000.0)
+    assert _pass(sessions, clock, 3.1, others) == 1
+    silent = producer.to_lane[-1]
+    assert silent["type"] == "silent" and silent["heartbeatTimeoutMillis"] == 3_000
+    assert type(silent["ts"]) is int and records.validate_silent(silent)["ts"] == silent["ts"]  # as a node reads it
 
 
 def test_a_heartbeat_that_raises_the_timeout_raises_the_connection_s_idle_limit():
