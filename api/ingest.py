@@ -15,10 +15,10 @@ same `handle_heartbeat` when the pipeline is on.
 Answers: 200 once the producer accepted the heartbeat into its group (delivery is
 asynchronous; a lost heartbeat is replaced by the next one a second later); 422
 for an invalid heartbeat, naming the field; 503 with Retry-After while Kafka is
-unreachable. Unreachable means: no producer could be created yet, no
-buffer is full, or the last delivery failed. While unreachable, one request per
-second is still sent as a probe and the first delivery that succeeds closes the
-circuit again.
+unreachable. Unreachable means: no producer could be created yet, a
+buffer is full, the topic's partitions are not known within `max_block_ms`, or
+the last delivery failed. While unreachable, one request per second is still
+sent as a probe and the first delivery that succeeds closes the circuit again.
 """
 
 from __future__ import annotations
@@ -216,7 +216,14 @@ class HeartbeatProducer:
     def _queue(self, key: bytes, value: bytes, now: bool) -> None:
         """Into its partition's group (sent at once with `now`, or when full); KafkaUnavailable if `send` fails."""
         producer = self._producer
-        part = self._partition(key)
+        try:
+            part = self._partition(key)
+        except Exception as exc:  # the topic's partitions not known within max_block_ms (KafkaTimeoutError: a new
+            # topic, auto-create off, a slow metadata round trip), the topic not authorized, ...: as a failed send.
+            # Not sent without a partition: such a record would overtake its set's heartbeats waiting in a group.
+            self.stats["unavailable"] += 1
+            self._on_error(exc)
+            raise KafkaUnavailable(f"partitions of {self.topic} unknown: {exc}") from None
         if part is None:  # no topic metadata yet: one record, and the producer says what is wrong
             try:
                 fut = producer.send(self.topic, key=key, value=value)

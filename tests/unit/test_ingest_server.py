@@ -142,6 +142,50 @@ def test_an_open_circuit_sends_a_probe_a_second_and_still_answers_its_sender_503
     assert p.stats["accepted"] == 2 and p.stats["unavailable"] == 4
 
 
+def test_topic_metadata_kafka_does_not_give_in_time_is_a_503_for_heartbeats_sessions_and_goodbyes():
+    """kafka-python raises KafkaTimeoutError when a topic's partitions are not known within max_block_ms (a new
+    topic, auto-creation off, a slow round trip): that was a 500 closing the connection, for a heartbeat, a
+    session's opening and its goodbye. Kafka is unavailable: 503 + Retry-After, the connection kept; nothing is
+    sent without its partition, and once the metadata is there the probe goes and closes the circuit."""
+    from kafka.errors import KafkaTimeoutError
+
+    from electra.api.ingest import HeartbeatProducer
+
+    class NoMetadata(_Kafka):
+        known = False
+
+        def partitions_for(self, _topic):
+            if not self.known:
+                raise KafkaTimeoutError("Failed to update metadata after 0.1 secs.")
+            return {0, 1}
+
+    kafka = NoMetadata()
+    p = HeartbeatProducer("k:9092", "hb")
+    p._producer, p._healthy = kafka, True
+    sessions = SessionRegistry(p)
+    proto, t = IngestProtocol(p, sessions=sessions), FakeTransport()
+    proto.connection_made(t)
+    proto.data_received(post(json.dumps(HB).encode()) + post(json.dumps(HB).encode(), "/v1/session"))
+    got = responses(t.data)
+    assert [s for s, _, _ in got] == [503, 503] and all(h["retry-after"] == "1" for _, h, _ in got)
+    assert b"Kafka unavailable" in got[0][2] and not t.closed and not p.healthy and len(sessions) == 0
+    kafka.known = True  # the metadata came: the next second's probe is sent, still answered 503
+    p._last_probe -= 1.0
+    proto.data_received(post(json.dumps(HB).encode(), "/v1/session"))
+    p.flush_groups()
+    kafka.futures[-1]["ok"](None)  # delivered: the circuit closes
+    proto.data_received(post(json.dumps(HB).encode(), "/v1/session"))
+    kafka.known = False  # (a set whose partition is cached needs no lookup)
+    proto.data_received(post(json.dumps(HB).encode()))
+    assert [s for s, _, _ in responses(t.data)][2:] == [503, 200, 200] and len(sessions) == 1
+    p._partitions.clear()  # a lookup that times out again: the goodbye is refused, the session stays
+    proto.data_received(post(b"", "/v1/session/goodbye"))
+    status, headers, _ = responses(t.data)[-1]
+    assert status == 503 and headers["retry-after"] == "1" and not t.closed and len(sessions) == 1
+    p.flush_groups()
+    assert len(kafka.sent) == 2 and p.stats["unavailable"] == 4
+
+
 def test_unavailable_kafka_gets_503_with_retry_after():
     proto, transport = connect(FakeProducer(up=False))
     proto.data_received(post(json.dumps(HB).encode()))
