@@ -29,6 +29,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from electra.security.http_auth import send_too_large
 from electra.state.codes import Code
+from electra.state.limits import content_length
 
 _INVALID, _BUSY = int(Code.CONTROLLER_INVALID_REQUEST), int(Code.SYSTEM_BUSY)
 
@@ -367,7 +368,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         for name, value in scope["headers"]:
-            if name == b"content-length" and (not value.isdigit() or int(value) > self.max_bytes):
+            if name == b"content-length" and ((length := content_length(value)) is None or length > self.max_bytes):
                 await self._too_large(send)
                 return
         chunks, size = [], 0

@@ -35,6 +35,7 @@ from electra.malloc_thresholds import keep_read_buffers_off_mmap
 from electra.security.auth import AuthError, TokenStore
 from electra.security.http_auth import NO_ROUTE_BODY, check_request, scope_names
 from electra.security.tls import server_context
+from electra.state.limits import content_length
 from electra.streaming import records
 
 from .http_limits import (
@@ -207,7 +208,8 @@ class IngestProtocol(SharedReadBuffer, asyncio.Protocol):
         self.head_size += len(name) + len(value) + 4
         lname = name.lower()
         if lname == b"content-length":
-            self.content_length = int(value) if value.isdigit() else MAX_BODY + 1
+            length = content_length(value)
+            self.content_length = MAX_BODY + 1 if length is None else length
         elif lname == b"authorization":
             self.authorization = value.decode("latin-1")
         elif lname == b"content-type":

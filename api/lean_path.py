@@ -45,6 +45,7 @@ from electra.security.auth import (
     rule_for,
 )
 from electra.security.http_auth import authorize_body, authorize_path, error_reply
+from electra.state.limits import content_length
 
 from . import app as models
 from .futures import then
@@ -236,8 +237,8 @@ class LeanPath:
             elif k == b"transfer-encoding" or k == b"expect":
                 return None
         if route.struct is not None:
-            if ctype is None or ctype.lower() != b"application/json" or length is None or not length.isdigit() \
-                    or not 0 < int(length) <= (1 << 20):
+            if ctype is None or ctype.lower() != b"application/json" or length is None \
+                    or not 0 < (content_length(length) or 0) <= (1 << 20):
                 return None
         elif length not in (None, b"0"):
             return None

@@ -33,6 +33,7 @@ import threading
 import time
 
 from electra.state.codes import Code
+from electra.state.limits import content_length
 
 from .auth import READERS, AuthError, Principal, TokenStore
 
@@ -151,7 +152,7 @@ async def handle(tokens: TokenStore | None, sessions: Sessions, scope, receive, 
         return await _answer(send, 415, {"code": _INVALID, "remark": _SEND_JSON})
     too_large = {"code": _INVALID, "remark": f"request body over {MAX_LOGIN_BODY} bytes"}
     length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-    if length is not None and (not length.isdigit() or int(length) > MAX_LOGIN_BODY):
+    if length is not None and ((n := content_length(length)) is None or n > MAX_LOGIN_BODY):
         return await _answer(send, 413, too_large, [(b"connection", b"close")])
     try:
         body = await _read_body(receive)

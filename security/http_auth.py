@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from electra.state.codes import Code
-from electra.state.limits import printable
+from electra.state.limits import content_length, printable
 
 from . import dashboard_login
 from .audit import AuditLog
@@ -83,7 +83,7 @@ class AuthMiddleware:
             sets = [rule.broker_set]
             if principal.role == "broker" and method in ("POST", "PUT", "PATCH"):
                 declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-                if declared is not None and (not declared.isdigit() or int(declared) > MAX_SCOPED_BODY):
+                if declared is not None and ((n := content_length(declared)) is None or n > MAX_SCOPED_BODY):
                     return await send_too_large(send, MAX_SCOPED_BODY)  # at once, as on every route
                 try:
                     body, receive = await _buffer(receive)

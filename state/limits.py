@@ -75,6 +75,24 @@ def as_java_integer(v: Any) -> Any:
     return v
 
 
+CONTENT_LENGTH_DIGITS = 19  # INT64_MAX has 19: a longer length (leading zeros aside) is over every body limit
+
+
+def content_length(value: bytes) -> int | None:
+    """A Content-Length header's value as the byte count it announces, or None if it is not ASCII decimal digits
+    (each caller refuses that as before). Leading zeros are skipped, and more than CONTENT_LENGTH_DIGITS significant
+    digits read as INT64_MAX + 1, over every limit (a 413): the HTTP parser takes any number of leading zeros, and
+    `int()` of more than 4,300 digits raises ValueError (a 500 and a traceback, before any token check). The one
+    reading of the header for the node's app, its lean path, the auth middleware, the dashboard login and the
+    ingest server, so they answer alike."""
+    if not value.isdigit():  # (bytes: ASCII digits only)
+        return None
+    digits = value.lstrip(b"0")
+    if len(digits) > CONTENT_LENGTH_DIGITS:
+        return INT64_MAX + 1
+    return int(digits) if digits else 0
+
+
 def printable(v: str) -> bool:
     """Whether `v` holds no control character (ADDRESS_PATTERN's rule, for hand-written checks)."""
     return _CONTROL.search(v) is None

@@ -119,9 +119,18 @@ def test_login_refuses_big_bodies_with_413_before_reading_them_when_announced(to
                      headers={"Content-Type": "application/json", "Content-Length": "5000000"})
     sent = call(app, "POST", "/v1/dashboard/login", headers={"Content-Type": "application/json"},
                 body=json.dumps({"token": made["observer"], "pad": "x" * 5000}).encode())
-    for status, headers, body, _ in (announced, sent):
+    # the parser takes any number of leading zeros: int() of more than 4,300 digits raised ValueError (a 500)
+    zeros = call(app, "POST", "/v1/dashboard/login", body=b"{",
+                 headers={"Content-Type": "application/json", "Content-Length": "0" * 5000 + "5000000"})
+    twenty_digits = call(app, "POST", "/v1/dashboard/login", body=b"{",
+                         headers={"Content-Type": "application/json", "Content-Length": "1" + "0" * 19})
+    for status, headers, body, _ in (announced, sent, zeros, twenty_digits):
         assert status == 413 and json.loads(body) == {"code": 2005, "remark": "request body over 4096 bytes"}
         assert "set-cookie" not in headers
+    good = json.dumps({"token": made["observer"]}).encode()
+    status, headers, _, _ = call(app, "POST", "/v1/dashboard/login", body=good, headers={
+        "Content-Type": "application/json", "Content-Length": "0" * 5000 + str(len(good))})
+    assert status == 204 and "set-cookie" in headers  # leading zeros: the length it names
 
 
 def test_login_refuses_a_role_that_may_not_read_the_dashboard(tokens):

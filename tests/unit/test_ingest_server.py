@@ -212,6 +212,22 @@ def test_routes_methods_limits_and_connection_close():
     assert status == 200 and headers["connection"] == "close" and transport.closed
 
 
+def test_a_content_length_with_thousands_of_leading_zeros_is_its_number_and_a_longer_one_a_413():
+    """The parser takes any number of leading zeros; `int()` of more than 4,300 digits raised ValueError (a 500 and a
+    traceback, before the token check). Past 19 significant digits a length is over any limit: 413 at once."""
+    body = json.dumps(HB).encode()
+    producer = FakeProducer()
+    proto, transport = connect(producer)
+    proto.data_received(post(body).replace(b"Content-Length: %d" % len(body),
+                                           b"Content-Length: " + b"0" * 5000 + b"%d" % len(body)))
+    assert [s for s, _, _ in responses(transport.data)] == [200] and len(producer.sent) == 1
+    for length in (b"0" * 5000 + b"%d" % (MAX_BODY + 1), b"1" + b"0" * 19):
+        proto, transport = connect(producer)
+        proto.data_received(post(b"").replace(b"Content-Length: 0", b"Content-Length: " + length))
+        [(status, headers, _)] = responses(transport.data)
+        assert status == 413 and headers["connection"] == "close" and transport.closed, length[-30:]
+
+
 def test_head_gets_no_body_and_a_405_names_the_methods_allowed():
     proto, transport = connect(FakeProducer())
     proto.data_received(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -286,6 +286,17 @@ ROWS = [
     # announced over the limit: 413 at once, for a broker too (it waited for the body to check its scope, 408)
     _post("body over 1 MiB, broker: 413 before reading it", f"{S}/b1/register", b"", lean=False, secure_only=True,
           headers={"Content-Length": str((1 << 20) + 1)}, status=413),
+    # Content-Length with thousands of leading zeros (the parser takes them; int() of over 4,300 digits raised
+    # ValueError: a 500 before the token check): the length it names; past 19 significant digits, over any limit
+    # (a broker: the body limit without tokens, the scope check's bound with them)
+    _post("heartbeat, Content-Length with 5,000 leading zeros", "/v1/heartbeat", HB, status=200,
+          headers={"Content-Length": "0" * 5000 + str(len(json.dumps(HB)))}),
+    _post("register, Content-Length with 5,000 leading zeros", f"{S}/b1/register", REG, status=200,
+          headers={"Content-Length": "0" * 5000 + str(len(json.dumps(REG)))}),
+    _post("body over 1 MiB after 5,000 leading zeros, broker: 413", f"{S}/b1/register", b"", lean=False,
+          headers={"Content-Length": "0" * 5000 + str((1 << 20) + 1)}, status=413),
+    _post("Content-Length of 20 digits, broker: 413", f"{S}/b1/register", b"", lean=False,
+          headers={"Content-Length": "1" + "0" * 19}, status=413),
     # chunked (no length to refuse at once): 413 once the body read to check the broker's scope passes the bound
     _post("chunked body over 1 MiB, broker: 413", f"{S}/b1/register",
           b"%x\r\n%b\r\n0\r\n\r\n" % ((1 << 20) + 10, b" " * ((1 << 20) + 10)), lean=False, secure_only=True,

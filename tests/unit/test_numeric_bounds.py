@@ -68,3 +68,15 @@ def test_the_state_machine_refuses_out_of_range_commands_and_the_set_stays_writa
     assert res.code == Code.CONTROLLER_INVALID_REQUEST
     assert sm.get_replica_info("b") == before
     assert sm.apply(5, C.apply_broker_id("c", "b", 2, "a:2;2")).code == Code.SUCCESS
+
+
+@pytest.mark.parametrize("value,length", [
+    (b"0", 0), (b"000", 0), (b"17", 17), (b"0" * 5000 + b"2", 2), (b"9" * 19, int("9" * 19)),
+    (b"1" + b"0" * 19, 2**63), (b"0" * 5000 + b"9" * 5000, 2**63),  # over 19 significant digits: over any limit
+    (b"", None), (b"-1", None), (b"1 ", None), (b"+1", None), (b"0x10", None), ("²".encode(), None),
+])
+def test_a_content_length_reads_as_its_number_whatever_its_leading_zeros_and_past_19_digits_as_over_any_limit(
+        value, length):
+    from electra.state.limits import content_length
+
+    assert content_length(value) == length
