@@ -184,9 +184,13 @@ class SessionRegistry:
         except records.InvalidHeartbeat as exc:
             return _answer(422, invalid_request([invalid_body_field(str(exc))]))
         held = self.broker_of(conn)
-        if held is not None and (held["brokerName"], held["brokerId"]) != (hb["brokerName"], hb["brokerId"]):
+        key = _broker(hb)
+        # A broker is its (cluster, set, id), the key of `_by_broker`; a connection speaks for one. The same set and
+        # id in another cluster is another broker (it was taken: its session replaced this one's and left
+        # `_by_broker` sending the old broker here, so that broker's next session elsewhere dropped the new one).
+        if held is not None and _broker(held) != key:
             return _answer(409, {"code": 2005, "remark": "this connection already holds the session of "
-                                 f"{held['brokerName']}/{held['brokerId']}"})
+                                 f"{held['clusterName']}/{held['brokerName']}/{held['brokerId']}"})
         hb["ts"] = now_ms
         try:
             self.producer.submit(hb)
@@ -195,7 +199,6 @@ class SessionRegistry:
         self.producer.to_liveness(records.connected_record(hb))  # a reconnect is seen as soon as the loss
         if held is None:
             self.stats["opened"] += 1
-        key = _broker(hb)
         older = self._by_broker.get(key)
         if older is not None and older is not conn and self._by_conn.pop(older, None) is not None:
             self.stats["superseded"] += 1

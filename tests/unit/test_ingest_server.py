@@ -438,6 +438,38 @@ def test_a_reopened_session_supersedes_the_old_one_whose_close_then_says_nothing
     assert producer.sent[-1]["reason"] == "connection_lost" and len(sessions) == 0
 
 
+def test_a_connection_holding_a_session_is_refused_another_cluster_s_broker_of_the_same_set_and_id():
+    """A broker is its (cluster, set, id) (docs/failover-signal.md). Connection A held c/b/1, then opened c2/b/1 (a
+    200) and the broker index still sent c/b/1 to A: when c/b/1 opened on B, A's c2 session was dropped as
+    superseded, A's reset said nothing for c2/b/1, and the stale entry kept A's protocol alive."""
+    producer = FakeProducer()
+    sessions = SessionRegistry(producer)
+    a, ta = IngestProtocol(producer, sessions=sessions), FakeTransport()
+    a.connection_made(ta)
+    a.data_received(post(json.dumps(HB).encode(), "/v1/session")
+                    + post(json.dumps({**HB, "clusterName": "c2"}).encode(), "/v1/session"))
+    got = responses(ta.data)
+    assert [s for s, _, _ in got] == [200, 409] and b"c/b/1" in got[1][2] and not ta.closed
+    assert len(producer.sent) == 1 and sessions.broker_of(a)["clusterName"] == "c"  # nothing of c2 produced
+    # c2's broker of the same set and id on a connection of its own is another broker: nothing superseded
+    c, tc = IngestProtocol(producer, sessions=sessions), FakeTransport()
+    c.connection_made(tc)
+    c.data_received(post(json.dumps({**HB, "clusterName": "c2"}).encode(), "/v1/session"))
+    b, tb = IngestProtocol(producer, sessions=sessions), FakeTransport()
+    b.connection_made(tb)
+    b.data_received(post(json.dumps(HB).encode(), "/v1/session"))  # c/b/1 reconnected: A's session superseded
+    assert [s for s, _, _ in responses(tc.data) + responses(tb.data)] == [200, 200]
+    assert sessions.stats["superseded"] == 1 and sessions.broker_of(a) is None
+    n = len(producer.sent)
+    a.connection_lost(ConnectionResetError())  # superseded: nothing
+    c.connection_lost(ConnectionResetError())  # c2/b/1's own loss speaks
+    assert len(producer.sent) == n + 1 and producer.sent[-1]["reason"] == "connection_lost"
+    assert producer.sent[-1]["clusterName"] == "c2"
+    b.connection_lost(ConnectionResetError())
+    assert producer.sent[-1]["clusterName"] == "c" and producer.sent[-1]["reason"] == "connection_lost"
+    assert len(sessions) == 0 and sessions._by_broker == {}  # no entry left holding a closed connection
+
+
 def test_a_session_on_a_connection_its_answer_would_end_is_refused_and_produces_nothing():
     """`Connection: close` (or HTTP/1.0) ends the connection with the answer: such a session would be over at
     once, ended by this worker, and say nothing ever. A clear 400 instead, and no heartbeat produced."""
