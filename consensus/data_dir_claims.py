@@ -26,7 +26,7 @@ import json
 import os
 from pathlib import Path
 
-from electra.atomic_file import replace_file
+from electra.atomic_file import make_dirs, replace_file
 
 STAMP = "cluster-id"
 MEMBER = "member"
@@ -56,7 +56,7 @@ def _holds_raft_state(data_dir: Path) -> bool:
 
 
 def _write_durably(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     replace_file(path, text.encode())
 
 
@@ -127,7 +127,7 @@ def check_member_stamp(data_dir: Path | str, node_id: int, members: list[int], *
 def lock_data_dir(data_dir: Path | str) -> int:
     """Take `<data_dir>/LOCK` for this process (the returned descriptor holds it until the process exits)."""
     data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(data_dir)  # durably: the log written into it later must not lose its directory on a power loss
     fd = os.open(data_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

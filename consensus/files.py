@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from electra.atomic_file import make_dirs, sync_dir
+
 
 class WritableFile(Protocol):
     """An open file being written: append-only (`Files.open_append`) or random access (`open_write`)."""
@@ -126,7 +128,7 @@ class OsFiles:
 
     def mkdir(self, path: Path) -> None:
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            make_dirs(path)
         except FileExistsError:  # a file stands where a directory must be: say which, not "File exists"
             blocked = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
             raise NotADirectoryError(f"{blocked} exists and is not a directory") from None
@@ -165,8 +167,4 @@ class OsFiles:
         path.unlink(missing_ok=True)
 
     def sync_dir(self, path: Path) -> None:
-        dfd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        sync_dir(path)

@@ -3,7 +3,8 @@
 One way for every small file Electra rewrites (a data dir's claims, the tokens file, certificates and
 keys): write a temporary file beside it with its final mode (a secret is never readable by others, not
 even for an instant), fsync it, rename it over the old one, fsync the directory so the rename itself
-survives a power loss.
+survives a power loss. And one way to create directories that a crash cannot take back
+(`make_dirs`): each new name is fsynced into its parent.
 """
 
 from __future__ import annotations
@@ -35,8 +36,26 @@ def replace_file(path: Path | str, data: bytes, *, mode: int = 0o644, owner: tup
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
+    sync_dir(path.parent)
+
+
+def sync_dir(path: Path | str) -> None:
+    """Make the names created, renamed or removed in directory `path` durable."""
+    dfd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def make_dirs(path: Path | str) -> None:
+    """`mkdir -p path`, durably: every directory this creates is fsynced into its parent, top down.
+
+    Without it a power loss on a file system that does not order metadata could take back a directory
+    created before a file in it was synced (a data dir's first vote, written and fsynced into a
+    `raft-log/` whose own name never reached the disk)."""
+    path = Path(path)
+    new = [p for p in (path, *path.parents) if not os.path.lexists(p)]
+    path.mkdir(parents=True, exist_ok=True)
+    for created in reversed(new):
+        sync_dir(created.parent)
