@@ -236,6 +236,15 @@ class RaftNode:
                 self.storage.reset(meta.index, meta.term)
                 self.storage.sync()
                 rec.terms, rec.datas, rec.snapshot_index, rec.snapshot_term = [], [], meta.index, meta.term
+        last_term = rec.terms[-1] if rec.terms else rec.snapshot_term
+        if last_term > rec.term:
+            # A term below its own log's (a bootstrap from the tier that crashed before its term was durable, in
+            # an older version): it would hand out terms lower than its entries'. Terms only go up.
+            log.warning("node %d: hard-state term %d is below its log's term %d; raising it",
+                        self.cfg.node_id, rec.term, last_term)
+            self.storage.save_hard_state(last_term, 0)
+            self.storage.sync()
+            rec.term, rec.vote = last_term, 0
         raft = replace(self.cfg.raft, lease_s=self.cfg.lease_s(), tick_s=self.cfg.tick_s)
         core = RaftCore(
             self.cfg.node_id, sorted(self.cfg.peers), raft,

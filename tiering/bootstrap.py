@@ -73,10 +73,15 @@ def bootstrap_from_tier(data_dir: str | Path, uri: str, storage_options: dict[st
         hard_term = max(term, ev.term, sp.term, rec.term)  # uploaders' terms, read now: never lower
         sm = ControllerStateMachine()
         sm.sets, sm.applied = st.sets, st.index
+        # The term first, durably: once the snapshot exists a restart skips bootstrap, and a node that then
+        # started at term 0 under a snapshot of term 7 would hand out terms below the tier's (its uploads
+        # fenced) and, with a majority so restarted, lose committed entries to the older-term comparison.
+        # A vote already cast in that very term is kept (a crash between the two writes, then a rerun).
+        storage.save_hard_state(hard_term, rec.vote if hard_term == rec.term else 0)
+        storage.sync()
         _, finish = snaps.create(st.index, term, sm.snapshot)
         meta = finish()
-        storage.save_hard_state(hard_term, 0)
-        storage.reset(st.index, term)
+        storage.reset(st.index, term)  # a crash before this is repaired at start (the snapshot is newer)
         storage.sync()
         log.info("bootstrap: %s starts from the tier's state at index %d term %d (%d broker sets)",
                  data_dir, st.index, term, len(st.sets))

@@ -658,3 +658,64 @@ def test_history_endpoint_reads_and_encodes_off_the_event_loop_and_pages_10000_e
         assert client.get("/v1/admin/history", params={"at": "now", "from": "0", "limit": "100001"}).status_code == 422
     assert limits == [10_000, 3]
     assert len(encoded_on) == 2 and loop_threads[0] not in encoded_on
+
+
+def test_bootstrap_makes_its_term_durable_before_the_snapshot_a_restart_would_trust(tmp_path, monkeypatch):
+    """A crash after the snapshot and before the term: the restart skipped bootstrap (a snapshot exists) and the
+    node ran at term 0 under a snapshot of term 9, below every term the tier had seen. Now the term is synced
+    first; a crash after it reruns bootstrap, which keeps the term and a vote cast in it."""
+    from electra.consensus.storage import LogStorage
+
+    uri = str(tmp_path / "tier")
+    store = TierStore(uri)
+    store.ensure()
+    entries, states, ts, _ = _replay(_workload(130))
+    _upload(store, entries, states, [50, 120], snapshot_at={120}, ts=ts)
+    store.commit("events", events_table([]), upto=121, upto_term=9, uploader_term=9, expect_upto=120)
+
+    def crash(*_a, **_kw):
+        raise SystemExit("power lost")
+
+    monkeypatch.setattr(SnapshotStore, "create", crash)  # the machine stops as the snapshot is being written
+    with pytest.raises(SystemExit):
+        bootstrap_from_tier(tmp_path / "node", uri, fsync=False)
+    monkeypatch.undo()
+    log = LogStorage(tmp_path / "node" / "raft-log", fsync=False)
+    rec = log.open()
+    assert (rec.term, rec.last_index) == (9, 0)  # the term is durable, nothing else was written
+    log.save_hard_state(9, 2)  # it voted in that term before the next start (an election with no log to send)
+    log.sync()
+    log.close()
+    b = bootstrap_from_tier(tmp_path / "node", uri, fsync=False)
+    assert (b.index, b.term, b.hard_term) == (121, 9, 9)
+    log = LogStorage(tmp_path / "node" / "raft-log", fsync=False)
+    rec = log.open()
+    assert (rec.term, rec.vote, rec.snapshot_index) == (9, 2, 121)
+    log.close()
+
+
+def test_a_node_whose_term_is_below_its_snapshots_raises_it_at_start(tmp_path):
+    """What an older version's bootstrap left after a crash between its snapshot and its term: hard-state term 0
+    under a snapshot of term 9. The node starts at term 9 (durably), never below its own log's terms."""
+    import asyncio
+
+    from electra.consensus.node import NodeConfig, RaftNode
+    from electra.consensus.storage import LogStorage
+
+    data = tmp_path / "node"
+    sm = ControllerStateMachine()
+    SnapshotStore(data / "snapshots", fsync=False).create(121, 9, sm.snapshot)[1]()
+    cfg = NodeConfig(node_id=1, peers={1: ("127.0.0.1", 0)}, data_dir=data, fsync=False)
+
+    async def start_and_stop() -> int:
+        node = RaftNode(cfg, ControllerStateMachine())
+        await node.start()
+        try:
+            return node.core.term
+        finally:
+            await node.stop()
+
+    assert asyncio.run(start_and_stop()) >= 9
+    log = LogStorage(data / "raft-log", fsync=False)
+    assert log.open().term >= 9
+    log.close()
