@@ -60,9 +60,13 @@ from .messages import (
 from .progress import Progress, ProgressState, quorum_value
 from .read_only import ReadOnly
 
-__all__ = ["NONE", "RaftConfig", "RaftCore", "Ready", "Role"]
+__all__ = ["NONE", "REJOIN_FLOOR", "RaftConfig", "RaftCore", "Ready", "Role"]
 
 NONE = 0  # node ids start at 1; 0 means "nobody"
+# The vote floor of a node restored empty (`electra node --rejoin`): it acknowledged entries it no longer
+# has, up to an index it does not know, so it votes for nobody and never campaigns until its first leader
+# tells it that leader's commit index, which becomes its floor (`RaftCore._learn_floor`).
+REJOIN_FLOOR = (MAX_TERM, MAX_TERM)
 
 
 class Role(IntEnum):
@@ -116,6 +120,7 @@ class Ready:
     """
 
     hard_state: tuple[int, int] | None = None  # (term, vote) when changed
+    vote_floor: tuple[int, int] | None = None  # (index, term) when a rejoining node learned its floor
     entries_first: int = 0
     ent_terms: list[int] = field(default_factory=list)
     ent_data: list[bytes] = field(default_factory=list)
@@ -138,7 +143,8 @@ class Ready:
         return self.entries_first + len(self.ent_terms) - 1, self.ent_terms[-1]
 
     def needs_persist(self) -> bool:
-        return self.hard_state is not None or bool(self.ent_terms) or self.reset_to is not None
+        return (self.hard_state is not None or bool(self.ent_terms) or self.reset_to is not None
+                or self.vote_floor is not None)
 
 
 # Messages that carry the term of an exchange the receiver started or shares with its leader
@@ -194,6 +200,7 @@ class RaftCore:
         self.term = term
         self.vote = vote
         self.vote_floor = (vote_floor[0], vote_floor[1])
+        self._floor_dirty = False  # a rejoining node's floor, learned from its first leader, to persist
         self.lead = NONE
         # A node that has just started may have acknowledged a leader's heartbeat round an instant before it
         # stopped: that leader's lease counts on it not voting for an election timeout from that ack. It does
@@ -617,9 +624,13 @@ class RaftCore:
         """What every role but the leader does with a leader's messages."""
         if isinstance(m, Append):
             self._become_follower_of(m)
+            if self.vote_floor == REJOIN_FLOOR:
+                self._learn_floor(m.commit, m.term)
             self._handle_append(m)
         elif isinstance(m, Heartbeat):
             self._become_follower_of(m)
+            if self.vote_floor == REJOIN_FLOOR:
+                self._learn_floor(m.leader_commit, m.term)
             self._handle_heartbeat(m)
         elif isinstance(m, ReadIndexResp):
             self.reads.answer_batch(m.batch, m.index)
@@ -634,6 +645,14 @@ class RaftCore:
         if not m.force or m.term != self.term + 1:
             return False
         return self.role != Role.LEADER or m.src == self.transferee
+
+    def _learn_floor(self, leader_commit: int, term: int) -> None:
+        """A rejoining node heard its first leader: it may vote and campaign again once its own log holds
+        what that leader had committed (the entry there is of `term` at the latest, so the floor is as
+        strict as the true one or stricter: it may refuse a candidate a little longer, never elect one
+        that misses a committed entry)."""
+        self.vote_floor = (leader_commit, term)
+        self._floor_dirty = True
 
     def _become_follower_of(self, m: Append | Heartbeat) -> None:
         if self.role != Role.FOLLOWER or self.lead != m.src:
@@ -953,6 +972,8 @@ class RaftCore:
         if self._hard_dirty:
             rd.hard_state = (self.term, self.vote)
             self._hard_dirty = False
+        if self._floor_dirty:
+            rd.vote_floor, self._floor_dirty = self.vote_floor, False
         if log.has_unhanded():
             rd.entries_first, rd.ent_terms, rd.ent_data = log.take_unhanded()
         msgs, self._msgs = self._msgs, []

@@ -168,3 +168,27 @@ def _in_use(data_dir: Path, fd: int) -> DataDirInUse:
     holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
     return DataDirInUse(f"data directory {data_dir} is in use by another process (pid {holder}); refusing "
                         "to start (two processes on one directory would write the same log)")
+
+
+def mark_rejoining(data_dir: Path | str, *, fsync: bool = True) -> bool:
+    """`electra node --rejoin`: an emptied data dir starts with the rejoin vote floor (`core.REJOIN_FLOOR`),
+    durably, so the node neither votes nor campaigns until a leader has brought it up to that leader's
+    commit index. A node restored empty has forgotten the entries it acknowledged and its vote: started
+    plainly, it could elect a candidate that misses committed entries, or vote twice in one term.
+
+    Returns False (and writes nothing) when the directory already holds Raft state: a node restarted with
+    the flag still set keeps the floor it has (learned, or still the rejoin floor)."""
+    from .core import REJOIN_FLOOR
+    from .storage import LogStorage
+
+    data_dir = Path(data_dir)
+    if _holds_raft_state(data_dir):
+        return False
+    storage = LogStorage(data_dir / "raft-log", fsync=fsync)
+    storage.open()
+    try:
+        storage.save_vote_floor(*REJOIN_FLOOR)
+        storage.sync()
+    finally:
+        storage.close()
+    return True

@@ -847,6 +847,9 @@ class RaftNode:
                 if rd.hard_state is not None:
                     storage.save_hard_state(*rd.hard_state)
                     wrote = True
+                if rd.vote_floor is not None:  # a rejoining node learned its floor (core.REJOIN_FLOOR)
+                    storage.save_vote_floor(*rd.vote_floor)
+                    wrote = True
                 if rd.ent_terms:
                     storage.append(rd.entries_first, rd.ent_terms, rd.ent_data)
                     n_entries += len(rd.ent_terms)

@@ -180,7 +180,7 @@ class LogStorage:
                 f"{self._marked_commit} ({self._mark}): a segment was cut or deleted, and the cut taken for a torn "
                 "tail (a torn write only loses entries never synced); refusing to start (starting so could help "
                 "elect a leader without committed entries). Restore this node from a peer: move its data directory "
-                "aside and start it empty, so the leader sends it a snapshot")
+                "aside and start it empty with --rejoin, so the leader sends it a snapshot")
         if rec.term < self._marked_term:
             raise CorruptLogError(
                 f"Raft log in {self.dir} ends in term {rec.term}, but this node had synced term "
@@ -188,7 +188,7 @@ class LogStorage:
                 f"record ({len(segs)} segment(s) left), and with them its vote and entries it may have "
                 "acknowledged; refusing to start (starting so could vote twice in a term and help elect a leader "
                 "without committed entries). Restore this node from a peer: move its data directory aside and "
-                "start it empty, so the leader sends it a snapshot")
+                "start it empty with --rejoin, so the leader sends it a snapshot")
         self._term, self._vote, self._floor = rec.term, rec.vote, rec.vote_floor
         self._snap = (rec.snapshot_index, rec.snapshot_term)
         self._last_index = rec.last_index
@@ -208,7 +208,7 @@ class LogStorage:
                 f"Raft log segment {seg} ({n} bytes) does not begin with the node's term and vote: it was emptied "
                 "or damaged at its start, and the entries and vote it held are lost; refusing to start (starting "
                 "over could vote twice in one term). Restore this node from a peer: move its data directory "
-                "aside and start it empty, so the leader sends it a snapshot")
+                "aside and start it empty with --rejoin, so the leader sends it a snapshot")
         while pos < n:
             problem = None
             if n - pos < _HEADER.size:
@@ -444,7 +444,8 @@ class LogStorage:
                 raise ValueError("not a term mark")
         except (struct.error, ValueError, TypeError) as exc:
             raise CorruptLogError(f"the term mark {self._mark} is damaged ({exc}); refusing to start (restore this "
-                                  "node from a peer: move its data directory aside and start it empty)") from None
+                                  "node from a peer: move its data directory aside and start it empty with "
+                                  "--rejoin)") from None
         return int(term), int(commit)
 
     def _write_term_mark(self, term: int, commit: int) -> None:

@@ -297,12 +297,20 @@ def cmd_node(args: argparse.Namespace) -> int:
         check_cluster_stamp,
         check_member_stamp,
         lock_data_dir,
+        mark_rejoining,
     )
 
     try:  # what the data dir belongs to, and that no other process serves it (consensus/data_dir_claims.py)
         lock_data_dir(args.data_dir)  # held until this process exits
         check_cluster_stamp(args.data_dir, security.cluster_id)
         check_member_stamp(args.data_dir, args.id, list(args.peers), accept_new=args.accept_new_peers)
+        if args.rejoin:
+            if mark_rejoining(args.data_dir, fsync=not args.unsafe_no_fsync):
+                print(f"node {args.id} rejoins with an empty data dir: it votes and campaigns again once a leader "
+                      "has brought it up to date", file=sys.stderr, flush=True)
+            else:
+                print(f"node {args.id}: --rejoin changes nothing, {args.data_dir} already holds a Raft log",
+                      file=sys.stderr, flush=True)
     except (DataDirInUse, ClusterIdMismatch, MemberMismatch, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -1093,6 +1101,10 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--accept-new-peers", action="store_true", default=False,
                    help="this start's --peers replace the members recorded in the data dir; only with every node "
                         "of the cluster stopped first (Electra has no online reconfiguration)")
+    n.add_argument("--rejoin", action="store_true", default=False,
+                   help="this node's data dir was emptied (lost, damaged, moved aside): it neither votes nor "
+                        "campaigns until a leader of the running cluster has brought it up to date (it forgot "
+                        "the entries it acknowledged and its vote); has no effect on a data dir with a log")
     n.add_argument("--unclean-election", action="store_true", default=None,
                    help="elections may pick a live broker outside the sync-state set when none in it is alive "
                         "(RocketMQ's enableElectUncleanMaster; it may lack acknowledged messages)")

@@ -213,3 +213,42 @@ def test_a_snapshot_that_cannot_be_written_is_retried_after_a_growing_wait(tmp_p
             await node.stop()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_node_restored_empty_with_rejoin_learns_its_floor_from_the_leader_and_stores_it(tmp_path):
+    """Real nodes over loopback: node 3's data dir is emptied while it is down and it restarts with the rejoin
+    floor (`electra node --rejoin`). Its first leader's commit becomes its floor, durably, and it catches up."""
+    import shutil
+
+    from electra.consensus.core import REJOIN_FLOOR
+    from electra.consensus.data_dir_claims import mark_rejoining
+    from electra.consensus.storage import LogStorage
+
+    cfgs = _configs(tmp_path)
+
+    async def main():
+        nodes = {i: RaftNode(c, KVStateMachine()) for i, c in cfgs.items()}
+        for n in nodes.values():
+            await n.start()
+        try:
+            leader = await _leader(nodes)
+            for i in range(20):
+                await leader.propose(encode_put(f"k{i}", i))
+            await nodes[3].stop()
+            shutil.rmtree(cfgs[3].data_dir)
+            assert mark_rejoining(cfgs[3].data_dir)
+            nodes[3] = RaftNode(cfgs[3], KVStateMachine())
+            await nodes[3].start()
+            assert nodes[3].core.vote_floor == REJOIN_FLOOR
+            await _wait(lambda: nodes[3].applied >= leader.core.commit, what="node 3 caught up")
+            floor = nodes[3].core.vote_floor
+            assert floor != REJOIN_FLOOR and floor[0] >= 21  # the leader's commit when it first heard from it
+        finally:
+            for n in nodes.values():
+                await n.stop()
+        return floor
+
+    floor = asyncio.run(main())
+    s = LogStorage(cfgs[3].data_dir / "raft-log", fsync=False)
+    assert s.open().vote_floor == floor  # stored: a restart does not fall back to the rejoin floor
+    s.close()

@@ -476,3 +476,23 @@ def test_up_refuses_pipeline_options_for_the_legacy_stack_which_has_no_pipeline(
             and err.count("\n") == 1, err
     assert not started and not (tmp_path / "up").exists()
     assert main(up) == 0 and started == ["up"]
+
+
+def test_node_rejoin_marks_an_emptied_data_dir_and_leaves_a_used_one_alone(tmp_path, monkeypatch, capsys):
+    from electra import cli
+    from electra.consensus import data_dir_claims
+    from electra.consensus.core import REJOIN_FLOOR
+    from electra.consensus.storage import LogStorage
+
+    monkeypatch.setattr(cli, "_serve_until_signal", lambda start: 0)
+    monkeypatch.setattr(data_dir_claims, "lock_data_dir", lambda d: -1)  # a node process holds it until its exit
+    node = ["node", "--insecure", "--id", "2", "--peers", "1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103",
+            "--data-dir", str(tmp_path / "n2"), "--rejoin"]
+    assert main(node) == 0
+    assert "node 2 rejoins with an empty data dir: it votes and campaigns again once a leader has brought it up " \
+           "to date" in capsys.readouterr().err
+    s = LogStorage(tmp_path / "n2" / "raft-log", fsync=False)
+    assert s.open().vote_floor == REJOIN_FLOOR
+    s.close()
+    assert main(node) == 0  # a restart with the flag still in its unit file
+    assert f"node 2: --rejoin changes nothing, {tmp_path / 'n2'} already holds a Raft log" in capsys.readouterr().err

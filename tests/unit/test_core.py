@@ -706,3 +706,61 @@ def test_a_node_behind_its_vote_floor_still_votes_once_its_first_timeout_passed(
     assert c.role == Role.FOLLOWER and c.elapsed < c.cfg.election_ticks
     c.step(Vote(2, 3, 6, last_index=3, last_term=3))
     assert [m.reject for m in c.ready().send_after_persist] == [False] and c.vote == 2
+
+
+def test_a_node_restored_empty_with_rejoin_helps_elect_no_leader_missing_a_write_it_acknowledged():
+    """Entry E commits on the leader and node 3 while node 2 lags. Node 3's data dir is emptied and it restarts;
+    the leader dies. Restarted plainly (term 0, no vote, empty log), node 3 voted for node 2, which won without E:
+    an acknowledged write lost. Rejoining, it votes for nobody until a leader brought it up to date."""
+    from electra.consensus.core import REJOIN_FLOOR
+
+    for rejoin in (False, True):
+        net = Net(pre_vote=False)
+        leader = net.elect()
+        net.tick(2)
+        lagging = next(c for c in net.cores.values() if c is not leader and c.id != 3)
+        net.cut = {lagging.id}
+        leader.propose([b"E"])
+        net.tick(2)
+        assert net.cores[3].commit >= leader.last_index()
+        old = net.cores[3]
+        net.cores[3] = RaftCore(3, old.peers, old.cfg, rng=random.Random(7), clock=frozen_clock,
+                                vote_floor=REJOIN_FLOOR if rejoin else (0, 0))
+        _up_for_an_election_timeout(net.cores[3])
+        net.cut = {leader.id}
+        net.tick(60, only=[lagging.id, 3])
+        elected = net.leader()
+        if not rejoin:  # the loss this guards against, shown on the same history
+            assert elected is lagging and b"E" not in lagging.log_data
+        else:
+            assert elected is None and net.cores[3].term <= lagging.term
+
+
+def test_a_rejoining_node_takes_its_first_leaders_commit_as_its_floor_and_votes_once_caught_up():
+    from electra.consensus.core import REJOIN_FLOOR
+
+    net = Net()
+    leader = net.elect()
+    leader.propose([b"a", b"b"])
+    net.tick(2)
+    old = net.cores[3]
+    net.cores[3] = c = _up_for_an_election_timeout(RaftCore(3, old.peers, old.cfg, rng=random.Random(7),
+                                                            clock=frozen_clock, vote_floor=REJOIN_FLOOR))
+    ask = PreVote(2, 3, leader.term + 1, last_index=leader.last_index(), last_term=leader.term)
+    c.step(ask)
+    rd = c.ready()
+    assert [m.reject for m in rd.send_now + rd.send_after_persist] == [True]  # a floor above every log
+    for _ in range(40):
+        c.tick()
+    assert c.role == Role.FOLLOWER and c.ready().hard_state is None  # never campaigned
+    c.step(Heartbeat(leader.id, 3, leader.term, commit=0, leader_commit=leader.commit))
+    rd = c.ready()
+    assert rd.vote_floor == c.vote_floor == (leader.commit, leader.term) and rd.needs_persist()
+    net.tick(3)  # the leader brings it up to date
+    assert c.last_index() == leader.last_index()
+    net.cut = {leader.id}
+    for _ in range(40):  # caught up past its floor: it campaigns again when its leader goes quiet
+        net.tick(1, only=[3])
+        if c.role != Role.FOLLOWER:
+            break
+    assert c.role in (Role.PRE_CANDIDATE, Role.CANDIDATE)

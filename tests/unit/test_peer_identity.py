@@ -329,3 +329,28 @@ def test_every_tls_listener_refuses_versions_older_than_1_2(pki):
     assert [c.minimum_version for c in contexts] == [ssl.TLSVersion.TLSv1_2] * 4
     with pytest.raises(ValueError, match=f"^cannot load TLS files {d}/node-2.crt, {d}/node-1.key: "):
         server_context(d / "node-2.crt", d / "node-1.key")
+
+
+def test_rejoin_stores_the_rejoin_floor_in_an_empty_data_dir_only(tmp_path):
+    from electra.consensus.core import REJOIN_FLOOR
+    from electra.consensus.data_dir_claims import mark_rejoining
+    from electra.consensus.storage import LogStorage
+
+    def floor(d):
+        s = LogStorage(d / "raft-log", fsync=False)
+        try:
+            return s.open().vote_floor
+        finally:
+            s.close()
+
+    assert mark_rejoining(tmp_path / "emptied", fsync=False) is True
+    assert floor(tmp_path / "emptied") == REJOIN_FLOOR  # durably, before the node starts
+    assert mark_rejoining(tmp_path / "emptied", fsync=False) is False  # restarted with the flag still set
+    used = tmp_path / "used"
+    s = LogStorage(used / "raft-log", fsync=False)
+    s.open()
+    s.save_hard_state(3, 1)
+    s.append(1, [3], [b"x"])
+    s.sync()
+    s.close()
+    assert mark_rejoining(used, fsync=False) is False and floor(used) == (0, 0)
