@@ -377,7 +377,8 @@ class RaftCore:
         self._append_as_leader([b""])
         self._maybe_commit()
 
-    def _behind_vote_floor(self) -> bool:
+    def behind_vote_floor(self) -> bool:
+        """Its log is behind its vote floor (`vote_floor`): it neither votes for a log like its own nor campaigns."""
         floor_index, floor_term = self.vote_floor
         return (self.log.last_term(), self.log.last_index()) < (floor_term, floor_index)
 
@@ -386,7 +387,7 @@ class RaftCore:
         if self.term >= MAX_TERM:
             self._reset_timer()  # peers refuse terms beyond MAX_TERM (docs/security.md); stay a follower
             return
-        if self._behind_vote_floor():
+        if self.behind_vote_floor():
             # It would not vote for a log like its own: it must not vote for itself either.
             self._reset_timer()
             self.timeout = self._random_timeout()

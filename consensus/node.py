@@ -408,7 +408,9 @@ class RaftNode:
             "commit_index": c.commit if c else 0, "applied_index": self.applied,
             "last_index": c.last_index() if c else 0, "peers": sorted(self.cfg.peers),
             "snapshot_index": c.snap_index if c else 0, "log_first_index": c.offset + 1 if c else 0,
-            "fsync": self.cfg.fsync, "refused_terms": c.refused_terms if c else 0, **self.metrics,
+            "fsync": self.cfg.fsync, "refused_terms": c.refused_terms if c else 0,
+            # False while it may not vote or campaign: rejoining (`--rejoin`) or after a lost snapshot
+            "votes": not c.behind_vote_floor() if c else False, **self.metrics,
             **{f"peer_{k}": v for k, v in self.transport.stats.items()},
             **self._tick_lateness_ms(), "commit_stalled_s": round(self.commit_stalled_s(), 3),
         }

@@ -239,8 +239,9 @@ def test_a_node_restored_empty_with_rejoin_learns_its_floor_from_the_leader_and_
             assert mark_rejoining(cfgs[3].data_dir)
             nodes[3] = RaftNode(cfgs[3], KVStateMachine())
             await nodes[3].start()
-            assert nodes[3].core.vote_floor == REJOIN_FLOOR
+            assert nodes[3].core.vote_floor == REJOIN_FLOOR and nodes[3].status()["votes"] is False
             await _wait(lambda: nodes[3].applied >= leader.core.commit, what="node 3 caught up")
+            assert nodes[3].status()["votes"] is True
             floor = nodes[3].core.vote_floor
             assert floor != REJOIN_FLOOR and floor[0] >= 21  # the leader's commit when it first heard from it
         finally:

@@ -764,3 +764,11 @@ def test_a_rejoining_node_takes_its_first_leaders_commit_as_its_floor_and_votes_
         if c.role != Role.FOLLOWER:
             break
     assert c.role in (Role.PRE_CANDIDATE, Role.CANDIDATE)
+
+
+def test_a_rejoining_core_says_it_does_not_vote_until_it_caught_up():
+    from electra.consensus.core import REJOIN_FLOOR
+
+    c = RaftCore(3, [1, 2, 3], RaftConfig(), vote_floor=REJOIN_FLOOR, rng=random.Random(1), clock=frozen_clock)
+    assert c.behind_vote_floor()
+    assert not RaftCore(3, [1, 2, 3], RaftConfig(), rng=random.Random(1), clock=frozen_clock).behind_vote_floor()
