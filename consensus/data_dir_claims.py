@@ -28,6 +28,8 @@ from pathlib import Path
 
 from electra.atomic_file import make_dirs, replace_file
 
+from .files import Files
+
 STAMP = "cluster-id"
 MEMBER = "member"
 LOCK = "LOCK"
@@ -170,7 +172,7 @@ def _in_use(data_dir: Path, fd: int) -> DataDirInUse:
                         "to start (two processes on one directory would write the same log)")
 
 
-def mark_rejoining(data_dir: Path | str, *, fsync: bool = True) -> bool:
+def mark_rejoining(data_dir: Path | str, *, fsync: bool = True, files: Files | None = None) -> bool:
     """`electra node --rejoin`: an emptied data dir starts with the rejoin vote floor (`core.REJOIN_FLOOR`),
     durably, so the node neither votes nor campaigns until a leader has brought it up to that leader's
     commit index. A node restored empty has forgotten the entries it acknowledged and its vote: started
@@ -178,16 +180,18 @@ def mark_rejoining(data_dir: Path | str, *, fsync: bool = True) -> bool:
 
     Returns False (and writes nothing) when the directory already holds Raft state: a node restarted with
     the flag still set keeps the floor it has (learned, or still the rejoin floor)."""
+    from . import mutations
     from .core import REJOIN_FLOOR
     from .storage import LogStorage
 
     data_dir = Path(data_dir)
     if _holds_raft_state(data_dir):
         return False
-    storage = LogStorage(data_dir / "raft-log", fsync=fsync)
+    storage = LogStorage(data_dir / "raft-log", fsync=fsync, files=files)
     storage.open()
     try:
-        storage.save_vote_floor(*REJOIN_FLOOR)
+        if not mutations.enabled("rejoin_without_floor"):  # the deliberate bug: start empty, as before --rejoin
+            storage.save_vote_floor(*REJOIN_FLOOR)
         storage.sync()
     finally:
         storage.close()

@@ -28,6 +28,8 @@ KNOWN: dict[str, str] = {
     "lease_without_margin": "lease reads for the full election timeout, ignoring clock drift "
                             "(stale reads under clock skew)",
     "double_vote": "grant a vote to a second candidate in the same term (two leaders in one term)",
+    "rejoin_without_floor": "start a node whose data dir was emptied without the rejoin vote floor (it votes at "
+                            "once with an empty log: a candidate missing acknowledged writes can win)",
     "elect_keeps_epoch": "elect a new broker master without a new master epoch (two masters under one "
                          "epoch: electra chaos --pipeline's one-acting-master checker)",
 }

@@ -33,6 +33,7 @@ from typing import Any
 
 from . import mutations
 from .core import RaftConfig
+from .data_dir_claims import mark_rejoining
 from .errors import DiskFailure, LeadershipLost, NotLeader, ProposalDropped, RaftError
 from .linearizability import History, check
 from .node import NodeConfig, RaftNode
@@ -48,6 +49,10 @@ from .storage import CorruptLogError, _valid_record_after
 WORKLOADS = ("kv", "controller")
 FAULTS = ("partition", "isolate_leader", "heal", "kill", "power_off", "restart", "pause", "crash_leader",
           "clock_jump", "clock_rate", "rot")
+# An operator's actions, drawn only when a config names them in `fault_kinds` (so every seed of the faults
+# above runs exactly as before): "wipe" empties a stopped node's disk (or one that refused to start on bit
+# rot, as its refusal advises) and starts it with `--rejoin`.
+OPERATOR_FAULTS = ("wipe",)
 
 
 class SimulationFailure(AssertionError):
@@ -129,6 +134,7 @@ class Swarm:
         weights["heal"] = max(weights["heal"], weights["partition"], weights["isolate_leader"])
         weights["restart"] = max(weights["restart"], 0.3)
         weights = {f: (w if f in cfg.fault_kinds else 0.0) for f, w in weights.items()}
+        weights.update({f: 0.5 for f in OPERATOR_FAULTS if f in cfg.fault_kinds})  # no draw: FAULTS' seeds unchanged
         drift = cfg.clock_drift if cfg.clock_drift is not None else rng.uniform(0, cfg.max_clock_drift * 0.9)
         lo_t, hi_t = cfg.client_timeout_ms
         return Swarm(net, disk, weights, drift, rng.randrange(*cfg.snapshot_every), rng.uniform(*cfg.read_ratio),
@@ -162,6 +168,7 @@ class _Process:
         self.node: RaftNode | None = None
         self.up = False  # started and not stopped
         self.refused = False  # refused to start on a damaged disk: stays down
+        self.rejoining = False  # wiped and started with --rejoin, not yet caught up (it does not vote)
 
 
 def make_workload(name: str, cfg: SimConfig, read_ratio: float) -> Workload:
@@ -192,7 +199,8 @@ class Simulation:
         self.checker = ReplicationChecker(self._violate)
         self.history = History(self.workload.model)
         self.ok_reads: dict[str, int] = {}
-        self.faults: dict[str, int] = dict.fromkeys(FAULTS, 0)
+        self.faults: dict[str, int] = dict.fromkeys([*FAULTS, *(f for f in OPERATOR_FAULTS if f in cfg.fault_kinds)],
+                                                    0)
         self.faults_on = True
         self.all_nodes: list[RaftNode] = []
         self._clients: dict[int, tuple[int, ClientOp] | None] = {}
@@ -416,7 +424,8 @@ class Simulation:
         if not self.faults_on:
             return
         w = self.swarm.weights
-        kind = self.rng.choices(FAULTS, weights=[w[f] for f in FAULTS])[0] if sum(w.values()) else "heal"
+        kinds = list(w)  # FAULTS, then any operator action the config names
+        kind = self.rng.choices(kinds, weights=[w[f] for f in kinds])[0] if sum(w.values()) else "heal"
         if self._inject(kind):
             self.faults[kind] += 1
         lo, hi = self.cfg.fault_interval_ms
@@ -469,17 +478,48 @@ class Simulation:
             p.clock.set_rate(1.0 + rng.uniform(-d, d))
             self.log(f"clock of n{p.id} now runs at rate {p.clock.rate:.3f}")
         elif kind == "rot":
-            # Bit rot on a stopped machine's disk (a minority of one per seed), noticed at restart.
-            if any(p.files.corrupted for p in self.procs.values()) or not down:
+            # Bit rot on a stopped machine's disk (a minority of one per seed: none while a wiped node still
+            # rejoins, which has lost its data too), noticed at restart.
+            if any(p.files.corrupted for p in self.procs.values()) or not down or self._still_rejoining():
                 return False
             p = rng.choice(down)
             damaged = p.files.rot(".seg", _valid_record_after) if rng.random() < 0.7 else p.files.rot(".snap")
             if not damaged:
                 return False
             self.log(f"bit rot on n{p.id}'s disk: {p.files.corrupted}")
+        elif kind == "wipe":
+            # As an operator would: only while the other nodes that kept their data are a majority (a rejoining
+            # node votes for nobody until a leader caught it up, so a group of mostly rejoining nodes waits)
+            self._still_rejoining()
+            intact = {p.id for p in self.procs.values() if not (p.refused or p.rejoining or p.files.corrupted)}
+            quorum = len(self.ids) // 2 + 1
+            stopped = [p for p in self.procs.values() if p.node is None and len(intact - {p.id}) >= quorum]
+            if not stopped:
+                return False
+            self._wipe_and_rejoin(rng.choice(stopped))
         else:
             return False
         return True
+
+    def _still_rejoining(self) -> bool:
+        """Clear `rejoining` of wiped nodes that caught up; whether one is still rejoining."""
+        for p in self.procs.values():
+            if p.rejoining and p.node is not None and p.node.core is not None and not p.node.core.behind_vote_floor():
+                p.rejoining = False
+        return any(p.rejoining for p in self.procs.values())
+
+    def _wipe_and_rejoin(self, p: _Process) -> None:
+        """The operator empties the node's data dir and starts it with `--rejoin` (data_dir_claims.mark_rejoining,
+        run on a healthy disk: the sim's disk faults are off for that one command)."""
+        p.files = SimFiles(self.rng, self.swarm.disk)
+        p.refused, p.rejoining = False, True
+        faults_on, self.swarm.disk.faults_on = self.swarm.disk.faults_on, False
+        try:
+            mark_rejoining(self._node_config(p.id).data_dir, files=p.files)
+        finally:
+            self.swarm.disk.faults_on = faults_on
+        self.log(f"wipe n{p.id}'s disk; it starts again with --rejoin")
+        self.start(p)
 
     def _settle(self) -> None:
         """The liveness phase: heal everything, restart every node that can start."""
@@ -633,6 +673,7 @@ MUTATION_SEEDS = 600  # every deliberate bug must make some seed fail among this
 
 # The workload a deliberate bug shows under: bugs in the controller state machine need its commands.
 MUTATION_WORKLOADS = {"elect_keeps_epoch": "controller"}
+MUTATION_FAULTS = {"rejoin_without_floor": FAULTS + ("wipe",)}  # bugs only an operator's action exposes
 
 
 def hunt_mutation(name: str, workload: str | None = None, max_seeds: int = MUTATION_SEEDS,
@@ -640,7 +681,8 @@ def hunt_mutation(name: str, workload: str | None = None, max_seeds: int = MUTAT
     """Run seeds with the deliberate bug `name` switched on; the first failure, or None if none failed.
 
     `workload` defaults to the one the bug lives under (MUTATION_WORKLOADS, else the KV model)."""
-    cfg = SimConfig(workload=workload or MUTATION_WORKLOADS.get(name, "kv"), duration_ms=1000, trace=False)
+    cfg = SimConfig(workload=workload or MUTATION_WORKLOADS.get(name, "kv"), duration_ms=1000, trace=False,
+                    fault_kinds=MUTATION_FAULTS.get(name, FAULTS))
     with mutations.forced(name):
         for seed in range(start, start + max_seeds):
             try:

@@ -18,7 +18,9 @@ import pytest
 
 from electra.consensus import core, mutations, node
 from electra.consensus.simulation import (
+    FAULTS,
     MUTATION_SEEDS,
+    SimConfig,
     SimulationFailure,
     ci_config,
     hunt_mutation,
@@ -190,3 +192,14 @@ def test_controller_workload_sends_distinct_commands_the_service_would_accept():
     assert len(sent) > 100 and len(set(sent)) == len(sent)
     for cmd in sent:
         commands.decode(cmd)  # no field the service's commands do not have
+
+
+@pytest.mark.parametrize("workload", ["kv", "controller"])
+def test_wiped_nodes_rejoin_without_losing_acknowledged_writes(workload):
+    """The operator's recovery: a stopped node's disk (or one that refused to start on bit rot) is emptied and it
+    starts with --rejoin, while the others keep a majority. Every seed stays linearizable and converges."""
+    cfg = SimConfig(workload=workload, duration_ms=1000, trace=False, fault_kinds=FAULTS + ("wipe",))
+    wipes = 0
+    for seed in range(500_000, 500_150):
+        wipes += run_seed(seed, cfg).faults["wipe"]
+    assert wipes > 20
