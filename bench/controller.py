@@ -2,10 +2,15 @@
 
 Starts 3 `electra node` controller processes on loopback (fsync on), registers
 `--brokers` brokers (sets of 3) the RocketMQ way, then runs every broker as a
-closed loop for `--duration` seconds: register (a write through the log),
-replica info (a consistent read), next broker id (a consistent read), and a
-heartbeat to every controller once a second. Reports throughput and p50/p99
-latency per request type.
+closed loop for `--duration` seconds: register with a new address (a write
+through the log), replica info (a consistent read), next broker id (a
+consistent read), and a heartbeat to every controller once a second. Reports
+throughput and p50/p99 latency per request type.
+
+Each register changes the broker's address (its port, as `bench api`'s writes
+do): a RegisterBroker with an unchanged address is answered by a linearizable
+read and adds nothing to the log, so re-registering the same address measured
+reads (write_per_s and write_p99_ms of runs before this change).
 """
 
 from __future__ import annotations
@@ -18,6 +23,12 @@ from pathlib import Path
 from electra.cli_args import Parser
 
 from .common import bench_credentials, percentile, result_line, start_controller_processes, stop_processes
+
+
+def write_address(addr: str, n: int) -> str:
+    """The address a broker registers with on its `n`-th write: `addr`'s host, another port each time (20000 up,
+    never the 10911 the fleet registers with), so every RegisterBroker changes the address and is a log entry."""
+    return f"{addr.rsplit(':', 1)[0]}:{20_000 + n % 40_000}"
 
 
 async def _load(endpoints: list[str], brokers: int, duration: float, creds=None) -> dict:
@@ -47,11 +58,14 @@ async def _load(endpoints: list[str], brokers: int, duration: float, creds=None)
 
     async def broker_loop(b) -> None:
         next_hb = time.monotonic()
+        writes = 0
         while time.monotonic() < stop:
             if time.monotonic() >= next_hb:
                 next_hb += 1.0
                 await timed("heartbeat", client.heartbeat(b.cluster, b.name, b.broker_id, b.addr, epoch=1,
                                                           maxOffset=b.max_offset))
+            writes += 1  # a new address: a write through the log (the same one is answered by a read)
+            b.addr = write_address(b.addr, writes)  # heartbeats then report the address registered last
             await timed("register", client.register(b.cluster, b.name, b.broker_id, b.addr))
             await timed("replica_info", client.replica_info(b.name))
             await timed("next_broker_id", client.next_broker_id(b.cluster, b.name))
@@ -70,7 +84,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--duration", type=float, minimum=1, default=10.0, help="seconds measured (default 10)")
     args = p.parse_args(argv)
     print(f"bench controller: 3 controller processes (fsync on), {args.brokers} simulated brokers over HTTP, "
-          f"{args.duration:.0f}s closed loop (register / replica info / next id, heartbeats every second)",
+          f"{args.duration:.0f}s closed loop (register with a new address: a write / replica info / next id, "
+          "heartbeats every second)",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-controller-") as tmp:
         procs, endpoints = start_controller_processes(Path(tmp))

@@ -2,7 +2,9 @@
 
 Starts 3 `electra node` controller processes (fsync on) with `--tier-uri` on a
 local directory, runs `electra bench controller`'s closed-loop broker load over
-HTTP, and samples the leader's `/metrics` every 100 ms: upload lag in entries
+HTTP (each register changes the broker's address: a log entry, so an event to
+upload; the same address would be answered by a read and upload nothing), and
+samples the leader's `/metrics` every 100 ms: upload lag in entries
 (applied index minus the index the events table covers) and in seconds (age of
 the state the table reflects while it lags). After the load it waits for the
 tier to catch up and checks that the events table covers the applied index.
@@ -88,12 +90,13 @@ async def _final(endpoints: list[str], creds, timeout: float = 30.0) -> tuple[fl
 def main(argv: list[str]) -> int:
     p = Parser(prog="electra bench tier", description=__doc__)
     p.add_argument("--brokers", type=int, minimum=1, maximum=200_000, default=300,
-                   help="simulated brokers writing (default 300)")
+                   help="simulated brokers writing (default 300; each register changes its address: a log entry)")
     p.add_argument("--duration", type=float, minimum=1, default=10.0, help="seconds measured (default 10)")
     p.add_argument("--tier-uri", help="default: a directory in the benchmark's temporary directory")
     args = p.parse_args(argv)
     print(f"bench tier: 3 controller processes (fsync on) uploading to Delta, {args.brokers} simulated brokers, "
-          f"{args.duration:.0f}s closed loop; lag sampled from the leader's /metrics every 100 ms", flush=True)
+          f"{args.duration:.0f}s closed loop of writes (a new address per register); lag sampled from the "
+          "leader's /metrics every 100 ms", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-tier-") as tmp:
         uri = args.tier_uri or str(Path(tmp) / "tier")
         procs, endpoints = start_controller_processes(Path(tmp), ("--tier-uri", uri))

@@ -1,0 +1,80 @@
+"""Benchmark load loops and result figures, without servers: fake fleets and clients, recorded samples."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+
+class _FakeClient:
+    def __init__(self) -> None:
+        self.registered: list[tuple[str, int, str]] = []
+        self.heartbeats: list[str] = []
+
+    async def register(self, cluster, name, broker_id, addr) -> dict:
+        self.registered.append((name, broker_id, addr))
+        await asyncio.sleep(0.001)
+        return {"code": 0}
+
+    async def heartbeat(self, cluster, name, broker_id, addr, **extra) -> dict:
+        self.heartbeats.append(addr)
+        return {"code": 0}
+
+    async def replica_info(self, name) -> dict:
+        await asyncio.sleep(0.001)
+        return {"code": 0}
+
+    async def next_broker_id(self, cluster, name) -> dict:
+        return {"code": 0}
+
+
+class _FakeFleet:
+    """BrokerFleet's surface `bench controller` uses; `hold_start` makes start() wait to be cancelled."""
+
+    instances: list[_FakeFleet] = []
+    hold_start = False
+
+    def __init__(self, endpoints, groups, replicas, **kw) -> None:
+        from electra.broker_simulator import SimBroker
+
+        self.client = _FakeClient()
+        self.brokers = [SimBroker("bench", f"bench-set-{g}", r, f"10.0.{g}.{r + 1}:10911", broker_id=r + 1)
+                        for g in range(groups) for r in range(replicas)]
+        self._tasks: list[asyncio.Task] = []
+        self.stopped = False
+        _FakeFleet.instances.append(self)
+
+    async def start(self, progress: bool = False) -> None:
+        if _FakeFleet.hold_start:
+            await asyncio.sleep(3600)
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+@pytest.fixture
+def fake_fleet(monkeypatch):
+    import electra.broker_simulator
+
+    _FakeFleet.instances, _FakeFleet.hold_start = [], False
+    monkeypatch.setattr(electra.broker_simulator, "BrokerFleet", _FakeFleet)
+    return _FakeFleet
+
+
+def test_bench_controller_writes_change_the_address_every_time(fake_fleet):
+    """Since RegisterBroker with an unchanged address is answered by a read (no log entry), re-registering the
+    fleet's own address measured reads as `write_per_s`: every register must name a new address, and the
+    broker's heartbeats the address it registered last."""
+    from electra.bench.controller import _load
+
+    out = asyncio.run(_load(["127.0.0.1:1"], 6, 0.2))
+    fleet = fake_fleet.instances[0]
+    assert len(out["lat"]["register"]) == len(fleet.client.registered) > 2 * len(fleet.brokers)
+    first = {(b.name, b.broker_id): f"10.0.{b.name[-1]}.{b.broker_id}:10911" for b in fleet.brokers}
+    last = dict(first)
+    for name, bid, addr in fleet.client.registered:
+        assert addr != last[(name, bid)], f"{name}/{bid} registered {addr} twice in a row: a read, not a write"
+        last[(name, bid)] = addr
+    assert set(fleet.client.heartbeats) <= {a for _, _, a in fleet.client.registered} | set(first.values())
+    assert fake_fleet.instances[0].stopped
