@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from electra.cli_args import Parser
+from electra.interrupts import run_async
 
 from .common import bench_credentials, percentile, result_line, start_controller_processes, stop_processes
 
@@ -37,43 +38,45 @@ async def _load(endpoints: list[str], brokers: int, duration: float, creds=None)
 
     fleet = BrokerFleet(endpoints, max(1, brokers // 3), 3, cluster="bench", heartbeat_s=1.0, poll_s=3600,
                         credentials=creds.credentials("broker") if creds else None)
-    t0 = time.monotonic()
-    await fleet.start(progress=True)
-    print(f"  {len(fleet.brokers)} brokers registered in {time.monotonic() - t0:.1f}s", flush=True)
-    client: ControllerClient = fleet.client
-    lat: dict[str, list[float]] = {"register": [], "replica_info": [], "next_broker_id": [], "heartbeat": []}
-    errors = dict.fromkeys(lat, 0)
-    stop = time.monotonic() + duration
+    try:
+        t0 = time.monotonic()
+        await fleet.start(progress=True)
+        print(f"  {len(fleet.brokers)} brokers registered in {time.monotonic() - t0:.1f}s", flush=True)
+        client: ControllerClient = fleet.client
+        lat: dict[str, list[float]] = {"register": [], "replica_info": [], "next_broker_id": [], "heartbeat": []}
+        errors = dict.fromkeys(lat, 0)
+        stop = time.monotonic() + duration
 
-    async def timed(kind: str, coro) -> None:
-        t = time.perf_counter()
-        try:
-            res = await coro
-            if res.get("code") != 0:
+        async def timed(kind: str, coro) -> None:
+            t = time.perf_counter()
+            try:
+                res = await coro
+                if res.get("code") != 0:
+                    errors[kind] += 1
+            except Exception:
                 errors[kind] += 1
-        except Exception:
-            errors[kind] += 1
-            return
-        lat[kind].append(time.perf_counter() - t)
+                return
+            lat[kind].append(time.perf_counter() - t)
 
-    async def broker_loop(b) -> None:
-        next_hb = time.monotonic()
-        writes = 0
-        while time.monotonic() < stop:
-            if time.monotonic() >= next_hb:
-                next_hb += 1.0
-                await timed("heartbeat", client.heartbeat(b.cluster, b.name, b.broker_id, b.addr, epoch=1,
-                                                          maxOffset=b.max_offset))
-            writes += 1  # a new address: a write through the log (the same one is answered by a read)
-            b.addr = write_address(b.addr, writes)  # heartbeats then report the address registered last
-            await timed("register", client.register(b.cluster, b.name, b.broker_id, b.addr))
-            await timed("replica_info", client.replica_info(b.name))
-            await timed("next_broker_id", client.next_broker_id(b.cluster, b.name))
+        async def broker_loop(b) -> None:
+            next_hb = time.monotonic()
+            writes = 0
+            while time.monotonic() < stop:
+                if time.monotonic() >= next_hb:
+                    next_hb += 1.0
+                    await timed("heartbeat", client.heartbeat(b.cluster, b.name, b.broker_id, b.addr, epoch=1,
+                                                              maxOffset=b.max_offset))
+                writes += 1  # a new address: a write through the log (the same one is answered by a read)
+                b.addr = write_address(b.addr, writes)  # heartbeats then report the address registered last
+                await timed("register", client.register(b.cluster, b.name, b.broker_id, b.addr))
+                await timed("replica_info", client.replica_info(b.name))
+                await timed("next_broker_id", client.next_broker_id(b.cluster, b.name))
 
-    for t in fleet._tasks:  # the fleet's own background loops would add unmeasured traffic
-        t.cancel()
-    await asyncio.gather(*(broker_loop(b) for b in fleet.brokers))
-    await fleet.stop()
+        for t in fleet._tasks:  # the fleet's own background loops would add unmeasured traffic
+            t.cancel()
+        await asyncio.gather(*(broker_loop(b) for b in fleet.brokers))
+    finally:  # cancelled too (an interrupt): the fleet's HTTP session closed, no 'Unclosed connector' dump
+        await fleet.stop()
     return {"lat": lat, "errors": errors}
 
 
@@ -91,7 +94,7 @@ def main(argv: list[str]) -> int:
         procs, endpoints = start_controller_processes(Path(tmp))
         try:
             time.sleep(3.0)
-            out = asyncio.run(_load(endpoints, args.brokers, args.duration, bench_credentials(Path(tmp))))
+            out = run_async(_load(endpoints, args.brokers, args.duration, bench_credentials(Path(tmp))))
         finally:
             stop_processes(procs)
     lat, errors = out["lat"], out["errors"]

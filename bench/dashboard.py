@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from electra.cli_args import Parser
+from electra.interrupts import run_async
 
 from .common import bench_credentials, result_line, start_controller_processes, stop_processes
 
@@ -82,8 +83,10 @@ async def _run(args: argparse.Namespace, endpoints: list[str], procs, creds) -> 
     fleet = BrokerFleet(endpoints, args.sets, 3, cluster="bench", poll_s=3600,
                         credentials=creds.credentials("broker"))
     t0 = time.monotonic()
-    await fleet.start(progress=True)
-    await fleet.stop()  # the brokers stop: only the dashboard works now
+    try:
+        await fleet.start(progress=True)
+    finally:  # the brokers stop: only the dashboard works now (interrupted too: the fleet's sessions closed)
+        await fleet.stop()
     print(f"  {args.sets} broker sets registered in {time.monotonic() - t0:.1f}s; leader node {leader}, "
           f"viewers on node {follower}", flush=True)
     pids = {"follower": procs[follower - 1].pid, "leader": procs[leader - 1].pid}
@@ -116,7 +119,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="electra-bench-dashboard-") as tmp:
         procs, endpoints = start_controller_processes(tmp, ("--tick-ms", "100"))
         try:
-            out = asyncio.run(_run(args, endpoints, procs, bench_credentials(tmp)))
+            out = run_async(_run(args, endpoints, procs, bench_credentials(tmp)))
         finally:
             stop_processes(procs)
     n = args.viewers

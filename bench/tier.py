@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from electra.cli_args import Parser
+from electra.interrupts import run_async
 
 from .common import bench_credentials, percentile, result_line, start_controller_processes, stop_processes
 from .controller import _load
@@ -103,8 +104,8 @@ def main(argv: list[str]) -> int:
         try:
             time.sleep(3.0)
             creds = bench_credentials(Path(tmp))
-            out, samples = asyncio.run(_run(endpoints, args.brokers, args.duration, creds))
-            uploaded, applied = asyncio.run(_final(endpoints, creds))
+            out, samples = run_async(_run(endpoints, args.brokers, args.duration, creds))
+            uploaded, applied = run_async(_final(endpoints, creds))
         finally:
             stop_processes(procs)
         from electra.tiering.reader import TierReader

@@ -15,14 +15,18 @@ interpreter joins at exit) ends anyway, with every thread's stack on stderr to s
 
 from __future__ import annotations
 
+import asyncio
 import faulthandler
 import os
 import shutil
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
@@ -52,6 +56,56 @@ def terminate_as_interrupt() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)`, where SIGTERM and SIGHUP cancel `main` as asyncio.run does on Ctrl-C: its `finally`
+    blocks then run on the loop (an HTTP session closed, connections shut), and KeyboardInterrupt follows once
+    it ended, as `terminate_as_interrupt` would have raised it. Raised from the signal handler instead, the
+    KeyboardInterrupt lands in whichever task runs: the others are cancelled by asyncio.run's shutdown halfway
+    through their own cleanup, and aiohttp dumps its unclosed connectors after the one-line `interrupted`.
+    A signal ignored stays ignored; later signals during the cleanup are ignored, as there."""
+    interrupted = False
+    installed: list[signal.Signals] = []
+
+    async def run() -> T:
+        nonlocal interrupted
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None
+
+        def cancel() -> None:
+            nonlocal interrupted
+            if not interrupted:  # the first one: later ones must not cut the cleanup short
+                interrupted = True
+                task.cancel()
+
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                handler = signal.getsignal(sig)
+                if callable(handler):  # one that interrupts (terminate_as_interrupt); default and ignored stay
+                    previous[sig] = handler
+                    loop.add_signal_handler(sig, cancel)
+                    installed.append(sig)
+        try:
+            return await main
+        finally:
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)  # sets SIG_DFL: the handler before is put back
+                signal.signal(sig, handler)
+
+    try:
+        result = asyncio.run(run())
+    except asyncio.CancelledError:
+        if not interrupted:
+            raise
+    finally:
+        if interrupted:  # as terminate_as_interrupt's handler: the cleanup that follows is not cut short
+            for sig in installed:
+                signal.signal(sig, signal.SIG_IGN)
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
 
 
 def die_with_parent(cmd: list[str]) -> list[str]:

@@ -78,3 +78,21 @@ def test_bench_controller_writes_change_the_address_every_time(fake_fleet):
         last[(name, bid)] = addr
     assert set(fleet.client.heartbeats) <= {a for _, _, a in fleet.client.registered} | set(first.values())
     assert fake_fleet.instances[0].stopped
+
+
+def test_an_interrupted_bench_controller_stops_its_fleet(fake_fleet):
+    """An interrupt cancels the load (asyncio.run cancels what is left): the fleet is stopped all the same, so its
+    HTTP session is closed; it was left open and aiohttp dumped 'Unclosed connector' after `interrupted`."""
+    from electra.bench.controller import _load
+
+    fake_fleet.hold_start = True
+
+    async def interrupted() -> None:
+        task = asyncio.create_task(_load(["127.0.0.1:1"], 3, 60))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(interrupted())
+    assert fake_fleet.instances[0].stopped

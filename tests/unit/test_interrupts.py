@@ -82,3 +82,39 @@ def test_a_stop_that_hangs_ends_anyway_and_says_what_hung(deadline, then):
         assert "node 7: still stopping after 0.5 s; exiting with code 1 anyway" in done.stderr
         assert "stuck_in_kafka_close" in done.stderr  # the stack says what hung
         assert took < 15
+
+
+def test_under_run_async_sigterm_cancels_the_coroutine_whose_cleanup_runs_on_the_loop_then_interrupts():
+    """Raised from the handler, the KeyboardInterrupt landed in whichever task ran, and asyncio.run's shutdown cut
+    the others' cleanup short (`bench controller` under `timeout` dumped aiohttp's unclosed connectors after
+    `interrupted`). Under run_async the coroutine is cancelled, awaits its cleanup, and KeyboardInterrupt follows;
+    a second signal during the cleanup is ignored, and the handlers are back after the block."""
+    import asyncio
+
+    from electra.interrupts import run_async
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
+    steps: list[str] = []
+
+    async def bench() -> None:
+        try:
+            await asyncio.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(10)
+            steps.append("not interrupted")
+        except asyncio.CancelledError:
+            steps.append("cancelled")
+            raise
+        finally:
+            os.kill(os.getpid(), signal.SIGHUP)
+            await asyncio.sleep(0.05)  # the fleet's stop: it needs the loop
+            steps.append("cleaned up")
+
+    with pytest.raises(KeyboardInterrupt), terminate_as_interrupt():
+        try:
+            run_async(bench())
+        finally:
+            steps.append("after the loop")
+    assert steps == ["cancelled", "cleaned up", "after the loop"]
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before
+    assert run_async(asyncio.sleep(0, "done")) == "done"  # no handler of ours: a plain asyncio.run
