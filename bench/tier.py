@@ -12,7 +12,10 @@ tier to catch up and checks that the events table covers the applied index.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
+import sys
 import tempfile
 import threading
 import time
@@ -20,9 +23,30 @@ from pathlib import Path
 
 from electra.cli_args import Parser
 from electra.interrupts import run_async
+from electra.tiering.options import is_local, tier_uri
 
 from .common import bench_credentials, percentile, result_line, start_controller_processes, stop_processes
 from .controller import _load
+
+
+def _tier_uri(text: str) -> str:
+    """`--tier-uri`, checked before any node starts: the scheme as `electra node` checks it, and a local path must
+    be a directory this process can write (the nodes run as it). An unusable one made every node log a traceback
+    per upload retry, and the run ended on the reader's TableNotFoundError; an empty one fell back silently."""
+    uri = tier_uri(text)
+    if not uri:
+        raise argparse.ArgumentTypeError("empty: omit --tier-uri for a directory in the benchmark's temporary "
+                                         "directory")
+    if is_local(uri):
+        path = Path(uri[len("file://"):] if uri.startswith("file://") else uri)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / f".bench-tier-probe-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(f"{uri}: cannot write the tier there ({exc.strerror or exc})") from None
+    return uri
 
 
 def _metric(text: str, name: str) -> float | None:
@@ -77,8 +101,11 @@ async def _final(endpoints: list[str], creds, timeout: float = 30.0) -> tuple[fl
                                      connector=aiohttp.TCPConnector(ssl=obs.ssl_context() or True)) as http:
         while time.monotonic() < deadline:
             for ep in endpoints:
-                async with http.get(f"{obs.scheme}://{ep}/metrics") as r:
-                    text = await r.text()
+                try:
+                    async with http.get(f"{obs.scheme}://{ep}/metrics") as r:
+                        text = await r.text()
+                except (aiohttp.ClientError, TimeoutError):
+                    continue  # a node that stopped answering: ask the others
                 if _metric(text, "electra_tier_uploading") == 1.0:
                     up = _metric(text, "electra_tier_uploaded_index")
                     applied = _metric(text, "electra_raft_applied_index")
@@ -88,12 +115,30 @@ async def _final(endpoints: list[str], creds, timeout: float = 30.0) -> tuple[fl
     return -1.0, -1.0
 
 
+def _events_table(uri: str) -> tuple[int | None, int | None]:
+    """The events table's rows and version; (None, None) with one `error:` line on stderr if it cannot be read
+    (nothing was uploaded there, the storage failed): the load's figures are still printed."""
+    from deltalake.exceptions import DeltaError
+
+    from electra.tiering.reader import TierReader
+
+    try:
+        reader = TierReader(uri)
+        return reader.table("events").num_rows, reader.store.table("events").version()
+    except (DeltaError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"error: cannot read the events table under {uri}: {first}", file=sys.stderr)
+        return None, None
+
+
 def main(argv: list[str]) -> int:
     p = Parser(prog="electra bench tier", description=__doc__)
     p.add_argument("--brokers", type=int, minimum=1, maximum=200_000, default=300,
                    help="simulated brokers writing (default 300; each register changes its address: a log entry)")
     p.add_argument("--duration", type=float, minimum=1, default=10.0, help="seconds measured (default 10)")
-    p.add_argument("--tier-uri", help="default: a directory in the benchmark's temporary directory")
+    p.add_argument("--tier-uri", type=_tier_uri,
+                   help="where the nodes upload (a local directory, checked writable, or an object-store URI "
+                        "delta-rs opens); default: a directory in the benchmark's temporary directory")
     args = p.parse_args(argv)
     print(f"bench tier: 3 controller processes (fsync on) uploading to Delta, {args.brokers} simulated brokers, "
           f"{args.duration:.0f}s closed loop of writes (a new address per register); lag sampled from the "
@@ -108,11 +153,7 @@ def main(argv: list[str]) -> int:
             uploaded, applied = run_async(_final(endpoints, creds))
         finally:
             stop_processes(procs)
-        from electra.tiering.reader import TierReader
-
-        reader = TierReader(uri)
-        events = reader.table("events").num_rows
-        commits = reader.store.table("events").version()
+        events, commits = _events_table(uri)
     writes = len(out["lat"]["register"])
     lag_entries = sorted(s[0] for s in samples)
     lag_s = sorted(s[1] for s in samples)
@@ -120,10 +161,13 @@ def main(argv: list[str]) -> int:
           f"entries p50 {percentile(lag_entries, 0.5):.0f} p99 {percentile(lag_entries, 0.99):.0f} "
           f"max {lag_entries[-1] if lag_entries else float('nan'):.0f}; seconds p50 {percentile(lag_s, 0.5):.3f} "
           f"p99 {percentile(lag_s, 0.99):.3f}", flush=True)
-    print(f"  after the load: uploaded index {uploaded:.0f} / applied {applied:.0f}; events table: {events} rows, "
-          f"{commits} Delta versions", flush=True)
+    if uploaded < 0:
+        print("error: no leader reported an events table covering its applied index within 30 s after the load",
+              file=sys.stderr)
+    print(f"  after the load: uploaded index {uploaded:.0f} / applied {applied:.0f}; events table: "
+          + (f"{events} rows, {commits} Delta versions" if events is not None else "not read"), flush=True)
     print(result_line(write_per_s=round(writes / args.duration),  # no sample (a short run): no lag figure
                       upload_lag_p99_entries=round(percentile(lag_entries, 0.99)) if samples else None,
                       upload_lag_p99_s=round(percentile(lag_s, 0.99), 3) if samples else None,
                       lag_samples=len(samples)))
-    return 0 if uploaded >= applied >= 0 else 1
+    return 0 if uploaded >= applied >= 0 and events is not None else 1

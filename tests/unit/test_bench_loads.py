@@ -96,3 +96,13 @@ def test_an_interrupted_bench_controller_stops_its_fleet(fake_fleet):
 
     asyncio.run(interrupted())
     assert fake_fleet.instances[0].stopped
+
+
+def test_bench_tier_reports_an_events_table_it_cannot_read_in_one_line(tmp_path, capsys):
+    """The end of `bench tier` read the events table bare: a tier with nothing uploaded ended the run on a
+    TableNotFoundError traceback and no RESULT line. Now one `error:` line, and the run goes on to its figures."""
+    from electra.bench.tier import _events_table
+
+    assert _events_table(str(tmp_path / "tier")) == (None, None)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: cannot read the events table under {tmp_path / 'tier'}: ")

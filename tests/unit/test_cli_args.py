@@ -70,6 +70,10 @@ def test_a_benchmark_refuses_a_negative_duration(capsys):
     (["node", "--id", "0", "--peers", "1=127.0.0.1:1", "--data-dir", "x"], "id must be from 1 to 2147483647, not 0"),
     (["sim", "--seeds", "99999999999999"], "argument --seeds: must be at most 100000000, got 99999999999999"),
     (["sim", "--start", "-1"], "argument --start: must be at least 0, got -1"),
+    (["bench", "tier", "--tier-uri", "/proc/nonexistent/x"], "argument --tier-uri: /proc/nonexistent/x: cannot "
+     "write the tier there"),  # the nodes logged a traceback per retry, then the reader's TableNotFoundError
+    (["bench", "tier", "--tier-uri", ""], "argument --tier-uri: empty: omit --tier-uri"),  # was a temp dir
+    (["bench", "tier", "--tier-uri", "ftp://host/x"], "argument --tier-uri: unsupported scheme ftp://"),
     (["report", "performance", "--brokers", "10", "--out", "/proc/no-such-dir/x"],
      "--out /proc/no-such-dir/x: cannot write the report there"),  # checked before minutes of measuring
 ])
