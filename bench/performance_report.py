@@ -16,7 +16,8 @@ brokers register, then two phases of `--duration` seconds run:
 At the RESULT point (the largest broker count every architecture ran; the legacy one stops at
 `--legacy-max-brokers`) a failover storm follows: 20% of the masters die at once and the report
 times how long until every affected set has a new master committed (storm_recovery_s, new
-architecture). etcd (when installed) runs the one request with a KV equivalent, GetReplicaInfo as
+architecture; nan, with the reason on stderr, when some set had none within --storm-limit-s or no
+storm ran). etcd (when installed) runs the one request with a KV equivalent, GetReplicaInfo as
 a linearizable `kv/range`, at the same rates with the same generator.
 
 Writes `performance.html` (self-contained: inline SVG, no script, no network), `performance.md`
@@ -361,7 +362,8 @@ def _write(out_dir: Path, report: dict) -> None:
     elif storm["unrecovered"]:
         storm_text = (f" After {settings['storm_fraction']:.0%} of the masters died at once, "
                       f"{storm['sets'] - storm['unrecovered']} of {storm['sets']} affected sets had a new master "
-                      f"within the {settings['storm limit s']:.0f} s limit (the RESULT line then carries the limit).")
+                      f"within the {settings['storm limit s']:.0f} s limit (the RESULT line's storm_recovery_s is "
+                      "then nan: no recovery time).")
     else:
         storm_text = (f" After {settings['storm_fraction']:.0%} of the masters died at once, every affected set "
                       f"had a new master after {res['storm_recovery_s']} s.")
@@ -429,7 +431,8 @@ def _point_line(system: str, pt: dict) -> str:
         line += f"  failures {failures}"
     if "storm" in pt:
         st = pt["storm"]
-        line += (f"\n         storm {st['sets']} sets, recovered in {st['recovery_s'] or 'not all'} s, "
+        recovered = f"recovered in {st['recovery_s']} s" if st["recovery_s"] is not None else "not all recovered"
+        line += (f"\n         storm {st['sets']} sets, {recovered}, "
                  f"{st['leader_changes']} leader changes" + (f", unrecovered {st['unrecovered_state']}"
                                                              if st["unrecovered"] else ""))
     return line
@@ -444,9 +447,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--duration", type=float, minimum=1, default=10.0,
                    help="measured seconds of each phase (real mix, capacity) per point (default 10)")
     p.add_argument("--architectures", default="new,legacy", help="which to run (default new,legacy)")
-    p.add_argument("--legacy-max-brokers", type=int, default=1000,
+    p.add_argument("--legacy-max-brokers", type=int, minimum=3, default=1000,
                    help="run the legacy architecture only up to this many brokers (default 1000: it registers "
-                        "one broker request at a time)")
+                        "one broker request at a time; at least 3, the smallest point; leave legacy out of "
+                        "--architectures not to run it)")
     p.add_argument("--etcd", choices=("auto", "on", "off"), default="auto",
                    help="etcd beside them for GetReplicaInfo ~ kv/range (auto: when `etcd` is installed)")
     p.add_argument("--capacity-connections", type=int, minimum=1, default=64,
@@ -470,6 +474,13 @@ def main(argv: list[str]) -> int:
         p.error(f"--architectures: choose among {', '.join(ARCHS)}")
     if not 0 < args.storm_fraction <= 1:
         p.error("--storm-fraction must be in (0, 1]")
+
+    def runs(arch: str, n: int) -> bool:
+        return arch in archs and (arch != "legacy" or n <= args.legacy_max_brokers)
+
+    if not any(runs(a, n) for a in archs for n in args.brokers):  # it wrote a report of nothing, exit 0
+        p.error(f"--architectures {args.architectures} with --legacy-max-brokers {args.legacy_max_brokers}: no point "
+                f"of --brokers {','.join(map(str, args.brokers))} would run")
     if not wrk.available():  # the capacity phase's closed loop
         print(f"electra report performance: {wrk.INSTALL_HINT}", file=sys.stderr)
         return 2
@@ -486,9 +497,6 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         p.error(f"--out {out_dir}: cannot write the report there ({exc.strerror or exc})")
     machine = _machine()
-
-    def runs(arch: str, n: int) -> bool:
-        return arch in archs and (arch != "legacy" or n <= args.legacy_max_brokers)
 
     both = [n for n in args.brokers if all(runs(a, n) for a in archs)]
     result_at = both[-1] if both else args.brokers[-1]  # the RESULT line's point: every architecture ran there
@@ -522,16 +530,7 @@ def main(argv: list[str]) -> int:
         return next((q for q in points[arch] if q["brokers"] == result_at), None)
 
     new, old = at("new"), at("legacy")
-    nan = float("nan")
-    new_cap = new["capacity"]["per_s"] if new else 0.0
-    old_cap = old["capacity"]["per_s"] if old else 0.0
-    storm_of = (new or old or {}).get("storm") or {}
-    recovery = storm_of.get("recovery_s")
-    result = {"brokers": (new or old or {}).get("brokers", result_at), "new_per_s": round(new_cap),
-              "old_per_s": round(old_cap), "new_vs_old": round(new_cap / old_cap, 2) if old_cap else nan,
-              "new_p99_ms": round(new["mix"]["controller"]["p99_ms"], 1) if new else nan,
-              "old_p99_ms": round(old["mix"]["controller"]["p99_ms"], 1) if old else nan,
-              "storm_recovery_s": round(recovery if recovery is not None else args.storm_limit_s, 1)}
+    result, unmeasured_storm = _result(new, old, result_at, args.storm_limit_s)
     line = result_line(**result)
     settings = {"architectures": ", ".join(archs) + (", etcd (reads only)" if with_etcd else ""),
                 "sweep (brokers)": ", ".join(map(str, args.brokers)),
@@ -556,8 +555,35 @@ def main(argv: list[str]) -> int:
         print(f"error: {' and '.join(unmeasured)}: no controller request was measured in the real request mix at "
               f"{result['brokers']} brokers within --duration {args.duration:g} s (each broker asks every "
               f"{REPLICA_INFO_PERIOD_S:g} s): run longer", file=sys.stderr)
+    if new is None and old is None:  # refused up front; kept for a point that ran nothing
+        print(f"error: no architecture was measured at {result_at} brokers: nothing to compare", file=sys.stderr)
+    if unmeasured_storm:
+        print(f"storm_recovery_s: {unmeasured_storm}", file=sys.stderr)
     print(line, flush=True)
-    return 1 if unmeasured else 0
+    return 1 if unmeasured or (new is None and old is None) else 0
+
+
+def _result(new: dict | None, old: dict | None, brokers: int, storm_limit_s: float) -> tuple[dict, str | None]:
+    """The RESULT line's values from the points of each architecture at `brokers` (None: not run there), and why
+    storm_recovery_s is nan (None when it was measured). A storm that did not recover within `storm_limit_s`, or
+    did not run, has no recovery time: the limit stood in for it and read as a measurement (`storm_recovery_s=90`
+    from a run that measured nothing)."""
+    nan = float("nan")
+    new_cap = new["capacity"]["per_s"] if new else 0.0
+    old_cap = old["capacity"]["per_s"] if old else 0.0
+    storm = (new or old or {}).get("storm")
+    why = None
+    if storm is None:
+        why = f"no failover storm ran at {brokers} brokers"
+    elif storm["recovery_s"] is None:
+        why = (f"{storm['unrecovered']} of {storm['sets']} sets whose master died had no new master within "
+               f"--storm-limit-s {storm_limit_s:g} s")
+    result = {"brokers": (new or old or {}).get("brokers", brokers), "new_per_s": round(new_cap),
+              "old_per_s": round(old_cap), "new_vs_old": round(new_cap / old_cap, 2) if old_cap else nan,
+              "new_p99_ms": round(new["mix"]["controller"]["p99_ms"], 1) if new else nan,
+              "old_p99_ms": round(old["mix"]["controller"]["p99_ms"], 1) if old else nan,
+              "storm_recovery_s": nan if why else round(storm["recovery_s"], 1)}
+    return result, why
 
 
 NOTES = ("Each point starts three fresh controller processes; the brokers register (apply id, heartbeat, "
@@ -572,7 +598,8 @@ NOTES = ("Each point starts three fresh controller processes; the brokers regist
          "old_per_s and new_vs_old are the capacity phase's controller requests per second; new_p99_ms and "
          "old_p99_ms are the controller requests' p99 (replica info, sync-state set, elections) in the real "
          "mix; storm_recovery_s is the new architecture's time until every set whose master died has a new "
-         "master. One load-generator process (asyncio protocols, pre-encoded requests) for the real mix "
+         "master (nan when one had none within the storm limit). One load-generator process (asyncio protocols, "
+         "pre-encoded requests) for the real mix "
          "and wrk for the closed loop, on the same machine; their CPU is in the tables, and so is the "
          "run-queue wait of both sides (/proc schedstat: time runnable "
          "but waiting for a core, i.e. taken by the machine's other tenants): a capacity figure with servers "

@@ -178,3 +178,30 @@ def test_bench_tier_samples_the_leader_over_one_kept_alive_connection():
     assert len(samples) >= 8 and samples[0] == (7.0, 0.25)
     assert seen[leader.server_port]["connections"] == 1
     assert seen[follower.server_port]["requests"] == 1  # asked once: the leader is asked first from then on
+
+
+def _point(brokers: int, per_s: float, p99_ms: float, storm: dict | None = None) -> dict:
+    pt = {"brokers": brokers, "capacity": {"per_s": per_s}, "mix": {"controller": {"p99_ms": p99_ms}}}
+    return pt | ({"storm": storm} if storm is not None else {})
+
+
+def test_report_performance_result_has_no_storm_figure_it_did_not_measure():
+    """storm_recovery_s was --storm-limit-s (90.000) when the storm did not recover, or did not run at all (a run
+    that measured nothing printed it, exit 0): nan now, and why."""
+    import math
+
+    from electra.bench.performance_report import _result
+
+    recovered = {"sets": 2, "unrecovered": 0, "recovery_s": 9.62}
+    result, why = _result(_point(3, 9000.0, 2.0, recovered), _point(3, 300.0, 7.0), 3, 90.0)
+    assert (result["storm_recovery_s"], result["new_vs_old"], why) == (9.6, 30.0, None)
+
+    stuck = {"sets": 2, "unrecovered": 1, "recovery_s": None}
+    result, why = _result(_point(3, 9000.0, 2.0, stuck), None, 3, 90.0)
+    assert math.isnan(result["storm_recovery_s"]) and math.isnan(result["old_p99_ms"])
+    assert why == "1 of 2 sets whose master died had no new master within --storm-limit-s 90 s"
+
+    result, why = _result(None, None, 3, 90.0)
+    assert math.isnan(result["storm_recovery_s"]) and why == "no failover storm ran at 3 brokers"
+    assert list(result) == ["brokers", "new_per_s", "old_per_s", "new_vs_old", "new_p99_ms", "old_p99_ms",
+                            "storm_recovery_s"]

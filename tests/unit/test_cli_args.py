@@ -74,6 +74,10 @@ def test_a_benchmark_refuses_a_negative_duration(capsys):
      "write the tier there"),  # the nodes logged a traceback per retry, then the reader's TableNotFoundError
     (["bench", "tier", "--tier-uri", ""], "argument --tier-uri: empty: omit --tier-uri"),  # was a temp dir
     (["bench", "tier", "--tier-uri", "ftp://host/x"], "argument --tier-uri: unsupported scheme ftp://"),
+    (["report", "performance", "--legacy-max-brokers", "0"],
+     "argument --legacy-max-brokers: must be at least 3, got 0"),
+    (["report", "performance", "--architectures", "legacy", "--legacy-max-brokers", "3", "--brokers", "10",
+      "--etcd", "off"], "no point of --brokers 10 would run"),  # it printed a RESULT of nothing, exit 0
     (["report", "performance", "--brokers", "10", "--out", "/proc/no-such-dir/x"],
      "--out /proc/no-such-dir/x: cannot write the report there"),  # checked before minutes of measuring
 ])
