@@ -205,3 +205,38 @@ def test_report_performance_result_has_no_storm_figure_it_did_not_measure():
     assert math.isnan(result["storm_recovery_s"]) and why == "no failover storm ran at 3 brokers"
     assert list(result) == ["brokers", "new_per_s", "old_per_s", "new_vs_old", "new_p99_ms", "old_p99_ms",
                             "storm_recovery_s"]
+
+
+def test_bench_flood_ends_at_its_duration_against_a_server_that_never_answers():
+    """Each slowloris and big-body connection waited up to 15 s for an answer, and the heartbeats and reads up to
+    httpx's 20 s, the stop time checked only between them: `--duration 3` flooded for 10.9 s. Every wait is
+    bounded by the time left now, and one the end cut short is no connection error."""
+    import time
+
+    from electra.bench.flood import _flood
+    from electra.security.credentials import ClientCredentials
+
+    async def main() -> tuple[float, dict[str, int]]:
+        held: list[asyncio.StreamWriter] = []
+
+        async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            held.append(writer)
+            while await reader.read(1 << 16):
+                pass
+
+        server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        counts: dict[str, int] = {}
+        t0 = time.monotonic()
+        creds = ClientCredentials()
+        try:
+            await asyncio.wait_for(_flood(f"127.0.0.1:{port}", 1.0, 2, counts, creds, creds), 10)
+        finally:
+            for w in held:
+                w.close()
+            server.close()
+        return time.monotonic() - t0, counts
+
+    took, counts = asyncio.run(main())
+    assert took < 4.0, f"a 1 s flood took {took:.1f} s"
+    assert counts.get("conn_errors", 0) == 0, counts
