@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +24,27 @@ from electra.interrupts import run_async
 from .common import bench_credentials, result_line, start_controller_processes, stop_processes
 
 TICKS = os.sysconf("SC_CLK_TCK")
+TICK_MS = 1000 / TICKS  # /proc counts CPU time in these steps (10 ms)
+MIN_WINDOW_S = 5.0
+
+
+def per_viewer_cpu(one: float, many: float, viewers: int, window: float) -> tuple[float, str | None]:
+    """CPU ms per second per viewer, the slope from 1 viewer to `viewers`, and a note when it is within the
+    measurement's resolution: each CPU rate comes from two /proc readings in TICK_MS steps, so the difference of
+    two rates is uncertain by up to 2 ticks per `window`, divided by the viewers added. A negative slope within
+    that is 0 (a window of 2 s with 2 viewers printed -5.000); one beyond it is the machine's noise, nan."""
+    slope = (many - one) / (viewers - 1)
+    resolution = 2 * TICK_MS / window / (viewers - 1)
+    if slope < -resolution:
+        return float("nan"), (f"cpu_ms_per_s_per_viewer: the follower's CPU fell by {-slope:.3f} ms/s per viewer "
+                              f"added, beyond the measurement's resolution (±{resolution:.3f}): the machine's noise "
+                              "exceeded the viewers' cost; a longer --window or more --viewers")
+    if abs(slope) <= resolution:
+        return max(slope, 0.0), (f"cpu_ms_per_s_per_viewer: {slope:.3f} ms/s is within the measurement's resolution "
+                                 f"(±{resolution:.3f}: /proc counts CPU in {TICK_MS:g} ms steps, over --window "
+                                 f"{window:g} s and {viewers - 1} viewers added)"
+                                 + ("; reported as 0" if slope < 0 else ""))
+    return slope, None
 
 
 def cpu_seconds(pid: int) -> float:
@@ -114,7 +136,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--viewers", type=int, minimum=2, default=20,
                    help="SSE viewers in the last measurement (default 20; at least 2: the per-viewer cost is the "
                         "slope between 1 viewer and this many)")
-    p.add_argument("--window", type=float, minimum=1, default=10.0, help="seconds each measurement lasts")
+    p.add_argument("--window", type=float, minimum=MIN_WINDOW_S, default=10.0,
+                   help=f"seconds each measurement lasts (default 10; at least {MIN_WINDOW_S:g}: /proc counts CPU "
+                        f"in {TICK_MS:g} ms steps, so each CPU figure is uncertain by {TICK_MS:g} ms per window, "
+                        f"{TICK_MS / MIN_WINDOW_S:g} ms/s at {MIN_WINDOW_S:g} s; a per-viewer figure within that "
+                        "is flagged on stderr)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="electra-bench-dashboard-") as tmp:
         procs, endpoints = start_controller_processes(tmp, ("--tick-ms", "100"))
@@ -125,7 +151,9 @@ def main(argv: list[str]) -> int:
     n = args.viewers
     f = {k: v["cpu_ms_per_s"]["follower"] for k, v in out.items()}
     idle = (f[0] + f["0 again"]) / 2
-    per_viewer = (f[n] - f[1]) / (n - 1) if n > 1 else float("nan")
+    per_viewer, note = per_viewer_cpu(f[1], f[n], n, args.window)
+    if note:
+        print(note, file=sys.stderr)
     print(result_line(sets=args.sets, viewers=n, follower_idle_cpu_ms_per_s=round(idle, 1),
                       follower_idle_spread_ms_per_s=round(abs(f[0] - f["0 again"]), 1),
                       feed_cpu_ms_per_s=round(f[1] - idle, 1), cpu_ms_per_s_per_viewer=round(per_viewer, 2),

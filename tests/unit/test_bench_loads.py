@@ -240,3 +240,20 @@ def test_bench_flood_ends_at_its_duration_against_a_server_that_never_answers():
     took, counts = asyncio.run(main())
     assert took < 4.0, f"a 1 s flood took {took:.1f} s"
     assert counts.get("conn_errors", 0) == 0, counts
+
+
+def test_bench_dashboard_per_viewer_cpu_within_the_resolution_is_flagged_and_never_negative():
+    """/proc counts CPU in 10 ms steps: `--window 2 --viewers 2` printed cpu_ms_per_s_per_viewer=-5.000."""
+    import math
+
+    from electra.bench.dashboard import TICK_MS, per_viewer_cpu
+
+    assert TICK_MS == 10
+    value, note = per_viewer_cpu(15.0, 10.0, 2, 2.0)  # the smoke run's figures: -5 within ±10 ms/s
+    assert value == 0.0 and "within the measurement's resolution (±10.000" in note and "reported as 0" in note
+    value, note = per_viewer_cpu(9.0, 11.0, 50, 10.0)  # docs/dashboard.md's run: 0.04, at its resolution
+    assert math.isclose(value, 2 / 49) and "within" in note
+    value, note = per_viewer_cpu(9.0, 20.0, 21, 10.0)  # 0.55 ms/s per viewer, resolution 0.1
+    assert math.isclose(value, 0.55) and note is None
+    value, note = per_viewer_cpu(20.0, 9.0, 21, 10.0)  # fell by more than the resolution: noise
+    assert math.isnan(value) and "noise" in note

@@ -58,6 +58,7 @@ def test_a_benchmark_refuses_a_negative_duration(capsys):
     (["bench", "failover", "--timeout-ms", "0"], "argument --timeout-ms: must be at least 1, got 0"),
     (["bench", "stream", "--sets", "0"], "argument --sets: must be at least 1, got 0"),
     (["bench", "dashboard", "--viewers", "1"], "argument --viewers: must be at least 2, got 1"),  # nan per viewer
+    (["bench", "dashboard", "--window", "2"], "argument --window: must be at least 5, got 2"),  # 10 ms CPU steps
     (["bench", "reads", "--entries", "10"], "argument --entries: must be at least 1000, got 10"),
     (["bench", "api", "--front-ends", "0,17"], "argument --front-ends: every count must be from 0 to 16, got 0,17"),
     (["report", "performance", "--brokers", "2,10"], "--brokers: every count must be from 3 to 200000, got 2,10"),
