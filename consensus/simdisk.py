@@ -199,7 +199,7 @@ class SimFiles:
         """Flip one byte in the synced data of one `suffix` file.
 
         `detectable(data, offset)` says where damage can be told from a torn write (for the
-        log: an intact record follows); bit rot elsewhere is beyond what the format promises.
+        log: a complete batch follows); bit rot elsewhere is beyond what the format promises.
         """
         files = sorted(p for p, ino in self.durable.items() if p.suffix == suffix and len(ino.synced) >= 128)
         if not files:

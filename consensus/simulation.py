@@ -44,7 +44,7 @@ from .simdisk import DiskFaults, SimDiskExecutor, SimFiles
 from .simloop import Gate, VirtualTimeLoop
 from .simnet import NetFaults, SimNetwork, SimTransport
 from .simworkloads import ClientOp, KVWorkload, Workload
-from .storage import CorruptLogError, _valid_record_after
+from .storage import CorruptLogError, _batch_end_after
 
 WORKLOADS = ("kv", "controller")
 FAULTS = ("partition", "isolate_leader", "heal", "kill", "power_off", "restart", "pause", "crash_leader",
@@ -483,7 +483,7 @@ class Simulation:
             if any(p.files.corrupted for p in self.procs.values()) or not down or self._still_rejoining():
                 return False
             p = rng.choice(down)
-            damaged = p.files.rot(".seg", _valid_record_after) if rng.random() < 0.7 else p.files.rot(".snap")
+            damaged = p.files.rot(".seg", _batch_end_after) if rng.random() < 0.7 else p.files.rot(".snap")
             if not damaged:
                 return False
             self.log(f"bit rot on n{p.id}'s disk: {p.files.corrupted}")

@@ -11,6 +11,12 @@ the payload a msgpack array whose first element is the record kind:
   `RaftCore.vote_floor`); it travels with the hard state so every segment keeps it.
 * COMPACTED `(3, index, term)`: entries up to `index` live in a snapshot.
 * RESET `(4, index, term)`: an installed snapshot replaced the whole log.
+* BATCH_END `(6, batch_start, records)`: ends every write a sync makes (one group
+  commit: the Ready's HARD_STATE and ENTRIES, or one record set per Ready of the
+  batch) and every segment header, in the same write: the batch is the `records`
+  records from offset `batch_start` of the same file up to this one. Binaries from
+  before 2026-11-29 do not know this kind and refuse a log that holds it ("unknown
+  record kind 6"): a node cannot go back to an older version without a restore.
 
 Every segment begins with the current hard state and compaction marker, so whole
 segments that hold only compacted entries can be deleted without losing either.
@@ -35,6 +41,23 @@ host runs off the sync's path), so it never runs ahead of the log, and a crash c
 behind. Committed entries are never truncated (Raft), and
 an installed snapshot replaces the log at or above the commit index, so a healthy log never ends
 before its mark.
+
+Damage in the newest segment: a torn write or corruption? A batch is written only after the
+previous sync returned (syncs are one at a time, `sync()` rolls a segment only after its fsync,
+`open()` fsyncs what it replayed before anything is written after it, a segment header is synced
+before the segment is renamed into place, and a failed write or fsync stops all writing). So
+everything before a complete batch (its BATCH_END verifies, and so does each of its records, from
+its start exactly up to it) was durable when that batch was written: damage followed by a complete
+batch hit synced, maybe acknowledged, bytes, and recovery refuses to start. Damage followed by none
+lies in the last batch, whose fsync may never have returned: Linux writes a file's dirty pages back
+in no particular order (ext4 unwritten extents, XFS), so a page in the middle of it can read back as
+zeros while a later page, a complete record, and the file size survived. That is a torn write: the
+segment is truncated at the damage, and only a sync that never returned is lost. Real damage in
+that last batch (bit rot in the newest synced write) looks the same and is truncated too; the term
+mark (below) still refuses a log that so lost marked committed entries or a synced term. A segment
+an older version wrote (no BATCH_END) keeps the older rule: damage is a torn tail only if no intact
+record follows it (or only zeros), so an upgrade never refuses a log it accepted before; `open()`
+never appends to such a segment but starts a new one, one format per file.
 
 Writes are buffered; `sync()` writes the buffer (looping over short writes) and
 runs one `fdatasync` (group commit). Any failed write or fsync is final: the
@@ -66,6 +89,7 @@ from .errors import DiskFailure
 from .files import Files, OsFiles, WritableFile, write_all
 
 ENTRIES, HARD_STATE, COMPACTED, RESET = 1, 2, 3, 4
+BATCH_END = 6  # (6, batch_start, records): ends each write that a sync makes durable (see the module doc)
 _HEADER = struct.Struct(">II")
 _SUFFIX = ".seg"
 _STARTING = ".seg.tmp"  # a segment whose header is being written (renamed into place once synced)
@@ -117,6 +141,47 @@ def _valid_record_after(data: bytes, pos: int) -> bool:
     return False
 
 
+def _batch_end_after(data: bytes, pos: int) -> bool:
+    """Is there a complete batch after `pos`: a BATCH_END record whose batch, from its start offset up to it,
+    is exactly its count of records that all verify? Then that batch was written after a sync that made the
+    bytes at `pos` durable, and damage there is not a torn write."""
+    at = data.find(b"\x93\x06", pos + 1 + _HEADER.size)  # a 3-item msgpack array of kind 6
+    while at != -1:
+        end = _verified_end(data, at - _HEADER.size)
+        if end is not None:
+            try:
+                kind, start, count = msgpack.unpackb(data[at:end], raw=False, use_list=True)
+            except Exception:
+                kind = None
+            if (kind == BATCH_END and type(start) is int and type(count) is int and pos < start < at
+                    and count > 0 and _records_between(data, start, at - _HEADER.size) == count):
+                return True
+        at = data.find(b"\x93\x06", at + 1)
+    return False
+
+
+def _verified_end(data: bytes, start: int) -> int | None:
+    """Where the record at `start` ends, if it is whole and its checksum verifies."""
+    if start < 0 or len(data) - start < _HEADER.size:
+        return None
+    length, crc = _HEADER.unpack_from(data, start)
+    end: int = start + _HEADER.size + length
+    if length == 0 or end > len(data) or zlib.crc32(data[start + _HEADER.size:end]) != crc:
+        return None
+    return end
+
+
+def _records_between(data: bytes, start: int, stop: int) -> int | None:
+    """How many records, each verifying, lie exactly between `start` and `stop`; None if they do not chain."""
+    count = 0
+    while start < stop:
+        end = _verified_end(data, start)
+        if end is None or end > stop:
+            return None
+        start, count = end, count + 1
+    return count
+
+
 def _record(payload: tuple[Any, ...]) -> bytes:
     body: bytes = msgpack.packb(payload, use_bin_type=True)
     return _HEADER.pack(len(body), zlib.crc32(body)) + body
@@ -131,6 +196,7 @@ class LogStorage:
         self.segment_bytes = segment_bytes
         self._lock = threading.Lock()
         self._buf = bytearray()
+        self._buf_records = 0  # records in `_buf` (its BATCH_END says how many)
         self._file: WritableFile | None = None
         self._seg_path: Path | None = None
         self._seg_size = 0
@@ -168,8 +234,9 @@ class LogStorage:
         segs = sorted(p for p in names if p.suffix == _SUFFIX and p.stem.isdigit())
         rec = RecoveredLog()
         self._gap_until = 0
+        batched = False
         for k, seg in enumerate(segs):
-            self._replay(seg, rec, newest=(k == len(segs) - 1))
+            batched = self._replay(seg, rec, newest=(k == len(segs) - 1))
         if self._gap_until:
             raise CorruptLogError(f"Raft log in {self.dir} misses entries up to {self._gap_until} "
                                   "(a segment file was deleted or lost); refusing to start")
@@ -193,16 +260,22 @@ class LogStorage:
         self._snap = (rec.snapshot_index, rec.snapshot_term)
         self._last_index = rec.last_index
         self._seg_seq = int(segs[-1].stem) if segs else 0
-        if segs and self.files.size(segs[-1]) < self.segment_bytes:
+        if segs:
             self._open_segment(segs[-1], new=False)
-        else:
-            self._roll()
+            if self.fsync and self._file is not None:
+                # What replay read may be only in the page cache (the process was killed, the machine kept
+                # running): durable before this node acts on it, and before a batch is written after it.
+                self._file.sync()
+        if not segs or self._seg_size >= self.segment_bytes or not batched:
+            self._roll()  # a segment written before BATCH_END records is never appended to: one format a file
         return rec
 
-    def _replay(self, seg: Path, rec: RecoveredLog, newest: bool) -> None:
+    def _replay(self, seg: Path, rec: RecoveredLog, newest: bool) -> bool:
+        """Replay one segment into `rec`; True if it holds BATCH_END records (written by this version)."""
         data = self.files.read_bytes(seg)
         pos, n = 0, len(data)
         seg_max = 0
+        batched = False
         if not self._begins_with_hard_state(data):
             raise CorruptLogError(
                 f"Raft log segment {seg} ({n} bytes) does not begin with the node's term and vote: it was emptied "
@@ -223,24 +296,46 @@ class LogStorage:
                 elif zlib.crc32(data[pos + _HEADER.size:end]) != crc:
                     problem = "checksum mismatch"
             if problem is not None:
-                all_zero = data.count(0, pos) == n - pos
                 if mutations.enabled("skip_torn_tail_truncation"):
                     break  # the deliberate bug: keep the torn bytes; later appends land after them
-                if newest and (all_zero or not _valid_record_after(data, pos)):
+                if newest and self._torn(data, pos, batched):
                     log.warning("log %s: torn tail at offset %d (%s); dropping %d bytes", seg, pos, problem, n - pos)
                     self.files.truncate(seg, pos)
                     break
-                raise CorruptLogError(f"corrupt Raft log {seg} at offset {pos}: {problem}; refusing to start "
-                                      "(restore this node from a peer or a snapshot)")
+                if not newest:
+                    where = "in a segment older than the newest (synced whole before the next one began)"
+                elif _batch_end_after(data, pos):
+                    where = "before a complete batch written after it was synced (not a torn write)"
+                else:
+                    where = "before an intact record (not a torn tail)"
+                raise CorruptLogError(f"corrupt Raft log {seg} at offset {pos}: {problem}, {where}; refusing to "
+                                      "start (restore this node from a peer or a snapshot)")
             try:
                 body = msgpack.unpackb(data[pos + _HEADER.size:end], raw=False, use_list=True)
                 seg_max = max(seg_max, self._apply_record(body, rec))
+                batched = batched or body[0] == BATCH_END
             except CorruptLogError as exc:
                 raise CorruptLogError(f"corrupt Raft log {seg} at offset {pos}: {exc}") from None
             except Exception as exc:
                 raise CorruptLogError(f"corrupt Raft log {seg} at offset {pos}: undecodable record: {exc}") from None
             pos = end
         self._seg_max[seg] = seg_max
+        return batched
+
+    @staticmethod
+    def _torn(data: bytes, pos: int, batched: bool) -> bool:
+        """Is the damage at `pos` of the newest segment a write a crash tore (truncated), not corruption (refused)?
+
+        A batch is written only after everything before it in its segment was durable. So damage followed by a
+        complete batch hit durable bytes. Damage followed by none lies in the last batch, whose sync may never
+        have returned: its pages reach the disk in any order, a middle one lost while later ones survive. A
+        segment without BATCH_END records (an older version wrote it) keeps the older rule: torn only if no
+        intact record follows, or all zeros."""
+        if data.count(0, pos) == len(data) - pos:
+            return True
+        if _batch_end_after(data, pos):
+            return False
+        return batched or not _valid_record_after(data, pos)
 
     @staticmethod
     def _begins_with_hard_state(data: bytes) -> bool:
@@ -298,6 +393,8 @@ class LogStorage:
             rec.snapshot_index, rec.snapshot_term = index, term
             self._gap_until = 0
             return 0
+        if kind == BATCH_END:
+            return 0
         raise CorruptLogError(f"unknown record kind {kind!r}")
 
     # ------------------------------------------------------------------ writing
@@ -311,6 +408,7 @@ class LogStorage:
         rec = _record((ENTRIES, first_index, terms, datas))
         with self._lock:
             self._buf += rec
+            self._buf_records += 1
             self._last_index = first_index + len(terms) - 1
             self._note_segment_max(self._last_index)
 
@@ -324,12 +422,14 @@ class LogStorage:
         with self._lock:
             self._term, self._vote = term, vote
             self._buf += self._hard_state_record()
+            self._buf_records += 1
 
     def save_vote_floor(self, index: int, term: int) -> None:
         """Remember (durably, with the hard state) the newest entry of a log this node lost."""
         with self._lock:
             self._floor = (index, term)
             self._buf += self._hard_state_record()
+            self._buf_records += 1
 
     def _hard_state_record(self) -> bytes:
         if self._floor == (0, 0):
@@ -343,6 +443,7 @@ class LogStorage:
                 return
             self._snap = (upto_index, upto_term)
             self._buf += _record((COMPACTED, upto_index, upto_term))
+            self._buf_records += 1
 
     def reset(self, index: int, term: int) -> None:
         """Drop the whole log: a snapshot at (index, term) replaced it (InstallSnapshot, or a node going back to
@@ -356,6 +457,7 @@ class LogStorage:
             self._snap = (index, term)
             self._last_index = index
             self._buf += _record((RESET, index, term))
+            self._buf_records += 1
             self._note_segment_max(index)
 
     @property
@@ -371,10 +473,14 @@ class LogStorage:
         try:
             with self._lock:
                 buf, self._buf = self._buf, bytearray()
+                records, self._buf_records = self._buf_records, 0
                 synced_term = self._term  # the newest hard state in `buf` (or synced before) holds it
                 synced_commit = min(self._commit_hint, self._last_index)  # committed and in the log once synced
             assert self._file is not None, "sync() before open()"
             if buf:
+                # The batch ends with where it began and how many records it holds, in the same write, so
+                # recovery can tell a complete batch (written after the previous sync returned) from a torn one.
+                buf += _record((BATCH_END, self._seg_size, records))
                 write_all(self._file, buf)
                 self._seg_size += len(buf)
             if self.fsync:
@@ -485,6 +591,7 @@ class LogStorage:
         head = self._hard_state_record()
         if self._snap[0]:
             head += _record((RESET if self._last_index == self._snap[0] else COMPACTED, *self._snap))
+        head += _record((BATCH_END, 0, 2 if self._snap[0] else 1))  # the header is a batch: synced before renamed
         starting = self.dir / (path.name[:-len(_SUFFIX)] + _STARTING)
         f = self.files.open_write(starting)
         try:

@@ -58,6 +58,23 @@ def test_segments_roll_over_and_reopen(tmp_path):
     assert rec.last_index == 200 and rec.term == 5
 
 
+def _records(data):
+    """(start, end, kind) of each whole record of a segment, in order."""
+    out, pos = [], 0
+    while pos + 8 <= len(data):
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        if length == 0 or pos + 8 + length > len(data):
+            break
+        out.append((pos, pos + 8 + length, data[pos + 9]))  # a msgpack array's first item: the kind (< 128)
+        pos += 8 + length
+    return out
+
+
+def _last_entries_end(data):
+    """Where the last ENTRIES record ends (a batch-end record follows it: each sync's write ends with one)."""
+    return max(end for _, end, kind in _records(data) if kind == 1)
+
+
 def _write_some(path, n=20):
     s, _ = reopen(path)
     for i in range(1, n + 1):
@@ -72,14 +89,15 @@ def test_torn_tail_is_truncated_and_the_log_stays_usable(tmp_path, damage):
     seg = _write_some(tmp_path)
     data = bytearray(seg.read_bytes())
     good_size = len(data)
+    last = _last_entries_end(data)  # the last entry's record, then its sync's batch-end record
     if damage == "cut-mid-record":
-        data = data[:-5]
+        data = data[:last - 5]
     elif damage == "garbage":
         data += b"\x00\x00\x01\x00garbage"
     elif damage == "zeros":
         data += bytes(4096)
     else:
-        data[-2] ^= 0xFF
+        data[last - 2] ^= 0xFF
     seg.write_bytes(bytes(data))
     s, rec = reopen(tmp_path)
     want = 19 if damage in ("cut-mid-record", "flip-last") else 20
@@ -384,7 +402,7 @@ def test_a_log_cut_before_its_marked_committed_index_refuses_to_start_and_a_torn
     assert term == 2 and 180 <= commit <= 197
     [seg] = sorted(log_dir.glob("*.seg"))
     whole = seg.read_bytes()
-    seg.write_bytes(whole[:-5])  # a torn tail: the last record, which may never have been synced
+    seg.write_bytes(whole[:_last_entries_end(whole) - 5])  # a torn tail: the last entry, maybe never synced
     _, rec = reopen(log_dir)
     assert rec.last_index == 200
     seg.write_bytes(whole[:len(whole) // 2])  # cut in the middle: the torn-tail rule would drop half the log
@@ -434,3 +452,130 @@ def test_a_mark_write_that_keeps_failing_is_logged_once_per_hundred(tmp_path, ca
     assert len(said) == 3 and "1 in a row" in said[0] and "101 in a row" in said[1], said
     assert "written again after 150 failures" in said[2]
     s.close()
+
+
+# ---------------------------------------------------------------------------- batches: a sync's write ends with one
+PAGE = 4096
+
+
+def _synced_then_torn(log_dir, later_batch=False):
+    """One synced entry, then one sync's write of a ~12 KB record and a small one (two Readies) that a power loss
+    during its fdatasync left with the page at offset 4096, wholly inside the big record, never written back
+    (zeros) while the later page and the file size survived. `later_batch`: that sync completed, and a later one
+    did too, so the damage hit synced bytes: corruption. Returns (segment, synced size)."""
+    s, _ = reopen(log_dir)
+    s.save_hard_state(1, 1)
+    s.append(1, [1], [b"a"])
+    s.sync()  # synced, acknowledged
+    [seg] = sorted(log_dir.glob("*.seg"))
+    synced = seg.stat().st_size
+    s.append(2, [1] * 40, [b"x" * 300] * 40)  # ~12 KB record
+    s.append(42, [1], [b"y"])  # a small record after it
+    s.sync()  # what the page cache held when the power failed (here: or a completed sync)
+    if later_batch:
+        s.append(43, [1], [b"z"])
+        s.sync()
+    s.close()
+    data = bytearray(seg.read_bytes())
+    assert synced < PAGE and len(data) > 3 * PAGE - 100  # the big record spans the page at 4096 whole
+    data[PAGE:2 * PAGE] = bytes(PAGE)
+    seg.write_bytes(bytes(data))
+    return seg, synced
+
+
+def test_a_torn_sync_with_a_lost_middle_page_is_a_torn_tail(tmp_path):
+    """Linux writes a file's dirty pages back in no order: a crash during one sync can lose a middle page of its
+    write while a later page, holding a complete record, survives. Only that unsynced, unacknowledged write is
+    lost; recovery refused it as mid-log corruption ("restore this node from a peer")."""
+    log_dir = tmp_path / "raft-log"
+    seg, synced = _synced_then_torn(log_dir)
+    s, rec = reopen(log_dir)
+    assert (rec.term, rec.vote, rec.last_index, rec.datas) == (1, 1, 1, [b"a"])
+    assert seg.stat().st_size == synced  # the torn write is cut off: later writes do not land after it
+    s.append(2, [2], [b"after"])
+    s.close()
+    _, rec = reopen(log_dir)
+    assert rec.datas == [b"a", b"after"]
+
+
+def test_damage_followed_by_a_complete_later_batch_is_corruption(tmp_path):
+    """A later sync's batch is written only once the earlier one's fsync returned: if it is there whole, the
+    damaged bytes had been synced (and maybe acknowledged). Refused as before, saying why."""
+    log_dir = tmp_path / "raft-log"
+    seg, _ = _synced_then_torn(log_dir, later_batch=True)
+    with pytest.raises(CorruptLogError, match="before a complete batch written after it was synced") as info:
+        reopen(log_dir)
+    assert seg.name in str(info.value) and "offset" in str(info.value)
+
+
+def _old_format_log(log_dir, torn_after):
+    """A log as the version before batch-end records wrote it (the same records, none of kind 6): one synced
+    entry, then a sync's write of a ~12 KB record, a small one and, if `torn_after` is False, another sync's;
+    the page at 4096 zeroed."""
+    from electra.consensus.storage import _record
+
+    log_dir.mkdir(parents=True)
+    head = _record((2, 1, 1))
+    synced = head + _record((1, 1, [1], [b"a"]))
+    tail = _record((1, 2, [1] * 40, [b"x" * 300] * 40)) + _record((1, 42, [1], [b"y"]))
+    data = bytearray(synced + tail)
+    if not torn_after:
+        data += _record((1, 43, [1], [b"z"]))
+    data[PAGE:2 * PAGE] = bytes(PAGE)
+    seg = log_dir / f"{1:020d}.seg"
+    seg.write_bytes(bytes(data))
+    return seg, len(synced)
+
+
+@pytest.mark.parametrize("torn_after", [True, False])
+def test_a_log_of_the_previous_format_recovers_as_before(tmp_path, torn_after):
+    """No batch-end records: the older rule (damage followed by an intact record is corruption) still decides, so
+    an upgrade never refuses a log it accepted before, nor accepts one it refused. A clean torn tail is cut; the
+    new version then writes into a new segment of its own format, where a lost middle page is a torn write."""
+    log_dir = tmp_path / "raft-log"
+    seg, synced = _old_format_log(log_dir, torn_after)
+    with pytest.raises(CorruptLogError, match="before an intact record"):
+        reopen(log_dir)
+    whole = seg.read_bytes()
+    seg.write_bytes(whole[:synced] + whole[synced:synced + 100])  # torn inside the big record: cut
+    s, rec = reopen(log_dir)
+    assert (rec.term, rec.vote, rec.datas) == (1, 1, [b"a"]) and seg.stat().st_size == synced
+    assert seg.read_bytes() == whole[:synced]  # the old segment is never appended to
+    s.append(2, [1] * 40, [b"x" * 300] * 40)
+    s.append(42, [1], [b"y"])
+    s.sync()
+    s.close()
+    segs = sorted(log_dir.glob("*.seg"))
+    assert len(segs) == 2
+    data = bytearray(segs[1].read_bytes())
+    start = len(data) - 12_000
+    page = (start // PAGE + 1) * PAGE  # a page wholly inside the big record
+    data[page:page + PAGE] = bytes(PAGE)
+    segs[1].write_bytes(bytes(data))
+    _, rec = reopen(log_dir)
+    assert rec.datas == [b"a"]
+
+
+def test_every_sync_write_and_segment_header_ends_with_a_batch_end(tmp_path):
+    """Hard-state-only syncs, resets, compaction markers and segment headers are batches like entries."""
+    from electra.consensus.storage import BATCH_END
+
+    s, _ = reopen(tmp_path, segment_bytes=600)
+    s.save_hard_state(2, 1)
+    s.sync()
+    for i in range(1, 30):
+        s.append(i, [2], [b"b" * 40])
+        if i == 20:
+            s.compact(10, 2)
+        s.sync()
+    s.reset(40, 3)
+    s.sync()
+    s.close()
+    for seg in sorted(tmp_path.glob("*.seg")):
+        data = seg.read_bytes()
+        recs = _records(data)
+        assert recs[-1][1] == len(data) and recs[-1][2] == BATCH_END  # whole records, a batch end last
+        kinds = [kind for _, _, kind in recs]
+        assert kinds[kinds.index(BATCH_END) - 1] in (2, 3, 4)  # the header: hard state [+ marker], a batch
+    _, rec = reopen(tmp_path, segment_bytes=600)
+    assert (rec.term, rec.snapshot_index, rec.last_index) == (2, 40, 40)
