@@ -9,7 +9,10 @@ bytes as of its last sync); each directory keeps its durable names (as of its la
 * latency: every disk operation the driver hands to its executor takes time, one
   at a time, so a crash can land between a write and its fsync;
 * lost unsynced writes: a crash keeps only synced bytes and synced names;
-* torn writes: a crash may keep a prefix of an unsynced append, its last bytes garbage;
+* torn writes: a crash may keep a prefix of an unsynced append, its last bytes garbage, or
+  all of it with whole pages in its middle lost (read back as zeros) while later ones
+  survived: Linux writes a file's dirty pages back in no particular order (ext4 unwritten
+  extents, XFS);
 * fsync failure (EIO): the dirty pages are dropped, as Linux does, and the call raises;
 * ENOSPC: a write raises before changing anything;
 * corruption: a byte flips inside synced data (bit rot), which recovery must refuse
@@ -41,6 +44,10 @@ class DiskFaults:
     fsync_failure: float = 0.0  # per sync
     enospc: float = 0.0  # per write
     faults_on: bool = True  # off in the liveness phase: only latency remains
+    lost_pages: float = 0.5  # of torn tails: some whole pages before the last one are lost (zeros)
+    # The unit written back or not: 4 KiB pages (or their 512-byte sectors) on a real disk, scaled down like the
+    # simulator's batches (tens to hundreds of bytes): any unsynced bytes may be lost, in any order.
+    page_bytes: int = 32
 
 
 class _Inode:
@@ -100,7 +107,7 @@ class SimFiles:
         self.names: dict[Path, _Inode] = {}
         self.durable: dict[Path, _Inode] = {}
         self.corrupted: list[str] = []  # what bit rot this disk suffered (a refusal to start is then right)
-        self.counts = {"torn_tails": 0, "fsync_failures": 0, "enospc": 0}
+        self.counts = {"torn_tails": 0, "lost_pages": 0, "fsync_failures": 0, "enospc": 0}
         # Syncs issued by the executor's operation under way: durable only when it completes.
         self.in_flight: list[tuple[_Inode, bytes]] | None = None
 
@@ -179,21 +186,40 @@ class SimFiles:
 
     # ------------------------------------------------------------------ faults
     def crash(self) -> None:
-        """Power loss: unsynced names and bytes are gone; an unsynced append may survive torn."""
+        """Power loss: unsynced names and bytes are gone; an unsynced append may survive torn.
+
+        Torn: the file's size grew to all of the unsynced append, and some whole pages before its
+        last one never reached the disk (they read back as zeros) while the later ones did; or a
+        prefix of it reached the disk, its last sector half-written. Synced bytes are never touched."""
         self.names = dict(self.durable)
         for ino in self.names.values():
             tail = len(ino.data) - len(ino.synced)
             appended = tail > 0 and ino.data.startswith(ino.synced)
             if appended and self.faults.faults_on and self.rng.random() < self.faults.torn_write:
-                keep = self.rng.randrange(1, tail + 1)
-                torn = bytearray(ino.data[:len(ino.synced) + keep])
-                for k in range(self.rng.randrange(0, min(keep, 8) + 1)):  # the last sector half-written
-                    torn[-1 - k] = self.rng.randrange(256)
+                torn = bytearray(ino.data)
+                if not (self.rng.random() < self.faults.lost_pages and self._lose_pages(torn, len(ino.synced))):
+                    keep = self.rng.randrange(1, tail + 1)
+                    del torn[len(ino.synced) + keep:]
+                    for k in range(self.rng.randrange(0, min(keep, 8) + 1)):  # the last sector half-written
+                        torn[-1 - k] = self.rng.randrange(256)
                 ino.data = torn
                 ino.synced = bytes(torn)
                 self.counts["torn_tails"] += 1
             else:
                 ino.data = bytearray(ino.synced)
+
+    def _lose_pages(self, torn: bytearray, synced: int) -> bool:
+        """Zero some whole pages of the unsynced bytes `torn[synced:]`, never its last page (written back out of
+        order: a later page reached the disk, an earlier one did not). False if it spans no two pages."""
+        page = self.faults.page_bytes
+        pages = list(range(synced // page, (len(torn) - 1) // page))  # every page but the last
+        if not pages:
+            return False
+        for p in sorted(self.rng.sample(pages, self.rng.randrange(1, min(len(pages), 4) + 1))):
+            lo, hi = max(p * page, synced), (p + 1) * page  # a page holding synced bytes keeps them
+            torn[lo:hi] = bytes(hi - lo)
+        self.counts["lost_pages"] += 1
+        return True
 
     def rot(self, suffix: str, detectable: Callable[[bytes, int], bool] | None = None) -> bool:
         """Flip one byte in the synced data of one `suffix` file.

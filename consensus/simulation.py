@@ -581,7 +581,7 @@ class Simulation:
                          self._disk_counts())
 
     def _disk_counts(self) -> dict[str, int]:
-        counts = {"torn_tails": 0, "fsync_failures": 0, "enospc": 0}
+        counts = {"torn_tails": 0, "lost_pages": 0, "fsync_failures": 0, "enospc": 0}
         for p in self.procs.values():
             for k, v in p.files.counts.items():
                 counts[k] += v
