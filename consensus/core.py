@@ -201,6 +201,15 @@ class RaftCore:
         self.vote = vote
         self.vote_floor = (vote_floor[0], vote_floor[1])
         self._floor_dirty = False  # a rejoining node's floor, learned from its first leader, to persist
+        # A rejoining node forgot its term too, so a stale leader (paused, partitioned) would look current to
+        # it: it first asks the others for their terms (a PreVote of term 0, which every node refuses with
+        # its own term) and acknowledges no leader until a quorum of them answered. Any quorum of the others
+        # holds a node of every quorum that committed an entry, so its term is then at least that entry's,
+        # and only a leader of a term that high, which holds every committed entry, can give it its floor.
+        self.term_probe: set[int] | None = None  # the others that have not answered yet; None: not probing
+        self._probe_heard: set[int] = set()
+        if self.vote_floor == REJOIN_FLOOR:
+            self.term_probe = {p for p in peers if p != node_id}
         self.lead = NONE
         # A node that has just started may have acknowledged a leader's heartbeat round an instant before it
         # stopped: that leader's lease counts on it not voting for an election timeout from that ack. It does
@@ -439,6 +448,8 @@ class RaftCore:
         self._tick_role()
 
     def _tick_election(self) -> None:
+        if self.term_probe is not None:
+            self._probe_terms()
         if self.elapsed >= self.timeout:
             self._campaign(pre=self.cfg.pre_vote)
         elif self.role in (Role.PRE_CANDIDATE, Role.CANDIDATE):
@@ -547,6 +558,8 @@ class RaftCore:
         """Process one message from a peer."""
         if m.src not in self.peers or m.src == self.id:
             return
+        if self.term_probe is not None and isinstance(m, PreVoteResp) and m.reject:
+            self._heard_for_probe(m.src)  # its term is adopted below, as any higher term is
         if m.term > self.term:
             if m.term - self.term > MAX_TERM_JUMP:
                 self.refused_terms += 1  # docs/security.md: a jump no real election history produces
@@ -623,6 +636,8 @@ class RaftCore:
 
     def _step_replica(self, m: Message) -> None:
         """What every role but the leader does with a leader's messages."""
+        if isinstance(m, Append | Heartbeat) and self.term_probe is not None:
+            return  # rejoining: no leader is acknowledged before a quorum of the others told their terms
         if isinstance(m, Append):
             self._become_follower_of(m)
             if self.vote_floor == REJOIN_FLOOR:
@@ -647,11 +662,25 @@ class RaftCore:
             return False
         return self.role != Role.LEADER or m.src == self.transferee
 
+    def _heard_for_probe(self, src: int) -> None:
+        assert self.term_probe is not None
+        self.term_probe.discard(src)
+        self._probe_heard.add(src)
+        if len(self._probe_heard) >= self.quorum:
+            self.term_probe = None
+
+    def _probe_terms(self) -> None:
+        """Ask the others that have not answered for their terms (each tick, as `_request_votes` asks again)."""
+        assert self.term_probe is not None
+        for p in sorted(self.term_probe):
+            self._msgs.append(PreVote(self.id, p, 0, last_index=0, last_term=0))
+
     def _learn_floor(self, leader_commit: int, term: int) -> None:
-        """A rejoining node heard its first leader: it may vote and campaign again once its own log holds
-        what that leader had committed (the entry there is of `term` at the latest, so the floor is as
-        strict as the true one or stricter: it may refuse a candidate a little longer, never elect one
-        that misses a committed entry)."""
+        """A rejoining node heard its first leader since a quorum of the others told it their terms (so that
+        leader's term is at least every committed entry's, and it holds them all): it may vote and campaign
+        again once its own log holds what that leader had committed (the entry there is of `term` at the
+        latest, so the floor is as strict as the true one or stricter: it may refuse a candidate a little
+        longer, never elect one that misses a committed entry)."""
         self.vote_floor = (leader_commit, term)
         self._floor_dirty = True
 
@@ -680,6 +709,7 @@ class RaftCore:
                 self.vote = m.src
                 self._hard_dirty = True
                 self._reset_timer()
+                self._boot_quiet = False  # a vote granted: the promise to an earlier leader is given up anyway
             elif self.role == Role.PRE_CANDIDATE and m.term == self.term + 1 and m.src < self.id:
                 # Two pre-candidates for the same term would both pass PreVote and split the real
                 # vote; the one with the higher id steps back (its log is no newer), the other wins.

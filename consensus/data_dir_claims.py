@@ -47,6 +47,10 @@ class DataDirInUse(RuntimeError):
     pass
 
 
+class RejoinRefused(RuntimeError):
+    """`--rejoin` cannot be honoured on this data dir or group (the reason says what to do)."""
+
+
 def _holds_raft_state(data_dir: Path) -> bool:
     for sub in ("raft-log", "snapshots"):
         try:
@@ -187,6 +191,10 @@ def mark_rejoining(data_dir: Path | str, *, fsync: bool = True, files: Files | N
     data_dir = Path(data_dir)
     if _holds_raft_state(data_dir):
         return False
+    mark = data_dir / "raft-log.term"  # the removed log's mark of how far it had durably reached
+    if files is None and mark.exists():
+        raise RejoinRefused(f"{mark} belongs to the Raft log that was removed from {data_dir}: move it aside too "
+                           "(or the whole data dir) before starting with --rejoin")
     storage = LogStorage(data_dir / "raft-log", fsync=fsync, files=files)
     storage.open()
     try:

@@ -37,6 +37,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import math
 import ssl
 from collections import deque
 from collections.abc import Callable
@@ -45,7 +46,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from . import mutations
-from .core import RaftConfig, RaftCore, Ready, Role
+from .core import REJOIN_FLOOR, RaftConfig, RaftCore, Ready, Role
 from .data_dir_claims import check_cluster_stamp
 from .errors import (
     DiskFailure,
@@ -213,6 +214,7 @@ class RaftNode:
         # The leader's commit watch: (commit index, since when it has not moved while entries wait).
         self._commit_watch = (0, 0.0)
         self._commit_stalled = False  # set by the tick that logs the stall: /healthz turns with the log line
+        self._rejoin_said_at = -math.inf
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -597,6 +599,7 @@ class RaftNode:
             if core.lead:
                 self.leader_seen_at = now
             self._watch_commit(core, now)
+            self._say_rejoining(core, now)
             if (self._waiters or self._read_waiters) and core.quorum_silent:
                 self._fail_uncommitted_waiters()
                 self._fail_read_waiters(NoQuorum(f"leader {self.cfg.node_id} has heard from no quorum for an "
@@ -617,6 +620,25 @@ class RaftNode:
                     delay = due + 0.001
                 self._tick_due = self.last_tick_at + delay
                 self._tick_handle = self.clock.call_later(delay, self._on_tick)
+
+    REJOIN_SAY_EVERY_S = 10.0
+
+    def _say_rejoining(self, core: RaftCore, now: float) -> None:
+        """Every 10 s while behind its vote floor (`--rejoin`, a lost snapshot), what it waits for: a node that
+        votes for nobody looks healthy otherwise, and a group whose majority rejoins never elects (each waits
+        for a leader)."""
+        if not core.behind_vote_floor() or now - self._rejoin_said_at < self.REJOIN_SAY_EVERY_S:
+            return
+        self._rejoin_said_at = now
+        if core.term_probe is not None:
+            waits = f"the terms of nodes {sorted(core.term_probe)} (a majority of the others must answer)"
+        elif core.vote_floor == REJOIN_FLOOR:
+            waits = "a leader of the current term"
+        else:
+            index, term = core.vote_floor
+            waits = f"its log to reach index {index} of term {term} (now {core.last_index()})"
+        log.warning("node %d neither votes nor campaigns until it has caught up (--rejoin, or a lost snapshot's "
+                    "vote floor); waiting for %s", self.cfg.node_id, waits)
 
     def commit_stall_limit_s(self) -> float:
         """How long a leader's commit index may stand still with entries waiting before it is unhealthy:

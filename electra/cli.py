@@ -294,6 +294,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         ClusterIdMismatch,
         DataDirInUse,
         MemberMismatch,
+        RejoinRefused,
         check_cluster_stamp,
         check_member_stamp,
         lock_data_dir,
@@ -305,13 +306,16 @@ def cmd_node(args: argparse.Namespace) -> int:
         check_cluster_stamp(args.data_dir, security.cluster_id)
         check_member_stamp(args.data_dir, args.id, list(args.peers), accept_new=args.accept_new_peers)
         if args.rejoin:
+            if len(args.peers) == 1:
+                raise RejoinRefused("--rejoin needs other members to catch this node up; a group of one that lost "
+                                   "its data starts over without it")
             if mark_rejoining(args.data_dir, fsync=not args.unsafe_no_fsync):
                 print(f"node {args.id} rejoins with an empty data dir: it votes and campaigns again once a leader "
                       "has brought it up to date", file=sys.stderr, flush=True)
             else:
                 print(f"node {args.id}: --rejoin changes nothing, {args.data_dir} already holds a Raft log",
                       file=sys.stderr, flush=True)
-    except (DataDirInUse, ClusterIdMismatch, MemberMismatch, OSError) as exc:
+    except (DataDirInUse, ClusterIdMismatch, MemberMismatch, RejoinRefused, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     cfg = NodeConfig(node_id=args.id, peers=args.peers, data_dir=Path(args.data_dir),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 
 import pytest
@@ -215,7 +216,7 @@ def test_a_snapshot_that_cannot_be_written_is_retried_after_a_growing_wait(tmp_p
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
-def test_a_node_restored_empty_with_rejoin_learns_its_floor_from_the_leader_and_stores_it(tmp_path):
+def test_a_node_restored_empty_with_rejoin_learns_its_floor_from_the_leader_and_stores_it(tmp_path, caplog):
     """Real nodes over loopback: node 3's data dir is emptied while it is down and it restarts with the rejoin
     floor (`electra node --rejoin`). Its first leader's commit becomes its floor, durably, and it catches up."""
     import shutil
@@ -249,7 +250,10 @@ def test_a_node_restored_empty_with_rejoin_learns_its_floor_from_the_leader_and_
                 await n.stop()
         return floor
 
-    floor = asyncio.run(main())
+    with caplog.at_level(logging.WARNING, logger="electra.consensus.node"):
+        floor = asyncio.run(main())
+    said = [r.getMessage() for r in caplog.records if "neither votes nor campaigns" in r.getMessage()]
+    assert said and said[0].startswith("node 3 neither votes nor campaigns until it has caught up"), said
     s = LogStorage(cfgs[3].data_dir / "raft-log", fsync=False)
     assert s.open().vote_floor == floor  # stored: a restart does not fall back to the rejoin floor
     s.close()

@@ -496,3 +496,14 @@ def test_node_rejoin_marks_an_emptied_data_dir_and_leaves_a_used_one_alone(tmp_p
     s.close()
     assert main(node) == 0  # a restart with the flag still in its unit file
     assert f"node 2: --rejoin changes nothing, {tmp_path / 'n2'} already holds a Raft log" in capsys.readouterr().err
+    partly = tmp_path / "partly"  # the log moved aside, its mark left behind: said once, not a traceback
+    partly.mkdir()
+    (partly / "raft-log.term").write_bytes(b"mark")
+    assert main([*node[:-2], str(partly), "--rejoin"]) == 1
+    assert capsys.readouterr().err.endswith(
+        f"error: {partly}/raft-log.term belongs to the Raft log that was removed from {partly}: move it aside too "
+        "(or the whole data dir) before starting with --rejoin\n")
+    alone = ["node", "--insecure", "--id", "1", "--peers", "1=127.0.0.1:7101", "--data-dir", str(tmp_path / "n1"),
+             "--rejoin"]
+    assert main(alone) == 1
+    assert "error: --rejoin needs other members to catch this node up" in capsys.readouterr().err

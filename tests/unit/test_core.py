@@ -8,7 +8,17 @@ import pytest
 
 from electra.consensus.core import RaftConfig, RaftCore, Role
 from electra.consensus.errors import NotLeader, ProposalDropped
-from electra.consensus.messages import Append, AppendResp, Heartbeat, Message, MsgType, PreVote, TimeoutNow, Vote
+from electra.consensus.messages import (
+    Append,
+    AppendResp,
+    Heartbeat,
+    Message,
+    MsgType,
+    PreVote,
+    PreVoteResp,
+    TimeoutNow,
+    Vote,
+)
 
 
 def frozen_clock() -> float:
@@ -754,6 +764,12 @@ def test_a_rejoining_node_takes_its_first_leaders_commit_as_its_floor_and_votes_
         c.tick()
     assert c.role == Role.FOLLOWER and c.ready().hard_state is None  # never campaigned
     c.step(Heartbeat(leader.id, 3, leader.term, commit=0, leader_commit=leader.commit))
+    assert c.ready().send_after_persist == [] and c.vote_floor == REJOIN_FLOOR  # the others' terms not heard yet
+    for p in (1, 2):  # their answers to its term probe
+        c.step(PreVoteResp(p, 3, net.cores[p].term, reject=True))
+    assert c.term_probe is None and c.term == leader.term
+    c.ready()
+    c.step(Heartbeat(leader.id, 3, leader.term, commit=0, leader_commit=leader.commit))
     rd = c.ready()
     assert rd.vote_floor == c.vote_floor == (leader.commit, leader.term) and rd.needs_persist()
     net.tick(3)  # the leader brings it up to date
@@ -772,3 +788,44 @@ def test_a_rejoining_core_says_it_does_not_vote_until_it_caught_up():
     c = RaftCore(3, [1, 2, 3], RaftConfig(), vote_floor=REJOIN_FLOOR, rng=random.Random(1), clock=frozen_clock)
     assert c.behind_vote_floor()
     assert not RaftCore(3, [1, 2, 3], RaftConfig(), rng=random.Random(1), clock=frozen_clock).behind_vote_floor()
+
+
+def test_a_rejoining_node_acknowledges_no_stale_leader_before_a_quorum_told_it_their_terms():
+    """A wiped node forgot its term too. Leader L (term 1) pauses; N wins term 2 with W and commits E on both; W is
+    wiped and rejoins; N dies and L wakes. Learning from the first leader it heard, W took L's term-1 commit as its
+    floor and acknowledged L's appends: L committed another entry at E's index (a conflict). Now W first asks the
+    others for their terms, and with N silent it acknowledges nobody."""
+    from electra.consensus.core import REJOIN_FLOOR
+
+    net = Net()
+    old = net.elect()
+    net.tick(2)
+    net.cut = {old.id}  # paused
+    for _ in range(100):
+        net.tick(1, only=[i for i in net.cores if i != old.id])
+        if net.leader() is not None:
+            break
+    new = net.leader()
+    assert new is not None and new.term > old.term
+    new.propose([b"E"])
+    net.tick(3, only=[i for i in net.cores if i != old.id])
+    e_index, e_term = new.last_index(), new.term
+    w = next(c for c in net.cores.values() if c not in (old, new))
+    assert w.commit >= e_index
+    net.cores[w.id] = w = RaftCore(w.id, w.peers, w.cfg, rng=random.Random(5), clock=frozen_clock,
+                                   vote_floor=REJOIN_FLOOR)
+    _up_for_an_election_timeout(w)
+    net.cut = {new.id}  # the new leader dies; the old one wakes, still believing it leads term 1
+    old.propose([b"stale"])
+    for _ in range(60):
+        net.tick(1, only=[old.id, w.id])
+        conflicts = [i for i in range(1, min(old.commit, new.commit) + 1) if old.term_at(i) != new.term_at(i)]
+        assert not conflicts, f"indexes {conflicts} committed in two terms"
+    assert w.term_probe is not None and w.vote_floor == REJOIN_FLOOR  # still waiting for the dead leader's term
+    net.cut = set()
+    for _ in range(100):
+        net.tick()
+        if w.term_probe is None and not w.behind_vote_floor():
+            break
+    assert w.term_at(e_index) == e_term and net.leader() is not None
+    assert all(c.term_at(e_index) == e_term for c in net.cores.values())
