@@ -92,6 +92,8 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
     if architecture == "legacy" and kafka_bootstrap:
         raise ValueError("the legacy architecture keeps liveness on the leader: it runs without --kafka-bootstrap")
     if tier is not None and bootstrap_from_tier:  # an empty data dir starts from the tier's newest state
+        from electra.consensus.snapshots import SnapshotUnreadable
+        from electra.consensus.storage import CorruptLogError
         from electra.tiering.bootstrap import BootstrapError
         from electra.tiering.bootstrap import bootstrap_from_tier as bootstrap
         from electra.tiering.reader import tier_failure
@@ -99,8 +101,8 @@ async def start_controller_node(cfg: NodeConfig, http_host: str, http_port: int,
         try:
             await asyncio.to_thread(bootstrap, cfg.data_dir, tier.uri, tier.storage_options, fsync=cfg.fsync,
                                     keep=cfg.snapshots_kept)
-        except BootstrapError:
-            raise
+        except (BootstrapError, SnapshotUnreadable, CorruptLogError):
+            raise  # said as they are: the local data dir's own problem is not the tier's
         except Exception as exc:  # the tier unreadable: say that it was the bootstrap that failed, and why
             raise BootstrapError(f"bootstrap from the tier at {tier.uri}: {tier_failure(exc)}") from exc
     sm = ControllerStateMachine()

@@ -49,6 +49,10 @@ class SnapshotError(Exception):
     """A snapshot file is missing, truncated or fails its checksum."""
 
 
+class SnapshotUnreadable(OSError):
+    """A local snapshot file could not be read (EIO, EACCES): not damage it proves, so the node does not start."""
+
+
 @dataclass(frozen=True)
 class SnapshotMeta:
     index: int
@@ -176,9 +180,9 @@ class SnapshotStore:
             except (SnapshotError, struct.error) as exc:
                 log.error("snapshot %s is unusable (%s); falling back to an older one", path, exc)
             except OSError as exc:
-                raise OSError(exc.errno, f"cannot read snapshot {path} ({exc.strerror or exc}): refusing to start "
-                                         "rather than fall back past it; fix the disk or the file's permissions"
-                              ) from None
+                raise SnapshotUnreadable(exc.errno, f"cannot read snapshot {path} ({exc.strerror or exc}): refusing "
+                                         "to start rather than fall back past it; fix the disk or the file's "
+                                         "permissions") from None
         return None
 
     def create(self, index: int, term: int,

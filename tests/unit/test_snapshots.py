@@ -210,5 +210,8 @@ def test_a_snapshot_that_cannot_be_read_stops_the_start_instead_of_falling_back(
         return real_open(path)
 
     monkeypatch.setattr(store.files, "open_read", failing)
-    with pytest.raises(OSError, match=f"cannot read snapshot {newest.path} \\(Input/output error\\): refusing"):
-        store.latest()
+    from electra.consensus.snapshots import SnapshotUnreadable
+
+    with pytest.raises(SnapshotUnreadable, match=f"cannot read snapshot {newest.path} \\(Input/output error\\): "
+                                                 "refusing"):
+        store.latest()  # its own type: the tier's bootstrap passes it on as the data dir's, not the tier's, problem
