@@ -222,6 +222,7 @@ class RaftCore:
 
         self._ticks = 0  # ticks so far: the core's time when tick_s is None
         self._timer_start = self._now()  # when the election timer (CheckQuorum's window on a leader) was reset
+        self._started_at = self._timer_start
         self.timeout = self._random_timeout()
         self.heartbeat_elapsed = 0
         self.votes: dict[int, bool] = {}
@@ -558,7 +559,8 @@ class RaftCore:
         """Process one message from a peer."""
         if m.src not in self.peers or m.src == self.id:
             return
-        if self.term_probe is not None and isinstance(m, PreVoteResp) and m.reject:
+        if self.term_probe is not None and isinstance(m, PreVoteResp) and m.reject and \
+                m.term - self.term <= MAX_TERM_JUMP:
             self._heard_for_probe(m.src)  # its term is adopted below, as any higher term is
         if m.term > self.term:
             if m.term - self.term > MAX_TERM_JUMP:
@@ -640,13 +642,11 @@ class RaftCore:
             return  # rejoining: no leader is acknowledged before a quorum of the others told their terms
         if isinstance(m, Append):
             self._become_follower_of(m)
-            if self.vote_floor == REJOIN_FLOOR:
-                self._learn_floor(m.commit, m.term)
             self._handle_append(m)
         elif isinstance(m, Heartbeat):
             self._become_follower_of(m)
-            if self.vote_floor == REJOIN_FLOOR:
-                self._learn_floor(m.leader_commit, m.term)
+            if self.vote_floor == REJOIN_FLOOR and m.last_index:  # 0: a leader that predates it, or not a leader's
+                self._learn_floor(m.last_index, m.term)
             self._handle_heartbeat(m)
         elif isinstance(m, ReadIndexResp):
             self.reads.answer_batch(m.batch, m.index)
@@ -666,22 +666,31 @@ class RaftCore:
         assert self.term_probe is not None
         self.term_probe.discard(src)
         self._probe_heard.add(src)
-        if len(self._probe_heard) >= self.quorum:
+        # n - quorum + 1 of the others share a node with every quorum minus this one (the quorum itself for an
+        # odd group; one less for an even one, where the quorum of the others would be all of them or more)
+        if len(self._probe_heard) >= len(self.peers) - self.quorum + 1:
             self.term_probe = None
 
     def _probe_terms(self) -> None:
-        """Ask the others that have not answered for their terms (each tick, as `_request_votes` asks again)."""
+        """Ask the others that have not answered for their terms (each tick, as `_request_votes` asks again),
+        from the longest election timeout after its start on: a campaign it voted in before the wipe has then
+        ended, won (its voters, a quorum, hold its term and some answer) or timed out (it cannot win that term
+        any more). A candidate paused across that time is the case this does not cover."""
         assert self.term_probe is not None
+        e, jitter = self.cfg.election_ticks, self.cfg.election_jitter_ticks
+        if self._now() - self._started_at < e + max(1, e if jitter is None else jitter) + 1:
+            return
         for p in sorted(self.term_probe):
             self._msgs.append(PreVote(self.id, p, 0, last_index=0, last_term=0))
 
-    def _learn_floor(self, leader_commit: int, term: int) -> None:
-        """A rejoining node heard its first leader since a quorum of the others told it their terms (so that
+    def _learn_floor(self, leader_last: int, term: int) -> None:
+        """A rejoining node heard a leader's heartbeat since enough of the others told it their terms (so that
         leader's term is at least every committed entry's, and it holds them all): it may vote and campaign
-        again once its own log holds what that leader had committed (the entry there is of `term` at the
-        latest, so the floor is as strict as the true one or stricter: it may refuse a candidate a little
-        longer, never elect one that misses a committed entry)."""
-        self.vote_floor = (leader_commit, term)
+        again once its own log holds the leader's whole log as of that heartbeat. Not only what the leader had
+        committed: the leader still counts this node's acknowledgements from before the wipe until its first
+        answer arrives, and may commit entries up to its last index with them. The entry there is of `term`,
+        so the floor is exact; it is never lifted by a log missing an entry this node acknowledged."""
+        self.vote_floor = (leader_last, term)
         self._floor_dirty = True
 
     def _become_follower_of(self, m: Append | Heartbeat) -> None:
@@ -709,7 +718,6 @@ class RaftCore:
                 self.vote = m.src
                 self._hard_dirty = True
                 self._reset_timer()
-                self._boot_quiet = False  # a vote granted: the promise to an earlier leader is given up anyway
             elif self.role == Role.PRE_CANDIDATE and m.term == self.term + 1 and m.src < self.id:
                 # Two pre-candidates for the same term would both pass PreVote and split the real
                 # vote; the one with the higher id steps back (its log is no newer), the other wins.
@@ -892,7 +900,7 @@ class RaftCore:
         for pid, pr in self.progress.items():
             if pid != self.id:
                 self._msgs.append(Heartbeat(self.id, pid, self.term, commit=min(pr.match, commit),
-                                            leader_commit=commit, round=rnd))
+                                            leader_commit=commit, round=rnd, last_index=self.log.last_index()))
         if len(self.peers) == 1:
             self._confirm_rounds()
 

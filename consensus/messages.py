@@ -199,13 +199,16 @@ class AppendResp(Message):
 @dataclass(slots=True, repr=False)
 class Heartbeat(Message):
     """`commit`: how far this follower may commit (at most its match); `leader_commit`: the
-    leader's own commit index (for follower reads); `round`: the read/lease round it belongs to."""
+    leader's own commit index (for follower reads); `round`: the read/lease round it belongs to;
+    `last_index`: the leader's last index (a rejoining node's vote floor; 0 from a leader that predates
+    it, in an array slot older nodes leave at 0 and ignore)."""
 
     type = MsgType.HEARTBEAT
     commit: int = 0
     leader_commit: int = 0
     round: int = 0
-    WIRE = (8, 4, 12)
+    last_index: int = 0
+    WIRE = (8, 4, 12, 10)
 
 
 @dataclass(slots=True, repr=False)

@@ -1033,9 +1033,10 @@ class RaftNode:
 
     def _on_snapshot_chunk(self, m: SnapChunk) -> None:
         core = self._live.core
-        if m.term != core.term or core.lead != m.src or core.role != Role.FOLLOWER:
+        if m.term != core.term or core.lead != m.src or core.role != Role.FOLLOWER or core.term_probe is not None:
             # Only the leader this node follows, in its term, may install a snapshot here; the
-            # leader's heartbeats establish it first, and the sender resends the chunk.
+            # leader's heartbeats establish it first, and the sender resends the chunk. A rejoining node
+            # still asking the others for their terms acknowledges no leader (core.RaftCore.term_probe).
             self.metrics["snapshot_chunks_refused"] += 1
             return
         self._last_chunk_at = core.clock()

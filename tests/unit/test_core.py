@@ -746,7 +746,7 @@ def test_a_node_restored_empty_with_rejoin_helps_elect_no_leader_missing_a_write
             assert elected is None and net.cores[3].term <= lagging.term
 
 
-def test_a_rejoining_node_takes_its_first_leaders_commit_as_its_floor_and_votes_once_caught_up():
+def test_a_rejoining_node_takes_a_current_leaders_last_index_as_its_floor_and_votes_once_caught_up():
     from electra.consensus.core import REJOIN_FLOOR
 
     net = Net()
@@ -760,18 +760,30 @@ def test_a_rejoining_node_takes_its_first_leaders_commit_as_its_floor_and_votes_
     c.step(ask)
     rd = c.ready()
     assert [m.reject for m in rd.send_now + rd.send_after_persist] == [True]  # a floor above every log
+    probes = []
     for _ in range(40):
         c.tick()
-    assert c.role == Role.FOLLOWER and c.ready().hard_state is None  # never campaigned
-    c.step(Heartbeat(leader.id, 3, leader.term, commit=0, leader_commit=leader.commit))
+        rd = c.ready()
+        assert rd.hard_state is None  # never campaigned
+        probes.append([m for m in rd.send_now if isinstance(m, PreVote)])
+    assert c.role == Role.FOLLOWER
+    # asked only from the longest election timeout after its start on (2 x election_ticks with jitter None, + 1),
+    # once any campaign it voted in before the wipe has ended; the core was started election_ticks ago
+    first = next(i for i, sent in enumerate(probes) if sent)
+    assert first == c.cfg.election_ticks and all(probes[first:])
+    assert {(m.dst, m.term) for m in probes[-1]} == {(1, 0), (2, 0)}
+    beat = Heartbeat(leader.id, 3, leader.term, commit=0, leader_commit=leader.commit, last_index=leader.last_index())
+    c.step(beat)
     assert c.ready().send_after_persist == [] and c.vote_floor == REJOIN_FLOOR  # the others' terms not heard yet
     for p in (1, 2):  # their answers to its term probe
         c.step(PreVoteResp(p, 3, net.cores[p].term, reject=True))
     assert c.term_probe is None and c.term == leader.term
     c.ready()
-    c.step(Heartbeat(leader.id, 3, leader.term, commit=0, leader_commit=leader.commit))
+    leader.propose([b"c"])  # appended, not yet committed: a floor at the commit index would miss it
+    c.step(Heartbeat(leader.id, 3, leader.term, commit=0, leader_commit=leader.commit, last_index=leader.last_index()))
     rd = c.ready()
-    assert rd.vote_floor == c.vote_floor == (leader.commit, leader.term) and rd.needs_persist()
+    assert rd.vote_floor == c.vote_floor == (leader.last_index(), leader.term) and rd.needs_persist()
+    assert leader.last_index() > leader.commit
     net.tick(3)  # the leader brings it up to date
     assert c.last_index() == leader.last_index()
     net.cut = {leader.id}
@@ -829,3 +841,20 @@ def test_a_rejoining_node_acknowledges_no_stale_leader_before_a_quorum_told_it_t
             break
     assert w.term_at(e_index) == e_term and net.leader() is not None
     assert all(c.term_at(e_index) == e_term for c in net.cores.values())
+
+
+@pytest.mark.parametrize("n, answers", [(2, 1), (3, 2), (4, 2), (5, 3)])
+def test_a_rejoining_nodes_term_probe_needs_answers_from_n_minus_quorum_plus_one_others(n, answers):
+    """Enough to share a node with every quorum minus itself; a quorum of the others could never complete in a
+    group of two (one other) and needed every other node in a group of four."""
+    from electra.consensus.core import REJOIN_FLOOR
+    from electra.consensus.messages import MAX_TERM_JUMP
+
+    c = RaftCore(1, list(range(1, n + 1)), RaftConfig(), vote_floor=REJOIN_FLOOR, rng=random.Random(1),
+                 clock=frozen_clock)
+    c.step(PreVoteResp(2, 1, MAX_TERM_JUMP + 1, reject=True))  # a term it cannot take: not an answer
+    assert c.term_probe is not None and c.term == 0
+    for p in range(2, 2 + answers):
+        assert c.term_probe is not None
+        c.step(PreVoteResp(p, 1, 3, reject=True))
+    assert c.term_probe is None and c.term == 3

@@ -63,6 +63,6 @@ def test_each_kind_round_trips_through_the_unchanged_17_slot_array(msg, slots):
 
 def test_a_decoder_ignores_slots_its_kind_does_not_use():
     raw = msgpack.unpackb(Heartbeat(1, 2, 7, round=3).encode())
-    raw[SLOTS.index("hint_index")] = 99  # an AppendResp field: no meaning for a heartbeat
+    raw[SLOTS.index("offset")] = 99  # a snapshot chunk's field: no meaning for a heartbeat
     assert Message.decode(msgpack.packb(raw, use_bin_type=True)) == Heartbeat(1, 2, 7, round=3)
     assert MsgType(raw[0]) is MsgType.HEARTBEAT
