@@ -64,8 +64,9 @@ __all__ = ["NONE", "REJOIN_FLOOR", "RaftConfig", "RaftCore", "Ready", "Role"]
 
 NONE = 0  # node ids start at 1; 0 means "nobody"
 # The vote floor of a node restored empty (`electra node --rejoin`): it acknowledged entries it no longer
-# has, up to an index it does not know, so it votes for nobody and never campaigns until its first leader
-# tells it that leader's commit index, which becomes its floor (`RaftCore._learn_floor`).
+# has, up to an index it does not know, so it votes for nobody and never campaigns until, once enough of the
+# others told it their terms (`RaftCore.term_probe`), a leader's heartbeat names that leader's last index,
+# which becomes its floor (`RaftCore._learn_floor`).
 REJOIN_FLOOR = (MAX_TERM, MAX_TERM)
 
 

@@ -178,20 +178,21 @@ def _in_use(data_dir: Path, fd: int) -> DataDirInUse:
 
 def mark_rejoining(data_dir: Path | str, *, fsync: bool = True, files: Files | None = None) -> bool:
     """`electra node --rejoin`: an emptied data dir starts with the rejoin vote floor (`core.REJOIN_FLOOR`),
-    durably, so the node neither votes nor campaigns until a leader has brought it up to that leader's
-    commit index. A node restored empty has forgotten the entries it acknowledged and its vote: started
-    plainly, it could elect a candidate that misses committed entries, or vote twice in one term.
+    durably, so the node neither votes nor campaigns until a current leader has brought it up to that
+    leader's last index (`RaftCore._learn_floor`, after its term probe). A node restored empty has forgotten
+    the entries it acknowledged, its term and its vote: started plainly, it could elect a candidate that
+    misses committed entries, acknowledge a stale leader, or vote twice in one term.
 
     Returns False (and writes nothing) when the directory already holds Raft state: a node restarted with
     the flag still set keeps the floor it has (learned, or still the rejoin floor)."""
     from . import mutations
     from .core import REJOIN_FLOOR
-    from .storage import LogStorage
+    from .storage import LogStorage, term_mark_path
 
     data_dir = Path(data_dir)
     if _holds_raft_state(data_dir):
         return False
-    mark = data_dir / "raft-log.term"  # the removed log's mark of how far it had durably reached
+    mark = term_mark_path(data_dir / "raft-log")  # the removed log's mark of how far it had durably reached
     if files is None and mark.exists():
         raise RejoinRefused(f"{mark} belongs to the Raft log that was removed from {data_dir}: move it aside too "
                            "(or the whole data dir) before starting with --rejoin")

@@ -94,6 +94,11 @@ _HEADER = struct.Struct(">II")
 _SUFFIX = ".seg"
 _STARTING = ".seg.tmp"  # a segment whose header is being written (renamed into place once synced)
 _TERM_MARK = ".term"  # beside the log directory: the term and committed index synced (see the module doc)
+
+
+def term_mark_path(log_dir: Path) -> Path:
+    """Where the log in `log_dir` keeps its term mark (`raft-log.term` beside `raft-log/`)."""
+    return log_dir.with_name(log_dir.name + _TERM_MARK)
 TERM_MARK = 5  # the mark's one record: (5, term, commit)
 MARK_INTERVAL_S = 1.0  # the committed index is marked at most this often
 log = logging.getLogger("electra.consensus.storage")
@@ -210,7 +215,7 @@ class LogStorage:
         self._seg_max: dict[Path, int] = {}  # segment -> highest entry index written into it
         self._gap_until = 0
         self._failed: BaseException | None = None
-        self._mark = self.dir.with_name(self.dir.name + _TERM_MARK)
+        self._mark = term_mark_path(self.dir)
         self._marked_term = 0  # the term `_mark` holds
         self._marked_commit = 0  # the committed index `_mark` holds
         self._marked_at = float("-inf")  # when it was last written (`clock`)
