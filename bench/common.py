@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -14,19 +13,7 @@ import time
 from pathlib import Path
 
 from electra.interrupts import die_with_parent
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+from electra.local_ports import free_ports
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

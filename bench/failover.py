@@ -45,8 +45,9 @@ from pathlib import Path
 import uvloop  # the simulated fleet runs in this process: uvloop's TLS and sockets cost less per heartbeat
 
 from electra.cli_args import Parser, count_list, make_dir
+from electra.local_ports import free_ports
 
-from .common import free_ports, percentile, process_tree_cpu_s, result_line
+from .common import percentile, process_tree_cpu_s, result_line
 
 
 def _ingest_accepted(endpoints: list[str], creds) -> int:

@@ -15,8 +15,9 @@ import tempfile
 import time
 
 from electra.cli_args import Parser
+from electra.local_ports import free_ports
 
-from .common import free_ports, result_line, run_workers
+from .common import result_line, run_workers
 
 
 def run_system(system: str, args: argparse.Namespace) -> dict:

@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 
 from electra.cli_args import Parser
+from electra.local_ports import free_ports
 
-from .common import free_ports, result_line, run_workers
+from .common import result_line, run_workers
 
 PHASES = ("write", "readindex", "lease", "follower")
 

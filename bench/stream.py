@@ -43,9 +43,10 @@ from kafka import KafkaProducer
 
 from electra.cli_args import Parser, make_dir
 from electra.interrupts import die_with_parent
+from electra.local_ports import free_port
 from electra.security.credentials import without_credentials
 from electra.streaming import kafka_io, records
-from electra.streaming.embedded_kafka import EmbeddedKafka, free_port
+from electra.streaming.embedded_kafka import EmbeddedKafka
 from electra.streaming.job import LOCAL_CORES, check_extra_args, read_tasks_for
 
 from .common import _stat_fields, process_children, process_tree_cpu_s, result_line

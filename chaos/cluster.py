@@ -19,8 +19,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from electra.bench.common import free_ports
 from electra.consensus.runtime import CLOCK_RATE_ENV
+from electra.local_ports import free_ports
 from electra.local_stack import LocalStack, StackConfig
 
 from .proxy import ProxyHub

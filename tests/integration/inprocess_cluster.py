@@ -10,9 +10,9 @@ import asyncio
 import time
 
 from electra.api.server import ControllerNode, start_controller_node
-from electra.bench.common import free_ports
 from electra.consensus.core import RaftConfig
 from electra.consensus.node import NodeConfig
+from electra.local_ports import free_ports
 
 
 async def start_cluster(tmp_path, n: int = 3, election_ticks: int = 10,

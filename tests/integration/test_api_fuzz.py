@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from electra.bench.common import free_ports, stop_processes
+from electra.bench.common import stop_processes
+from electra.local_ports import free_ports
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from electra.api.client import ControllerClient
-from electra.bench.common import free_ports, stop_processes
+from electra.bench.common import stop_processes
+from electra.local_ports import free_ports
 from electra.state.codes import Code
 
 pytestmark = pytest.mark.integration

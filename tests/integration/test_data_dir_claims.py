@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from electra.bench.common import free_ports
+from electra.local_ports import free_ports
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from inprocess_cluster import start_cluster, wait_leader
 
-from electra.bench.common import free_ports
+from electra.local_ports import free_ports
 from electra.streaming import records
 from electra.streaming.embedded_kafka import EmbeddedKafka
 from electra.streaming.kafka_io import ensure_topics

@@ -18,7 +18,7 @@ from inprocess_cluster import start_cluster, wait_leader
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from electra.api.client import ControllerClient
-from electra.bench.common import free_ports
+from electra.local_ports import free_ports
 from electra.state.codes import Code
 from electra.streaming import records
 from electra.streaming.embedded_kafka import EmbeddedKafka

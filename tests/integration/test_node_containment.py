@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from electra.bench.common import free_ports
 from electra.consensus.core import RaftConfig
 from electra.consensus.framing import MAX_COMMAND
 from electra.consensus.kv import KVStateMachine, encode_put
 from electra.consensus.messages import SnapChunk, SnapResp
 from electra.consensus.node import NodeConfig, RaftNode
+from electra.local_ports import free_ports
 
 pytestmark = pytest.mark.integration
 

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from electra.bench.common import free_ports
 from electra.consensus.core import RaftConfig
 from electra.consensus.errors import FollowerBehind, NotLeader, RaftError, ReadTimeout
 from electra.consensus.kv import KVStateMachine, encode_put
 from electra.consensus.node import NodeConfig, RaftNode
+from electra.local_ports import free_ports
 
 pytestmark = pytest.mark.integration
 

@@ -20,9 +20,10 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from electra.bench.common import free_ports, stop_processes
+from electra.bench.common import stop_processes
 from electra.consensus.messages import Vote
 from electra.consensus.transport import PROTO
+from electra.local_ports import free_ports
 
 pytestmark = pytest.mark.integration
 

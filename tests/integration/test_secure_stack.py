@@ -13,9 +13,9 @@ import time
 import pytest
 
 from electra.api.client import ControllerClient
-from electra.bench.common import free_ports
 from electra.broker_simulator import BrokerFleet
 from electra.cli import dashboard_hint
+from electra.local_ports import free_ports
 from electra.local_stack import LocalStack, StackConfig
 from electra.streaming.sink import ControllerClient as SinkClient
 

@@ -23,10 +23,11 @@ import msgpack
 import pytest
 
 from electra.api.client import ControllerClient
-from electra.bench.common import free_ports, stop_processes
+from electra.bench.common import stop_processes
 from electra.consensus.framing import pack_frame
 from electra.consensus.messages import Append
 from electra.consensus.transport import PROTO
+from electra.local_ports import free_ports
 from electra.security.auth import create_token
 from electra.security.credentials import ClientCredentials
 from electra.security.local import ensure_local_credentials

@@ -24,7 +24,7 @@ import pytest
 from pyspark.find_spark_home import _find_spark_home
 from stream_helpers import FakeController, HeartbeatWorld, TopicReader, now_ms, wait_for
 
-from electra.bench.common import free_ports
+from electra.local_ports import free_ports
 from electra.streaming import kafka_io, records
 from electra.streaming.embedded_kafka import EmbeddedKafka, wait_for_port
 

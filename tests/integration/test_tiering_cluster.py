@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from electra.api.server import start_controller_node
-from electra.bench.common import free_ports
 from electra.consensus.core import RaftConfig
 from electra.consensus.errors import NotLeader, ProposalTimeout, RaftError
 from electra.consensus.node import NodeConfig
+from electra.local_ports import free_ports
 from electra.state.journal import JournalEntry, entry_for
 from electra.state.machine import ControllerStateMachine
 from electra.tiering.reader import TierReader

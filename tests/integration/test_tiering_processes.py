@@ -14,8 +14,9 @@ import aiohttp
 import pytest
 
 from electra.api.client import ControllerClient
-from electra.bench.common import free_ports, stop_processes
+from electra.bench.common import stop_processes
 from electra.consensus.storage import LogStorage
+from electra.local_ports import free_ports
 from electra.state.journal import JournalEntry, entry_for
 from electra.state.machine import ControllerStateMachine
 from electra.tiering.schema import GAP, event_rows

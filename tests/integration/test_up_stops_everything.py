@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import pty
-import random
 import signal
 import socket
 import subprocess
@@ -17,24 +16,9 @@ from pathlib import Path
 import pytest
 from process_cluster import hangup_by_default
 
+from electra.local_ports import free_port_run
+
 pytestmark = pytest.mark.integration
-
-
-def _free_run(n: int) -> int:
-    """A first port of `n` consecutive ports that are free now (bounded tries), below Linux's ephemeral range
-    (32768-60999): a port the kernel may hand to an outgoing connection (a node's Kafka client) between this
-    check and the node's bind was taken from under it ("Address already in use")."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32000 - n)
-        try:
-            for p in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no run of free ports")
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -78,7 +62,7 @@ def _listening(port: int) -> bool:
                          ids=["ctrl-c-pipe-closed", "hangup-pipe-closed", "terminal-closed", "killed"])
 def test_a_signal_when_the_output_is_gone_stops_every_process(tmp_path, output, sig):
     data = tmp_path / "stack"
-    kafka_port = _free_run(10)  # one run for all, so the ranges cannot overlap (`up` refuses that)
+    kafka_port = free_port_run(10)  # one run for all, so the ranges cannot overlap (`up` refuses that)
     raft, http, ingest = kafka_port + 1, kafka_port + 4, kafka_port + 7
     cmd = [sys.executable, "-m", "electra.cli", "up", "--no-streaming", "--no-tier", "--data-dir", str(data),
            "--kafka-port", str(kafka_port), "--raft-port", str(raft), "--http-port", str(http),
@@ -130,7 +114,7 @@ def test_a_killed_controller_node_is_restarted_and_the_stack_goes_on(tmp_path):
     """One controller SIGKILLed in `electra up` (a failure the group tolerates): it is started again, as a
     supervisor would, instead of the whole stack stopping."""
     data = tmp_path / "stack"
-    kafka_port = _free_run(10)  # one run for all, so the ranges cannot overlap (`up` refuses that)
+    kafka_port = free_port_run(10)  # one run for all, so the ranges cannot overlap (`up` refuses that)
     raft, http, ingest = kafka_port + 1, kafka_port + 4, kafka_port + 7
     cmd = [sys.executable, "-m", "electra.cli", "up", "--insecure", "--no-streaming", "--no-tier", "--data-dir",
            str(data), "--kafka-port", str(kafka_port), "--raft-port", str(raft), "--http-port", str(http),

@@ -321,8 +321,8 @@ def test_a_closed_proxy_hub_leaves_no_descriptor_open():
 
     (Its event loop's selector and self-pipe are the hub's descriptors; counting /proc/self/fd instead raced
     with other tests' daemon threads in the same process.)"""
-    from electra.bench.common import free_ports
     from electra.chaos.proxy import ProxyHub
+    from electra.local_ports import free_ports
 
     hub = ProxyHub(1)
     hub.add(1, 2, *free_ports(2))

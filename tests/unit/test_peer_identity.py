@@ -9,12 +9,12 @@ import ssl
 import msgpack
 import pytest
 
-from electra.bench.common import free_ports
 from electra.consensus.data_dir_claims import ClusterIdMismatch, check_cluster_stamp
 from electra.consensus.framing import pack_frame
 from electra.consensus.messages import Append, Heartbeat, Message
 from electra.consensus.peer_identity import identity_from_peercert, node_uri
 from electra.consensus.transport import PROTO, PeerTransport
+from electra.local_ports import free_ports
 from electra.security.pki import cert_node_identity, create_ca, create_node_cert, read_cluster_id
 from electra.security.tls import NodeTLS
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from stream_helpers import FakeController
 
-from electra.streaming.embedded_kafka import free_port
+from electra.local_ports import free_port
 from electra.streaming.job import BatchSink, JobConfig
 from electra.streaming.sink import ControllerClient
 

@@ -7,9 +7,9 @@ import struct
 
 import msgpack
 
-from electra.bench.common import free_ports
 from electra.consensus.messages import Append, Heartbeat
 from electra.consensus.transport import PROTO, PeerTransport
+from electra.local_ports import free_ports
 
 
 async def _until(cond, timeout=5.0):
