@@ -7,7 +7,9 @@ are durable only once synced and a crash loses, tears or corrupts the rest.
 
 The operations are the few the two stores need, with POSIX meaning: a file opened for
 append only grows; `sync()` is fdatasync/fsync; a new, renamed or deleted name is
-durable only after `sync_dir()` of its directory.
+durable only after `sync_dir()` of its directory. `mkdir()` is durable when it returns
+(`OsFiles` syncs each directory it creates into its parent), which is why the simulator's
+disk has no directory for a crash to lose.
 """
 
 from __future__ import annotations

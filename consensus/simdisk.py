@@ -124,7 +124,7 @@ class SimFiles:
 
     # ------------------------------------------------------------------ Files
     def mkdir(self, path: Path) -> None:
-        pass  # directories always exist
+        pass  # directories always exist: `Files.mkdir` is durable on return (consensus/files.py)
 
     def listdir(self, path: Path) -> list[Path]:
         return [p for p in self.names if p.parent == path]
