@@ -117,8 +117,8 @@ class DashboardFeed:
         now_ms = int(self.clock() * 1000)
         detected = self.svc.sm.apply_time_ms or None
         replayed = detected is not None and now_ms - detected > REPLAYED_AFTER_MS
-        lost = self.svc.liveness.group_by_name(name).get(old) if old is not None else None
         bs = self.svc.sm.sets.get(name)
+        lost = self.svc.liveness.group(bs.cluster, name).get(old) if bs is not None and old is not None else None
         known = bs is not None and old is not None
         gone = self.svc.liveness.disconnected_at(bs.cluster, name, old) if known else None
         noticed = self.svc.liveness.disconnect_noticed_at(bs.cluster, name, old) if known else None
@@ -266,7 +266,7 @@ class DashboardFeed:
                 unknown += 1
                 continue
             else:
-                info = self.svc.liveness.group_by_name(name).get(bs.master_id)
+                info = self.svc.liveness.group(bs.cluster, name).get(bs.master_id)
                 if info is not None and info.alive_at(live_ms):
                     live += 1
                     continue
@@ -358,7 +358,7 @@ class DashboardFeed:
             return None
         live_ms = self.svc.liveness.judge_at(int(self.clock() * 1000))
         live = {str(i): {"last_heartbeat_ms": info.last_update_ms, "alive": info.alive_at(live_ms)}
-                for i, info in self.svc.liveness.group_by_name(name).items()}
+                for i, info in self.svc.liveness.group(bs.cluster, name).items()}
         return {"set": name, "state": bs.view().to_public(), "liveness": live,
                 "failovers": [f for f in self.failovers if f["set"] == name]}
 

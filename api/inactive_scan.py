@@ -107,7 +107,7 @@ class InactiveMasterScan:
         for name, bs in self.sm.sets.items():
             if bs.master_id is None:
                 continue
-            info = self.liveness.group_by_name(name).get(bs.master_id)
+            info = self.liveness.group(bs.cluster, name).get(bs.master_id)
             if info is None or not info.alive_at(now):
                 continue  # already dead: the scan saw it (or its set has no live replica to elect)
             dead_at = info.last_update_ms + info.timeout_ms + 1  # alive_at holds up to the timeout inclusive
@@ -132,7 +132,7 @@ class InactiveMasterScan:
             finally:
                 self._electing.discard(name)
 
-        names = [n for n in self.sm.sets_needing_election(self.liveness.group_by_name, self.now_ms())
+        names = [n for n in self.sm.sets_needing_election(self.liveness.group, self.now_ms())
                  if n not in self._electing]  # an earlier scan's election there is still in flight
         self._electing.update(names)
         await asyncio.gather(*(elect(n) for n in names))

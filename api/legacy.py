@@ -155,7 +155,7 @@ class LegacyControllerService(ControllerService):
             return refusal
 
         def build() -> bytes:
-            live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
+            live = self.set_liveness(name, cluster)
             return C.elect_master(cluster, name, broker_id, self.now_ms(), live, designate=designate,
                                   unclean=self.unclean or unclean)
 
@@ -181,7 +181,7 @@ class LegacyControllerService(ControllerService):
                                    sync_state_set_epoch: int) -> dict:
         return await self._append_event(self._write_event(
             lambda: C.alter_sync_state_set(name, master_id, master_epoch, new_set, sync_state_set_epoch,
-                                           self.now_ms(), self.liveness.group_by_name(name))))
+                                           self.now_ms(), self.set_liveness(name))))
 
     async def clean_broker_data(self, cluster: str | None, name: str, ids: list[int] | None,
                                 clean_living: bool) -> dict:
@@ -189,7 +189,7 @@ class LegacyControllerService(ControllerService):
             return refusal
 
         def build() -> bytes:
-            live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
+            live = self.set_liveness(name, cluster)
             return C.clean_broker_data(cluster, name, ids, clean_living, self.now_ms(), live)
 
         return await self._append_event(self._write_event(build))

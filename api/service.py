@@ -96,6 +96,14 @@ class ControllerService:
         return {"code": int(Code.CONTROLLER_INVALID_REQUEST),
                 "remark": f"broker set {name!r} is not in cluster {cluster!r}"}
 
+    def set_liveness(self, name: str, cluster: str | None = None) -> dict[int, BrokerLiveInfo]:
+        """This node's heartbeat records of set `name`, under the set's own cluster (`cluster`, from a request
+        that `other_cluster` admitted, for a set not created yet). Heartbeats naming another cluster do not
+        make a broker alive in this set."""
+        bs = self.sm.sets.get(name)
+        own = bs.cluster if bs is not None else cluster
+        return self.liveness.group(own, name) if own else {}
+
     def heartbeat(self, cluster: str, name: str, broker_id: int, addr: str, *, epoch: int = -1,
                   max_offset: int = -1, confirm_offset: int = -1, timeout_ms: int = 10_000,
                   priority: int = 2**31 - 1) -> dict:
@@ -127,7 +135,7 @@ class ControllerService:
         return self._read(lambda sm: sm.get_replica_info(name), lease)
 
     def get_sync_state_data(self, names: list[str]) -> dict:
-        return self.sm.get_sync_state_data(names, self.liveness.group_by_name, self.live_now_ms()).to_response()
+        return self.sm.get_sync_state_data(names, self.liveness.group, self.live_now_ms()).to_response()
 
     def _write(self, cmd: bytes) -> asyncio.Future[dict]:
         """Propose `cmd`; the future answer is its applied result's response.
@@ -180,7 +188,7 @@ class ControllerService:
         """An election that would change nothing (master still alive: 2011, or refused) is answered by a read."""
         if (refusal := self.other_cluster(cluster or None, name)) is not None:
             return refusal
-        live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
+        live = self.set_liveness(name, cluster)
         res = await self._write_if_it_changes(C.elect_master(cluster, name, broker_id, self.live_now_ms(), live,
                                                              designate=designate,
                                                              unclean=self.unclean or unclean))
@@ -212,13 +220,13 @@ class ControllerService:
                              sync_state_set_epoch: int) -> Awaitable[dict]:
         return self._write(C.alter_sync_state_set(name, master_id, master_epoch, new_set,
                                                         sync_state_set_epoch, self.live_now_ms(),
-                                                        self.liveness.group_by_name(name)))
+                                                        self.set_liveness(name)))
 
     async def clean_broker_data(self, cluster: str | None, name: str, ids: list[int] | None,
                                 clean_living: bool) -> dict:
         if (refusal := self.other_cluster(cluster or None, name)) is not None:
             return refusal
-        live = self.liveness.group(cluster, name) if cluster else self.liveness.group_by_name(name)
+        live = self.set_liveness(name, cluster)
         return await self._write(C.clean_broker_data(cluster, name, ids, clean_living, self.live_now_ms(), live))
 
 

@@ -178,10 +178,9 @@ class LivenessTable:
         group[key] = info
 
     def group(self, cluster: str, name: str) -> dict[int, BrokerLiveInfo]:
+        """The heartbeat records of set `name` in `cluster`, by broker id. A set belongs to one cluster: a broker
+        heartbeating under another cluster's name is not alive in it (RocketMQ keys liveness by cluster too)."""
         return {k[1]: v for k, v in self._by_name.get(name, {}).items() if k[0] == cluster}
-
-    def group_by_name(self, name: str) -> dict[int, BrokerLiveInfo]:
-        return {k[1]: v for k, v in self._by_name.get(name, {}).items()}
 
     def expire(self, now_ms: int) -> list[tuple[str, str, int]]:
         """Forget brokers whose heartbeat timed out; returns their keys."""

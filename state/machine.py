@@ -54,7 +54,7 @@ from .views import BrokerSetView
 
 SNAPSHOT_VERSION = 1
 
-LiveOf: TypeAlias = Callable[[str], dict[int, BrokerLiveInfo]]  # a node's heartbeat records of one set
+LiveOf: TypeAlias = Callable[[str, str], dict[int, BrokerLiveInfo]]  # (cluster, set) -> heartbeat records
 
 
 @dataclass
@@ -394,7 +394,7 @@ class ControllerStateMachine:
             bs = self.sets.get(name)
             if bs is None:
                 continue  # RocketMQ skips unknown names silently
-            live = live_of(name)
+            live = live_of(bs.cluster, name)
             table[name] = ReplicasInfo(bs.view(), frozenset(i for i in bs.brokers if _alive(live, i, now_ms)))
         return SyncStateDataResult(code=Code.SUCCESS, sets=table)
 
@@ -404,7 +404,7 @@ class ControllerStateMachine:
         for name, bs in sorted(self.sets.items()):
             if bs.master_id is None:
                 continue
-            live = live_of(name)
+            live = live_of(bs.cluster, name)
             if not _alive(live, bs.master_id, now_ms) and any(_alive(live, i, now_ms) for i in bs.brokers):
                 out.append(name)
         return out

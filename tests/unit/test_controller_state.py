@@ -230,13 +230,16 @@ def test_reads_sync_state_data_and_reelection_scan():
     c = Controller()
     c.register("b", 3)
     c(C.elect_master("c", "b", 1, NOW, live(1, 2, 3)))
-    r = c.sm.get_sync_state_data(["b", "missing"], lambda n: live(1, 2, 3, dead=(3,)), NOW)
+    r = c.sm.get_sync_state_data(["b", "missing"], lambda _cluster, _name: live(1, 2, 3, dead=(3,)), NOW)
     info = r.body()["replicasInfoTable"]["b"]
     assert [x["brokerId"] for x in info["inSyncReplicas"]] == [1]
     assert [(x["brokerId"], x["alive"]) for x in info["notInSyncReplicas"]] == [(2, True), (3, False)]
     assert "missing" not in r.body()["replicasInfoTable"]
-    assert c.sm.sets_needing_election(lambda n: live(1, 2, 3, dead=(1,)), NOW) == ["b"]
-    assert c.sm.sets_needing_election(lambda n: live(1, 2, 3), NOW) == []
+    assert c.sm.sets_needing_election(lambda _cluster, _name: live(1, 2, 3, dead=(1,)), NOW) == ["b"]
+    assert c.sm.sets_needing_election(lambda _cluster, _name: live(1, 2, 3), NOW) == []
+    # liveness is asked for under the set's own cluster: another cluster's heartbeats keep no master alive
+    by_cluster = {"c": live(1, 2, 3, dead=(1,)), "c9": live(1, 2, 3)}
+    assert c.sm.sets_needing_election(lambda cluster, n: by_cluster[cluster], NOW) == ["b"]
 
 
 def test_malformed_commands_are_rejected_identically():

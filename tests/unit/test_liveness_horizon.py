@@ -181,7 +181,7 @@ def test_the_horizon_is_the_newest_ingest_stamp_the_jobs_records_carry():
     consumer._apply(consumer._items_of(record))
     table = consumer.svc.liveness
     assert table.horizon_ms == NOW - 4_100
-    assert table.group_by_name("a")[2].alive_at(table.judge_at(NOW))  # 3 s timeout, 4.1 s lag: alive
+    assert table.group("c", "a")[2].alive_at(table.judge_at(NOW))  # 3 s timeout, 4.1 s lag: alive
     assert consumer._items_of(b"not json") == [] and consumer.stats["bad_records"] == 1
 
 
@@ -189,3 +189,22 @@ def test_a_stamp_ahead_of_this_nodes_clock_does_not_hold_the_horizon_there():
     consumer = _consumer(NOW)
     consumer._apply(consumer._items_of(_job_liveness_record({"a": [(1, NOW + 3_600_000)]}, batch_ms=NOW)))
     assert consumer.svc.liveness.horizon_ms == NOW  # clamped: the clock catches up at once
+
+
+def test_heartbeats_under_another_cluster_make_no_broker_of_the_set_alive():
+    """Set `s` is in cluster `c`. Brokers 2 and 3 heartbeating as cluster `c9` (another cluster's credential,
+    or a misconfigured broker) are not alive in `s`: RocketMQ keys liveness by (cluster, set, id). Every
+    request judged them by name alone before: they joined the sync state set, showed alive in the sync
+    state data, and blocked cleaning them."""
+    table = LivenessTable()
+    svc = _service(table, heard_at_ms=NOW)
+    for i in (2, 3):
+        table._by_name["s"].pop(("c", i))
+        table.put("c9", "s", BrokerLiveInfo(i, f"10.0.0.{i}:10911", NOW, TIMEOUT))
+    assert _grow_sync_state_set(svc)["code"] == Code.CONTROLLER_BROKER_NOT_ALIVE
+    replicas = svc.get_sync_state_data(["s"])["body"]["replicasInfoTable"]["s"]["notInSyncReplicas"]
+    assert [(r["brokerId"], r["alive"]) for r in replicas] == [(2, False), (3, False)]
+    cleaned = _answer(lambda: svc.clean_broker_data(None, "s", [3], clean_living=False))
+    assert cleaned["code"] == Code.SUCCESS  # not 2009 "still alive"
+    table.put("c", "s", BrokerLiveInfo(2, "10.0.0.2:10911", NOW, TIMEOUT))  # broker 2 in its own cluster: alive
+    assert _answer(lambda: svc.alter_sync_state_set("s", 1, 1, [1, 2], 1))["code"] == Code.SUCCESS
