@@ -744,10 +744,7 @@ class RaftNode:
                 if w is not None and not w[0].done():
                     self._park(index, *w)
         if rd.reads_dropped:
-            for ctx in rd.reads_dropped:
-                w = self._read_waiters.pop(ctx, None)
-                if w is not None and not w[0].done():
-                    w[0].set_exception(NotLeader(self._live.core.lead))
+            self._reads_lost_their_leader(rd.reads_dropped)
         for peer in rd.snapshot_requests:
             if peer not in self._senders:
                 self._senders[peer] = asyncio.Queue()
@@ -776,6 +773,26 @@ class RaftNode:
                     fn(c.role, c.term, c.lead)
                 except Exception:
                     log.exception("role-change listener failed")
+
+    def _reads_lost_their_leader(self, dropped: list[int]) -> None:
+        """Reads a role change dropped. On a node that leads now (a follower read asked of the old leader,
+        which this node replaced) they start over as its own ReadIndex reads; elsewhere they fail with
+        the leader known now. They used to fail here too, with this node named as the leader to ask: an
+        HTTP client got a redirect to the node that answered it."""
+        core = self._live.core
+        for ctx in dropped:
+            w = self._read_waiters.pop(ctx, None)
+            if w is None or w[0].done():
+                continue
+            if core.role == Role.LEADER:
+                try:
+                    core.read_index(ctx)
+                except RaftError as exc:
+                    w[0].set_exception(exc)
+                    continue
+                self._read_waiters[ctx] = w
+            else:
+                w[0].set_exception(NotLeader(core.lead))
 
     def _apply(self, rd: Ready) -> None:
         apply = self.sm.apply

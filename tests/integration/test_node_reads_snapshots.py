@@ -119,6 +119,36 @@ def test_cut_off_follower_refuses_reads_within_its_deadline(tmp_path):
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_a_follower_read_on_the_node_that_becomes_leader_is_served_there(tmp_path):
+    """Follower reads wait on the leader that stops; the node that takes over serves its own as a leader.
+    They used to fail with NotLeader naming that very node (over HTTP: a redirect to itself)."""
+    async def main():
+        nodes = {i: RaftNode(c, KVStateMachine()) for i, c in _configs(tmp_path).items()}
+        for n in nodes.values():
+            await n.start()
+        try:
+            leader = await _leader(nodes)
+            await leader.propose(encode_put("k", 7))
+            others = [n for n in nodes.values() if n is not leader]
+            for n in others:
+                await _wait(lambda n=n: n.applied >= leader.core.commit, what="followers apply")
+            await leader.stop()
+            reads = [asyncio.ensure_future(n.read(_get("k"), mode="follower", timeout=5)) for n in others]
+            new = await _leader({i: n for i, n in nodes.items() if n is not leader})
+            served = await asyncio.gather(*reads, return_exceptions=True)
+            mine = served[others.index(new)]
+            assert mine == 7, f"the new leader's own follower read: {mine!r}"
+            for n, r in zip(others, served, strict=True):
+                if isinstance(r, NotLeader):
+                    assert r.leader_id != n.cfg.node_id, "a node named itself as the leader to ask"
+        finally:
+            for n in nodes.values():
+                if n._running:
+                    await n.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
 def test_lagging_follower_is_brought_up_by_install_snapshot_and_restarts_fast(tmp_path):
     async def main():
         cfgs = _configs(tmp_path, snapshot_entries=300, compaction_slack=50)
