@@ -9,8 +9,9 @@ PKG_DIRS = electra consensus state api streaming bench tiering security chaos
 STAMP   = $(VENV)/.installed-$(shell { cat pyproject.toml; find $(PKG_DIRS) -type f -not -path '*/__pycache__/*' \
 	| LC_ALL=C sort; } | cksum | cut -d' ' -f1)
 
-.PHONY: setup run test test-slow lint sim bench-raft clean
+.PHONY: setup test-tools run test test-slow lint sim bench-raft clean
 
+# What `make run` needs: a JDK and the venv.
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -19,6 +20,17 @@ $(STAMP): pyproject.toml
 	@{ command -v java >/dev/null 2>&1 && command -v javac >/dev/null 2>&1; } || { command -v apt-get >/dev/null 2>&1 && \
 		(apt-get update -qq && apt-get install -y -qq openjdk-17-jdk-headless >/dev/null) ; } || \
 		{ echo "error: Spark needs Java 17+ and the job a JDK's javac (install a JDK and retry)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@# A strict editable install: build/__editable__.* is a tree of links to the sources, named as
+	@# installed (electra/consensus/core.py -> consensus/core.py), which mypy and IDEs can follow;
+	@# setuptools' default editable mode maps the folders with an import hook that they cannot see.
+	$(PY) -m pip install -q -e ".[dev,bench,notebooks]" --config-settings editable_mode=strict
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+# What only the tests (and electra chaos / bench api) need, from Debian packages when missing.
+test-tools:
 	@# promtool checks and unit-tests deploy/monitoring/alerts.yml; systemd-analyze verifies deploy/systemd.
 	@command -v promtool >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 		(apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null) ; } || \
@@ -45,14 +57,6 @@ $(STAMP): pyproject.toml
 	@command -v cc >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 		(apt-get update -qq && apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null) ; } || \
 		{ echo "error: electra chaos needs a C compiler for its disk shim (apt-get install gcc)"; exit 1; }
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	@# A strict editable install: build/__editable__.* is a tree of links to the sources, named as
-	@# installed (electra/consensus/core.py -> consensus/core.py), which mypy and IDEs can follow;
-	@# setuptools' default editable mode maps the folders with an import hook that they cannot see.
-	$(PY) -m pip install -q -e ".[dev,bench,notebooks]" --config-settings editable_mode=strict
-	rm -f $(VENV)/.installed-*
-	touch $@
 
 run: setup
 	$(VENV)/bin/electra up --demo
@@ -61,10 +65,10 @@ lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-test: lint
+test: test-tools lint
 	$(PY) -m pytest -q
 
-test-slow: lint
+test-slow: test-tools lint
 	$(PY) -m pytest -q --slow
 
 sim: setup

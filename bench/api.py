@@ -48,7 +48,7 @@ from .common import (
 CONNECTIONS = 64
 SETS = 64
 INSTALL_HINT = ("electra bench api needs `etcd` (Debian package etcd-server) and `wrk`: "
-                "run `make setup` or `apt-get install -y etcd-server wrk`")
+                "run `make test-tools` or `apt-get install -y etcd-server wrk`")
 
 # wrk scripts: one Lua state per thread; `setup` numbers the threads so that addresses never repeat.
 _COMMON = """

@@ -486,7 +486,7 @@ def main(argv: list[str]) -> int:
         return 2
     with_etcd = args.etcd == "on" or (args.etcd == "auto" and shutil.which("etcd") is not None)
     if args.etcd == "on" and shutil.which("etcd") is None:
-        p.error("--etcd on: no `etcd` on PATH (Debian package etcd-server; `make setup` installs it)")
+        p.error("--etcd on: no `etcd` on PATH (Debian package etcd-server; `make test-tools` installs it)")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(args.out or f"reports/performance-{stamp}")
     try:  # before minutes of measuring: the report must have somewhere to go

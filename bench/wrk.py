@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .common import process_tree_runqueue_wait_s
 
-INSTALL_HINT = "`wrk` is missing: run `make setup` or `apt-get install -y wrk`"
+INSTALL_HINT = "`wrk` is missing: run `make test-tools` or `apt-get install -y wrk`"
 TIMEOUT_S = 10  # wrk's per-request timeout: a request unanswered this long counts as a timeout error
 
 DONE = """

@@ -30,7 +30,7 @@ FAILOVER_BOUND_S = 30  # heartbeat timeout 1.5 s + scan 0.5 s + commit, with a w
 
 def chromium_path() -> str:
     path = os.environ.get("ELECTRA_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    assert path, "the dashboard test needs Debian's chromium: `make setup` installs it (apt-get install chromium)"
+    assert path, "the dashboard test needs Debian's chromium: `make test-tools` installs it (apt-get install chromium)"
     return path
 
 

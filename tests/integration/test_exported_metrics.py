@@ -33,7 +33,7 @@ PROMETHEUS_OWN = {"up"}  # series Prometheus itself creates for every target
 
 def _promtool() -> str:
     path = shutil.which("promtool")
-    assert path, "promtool is missing: `make setup` installs the Debian package prometheus"
+    assert path, "promtool is missing: `make test-tools` installs the Debian package prometheus"
     return path
 
 

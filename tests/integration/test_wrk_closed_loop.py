@@ -45,7 +45,7 @@ async def _server(seen: dict):
 
 
 def test_wrk_sends_every_request_and_reports_what_the_server_answered(tmp_path):
-    assert shutil.which("wrk"), "wrk is installed by `make setup`"
+    assert shutil.which("wrk"), "wrk is installed by `make test-tools`"
     requests = [("GET", "/a", None), ("GET", "/missing", None), ("POST", "/b", json.dumps({"key": "x]]y"}))]
 
     async def main():

@@ -105,7 +105,7 @@ def rules() -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def promtool() -> str:
     path = shutil.which("promtool")
-    assert path, "promtool is missing: `make setup` installs the Debian package prometheus"
+    assert path, "promtool is missing: `make test-tools` installs the Debian package prometheus"
     return path
 
 

@@ -524,7 +524,7 @@ def test_prometheus_scrape_config_uses_https_and_an_observer_token(tmp_path, cer
     """promtool accepts the configuration (with its files present), every job scrapes over HTTPS with the CA and
     a token file, and the job names are the ones the alert rules use."""
     promtool = shutil.which("promtool")
-    assert promtool, "promtool is missing: `make setup` installs the Debian package prometheus"
+    assert promtool, "promtool is missing: `make test-tools` installs the Debian package prometheus"
     config = yaml.safe_load((DEPLOY / "monitoring" / "prometheus-scrape.yml").read_text())
     jobs = {j["job_name"]: j for j in config["scrape_configs"]}
     alerts = (DEPLOY / "monitoring" / "alerts.yml").read_text()
@@ -664,7 +664,7 @@ def test_grafana_dashboard_structure():
 
 def test_grafana_queries_are_valid_promql(tmp_path):
     promtool = shutil.which("promtool")
-    assert promtool, "promtool is missing: `make setup` installs the Debian package prometheus"
+    assert promtool, "promtool is missing: `make test-tools` installs the Debian package prometheus"
     rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:panel_{i}", "expr": e}
                                                         for i, e in enumerate(dashboard_exprs())]}]}
     path = tmp_path / "dashboard-rules.yml"
