@@ -271,6 +271,10 @@ def test_streaming_deployment_submits_to_kubernetes(tmp_path):
     key = "spark.kubernetes.executor.volumes.persistentVolumeClaim.checkpoint"
     assert confs[f"{key}.mount.path"] == mount == env["CHECKPOINT"]
     assert confs[f"{key}.options.claimName"] == "electra-spark-checkpoint"
+    # the executors send proposals too: the driver's two files, from a Secret holding only them
+    secret = confs["spark.kubernetes.executor.secrets.electra-pipeline"]
+    for name in ("ELECTRA_TOKEN_FILE", "ELECTRA_CA_FILE"):
+        assert confs[f"spark.executorEnv.{name}"] == f"{secret}/{Path(env[name]).name}"
     job = argv[argv.index(str(DEPLOY / "run_job.py")) + 1:]
     assert job[job.index("--bootstrap") + 1] == config["KAFKA_BOOTSTRAP"]
     assert job[job.index("--controllers") + 1] == config["CONTROLLERS"]
