@@ -1092,7 +1092,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     n = sub.add_parser("node", help="run one controller (or test) node",
                        description="Settings come from the command line, else ELECTRA_<OPTION> environment "
-                                   "variables (e.g. ELECTRA_NODE_ID, ELECTRA_PEERS), else the --config TOML file.")
+                                   "variables (e.g. ELECTRA_NODE_ID, ELECTRA_PEERS), else the --config TOML file; "
+                                   "--rejoin and --accept-new-peers, one start's decisions, come from the command "
+                                   "line only.")
     n.add_argument("--config", help="TOML file with the options below as keys (id, peers, data_dir, ...)")
     for opt, typ, help_text in NODE_OPTIONS:
         # a bounded number is checked once its source is known, against _NODE_BOUNDS (one message for every source)
