@@ -36,7 +36,7 @@ from electra.security.dashboard_login import LOGIN_PATH, LOGOUT_PATH
 from electra.security.http_auth import NO_ROUTE_REMARK, credential_still_valid
 from electra.state.codes import Code
 from electra.state.limits import (
-    ADDRESS_PATTERN,
+    CHECK_CODE_PATTERN,
     FLOAT_EXACT,
     INT32_MAX,
     INT32_MIN,
@@ -99,7 +99,7 @@ class Heartbeat(BaseModel):
 class ApplyBrokerId(BaseModel):
     clusterName: Name
     brokerId: BrokerId
-    registerCheckCode: Annotated[str, Field(min_length=1, max_length=512, pattern=ADDRESS_PATTERN)]
+    registerCheckCode: Annotated[str, Field(min_length=1, max_length=512, pattern=CHECK_CODE_PATTERN)]
 
 
 class RegisterBroker(BaseModel):

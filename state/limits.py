@@ -33,12 +33,17 @@ JAVA_LONG_TEXT = re.compile(r"[+-]?[0-9]+")
 # one sent (9007199254740993.0 reads as ...992, 4611686018427387903.5 as 2**62), so such a float is no integer.
 FLOAT_EXACT = 1 << 53
 
-# Broker addresses (and the address in a registerCheckCode): any text but control characters. A broker's address
-# is handed to every other broker as its master's (`masterAddress`), and RocketMQ's are HOST:PORT; a NUL or a
-# newline in one is never an address, and once stored it would be served to the whole set. (pydantic's and
-# Python's regex engines both read this pattern.)
-ADDRESS_PATTERN = r"^[^\x00-\x1f\x7f]+$"
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Broker addresses (and the address in a registerCheckCode): any text but control characters (C0, DEL and C1:
+# U+0000-U+001F, U+007F-U+009F). A broker's address is handed to every other broker as its master's
+# (`masterAddress`), and RocketMQ's are HOST:PORT; a NUL or a newline in one is never an address, and once stored
+# it would be served to the whole set. (pydantic's and Python's regex engines both read these patterns.)
+ADDRESS_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+MAX_ADDRESS = 255
+# RocketMQ's registerCheckCode is "address;timestamp", and ApplyBrokerId stores the part before the first ";" as
+# the broker's address (state/machine.py): that part follows the address rule (1-255 characters), the rest only
+# has no control character.
+CHECK_CODE_PATTERN = rf"^[^\x00-\x1f\x7f-\x9f;]{{1,{MAX_ADDRESS}}}(?:;[^\x00-\x1f\x7f-\x9f]*)?$"
 
 
 NAMES_SEEN_MAX = 32_768
