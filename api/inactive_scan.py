@@ -12,9 +12,10 @@ the last set's election no longer waits for every other set's Raft round trip in
 When a scan runs differs too. RocketMQ scans at a fixed rate, so a master is re-elected up to one
 period (5 s) after its heartbeat timed out (the legacy architecture keeps that). The new one
 (`at_master_expiry`) also wakes at the moment the first master alive at the last scan would time
-out: heartbeats only move that moment later, so no master can die unseen before it, and a dead
-master's set is re-elected as soon as its timeout has passed. The fixed period stays as the upper
-bound (a master elected after the last scan, a set with no live replica yet).
+out, and sooner when a master's heartbeat shortens its timeout (`heartbeatTimeoutMillis` is the
+broker's to choose): otherwise heartbeats only move that moment later, so no master can die unseen
+before it, and a dead master's set is re-elected as soon as its timeout has passed. The fixed period
+stays as the upper bound (a master elected after the last scan, a set with no live replica yet).
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class InactiveMasterScan:
         self._slots = asyncio.Semaphore(self.in_flight)  # elections in flight, over every scan running
         self._electing: set[str] = set()  # sets whose election a scan has proposed and not yet seen answered
         self._scans: set[asyncio.Task] = set()
+        self._wake_at_ms: int | None = None  # when the sleeping scan loop wakes next (None: not sleeping)
+        self._sooner = asyncio.Event()  # a master's deadline moved before that: wake and look again
+        if at_master_expiry:
+            liveness.deadline_listeners.append(self._deadline_moved)
 
     def start(self) -> None:
         if self.interval_s > 0:
@@ -73,7 +78,8 @@ class InactiveMasterScan:
                 log.exception("inactive-master scan: cannot tell when the next master times out; scanning in "
                               "%.1fs", self.interval_s)
                 wait_s = self.interval_s
-            await asyncio.sleep(wait_s)
+            if await self._sleep_unless_sooner(wait_s):
+                continue  # a master's deadline moved earlier: the next wait is computed again
             if self.node.role != Role.LEADER:
                 continue
             if self.at_master_expiry:
@@ -82,6 +88,32 @@ class InactiveMasterScan:
                 scan.add_done_callback(self._scans.discard)
             else:
                 await self._scan_logged()
+
+    async def _sleep_unless_sooner(self, wait_s: float) -> bool:
+        """Sleep `wait_s`; True if a master's deadline moved before the end of it (`_deadline_moved`)."""
+        if not self.at_master_expiry:
+            await asyncio.sleep(wait_s)
+            return False
+        self._sooner.clear()
+        self._wake_at_ms = self.now_ms() + int(wait_s * 1000)
+        try:
+            async with asyncio.timeout(wait_s):
+                await self._sooner.wait()
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._wake_at_ms = None
+
+    def _deadline_moved(self, cluster: str, name: str, broker_id: int, deadline_ms: int) -> None:
+        """A broker's heartbeat deadline moved earlier (LivenessTable.deadline_listeners): wake the scan loop if
+        the broker is its set's master and would now time out before the loop wakes."""
+        wake = self._wake_at_ms
+        if wake is None or deadline_ms + 1 >= wake:
+            return
+        bs = self.sm.sets.get(name)
+        if bs is not None and bs.master_id == broker_id and bs.cluster == cluster:
+            self._sooner.set()
 
     async def _scan_logged(self) -> None:
         """One scan whose failure is logged and ends only that scan: the periodic scan is a failover path, and

@@ -9,6 +9,7 @@ decides from the command alone, so every replica reaches the same result.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -73,6 +74,10 @@ class LivenessTable:
         self._opened: dict[tuple[str, str, int], int] = {}  # (cluster, set, id) -> its newest session's opening
         # The streaming job's grace for a lost connection, as its liveness records state it (None: not heard)
         self.disconnect_grace_ms: int | None = None
+        # Called as (cluster, set, broker id, deadline ms) when a record makes a broker's deadline (last heartbeat
+        # + timeout) earlier than it was, or names a broker first: a heartbeat with a shorter timeout. The
+        # inactive-master scan's wake-up assumes that heartbeats only move deadlines later (api/inactive_scan.py).
+        self.deadline_listeners: list[Callable[[str, str, int, int], None]] = []
 
     def advance_horizon(self, stamp_ms: int) -> None:
         """Records up to ingest stamp `stamp_ms` have arrived from the job (the horizon only moves forward)."""
@@ -176,6 +181,11 @@ class LivenessTable:
         if prev is None:
             self._count += 1
         group[key] = info
+        if self.deadline_listeners and (prev is None or info.timeout_ms < prev.timeout_ms):
+            deadline = info.last_update_ms + info.timeout_ms
+            if prev is None or deadline < prev.last_update_ms + prev.timeout_ms:
+                for fn in self.deadline_listeners:
+                    fn(cluster, name, info.broker_id, deadline)
 
     def group(self, cluster: str, name: str) -> dict[int, BrokerLiveInfo]:
         """The heartbeat records of set `name` in `cluster`, by broker id. A set belongs to one cluster: a broker

@@ -149,10 +149,49 @@ def test_the_scan_loop_sleeps_until_the_next_wake(monkeypatch):
         raise _Stop
 
     scan = _timed_scan(True, {"a": (NOW_MS - 8_500, 10_000)})
-    monkeypatch.setattr(module, "asyncio", SimpleNamespace(sleep=sleep))
+    monkeypatch.setattr(scan, "_sleep_unless_sooner", sleep)
     with pytest.raises(_Stop):
         asyncio.run(scan._run())
     assert waits == [pytest.approx(1.501)]
+    legacy = _timed_scan(False, {"a": (NOW_MS - 8_500, 10_000)})
+    monkeypatch.setattr(module, "asyncio", SimpleNamespace(sleep=sleep))
+    with pytest.raises(_Stop):
+        asyncio.run(legacy._run())
+    assert waits[1:] == [5.0]
+
+
+def test_a_master_heartbeat_with_a_shorter_timeout_wakes_the_scan_sooner():
+    """A broker chooses its heartbeatTimeoutMillis: a master's heartbeat that shortens it moves its deadline
+    before the scan's wake-up, and the scan wakes to look again (it slept out the 5 s period before, and the
+    set was re-elected up to 5 s late). A replica's shorter timeout does not wake it."""
+    scan = _timed_scan(True, {"a": (NOW_MS, 10_000)})  # next wake: the 5 s period
+    waits: list[float] = []
+    sleep = scan._sleep_unless_sooner
+
+    class _Stop(Exception):
+        pass
+
+    async def spy(wait_s: float) -> bool:
+        waits.append(wait_s)
+        if len(waits) == 2:
+            raise _Stop
+        return await sleep(wait_s)
+
+    scan._sleep_unless_sooner = spy  # type: ignore[method-assign]
+
+    async def main() -> None:
+        task = asyncio.ensure_future(scan._run())
+        await asyncio.sleep(0.05)
+        scan.liveness.on_heartbeat("c", "a", 2, "10.0.0.2:10911", NOW_MS, timeout_ms=100)  # a replica
+        await asyncio.sleep(0.1)
+        assert waits == [5.0]
+        scan.liveness.on_heartbeat("c", "a", 1, "10.0.0.1:10911", NOW_MS, timeout_ms=100)  # the master
+        with pytest.raises(_Stop):
+            async with asyncio.timeout(2):
+                await task
+
+    asyncio.run(main())
+    assert waits == [5.0, pytest.approx(0.101)]
 
 
 def test_a_set_whose_election_is_in_flight_is_not_elected_again_by_the_next_scan():
