@@ -96,10 +96,12 @@ class SetWatch:
         """The state's JSON form for `records.dumps`: brokers stay `BrokerLiveInfo` structs, which msgspec
         writes as their wire maps without a dict copy each (the operator stores every set of a bucket in
         every batch: at 10,000 sets the copies were a quarter of its Python)."""
-        d = {k: v for k, v in self.__dict__.items() if k not in ("brokers", "gone")}
+        d = self.__dict__.copy()  # (a C copy; then the two fields written their own way)
         d["brokers"] = list(self.brokers.values())
-        if self.gone:  # absent when empty: states written before the connection signal read back unchanged
+        if self.gone:
             d["gone"] = [[bid, at, inactive] for bid, (at, inactive) in self.gone.items()]
+        else:  # absent when empty: states written before the connection signal read back unchanged
+            del d["gone"]
         return d
 
     @staticmethod
@@ -137,7 +139,8 @@ class SetWatch:
             # RocketMQ: offsets only move forward in (epoch, max offset) order.
             if not (epoch > prev.epoch or (epoch == prev.epoch and max_offset > prev.max_offset)):
                 epoch, max_offset, confirm = prev.epoch, prev.max_offset, prev.confirm_offset
-            ts = max(ts, prev.last_update_ms)  # heartbeats via two ingest nodes may arrive out of order
+            if prev.last_update_ms > ts:  # heartbeats via two ingest nodes may arrive out of order
+                ts = prev.last_update_ms
         self.brokers[bid] = BrokerLiveInfo(bid, hb["brokerAddr"], ts, hb["heartbeatTimeoutMillis"], epoch,
                                            max_offset, confirm, hb["electionPriority"])
         gone = self.gone.get(bid)
@@ -214,14 +217,22 @@ class SetWatch:
 
     def master_deadline_ms(self) -> int | None:
         """The last instant at which the master still counts as alive (None: no master)."""
-        if self.master_id is None:
+        master = self.master_id
+        if master is None:
             return None
-        mh = self.brokers.get(self.master_id)
-        base = max(mh.last_update_ms if mh else 0, self.master_since_ms, self.resumed_ms)
-        deadline = base + self.master_timeout_ms()
-        gone = self.gone.get(self.master_id)
-        if gone is not None:
-            deadline = min(deadline, gone[1] - 1)  # inactive from the disconnect (+ grace) on
+        mh = self.brokers.get(master)
+        # the latest of its heartbeat, when it became master, when the set's records resumed (no max(): this runs
+        # for every set in every batch)
+        base = mh.last_update_ms if mh is not None else 0
+        if self.master_since_ms > base:
+            base = self.master_since_ms
+        if self.resumed_ms > base:
+            base = self.resumed_ms
+        deadline = base + (mh.timeout_ms if mh is not None else self.master_timeout_ms())
+        if self.gone:
+            gone = self.gone.get(master)
+            if gone is not None and gone[1] - 1 < deadline:
+                deadline = gone[1] - 1  # inactive from the disconnect (+ grace) on
         return deadline
 
     def live_others(self, now_ms: int) -> list[BrokerLiveInfo]:
@@ -242,10 +253,12 @@ class SetWatch:
         return [self.brokers[i] for i in ids[:MAX_SNAPSHOT]]
 
     def _forget_silent(self, now_ms: int) -> None:
-        for bid, b in list(self.brokers.items()):
-            if bid != self.master_id and b.last_update_ms + max(FORGET_FACTOR * b.timeout_ms, FORGET_MIN_MS) < now_ms:
-                del self.brokers[bid]
-                self.gone.pop(bid, None)
+        silent = [bid for bid, b in self.brokers.items()
+                  if bid != self.master_id and b.last_update_ms + FORGET_MIN_MS < now_ms
+                  and b.last_update_ms + FORGET_FACTOR * b.timeout_ms < now_ms]
+        for bid in silent:
+            del self.brokers[bid]
+            self.gone.pop(bid, None)
 
     def evaluate(self, now_ms: int, max_retries: int = 3, retry_factor: int = 2) -> list[Output]:
         """Check the master at `now_ms`; returns 0 or 1 proposal and sets `timer_ms`.
@@ -323,13 +336,26 @@ def span_of(heartbeats: list[dict], disconnects: list[dict] = ()) -> tuple[int, 
     RUN_FIELD, computed by this function over every record before the fold; otherwise the
     records at hand are all there were. None: no record with an ingest time.
     """
-    stamps = [ts for r in (*heartbeats, *disconnects) if (ts := r.get("ts"))]
-    if not stamps:
+    newest = first = resumed = None
+    for r in heartbeats:
+        ts = r.get("ts")
+        if ts and (newest is None or ts > newest):
+            newest = ts
+        run = r.get(RUN_FIELD)
+        if run is not None:
+            if first is None or run[0] < first:
+                first = run[0]
+            if resumed is None or run[1] > resumed:
+                resumed = run[1]
+    for r in disconnects:
+        ts = r.get("ts")
+        if ts and (newest is None or ts > newest):
+            newest = ts
+    if newest is None:
         return None
-    runs = [hb[RUN_FIELD] for hb in heartbeats if RUN_FIELD in hb]
-    if runs:  # the usual case (the Python source folds): no sort
-        return min(r[0] for r in runs), max(r[1] for r in runs), max(stamps)
-    stamps.sort()
+    if first is not None:  # the usual case (the Python source folds): no sort
+        return first, resumed, newest
+    stamps = sorted(ts for r in (*heartbeats, *disconnects) if (ts := r.get("ts")))
     bound = silence_ms(min((hb["heartbeatTimeoutMillis"] for hb in heartbeats), default=DEFAULT_TIMEOUT_MS))
     resumed = stamps[0]
     for prev, ts in zip(stamps, stamps[1:]):
