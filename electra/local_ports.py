@@ -30,8 +30,8 @@ def _ephemeral_low() -> int:
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """`n` distinct ports on `host` that were free when this returned and that outgoing connections will not take."""
     high = _ephemeral_low() - 1
-    if high - _LOWEST < 4 * n:
-        raise RuntimeError(f"no room below the ephemeral port range (it starts at {high + 1}) for {n} ports")
+    if high - _LOWEST < 4 * n:  # a host whose ephemeral range starts low (some containers: 1024): the kernel's pick
+        return _kernel_ports(n, host)
     picked: list[int] = []
     socks: list[socket.socket] = []
     with _lock:
@@ -59,6 +59,20 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
                 s.close()
 
 
+def _kernel_ports(n: int, host: str) -> list[int]:
+    """Ports the kernel picks (bound to port 0 together), where there is no room below the ephemeral range."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
@@ -66,6 +80,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def free_port_run(n: int, host: str = "127.0.0.1") -> int:
     """The first of `n` consecutive free ports (for commands that take one base port and count up from it)."""
     high = _ephemeral_low() - 1
+    if high - _LOWEST < 4 * n:
+        raise RuntimeError(f"no room for {n} consecutive ports below the ephemeral range (it starts at {high + 1})")
     with _lock:
         for _ in range(200):
             base = _random.randint(_LOWEST, high - n)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from electra import local_ports
 
 
@@ -34,3 +36,12 @@ def test_a_run_of_ports_is_consecutive_and_free():
     for p in range(base, base + 10):
         with socket.socket() as s:
             s.bind(("127.0.0.1", p))
+
+
+def test_a_host_whose_ephemeral_range_starts_low_gets_the_kernel_s_ports(monkeypatch):
+    """Some containers start the ephemeral range at 1024: nothing lies below it, so the kernel picks."""
+    monkeypatch.setattr(local_ports, "_ephemeral_low", lambda: 1024)
+    ports = local_ports.free_ports(5)
+    assert len(set(ports)) == 5 and all(p >= 1024 for p in ports)
+    with pytest.raises(RuntimeError, match="consecutive ports"):
+        local_ports.free_port_run(10)
