@@ -791,6 +791,7 @@ class RaftNode:
                     w[0].set_exception(exc)
                     continue
                 self._read_waiters[ctx] = w
+                self.metrics["reads_readindex"] += 1
             else:
                 w[0].set_exception(NotLeader(core.lead))
 

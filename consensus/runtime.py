@@ -150,7 +150,7 @@ class DiskThread:
     Every node awaits one disk round trip per batch of log writes (the fsync before its acks), so the handoff
     is on the write path of the leader and of each follower. Through `run_in_executor` a round trip cost about
     100 µs of CPU on this 2-core VM (the pool's work item, a concurrent future wrapped into an asyncio one,
-    the idle-thread semaphore); a queue and `call_soon_threadsafe` cost about 27 µs (`tests/unit/test_runtime.py`
+    the idle-thread semaphore); a queue and `call_soon_threadsafe` cost about 27 µs (`tests/unit/test_disk_thread.py`
     checks the behaviour, docs/raft-engine.md has the measurement). Calls run one at a time, in order.
 
     The thread is a daemon: a process that exits without `shutdown()` stops it mid-call, as a crash would; the
@@ -160,12 +160,14 @@ class DiskThread:
     def __init__(self, name: str) -> None:
         self._queue: queue.SimpleQueue[_DiskCall | None] = queue.SimpleQueue()
         self._stopped = False
-        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
-        self._thread.start()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)  # started by the first call: a
+        # node that fails to start (a refused data directory) never calls shutdown()
 
     async def run(self, fn: Callable[[], T]) -> T:
         if self._stopped:
             raise RuntimeError(f"{self._thread.name} is shut down")
+        if self._thread.ident is None:
+            self._thread.start()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
         self._queue.put((fn, fut, loop))
@@ -186,7 +188,7 @@ class DiskThread:
         if not self._stopped:
             self._stopped = True
             self._queue.put(None)
-        if self._thread is not threading.current_thread():
+        if self._thread.ident is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
 

@@ -80,3 +80,16 @@ def test_a_cancelled_caller_s_call_still_runs_and_shutdown_waits_for_it():
 
     with pytest.raises(RuntimeError, match="shut down"):
         asyncio.run(after())
+
+
+def test_the_thread_starts_with_the_first_call_and_an_unused_one_shuts_down_at_once():
+    """A node that fails to start (a refused data directory) never calls `shutdown()`: no thread is left."""
+    before = threading.active_count()
+    unused = DiskThread("test-unused")
+    assert threading.active_count() == before
+    unused.shutdown()
+    used = DiskThread("test-used")
+    asyncio.run(used.run(lambda: None))
+    assert threading.active_count() == before + 1
+    used.shutdown()
+    assert threading.active_count() == before
