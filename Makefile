@@ -10,6 +10,8 @@ STAMP   = $(VENV)/.installed-$(shell { cat pyproject.toml; find $(PKG_DIRS) -typ
 	| LC_ALL=C sort; } | cksum | cut -d' ' -f1)
 
 .PHONY: setup test-tools run test test-slow lint sim bench-raft clean
+# One recipe at a time even under make -j: setup and test-tools may both run apt-get, which holds dpkg's lock.
+.NOTPARALLEL:
 
 # What `make run` needs: a JDK and the venv.
 setup: $(STAMP)
