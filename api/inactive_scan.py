@@ -13,9 +13,9 @@ When a scan runs differs too. RocketMQ scans at a fixed rate, so a master is re-
 period (5 s) after its heartbeat timed out (the legacy architecture keeps that). The new one
 (`at_master_expiry`) also wakes at the moment the first master alive at the last scan would time
 out, and sooner when a master's heartbeat shortens its timeout (`heartbeatTimeoutMillis` is the
-broker's to choose): otherwise heartbeats only move that moment later, so no master can die unseen
-before it, and a dead master's set is re-elected as soon as its timeout has passed. The fixed period
-stays as the upper bound (a master elected after the last scan, a set with no live replica yet).
+broker's to choose) or a new master would time out first: otherwise heartbeats only move that moment
+later, so no master can die unseen before it, and a dead master's set is re-elected as soon as its
+timeout has passed. The fixed period stays as the upper bound (a set with no live replica yet).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class InactiveMasterScan:
         self._sooner = asyncio.Event()  # a master's deadline moved before that: wake and look again
         if at_master_expiry:
             liveness.deadline_listeners.append(self._deadline_moved)
+            sm.on_event(self._master_elected)
 
     def start(self) -> None:
         if self.interval_s > 0:
@@ -113,6 +114,16 @@ class InactiveMasterScan:
             return
         bs = self.sm.sets.get(name)
         if bs is not None and bs.master_id == broker_id and bs.cluster == cluster:
+            self._sooner.set()
+
+    def _master_elected(self, index: int, ev: dict) -> None:
+        """A set got a new master while the scan sleeps: wake it if that master times out before it wakes
+        (the scan's wake-up is the first deadline among the masters it knew)."""
+        if self._wake_at_ms is None or ev.get("type") != "ElectMaster" or not ev.get("newMasterBrokerId"):
+            return
+        bs = self.sm.sets.get(ev.get("brokerName", ""))
+        info = self.liveness.group(bs.cluster, bs.name).get(bs.master_id) if bs is not None else None
+        if info is not None and info.last_update_ms + info.timeout_ms + 1 < self._wake_at_ms:
             self._sooner.set()
 
     async def _scan_logged(self) -> None:

@@ -29,6 +29,10 @@ DEAD = [f"set-{i}" for i in range(10)]
 class _StateWithDeadMasters:
     def __init__(self) -> None:
         self.sets = {n: SimpleNamespace(cluster="c") for n in DEAD}
+        self.listeners: list = []
+
+    def on_event(self, fn) -> None:
+        self.listeners.append(fn)
 
     def sets_needing_election(self, live_of, now_ms: int) -> list[str]:
         return list(DEAD)
@@ -102,8 +106,10 @@ def _timed_scan(at_master_expiry: bool, heartbeats: dict[str, tuple[int, int]]) 
     live = LivenessTable()
     for name, (ms, timeout) in heartbeats.items():
         live.on_heartbeat("c", name, 1, "10.0.0.1:10911", ms, timeout_ms=timeout)
-    sm = SimpleNamespace(sets={name: SimpleNamespace(cluster="c", master_id=1) for name in heartbeats}
-                         | {"masterless": SimpleNamespace(cluster="c", master_id=None)})
+    listeners: list = []
+    sm = SimpleNamespace(sets={name: SimpleNamespace(cluster="c", name=name, master_id=1) for name in heartbeats}
+                         | {"masterless": SimpleNamespace(cluster="c", name="masterless", master_id=None)},
+                         on_event=listeners.append, listeners=listeners)
 
     async def never(*_):
         raise AssertionError("no election expected")
@@ -266,3 +272,41 @@ def test_a_scan_that_fails_is_logged_and_the_next_one_runs(caplog):
         assert scanned, "no scan ran after the one that failed"
         assert "inactive-master scan failed" in caplog.text
         assert at_master_expiry == ("cannot tell when the next master times out" in caplog.text)
+
+
+def test_a_new_master_that_times_out_before_the_scan_wakes_wakes_it():
+    """The scan sleeps until the first deadline among the masters it knew; a master elected meanwhile whose
+    heartbeat times out sooner wakes it (it waited for the fixed period before)."""
+    scan = _timed_scan(True, {"a": (NOW_MS, 10_000)})  # next wake: the 5 s period
+    waits: list[float] = []
+    sleep = scan._sleep_unless_sooner
+
+    class _Stop(Exception):
+        pass
+
+    async def spy(wait_s: float) -> bool:
+        waits.append(wait_s)
+        if len(waits) == 2:
+            raise _Stop
+        return await sleep(wait_s)
+
+    scan._sleep_unless_sooner = spy  # type: ignore[method-assign]
+
+    async def main() -> None:
+        task = asyncio.ensure_future(scan._run())
+        await asyncio.sleep(0.05)
+        scan.liveness.on_heartbeat("c", "b", 2, "10.0.0.2:10911", NOW_MS, timeout_ms=100)  # b's broker 2: no master
+        await asyncio.sleep(0.05)
+        scan.sm.sets["b"] = SimpleNamespace(cluster="c", name="b", master_id=2)  # then elected master of b
+        (listener,) = scan.sm.listeners
+        listener(7, {"type": "AlterSyncStateSet", "brokerName": "b"})
+        listener(8, {"type": "ElectMaster", "brokerName": "a", "newMasterBrokerId": 1})  # a's deadline is 10 s out
+        await asyncio.sleep(0.1)
+        assert waits == [5.0]
+        listener(9, {"type": "ElectMaster", "brokerName": "b", "newMasterBrokerId": 2})
+        with pytest.raises(_Stop):
+            async with asyncio.timeout(2):
+                await task
+
+    asyncio.run(main())
+    assert waits == [5.0, pytest.approx(0.101)]
