@@ -396,8 +396,9 @@ def process(watch: SetWatch | None, name: str, heartbeats: list[dict], events: l
     liveness record if any heartbeat arrived, and at most one proposal.
     """
     w = watch if watch is not None else SetWatch(name)
-    for ev in sorted(events, key=lambda e: e["index"]):
-        w.apply_event(ev, now_ms if judge_ms is _NOW or judge_ms is None else judge_ms)
+    if events:
+        for ev in sorted(events, key=lambda e: e["index"]):
+            w.apply_event(ev, now_ms if judge_ms is _NOW or judge_ms is None else judge_ms)
     for hb in heartbeats:
         w.apply_heartbeat(hb, now_ms)
     for dc in disconnects:

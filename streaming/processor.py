@@ -175,7 +175,10 @@ class MasterWatchProcessor(StatefulProcessor):
         dead: list[str] = []
 
         def add(group: str, kind: str, order: tuple[int, int], rec: dict) -> None:
-            evs, hbs, dcs = by_set.setdefault(group, ([], [], []))
+            lists = by_set.get(group)
+            if lists is None:  # (not setdefault: that builds three lists for every record)
+                lists = by_set[group] = ([], [], [])
+            evs, hbs, dcs = lists
             if kind == EVENT:
                 evs.append(rec)
             elif kind == HEARTBEAT:
