@@ -932,6 +932,23 @@ class RaftCore:
         else:
             raise NotLeader(NONE)
 
+    def best_transferee(self) -> int | None:
+        """The most caught-up follower among those that answered a heartbeat round sent within the last half
+        election timeout (ties: the one heard from last), for a leadership transfer with no target; None when
+        this node does not lead or no follower qualifies.
+
+        A follower is judged by `heard_at`, on the core's clock in ticks. (The driver used to compare it with
+        the clock in seconds, which let every follower pass, and CheckQuorum's `recent_active`, which stays set
+        for up to two election timeouts: a transfer went to a follower stopped seconds before.)"""
+        if self.role != Role.LEADER:
+            return None
+        since = self._now() - self.cfg.election_ticks / 2
+        best: tuple[int, float, int] | None = None
+        for pid, pr in self.progress.items():
+            if pid != self.id and pr.heard_at > since and (best is None or (pr.match, pr.heard_at, pid) > best):
+                best = (pr.match, pr.heard_at, pid)
+        return best[2] if best is not None else None
+
     def lease_read_index(self) -> int | None:
         """The commit index if this leader's lease holds right now, else None (use ReadIndex)."""
         if (self.role == Role.LEADER and self.cfg.lease_s > 0 and self.transferee == NONE

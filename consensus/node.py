@@ -544,14 +544,8 @@ class RaftNode:
         return self._live.core.cfg.election_ticks * self.cfg.tick_s
 
     def best_transferee(self) -> int | None:
-        """The leader's most caught-up follower heard from within an election timeout (None: no such follower)."""
-        core = self._live.core
-        if core.role != Role.LEADER:
-            return None
-        now = core.clock()
-        followers = [(pr.match, peer) for peer, pr in core.progress.items()
-                     if peer != self.cfg.node_id and (pr.recent_active or now - pr.heard_at < self.election_timeout_s)]
-        return max(followers)[1] if followers else None
+        """The follower a leadership transfer with no target goes to (`RaftCore.best_transferee`)."""
+        return self._live.core.best_transferee()
 
     async def hand_over_leadership(self) -> int | None:
         """A leader about to stop hands over to its most caught-up live follower (etcd does the same on a

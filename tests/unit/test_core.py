@@ -858,3 +858,24 @@ def test_a_rejoining_nodes_term_probe_needs_answers_from_n_minus_quorum_plus_one
         assert c.term_probe is not None
         c.step(PreVoteResp(p, 1, 3, reject=True))
     assert c.term_probe is None and c.term == 3
+
+
+def test_a_transfer_without_a_target_skips_a_follower_that_stopped_answering():
+    """A follower that answered no heartbeat round for half an election timeout is no transferee; among equally
+    caught-up ones the last heard from wins. Before, every follower passed (the driver compared `heard_at`, in
+    ticks, with the clock in seconds) and the tie went to the higher id: a transfer chose a stopped follower."""
+    clock = ManualClock()
+    net = _timed_net(clock)
+    leader = net.elect()
+    net.tick(3)
+    a, b = sorted(c.id for c in net.cores.values() if c is not leader)
+    assert leader.best_transferee() == b  # both answer: the tie goes to the higher id
+    net.deaf.add(b)  # stopped (SIGSTOP): it hears nothing and answers nothing
+    net.tick(3)
+    assert leader.best_transferee() == a  # as caught up, and heard from since
+    net.deaf.add(a)
+    net.tick(3)  # a silent for 0.3 s, b for 0.6 s: half an election timeout is 0.5 s
+    assert leader.best_transferee() == a
+    net.tick(3)
+    assert leader.best_transferee() is None
+    assert net.cores[a].best_transferee() is None  # not leading
