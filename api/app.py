@@ -226,7 +226,7 @@ def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
 
 def _event_index(text: str) -> int | None:
     """A `Last-Event-ID` as an event index (ASCII digits, at most INT64_MAX), else None."""
-    text = text.strip().lstrip("0") or "0"
+    text = text.lstrip("0") or "0"  # (no strip(): " 5" is no index, as "+5" is not)
     if len(text) > 19 or not (text.isascii() and text.isdigit()):
         return None
     value = int(text)
@@ -401,20 +401,29 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
         with the set as it is now when this node no longer holds them. A watcher too slow for its queue
         has its stream ended, and resumes the same way."""
         nonlocal watchers
+
+        def counted_as(code: int, reply: JSONResponse) -> JSONResponse:
+            """Every answer of the route is counted, as every other route's (docs/controller-api.md)."""
+            counted.count("watch", code)
+            return reply
+
         if (refused := refuse_http10(request)) is not None:
-            return refused
-        # One rule for both (the header wins): ASCII digits, empty for none received yet (as the SSE spec).
+            return counted_as(int(Code.REQUEST_CODE_NOT_SUPPORTED), refused)
+        # One rule for both: ASCII digits, empty for none received yet (as the SSE spec). The header wins: it is
+        # what an EventSource sends when it reconnects, to the URL (with its `after`) it first opened.
         resume = None
-        for field, given in (("query.after", after), ("header.Last-Event-ID", last_event_id)):
-            if given is not None and given.strip():
+        for field, given in (("header.Last-Event-ID", last_event_id), ("query.after", after)):
+            if given:
                 resume = _event_index(given)
                 if resume is None:
-                    return _invalid([{"field": field, "problem": "must be the id of an event this stream sent "
-                                      "(a Raft index: digits)"}])
+                    return counted_as(int(Code.CONTROLLER_INVALID_REQUEST), _invalid([{
+                        "field": field, "problem": "must be the id of an event this stream sent (a Raft index: "
+                        "digits)"}]))
+                break
         if watchers >= limits.max_watchers:
-            return JSONResponse({"code": int(Code.SYSTEM_BUSY),
-                                 "remark": f"this node serves at most {limits.max_watchers} watchers"},
-                                status_code=503, headers={"Retry-After": "5"})
+            return counted_as(int(Code.SYSTEM_BUSY), JSONResponse(
+                {"code": int(Code.SYSTEM_BUSY), "remark": f"this node serves at most {limits.max_watchers} watchers"},
+                status_code=503, headers={"Retry-After": "5"}))
         watchers += 1
         q = controller.watchers.subscribe(name)
 
@@ -432,15 +441,16 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
                 first = await controller.watchers.resume(name, resume, cluster_ok)
             except NotApplied as exc:
                 release()
-                return JSONResponse({"code": int(Code.SYSTEM_BUSY), "remark": f"{exc}; try another node"},
-                                    status_code=503, headers={"Retry-After": "1"})
+                return counted_as(int(Code.SYSTEM_BUSY), JSONResponse(
+                    {"code": int(Code.SYSTEM_BUSY), "remark": f"{exc}; try another node"},
+                    status_code=503, headers={"Retry-After": "1"}))
             # The wait may have seen the set created in another cluster, or the credential revoked: checked
             # again on the state `first` was read from (no await in between), before any of it is sent.
             if not credential_still_valid(request.scope):
                 release()
-                return JSONResponse({"code": int(Code.NO_PERMISSION),
-                                     "remark": "the credential no longer allows watching this broker set"},
-                                    status_code=403)
+                return counted_as(int(Code.NO_PERMISSION), JSONResponse(
+                    {"code": int(Code.NO_PERMISSION),
+                     "remark": "the credential no longer allows watching this broker set"}, status_code=403))
 
         async def stream():
             sent = resume if resume is not None else -1
@@ -470,6 +480,7 @@ def create_app(controller: Controller, limits: HTTPLimits = DEFAULT_LIMITS,
                 sent = ev["index"]
                 yield f"event: role-change\nid: {sent}\ndata: {json.dumps(ev)}\n\n"
 
+        counted.count("watch", int(Code.SUCCESS))
         return EventStream(stream(), release)
 
     @app.post("/v1/internal/broker-sets/{name}/elect-master", tags=["internal"])

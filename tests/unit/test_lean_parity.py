@@ -683,3 +683,44 @@ def test_a_body_that_is_not_json_is_named_as_the_body_with_where_it_breaks():
     assert status == 422 and answer["errors"] == [{"field": "body", "problem": "not JSON at character 16: "
                                                    "Expecting value"}], answer
     assert answer["remark"] == "invalid request: body: not JSON at character 16: Expecting value"
+
+
+def test_the_watch_route_counts_its_refusals_and_reads_a_resume_index_strictly():
+    """A resume index is ASCII digits: " 5" is refused as "+5" is (it was stripped and read as 5). The header
+    wins over the query, so a bad `after` beside a good Last-Event-ID is not looked at. Every refusal is counted
+    under `watch`, as every other route's answers are (the route returned its own responses uncounted)."""
+    from electra.api.watchers import NotApplied
+
+    async def behind(name, after, cluster_ok):
+        raise NotApplied(f"this node has applied up to index 4, not {after}")
+
+    async def main():
+        unsubscribed = []
+        svc = StandIn()
+        app = create_app(SimpleNamespace(
+            requests=svc, node=svc.node, tier=None, heartbeat_producer=None, dashboard=DashboardFeed(svc),
+            elections={}, watchers=SimpleNamespace(subscribe=lambda name: name, resume=behind,
+                                                   unsubscribe=lambda name, q: unsubscribed.append(name))))
+        counts = app.state.request_metrics.counts
+        server, task, port = await _serve(app, guarded_protocol())
+
+        async def ask(path: str, **headers: str):
+            row = Row("", "GET", path, None, headers={k.replace("_", "-"): v for k, v in headers.items()})
+            return await _exchange(port, _raw(row, None))
+
+        try:
+            for path, headers, field in ((f"{S}/b1/watch?after=%205", {}, "query.after"),
+                                         (f"{S}/b1/watch?after=%2B5", {}, "query.after"),
+                                         (f"{S}/b1/watch", {"Last_Event_ID": "abc"}, "header.Last-Event-ID"),
+                                         (f"{S}/b1/watch?after=5", {"Last_Event_ID": "5x"}, "header.Last-Event-ID")):
+                status, _, body = await ask(path, **headers)
+                assert status == 422 and json.loads(body)["errors"][0]["field"] == field, (path, headers, body)
+            assert counts[("watch", "2005")] == 4
+            status, _, body = await ask(f"{S}/b1/watch?after=abc", Last_Event_ID="5")  # the header wins
+            assert status == 503 and "not 5" in json.loads(body)["remark"], body
+            assert counts[("watch", "2")] == 1 and unsubscribed == ["b1"]
+        finally:
+            server.should_exit = True
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
