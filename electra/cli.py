@@ -27,7 +27,7 @@ from electra.cli_args import (
 )
 from electra.interrupts import exit_if_stop_hangs, terminate_as_interrupt
 from electra.malloc_thresholds import keep_read_buffers_off_mmap
-from electra.state.limits import MAX_BROKER_ID
+from electra.state.limits import MAX_BROKER_ID, is_name
 from electra.tiering.options import parse_storage_options, tier_uri
 
 
@@ -870,7 +870,10 @@ def _broker_set_arg(args: argparse.Namespace) -> str:
         refuse(f"admin {args.verb}: give the broker set name (e.g. `admin {args.verb} broker-0`)")
     if len(set(given)) > 1:
         refuse(f"admin {args.verb}: two different broker sets given: {given[0]!r} and {given[1]!r}")
-    return given[0]
+    name = given[0]
+    if not (len(name) <= 255 and is_name(name)):  # `..` or `a/b` would change the URL's path, not name a set
+        refuse(f"admin {args.verb}: {name!r} is no broker set name (1-255 letters, digits and _.:%-, not . or ..)")
+    return name
 
 
 async def _every_node_metadata(client) -> dict:

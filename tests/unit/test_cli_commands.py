@@ -85,6 +85,8 @@ def test_admin_without_a_broker_set_or_with_two_is_a_clear_error(stub, capsys):
     ep, _ = stub
     for argv, match in ((["replica-info"], "give the broker set name"),
                         (["replica-info", "a", "--broker-set", "b"], "two different broker sets"),
+                        (["replica-info", ".."], "is no broker set name"),  # a dot segment: the URL's path moved
+                        (["clean-broker-data", "a/b"], "is no broker set name"),
                         (["get-sync-state"], "give at least one broker set name")):
         with pytest.raises(SystemExit) as exit_:
             main(["admin", "--endpoints", ep, *argv])
