@@ -808,11 +808,9 @@ def _endpoints(args: argparse.Namespace) -> list[str]:
         refuse("--endpoints is empty")
     for ep in eps:
         try:
-            _, port = parse_addr(ep)
+            parse_addr(ep, min_port=1)  # an address to dial: port 1-65535, one message for every bad port
         except argparse.ArgumentTypeError as exc:
             refuse(f"--endpoints: {exc}")
-        if port == 0:
-            refuse(f"--endpoints: bad address {ep!r}: expected HOST:PORT, port 1-65535")
     return eps
 
 

@@ -93,6 +93,13 @@ def test_admin_without_a_broker_set_or_with_two_is_a_clear_error(stub, capsys):
         assert exit_.value.code == 2 and match in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("endpoint", ["127.0.0.1:0", "127.0.0.1:99999", "127.0.0.1:65536"])
+def test_an_endpoint_port_out_of_range_is_one_message(endpoint, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["admin", "--endpoints", endpoint, "metadata"])
+    assert exit_.value.code == 2 and "port 1-65535" in capsys.readouterr().err
+
+
 def test_a_reply_that_is_not_json_is_one_error_line_not_a_traceback(stub, capsys):
     ep, handler = stub
     handler.reply = (500, "text/plain", b"Internal Server Error")
