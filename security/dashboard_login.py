@@ -32,6 +32,7 @@ import secrets
 import threading
 import time
 
+from electra.api.invalid import invalid_request
 from electra.state.codes import Code
 from electra.state.limits import content_length
 
@@ -163,7 +164,7 @@ async def handle(tokens: TokenStore | None, sessions: Sessions, scope, receive, 
     except (ValueError, KeyError, TypeError, RecursionError):
         token = None
     if not isinstance(token, str) or not token.strip():
-        return await _answer(send, 422, {"code": _INVALID, "remark": f"invalid request: body: {_SEND_JSON}"})
+        return await _answer(send, 422, invalid_request([{"field": "body.token", "problem": _SEND_JSON}]))
     token = token.strip()
     if tokens is None:  # insecure mode: nothing to sign in to
         return await _answer(send, 204, None)

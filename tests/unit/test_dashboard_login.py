@@ -110,6 +110,8 @@ def test_login_refuses_bad_tokens_and_non_json(tokens, token, content_type, stat
     got, headers, body, _ = login(App(path), token if token is not None else made["observer"], content_type)
     assert got == status and "set-cookie" not in headers
     assert json.loads(body)["remark"]
+    if status == 422:  # the API's 422 shape: the field at fault in `errors`
+        assert [e["field"] for e in json.loads(body)["errors"]] == ["body.token"]
 
 
 def test_login_refuses_big_bodies_with_413_before_reading_them_when_announced(tokens):
