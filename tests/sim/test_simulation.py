@@ -99,14 +99,18 @@ LEASE_FOCUS = {"duration_ms": 2000, "fault_kinds": ("isolate_leader", "heal", "c
 
 
 def test_lease_violation_seen_when_clocks_drift_beyond_the_assumption():
-    """Leases are safe only within max_clock_drift (0.1): clocks drifting by 0.8 break them, and it shows."""
-    for seed in range(0, 300):
+    """Leases are safe only within max_clock_drift (0.1): clocks drifting by 0.8 break them, and it shows.
+
+    About one seed in a hundred shows it (seeds 35, 113 and 288 of the first 300 before follower reads that a new
+    leader had asked of its predecessor were served by it instead of failing; 391, 393 and 445 since: a change of
+    schedule moves which seeds do). The loop stops at the first, and 1,000 seeds leave missing it unlikely."""
+    for seed in range(0, 1000):
         try:
             run_seed(seed, ci_config("kv", clock_drift=0.8, **LEASE_FOCUS))
         except SimulationFailure as exc:
             assert "lease safety" in exc.reason or "linearizable" in exc.reason, exc.reason
             return
-    pytest.fail("clocks drifting far beyond max_clock_drift produced no lease violation in 300 seeds")
+    pytest.fail("clocks drifting far beyond max_clock_drift produced no lease violation in 1,000 seeds")
 
 
 def test_leases_hold_when_clocks_drift_within_the_assumption():
