@@ -303,8 +303,9 @@ def test_restarted_leader_bridges_journal_gap(tmp_path, slack):
             await c.start(lid)  # restores its newest snapshot: the journal starts there
             restarted = c.nodes[lid]
             assert restarted.service.journal.floor > mark
-            for n in c.nodes.values():
-                n.tier.before_commit = None
+            # Uploads resume on the restarted node only: the interim leader must not upload the gap before the
+            # restarted node leads again (under load it did, and left it nothing to rebuild).
+            restarted.tier.before_commit = None
             for _ in range(4):  # bounded: a transfer gives up after an election timeout (0.5 s here) while the
                 cur = await c.leader()  # restarted node still installs a snapshot; ask again until it leads
                 if cur is restarted:
@@ -312,6 +313,8 @@ def test_restarted_leader_bridges_journal_gap(tmp_path, slack):
                 with contextlib.suppress(ProposalTimeout, NotLeader):
                     await cur.node.transfer_leadership(lid, timeout=3.0)
             assert (await c.leader()) is restarted
+            for n in c.nodes.values():
+                n.tier.before_commit = None
             await c.drive(10, start=62)
             ld = await c.uploaded()
             assert ld is restarted
