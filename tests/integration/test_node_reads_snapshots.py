@@ -23,6 +23,14 @@ def _configs(tmp_path, **kw):
                           raft=RaftConfig(election_ticks=10, heartbeat_ticks=1), **kw) for i in peers}
 
 
+async def _started(tmp_path, **kw) -> dict[int, RaftNode]:
+    """Three KV nodes over loopback, started."""
+    nodes = {i: RaftNode(c, KVStateMachine()) for i, c in _configs(tmp_path, **kw).items()}
+    for n in nodes.values():
+        await n.start()
+    return nodes
+
+
 async def _leader(nodes: dict, timeout=10.0) -> RaftNode:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -64,9 +72,7 @@ def _get(key):
 
 def test_every_read_mode_sees_acknowledged_writes(tmp_path):
     async def main():
-        nodes = {i: RaftNode(c, KVStateMachine()) for i, c in _configs(tmp_path).items()}
-        for n in nodes.values():
-            await n.start()
+        nodes = await _started(tmp_path)
         try:
             leader = await _leader(nodes)
             follower = next(n for n in nodes.values() if n is not leader)
@@ -94,9 +100,7 @@ def test_every_read_mode_sees_acknowledged_writes(tmp_path):
 
 def test_cut_off_follower_refuses_reads_within_its_deadline(tmp_path):
     async def main():
-        nodes = {i: RaftNode(c, KVStateMachine()) for i, c in _configs(tmp_path).items()}
-        for n in nodes.values():
-            await n.start()
+        nodes = await _started(tmp_path)
         try:
             leader = await _leader(nodes)
             follower = next(n for n in nodes.values() if n is not leader)
@@ -123,9 +127,7 @@ def test_a_follower_read_on_the_node_that_becomes_leader_is_served_there(tmp_pat
     """Follower reads wait on the leader that stops; the node that takes over serves its own as a leader.
     They used to fail with NotLeader naming that very node (over HTTP: a redirect to itself)."""
     async def main():
-        nodes = {i: RaftNode(c, KVStateMachine()) for i, c in _configs(tmp_path).items()}
-        for n in nodes.values():
-            await n.start()
+        nodes = await _started(tmp_path)
         try:
             leader = await _leader(nodes)
             await leader.propose(encode_put("k", 7))

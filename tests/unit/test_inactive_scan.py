@@ -166,24 +166,31 @@ def test_the_scan_loop_sleeps_until_the_next_wake(monkeypatch):
     assert waits[1:] == [5.0]
 
 
+class _SecondSleep(Exception):
+    pass
+
+
+def _record_two_sleeps(scan: InactiveMasterScan) -> list[float]:
+    """The scan loop's waits, as it sleeps them: the first sleeps (and may be woken), the second ends the loop."""
+    waits: list[float] = []
+    sleep = scan._sleep_unless_sooner
+
+    async def spy(wait_s: float) -> bool:
+        waits.append(wait_s)
+        if len(waits) == 2:
+            raise _SecondSleep
+        return await sleep(wait_s)
+
+    scan._sleep_unless_sooner = spy  # type: ignore[method-assign]
+    return waits
+
+
 def test_a_master_heartbeat_with_a_shorter_timeout_wakes_the_scan_sooner():
     """A broker chooses its heartbeatTimeoutMillis: a master's heartbeat that shortens it moves its deadline
     before the scan's wake-up, and the scan wakes to look again (it slept out the 5 s period before, and the
     set was re-elected up to 5 s late). A replica's shorter timeout does not wake it."""
     scan = _timed_scan(True, {"a": (NOW_MS, 10_000)})  # next wake: the 5 s period
-    waits: list[float] = []
-    sleep = scan._sleep_unless_sooner
-
-    class _Stop(Exception):
-        pass
-
-    async def spy(wait_s: float) -> bool:
-        waits.append(wait_s)
-        if len(waits) == 2:
-            raise _Stop
-        return await sleep(wait_s)
-
-    scan._sleep_unless_sooner = spy  # type: ignore[method-assign]
+    waits = _record_two_sleeps(scan)
 
     async def main() -> None:
         task = asyncio.ensure_future(scan._run())
@@ -192,7 +199,7 @@ def test_a_master_heartbeat_with_a_shorter_timeout_wakes_the_scan_sooner():
         await asyncio.sleep(0.1)
         assert waits == [5.0]
         scan.liveness.on_heartbeat("c", "a", 1, "10.0.0.1:10911", NOW_MS, timeout_ms=100)  # the master
-        with pytest.raises(_Stop):
+        with pytest.raises(_SecondSleep):
             async with asyncio.timeout(2):
                 await task
 
@@ -278,19 +285,7 @@ def test_a_new_master_that_times_out_before_the_scan_wakes_wakes_it():
     """The scan sleeps until the first deadline among the masters it knew; a master elected meanwhile whose
     heartbeat times out sooner wakes it (it waited for the fixed period before)."""
     scan = _timed_scan(True, {"a": (NOW_MS, 10_000)})  # next wake: the 5 s period
-    waits: list[float] = []
-    sleep = scan._sleep_unless_sooner
-
-    class _Stop(Exception):
-        pass
-
-    async def spy(wait_s: float) -> bool:
-        waits.append(wait_s)
-        if len(waits) == 2:
-            raise _Stop
-        return await sleep(wait_s)
-
-    scan._sleep_unless_sooner = spy  # type: ignore[method-assign]
+    waits = _record_two_sleeps(scan)
 
     async def main() -> None:
         task = asyncio.ensure_future(scan._run())
@@ -304,7 +299,7 @@ def test_a_new_master_that_times_out_before_the_scan_wakes_wakes_it():
         await asyncio.sleep(0.1)
         assert waits == [5.0]
         listener(9, {"type": "ElectMaster", "brokerName": "b", "newMasterBrokerId": 2})
-        with pytest.raises(_Stop):
+        with pytest.raises(_SecondSleep):
             async with asyncio.timeout(2):
                 await task
 
