@@ -1,4 +1,4 @@
-"""Loopback ports for processes that tests, benchmarks and the demo stack start.
+"""Loopback ports for processes that tests, benchmarks and `electra chaos` start (`electra up` takes fixed ones).
 
 A port is picked here and bound later by another process, so it must stay free in between. The kernel's
 "bind to port 0" answer comes from the ephemeral range, the same range every outgoing connection takes its local
