@@ -24,7 +24,9 @@ view: before any job record has stated the grace; when the record is a replay (f
 node began to follow the topic, or older than MAX_AGE_MS on arrival: the consumer re-followed
 the topic); and when the job's last view (its data horizon) is older than STALE_VIEW_TIMEOUTS of
 the replicas' heartbeat timeouts (the job is stopped or far behind: a replica alive there may have
-died since without a session record saying so) and stays so for MAX_AGE_MS after the disconnect counts.
+died since without a session record saying so) and stays so for MAX_AGE_MS after the disconnect counts,
+unless some replicas' own sessions vouch for them (`LivenessTable.session_vouches`): then it elects among
+those at once.
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ class ConnectionLossLane:
         self.since_ms: int | None = None  # records stamped before this were replayed: table only
         self.stats = {  # records taken, then what became of them (docs/failover-signal.md has the table)
             "disconnects": 0, "silences": 0, "left_to_job": 0, "not_covered": 0, "reconnected": 0, "superseded": 0,
-            "replayed": 0, "stale_view": 0,
+            "replayed": 0, "stale_view": 0, "by_session": 0,
             "no_live_replica": 0, "proposed": 0, "elected": 0, "fenced": 0, "not_elected": 0, "failed": 0,
             "unknown": 0}
         self._electing: set[str] = set()  # sets with a proposal of this lane in flight
@@ -296,18 +298,24 @@ class ConnectionLossLane:
                         "streaming job proposes once a replica heartbeats", d.name, d.broker_id, d.what())
             return
         if self._stale(at, alive):
-            # The job's last view (the data horizon) is old: a replica judged alive there may have died since
-            # (without a session record). A slow batch or two make it so on a loaded machine: the next batch's
-            # records bring a fresh view, so look again every COVER_RECHECK_S, as for a silence. A job stopped
+            # The job's last view (the data horizon) is old: a replica judged alive there may have died since.
+            # Those whose own sessions vouch for them now are elected from at once: a crash would have ended the
+            # session, a hang made it silent, each with a record (on a loaded machine the job's batches grew to
+            # 4-6 s and every crash waited seconds for a fresh view). Otherwise look again every COVER_RECHECK_S,
+            # as for a silence (a slow batch or two: the next batch's records bring a fresh view); a job stopped
             # or far behind decides once it has a fresh view: left to it after MAX_AGE_MS.
-            if self._within_wait(d):
+            live = self._vouched(d, alive)
+            if live:
+                self.stats["by_session"] += 1
+            elif self._within_wait(d):
                 self._wait_view(d, arrived_at_ms, "stale_view")
                 return
-            self.stats["stale_view"] += 1
-            log.warning("set %s: master %d %s, but the streaming job's last view of the "
-                        "replicas is %.1f s old: left to the job (is it running?)", d.name, d.broker_id, d.what(),
-                        (self.now_ms() - at) / 1000)
-            return
+            else:
+                self.stats["stale_view"] += 1
+                log.warning("set %s: master %d %s, but the streaming job's last view of the replicas is %.1f s "
+                            "old and no replica's session vouches for it: left to the job (is it running?)",
+                            d.name, d.broker_id, d.what(), (self.now_ms() - at) / 1000)
+                return
         self._electing.add(d.name)
         task = asyncio.ensure_future(self._elect(d, bs.master_epoch, live, at, arrived_at_ms - d.at_ms))
         self._tasks.add(task)
@@ -318,6 +326,13 @@ class ConnectionLossLane:
         alive by its own session (a hung replica must not be elected while the view is old)."""
         return [b for b in self.liveness.group(cluster, name).values()
                 if (cluster, name, b.broker_id) not in self._pending_silent]
+
+    def _vouched(self, d: Disconnected, alive: list[BrokerLiveInfo]) -> list[BrokerLiveInfo]:
+        """Of the replicas alive at the job's view, those whose own session vouches for them now
+        (`LivenessTable.session_vouches`: its opening seen here, no end or silence since). The set's records are
+        keyed by the set on the liveness topic, one partition: a session record produced before this
+        disconnect's was taken before it, but for the moments the two spent on their ways from different workers."""
+        return [b for b in alive if self.liveness.session_vouches(d.cluster, d.name, b.broker_id)]
 
     def _view_covers(self, d: Disconnected) -> bool:
         """Whether the job's view can judge a silence (`_wait_for_view`): it is here, reaches the session's last

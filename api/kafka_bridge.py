@@ -321,6 +321,8 @@ class LivenessConsumer:
                 self.stats["sessions_opened"] += 1
             else:
                 disconnects.append(item)
+                # its session vouches for the broker no more, whatever the lane then makes of the record
+                table.session_ended(item.cluster, item.name, item.broker_id, item.opened_ms)
         if disconnects:  # after the batch's heartbeats: one stamped after a disconnect means it reconnected
             silences = sum(d.reason == records.SILENT for d in disconnects)
             self.stats["disconnects"] += len(disconnects) - silences

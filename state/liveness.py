@@ -72,6 +72,8 @@ class LivenessTable:
         # ... and, where it was noticed later than that (a silent session: at its timeout's end), that instant
         self._noticed: dict[tuple[str, str, int], int] = {}
         self._opened: dict[tuple[str, str, int], int] = {}  # (cluster, set, id) -> its newest session's opening
+        # ... of those sessions, the ones no record has said ended or fell silent since (`session_vouches`)
+        self._vouching: dict[tuple[str, str, int], int] = {}
         # The streaming job's grace for a lost connection, as its liveness records state it (None: not heard)
         self.disconnect_grace_ms: int | None = None
         # Called as (cluster, set, broker id, deadline ms) when a record makes a broker's deadline (last heartbeat
@@ -145,10 +147,30 @@ class LivenessTable:
     def session_opened(self, cluster: str, name: str, broker_id: int, at_ms: int) -> None:
         """The broker opened a session (on some ingest worker) at `at_ms`: its newest one is remembered."""
         key = (cluster, name, broker_id)
-        at_ms = max(at_ms, self._opened.pop(key, at_ms))
+        newest = max(at_ms, self._opened.pop(key, at_ms))
         if len(self._opened) >= MAX_GONE:  # bounded: the oldest goes
             del self._opened[next(iter(self._opened))]
-        self._opened[key] = at_ms
+        self._opened[key] = newest
+        if newest == at_ms:  # the newest session: it vouches for its broker until it ends or falls silent
+            self._vouching.pop(key, None)
+            if len(self._vouching) >= MAX_GONE:
+                del self._vouching[next(iter(self._vouching))]
+            self._vouching[key] = at_ms
+
+    def session_ended(self, cluster: str, name: str, broker_id: int, opened_ms: int | None) -> None:
+        """The broker's session opened at `opened_ms` (None: not known) ended, or fell silent: it vouches no more
+        (a newer session, opened since on another worker, still does)."""
+        key = (cluster, name, broker_id)
+        vouching = self._vouching.get(key)
+        if vouching is not None and (opened_ms is None or opened_ms >= vouching):
+            del self._vouching[key]
+
+    def session_vouches(self, cluster: str, name: str, broker_id: int) -> bool:
+        """Whether the broker is alive by its own session's word: this node saw its newest session open, and no
+        record since has said that session ended or fell silent. Fresher than the streaming job's view (a hang
+        is reported at its timeout's end, a crash at once), but only as reliable as the session records: a
+        broker that died without one (its ingest worker crashed with it) still looks vouched for."""
+        return (cluster, name, broker_id) in self._vouching
 
     def session_opened_at(self, cluster: str, name: str, broker_id: int) -> int | None:
         """When the broker's newest session seen here opened."""

@@ -652,3 +652,59 @@ def test_the_consumer_tells_the_lane_when_the_job_s_records_moved_the_view():
     assert lane.views == 0
     consumer._apply([("c", "s", [_live(1, NOW - 5), _live(2, NOW - 3)])])
     assert lane.views == 1 and consumer.svc.liveness.horizon_ms == NOW - 3
+
+
+def test_past_a_stale_view_a_crash_elects_at_once_among_replicas_their_sessions_vouch_for():
+    """On a loaded machine the job's batches grew to 4-6 s and its view went stale: every crash waited seconds for a
+    fresh one. A replica whose session this node saw open, and no record since end or fall silent, is alive by its
+    own session's word: the lane elects among those at once; a replica without one is not a candidate then."""
+    st = Stack()
+    st.table.horizon_ms = NOW - 5_001  # older than twice the replicas' 3 s timeout
+    st.table.session_opened("c", "s", 3, NOW - 60_000)  # 2 heartbeats without a session seen here
+
+    def no_wait() -> None:
+        assert not st.lane._view_waits and st.lane._tasks  # electing now, not waiting for the job
+
+    st.take(_lost(), meanwhile=no_wait)
+    assert st.master == (3, 2) and st.lane.stats["by_session"] == 1 and st.lane.stats["stale_view"] == 0
+    nobody = Stack()  # no session vouches: as before, the lane waits for the job's view, then leaves it the crash
+    nobody.table.horizon_ms = NOW - 5_001
+    for i in (2, 3):
+        nobody.table.session_opened("c", "s", i, NOW - 60_000)
+    nobody.table.session_ended("c", "s", 2, NOW - 60_000)  # its session ended (a `disconnected` record)
+    nobody.table.session_ended("c", "s", 3, None)  # fell silent (a record that does not say which session: any)
+
+    def job_still_behind() -> None:
+        assert nobody.lane._view_waits
+        nobody.now_ms = NOW + 5_001
+
+    nobody.take(_lost(), meanwhile=job_still_behind)
+    assert nobody.master == (1, 1) and nobody.lane.stats["stale_view"] == 1 and nobody.node.proposed == 0
+
+
+def test_a_session_vouches_for_its_broker_from_its_opening_until_it_ends_or_a_newer_one_opens():
+    table = LivenessTable()
+    assert not table.session_vouches("c", "s", 1)
+    table.session_opened("c", "s", 1, NOW)
+    assert table.session_vouches("c", "s", 1) and not table.session_vouches("c2", "s", 1)
+    table.session_ended("c", "s", 1, NOW - 10)  # an older session's end (superseded): the newest still vouches
+    assert table.session_vouches("c", "s", 1)
+    table.session_ended("c", "s", 1, NOW)
+    assert not table.session_vouches("c", "s", 1)
+    table.session_opened("c", "s", 1, NOW - 5)  # an older opening arriving late vouches for nothing
+    assert not table.session_vouches("c", "s", 1) and table.session_opened_at("c", "s", 1) == NOW
+    table.session_opened("c", "s", 1, NOW + 5)  # a new session
+    assert table.session_vouches("c", "s", 1)
+    table.put("c", "s", _live(1, NOW + 10_000))  # heartbeats say nothing of the session
+    table.session_ended("c", "s", 1, None)
+    assert not table.session_vouches("c", "s", 1)
+
+
+def test_the_consumer_ends_a_session_s_word_at_its_disconnected_or_silent_record():
+    consumer = _consumer_over(LaneCalls())
+    table = consumer.svc.liveness
+    consumer._apply([Connected("c", "s", _live(i, NOW - 60_000)) for i in (1, 2, 3)])
+    assert all(table.session_vouches("c", "s", i) for i in (1, 2, 3))
+    consumer._apply([Disconnected("c", "s", 1, NOW, records.CONNECTION_LOST, opened_ms=NOW - 60_000),
+                     _silent(broker=2)])
+    assert [table.session_vouches("c", "s", i) for i in (1, 2, 3)] == [False, False, True]
