@@ -918,6 +918,44 @@ def test_a_silence_staggered_over_a_few_heartbeats_or_with_a_short_timeout_is_st
     assert _pass(sessions, clock, 11, others) == 0 and sessions.stats["silent_unreported"] == 1
 
 
+class _CountedSessions(dict):
+    """A registry's sessions by connection, counting the sweeps that looked at them."""
+
+    looked = 0
+
+    def values(self):
+        self.looked += 1
+        return super().values()
+
+
+def test_sweeps_look_at_the_sessions_only_from_the_earliest_deadline_and_miss_no_silence():
+    """Ten sweeps a second over every session were 3% of a worker's CPU at 1,000 sessions; a session's deadline only
+    moves later with its heartbeats, so the sweeps before the earliest one look at none. A silence is still found at
+    the first sweep past its deadline, also where a heartbeat brought a deadline earlier (a shorter timeout)."""
+    producer, sessions, proto, others, clock = _silence_rig(others=4)
+    counted = _CountedSessions(sessions._by_conn)
+    sessions._by_conn = counted
+    for o in [proto, *others]:
+        _beat(o, brokerId=sessions._by_conn[o].hb["brokerId"], heartbeatTimeoutMillis=3_000)
+    s = sessions._by_conn[proto]
+    assert _pass(sessions, clock, 2.9, others) == 0  # 29 sweeps; broker 1 silent since the start
+    assert counted.looked <= 2, counted.looked
+    assert _pass(sessions, clock, 0.1, others) == 1 and s.silent  # at the first sweep past its 3 s
+    looked = counted.looked
+    assert _pass(sessions, clock, 10, others) == 0 and counted.looked - looked <= 10  # 100 sweeps
+    _beat(proto, heartbeatTimeoutMillis=10_000)  # back, with a long timeout
+    assert _pass(sessions, clock, 1.0, others) == 0
+    _beat(proto, heartbeatTimeoutMillis=1_000)  # then a short one: its deadline came earlier than any known
+    assert _pass(sessions, clock, 0.9, others) == 0
+    assert _pass(sessions, clock, 0.2, others) == 1
+    newcomer, t = IngestProtocol(producer, sessions=sessions), FakeTransport()  # a new session, with a short timeout
+    newcomer.connection_made(t)
+    newcomer.data_received(post(json.dumps({**HB, "brokerId": 9, "heartbeatTimeoutMillis": 500}).encode(),
+                                "/v1/session"))
+    assert _pass(sessions, clock, 0.4, others) == 0
+    assert _pass(sessions, clock, 0.2, others) == 1 and sessions._by_conn[newcomer].silent
+
+
 def test_a_heartbeat_taken_the_slow_way_or_refused_for_kafka_still_shows_the_session_alive(monkeypatch):
     import electra.api.ingest_server as server
 
