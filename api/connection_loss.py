@@ -124,8 +124,9 @@ COVER_RECHECK_S = 0.1  # a silence or crash waiting for the job's view is looked
 # The job's view is stale past this many of the live replicas' smallest heartbeat timeout. Not one: the view
 # lags by a trigger interval and a batch (2.5-3.5 s on a loaded 2-core machine, against the bench's 3 s
 # timeout), and replicas' own deaths reach the lane sooner than the job's view, by their session records: a
-# crash's `disconnected` marks the table, a hang's `silent` makes the replica no candidate while it waits
-# for the view (`_candidates`). The bound is for a replica that died with no such record.
+# crash's `disconnected` and a hang's `silent` mark the table (a silence that waits for the job's first view
+# makes the replica no candidate meanwhile: `_candidates`). The bound is for a replica that died with no such
+# record; past it, replicas their own sessions vouch for are still candidates (`_vouched`).
 STALE_VIEW_TIMEOUTS = 2
 
 
@@ -267,7 +268,7 @@ class ConnectionLossLane:
             if replayed:  # (a silence changes the table only once the job's view can judge it: a replay, never)
                 self.stats["replayed"] += 1
                 return
-            if not self._view_covers(d):
+            if self.liveness.horizon_ms is None:  # no view of the job's yet
                 self._wait_for_view(d, arrived_at_ms)  # (the table is not changed meanwhile)
                 return
         if not self.liveness.disconnect(d.cluster, d.name, d.broker_id, d.gone_from_ms, d.at_ms):
@@ -334,35 +335,23 @@ class ConnectionLossLane:
         disconnect's was taken before it, but for the moments the two spent on their ways from different workers."""
         return [b for b in alive if self.liveness.session_vouches(d.cluster, d.name, b.broker_id)]
 
-    def _view_covers(self, d: Disconnected) -> bool:
-        """Whether the job's view can judge a silence (`_wait_for_view`): it is here, reaches the session's last
-        heartbeat, and is not stale for the set's other live brokers."""
-        if self.liveness.horizon_ms is None:
-            return False
-        at = self.live_now_ms()
-        if at < d.gone_from_ms:
-            return False
-        others = [b for b in self.liveness.group(d.cluster, d.name).values()
-                  if b.broker_id != d.broker_id and b.alive_at(at)]
-        return not others or not self._stale(at, others)
-
     def _stale(self, horizon_ms: int, alive: list[BrokerLiveInfo]) -> bool:
         """Whether the job's view at `horizon_ms` is too old to judge these live brokers by (STALE_VIEW_TIMEOUTS)."""
         return self.now_ms() - horizon_ms > STALE_VIEW_TIMEOUTS * min(b.timeout_ms for b in alive)
 
     def _wait_for_view(self, d: Disconnected, arrived_at_ms: int) -> None:
-        """A silence is elected from once the job's view is here (its liveness records have arrived), fresh (not
-        older than STALE_VIEW_TIMEOUTS of the replicas' timeout, as for a lost connection) and reaching the session's
-        last heartbeat:
-        the table, which kept the broker gone (`LivenessTable.disconnect`), then holds any heartbeat of the broker
-        the job read since, on any path.
-        Until then (the job lags by a trigger interval and a batch, about a short timeout) the silence is looked
-        at again every COVER_RECHECK_S, and after MAX_AGE_MS it is left to the job (`not_covered`).
+        """A silence counts once the job's view is here at all: before the job's first liveness records the table
+        holds only sessions' openings, and every broker would look silent since (the first version of this lane
+        failed over every master of a test whose brokers paused while the job started). Until then it is looked
+        at again every COVER_RECHECK_S, the broker is no candidate, and after MAX_AGE_MS it is left to the job
+        (`not_covered`).
 
-        A session is its broker's channel: the broker heartbeats on it, and a broker that reconnects opens a new
-        session, which supersedes the silent one (its `connected` record arrives within milliseconds). The job's
-        view checks that no heartbeat on another path (another worker, a connection without a session) kept the
-        broker alive; it cannot cover the moments just before the silence was judged (docs/failover-signal.md)."""
+        It no longer waits for the view to reach the session's last heartbeat (until 2026-11-29 it did, to see a
+        heartbeat on another path: another worker, a connection without a session). A session is its broker's
+        channel: the broker heartbeats on it, and a broker that reconnects opens a new session, which supersedes
+        the silent one (its `connected` record arrives within milliseconds); a broker that spreads its heartbeats
+        over other connections must not open one (docs/failover-signal.md). The wait cost every hang the job's
+        lag, which on a loaded machine was several times the heartbeat timeout."""
         if self.now_ms() - d.at_ms > MAX_AGE_MS:
             self.stats["not_covered"] += 1
             log.warning("set %s: master %d %s, but the streaming job's view of the set is not fresh enough: left to "

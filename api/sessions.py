@@ -16,7 +16,7 @@ remembers which broker the connection speaks for, and when it ends:
 While a session is open the worker also watches its heartbeats: when the broker has sent none for
 its whole heartbeat timeout (it hung; its connection is still open), a `silent` record goes to the
 liveness topic, once per silence (`SessionRegistry.sweep`). The controllers' lane elects from it
-when the streaming job's view agrees that no other path carried a heartbeat (api/connection_loss.py).
+once the streaming job has given the nodes a view at all (api/connection_loss.py).
 
 Records go to the heartbeats topic in their broker set's partition, like the broker's
 heartbeats (a `disconnected` record goes at once, in one group with the heartbeats before

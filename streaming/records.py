@@ -252,7 +252,8 @@ LAST_HEARD = "lastHeartbeatMs"  # a silent record's last heartbeat on that sessi
 def silent_record(hb: dict, last_heard_ms: int, timeout_ms: int, ts_ms: int) -> dict:
     """The liveness-topic value saying that a broker's session, opened with the canonical heartbeat `hb`, has
     carried no heartbeat since `last_heard_ms`, for its whole `timeout_ms`, as judged at `ts_ms` (the ingest
-    worker's clock). The controllers' lane elects from it once the job's view agrees (api/connection_loss.py)."""
+    worker's clock). The controllers' lane elects from it once the job has given the nodes a view
+    (api/connection_loss.py)."""
     return {"type": SILENT, "clusterName": hb["clusterName"], "brokerName": hb["brokerName"],
             "brokerId": hb["brokerId"], "brokerAddr": hb["brokerAddr"], "ts": ts_ms, LAST_HEARD: last_heard_ms,
             "heartbeatTimeoutMillis": timeout_ms, SESSION_OPENED: hb["ts"]}
