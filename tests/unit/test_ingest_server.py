@@ -956,6 +956,20 @@ def test_sweeps_look_at_the_sessions_only_from_the_earliest_deadline_and_miss_no
     assert _pass(sessions, clock, 0.2, others) == 1 and sessions._by_conn[newcomer].silent
 
 
+def test_a_silence_that_ends_with_the_same_timeout_is_found_again_at_its_new_deadline():
+    """A session's silence ends with a heartbeat of the same timeout: its new deadline may come before every deadline
+    the last full sweep knew of (here the other sessions' 10 s against its 3 s), so that heartbeat must lower the
+    sweeps' bound too, not only a changed timeout does; its next silence is found at its own deadline."""
+    _producer, sessions, proto, others, clock = _silence_rig(others=4)
+    _beat(proto, heartbeatTimeoutMillis=3_000)
+    s = sessions._by_conn[proto]
+    assert _pass(sessions, clock, 3.1, others) == 1 and s.silent  # the others keep their 10 s timeout
+    _beat(proto, heartbeatTimeoutMillis=3_000)  # back, its timeout unchanged
+    assert not s.silent
+    assert _pass(sessions, clock, 2.9, others) == 0
+    assert _pass(sessions, clock, 0.2, others) == 1 and s.silent  # at its 3 s, not at the others' 10 s
+
+
 def test_a_heartbeat_taken_the_slow_way_or_refused_for_kafka_still_shows_the_session_alive(monkeypatch):
     import electra.api.ingest_server as server
 
