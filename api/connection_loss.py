@@ -265,7 +265,7 @@ class ConnectionLossLane:
             return
         replayed = self.since_ms is None or d.at_ms < self.since_ms or arrived_at_ms - d.at_ms > MAX_AGE_MS
         if d.reason == records.SILENT:
-            if replayed:  # (a silence changes the table only once the job's view can judge it: a replay, never)
+            if replayed:  # (a silence changes the table only once the job has given a view: a replay, never)
                 self.stats["replayed"] += 1
                 return
             if self.liveness.horizon_ms is None:  # no view of the job's yet
