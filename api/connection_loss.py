@@ -107,6 +107,23 @@ class Connected:
             hb["confirmOffset"], hb["electionPriority"]))
 
 
+@dataclass(frozen=True, slots=True)
+class Unvouched:
+    """An `unvouched` record (`records.unvouched_record`): the session opened at `opened_ms` no longer speaks for
+    its broker (its worker closed it, or did not report its silence). Only `LivenessTable.session_vouches` changes."""
+
+    cluster: str
+    name: str
+    broker_id: int
+    opened_ms: int
+
+    @staticmethod
+    def from_record(d: dict) -> Unvouched:
+        """InvalidHeartbeat (a ValueError) names the bad field."""
+        v = records.validate_unvouched(d)
+        return Unvouched(v["clusterName"], v["brokerName"], v["brokerId"], v[records.SESSION_OPENED])
+
+
 def _no_later_than(d: Disconnected, now_ms: int) -> Disconnected:
     """`d` dated no later than its arrival here (`now_ms`): a record from an ingest worker whose clock runs ahead
     would otherwise mark the broker gone until this clock reaches it, refusing all its heartbeats meanwhile."""

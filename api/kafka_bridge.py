@@ -37,7 +37,7 @@ from electra.state.liveness import BrokerLiveInfo
 from electra.streaming import records
 from electra.streaming.kafka_io import end_offsets, ensure_topics, last_record, topic_partitions
 
-from .connection_loss import Connected, Disconnected
+from .connection_loss import Connected, Disconnected, Unvouched
 
 if TYPE_CHECKING:
     from .controller import Controller
@@ -195,7 +195,7 @@ class LivenessConsumer:
         self.reset_check_s = reset_check_s  # quiet this long: check whether the topic was truncated
         self.hwm_fix = hwm_fix
         self.stats = {"records": 0, "bad_records": 0, "last_record_ms": 0, "rewinds": 0, "disconnects": 0,
-                      "silences": 0, "sessions_opened": 0}
+                      "silences": 0, "sessions_opened": 0, "sessions_unvouched": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="liveness-consumer", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -258,8 +258,9 @@ class LivenessConsumer:
 
     def _items_of(self, value: bytes) -> list:
         """What one liveness-topic record holds: the job's sets, each (cluster, set, its brokers' records), and
-        the grace it states (`GraceStated`); or an ingest worker's `Disconnected` (a session's end or silence) or
-        `Connected` (a session's opening heartbeat; api/connection_loss.py).
+        the grace it states (`GraceStated`); or an ingest worker's `Disconnected` (a session's end or silence),
+        `Connected` (a session's opening heartbeat) or `Unvouched` (a session it stopped speaking for without either;
+        api/connection_loss.py).
 
         A record or a set that does not decode is counted in `bad_records` and skipped.
         """
@@ -268,7 +269,8 @@ class LivenessConsumer:
         except ValueError:
             d = None
         for kind, parse in ((records.is_disconnected, Disconnected.from_record), (records.is_silent,
-                            Disconnected.from_silent), (records.is_connected, Connected.from_record)):
+                            Disconnected.from_silent), (records.is_connected, Connected.from_record),
+                           (records.is_unvouched, Unvouched.from_record)):
             if kind(d):
                 try:
                     return [parse(d)]
@@ -319,6 +321,9 @@ class LivenessConsumer:
                                    confirm_offset=i.confirm_offset, priority=i.priority)
                 table.session_opened(item.cluster, item.name, i.broker_id, i.last_update_ms)
                 self.stats["sessions_opened"] += 1
+            elif type(item) is Unvouched:  # that session no longer speaks for its broker (nothing is failed over)
+                table.session_ended(item.cluster, item.name, item.broker_id, item.opened_ms)
+                self.stats["sessions_unvouched"] += 1
             else:
                 disconnects.append(item)
                 # its session vouches for the broker no more, whatever the lane then makes of the record

@@ -83,7 +83,7 @@ class SessionRegistry:
         self._by_broker: dict[tuple, object] = {}
         self.stats = {"opened": 0, "goodbyes": 0, "lost": 0, "not_published": 0, "closed_by_stop": 0,
                       "closed_by_worker": 0, "superseded": 0, "silent": 0, "silent_unreported": 0,
-                      "stalled_sweeps": 0}
+                      "stalled_sweeps": 0, "unvouched": 0}
         now = mono()
         self._awake_since = now  # the end of this worker's last stall: silences are counted from no earlier
         self._last_sweep: float | None = None
@@ -164,6 +164,8 @@ class SessionRegistry:
                 spoke = len(heard) - bisect.bisect_left(heard, s.heard_mono + s.timeout_ms / 2000)
                 if others < MIN_OTHERS or spoke < QUORUM * others:
                     self.stats["silent_unreported"] += 1
+                    # not a hang this worker can tell, but the session no longer shows its broker alive either
+                    self._unvouch(s.hb, records.SILENCE_UNREPORTED, now_ms)
                     continue
                 found += 1
                 # (a wall clock stepped back since the heartbeat must not date the judging before it)
@@ -186,9 +188,20 @@ class SessionRegistry:
         """The worker itself closed the connection (idle past the limit, an oversized request): no signal.
 
         Only a connection the broker's side ended says anything about the broker; one this worker
-        cut says nothing (as with a stopping worker), and the heartbeat timeout stays the judge."""
-        if self._forget(conn) is not None:
+        cut says nothing (as with a stopping worker), and the heartbeat timeout stays the judge. It only tells the
+        nodes the session no longer speaks for its broker (`unvouched`): they stop taking it for the broker's word."""
+        hb = self._forget(conn)
+        if hb is not None:
             self.stats["closed_by_worker"] += 1
+            if not self.stopping:
+                self._unvouch(hb, records.CLOSED_BY_WORKER, int(time.time() * 1000))
+
+    def _unvouch(self, hb: dict, reason: str, now_ms: int) -> None:
+        """An `unvouched` record to the liveness topic (best effort, as every session record there): the nodes'
+        lane elects past a stale view of the job only among replicas whose sessions speak for them, and a session
+        this worker stopped speaking for without a `disconnected` or `silent` record would still seem to."""
+        self.stats["unvouched"] += 1
+        self.producer.to_liveness(records.unvouched_record(hb, reason, max(now_ms, hb["ts"])))
 
     def open(self, conn: object, raw: bytes, now_ms: int) -> tuple[int, bytes]:
         """`POST /v1/session`: the body is a heartbeat; it is produced as one and names the session's broker."""

@@ -279,6 +279,39 @@ def validate_silent(d: dict) -> dict:
     return out
 
 
+UNVOUCHED = "unvouched"  # liveness topic only: a session its worker no longer speaks for (no failover meant)
+SILENCE_UNREPORTED = "silence_unreported"  # a silence the worker did not report: its other sessions fell quiet too
+CLOSED_BY_WORKER = "closed_by_worker"  # the worker closed the connection itself (idle past its limit, a refusal)
+UNVOUCHED_REASONS = (SILENCE_UNREPORTED, CLOSED_BY_WORKER)
+
+
+def unvouched_record(hb: dict, reason: str, ts_ms: int) -> dict:
+    """The liveness-topic value saying that the worker holding a broker's session (opened with the canonical
+    heartbeat `hb`) no longer speaks for the broker through it, from `ts_ms` (its clock), though it says nothing of
+    the broker itself: a silence it did not report, a connection it closed. The nodes stop counting that session
+    as the broker's word (`LivenessTable.session_vouches`); nothing is failed over on it."""
+    return {"type": UNVOUCHED, "clusterName": hb["clusterName"], "brokerName": hb["brokerName"],
+            "brokerId": hb["brokerId"], "brokerAddr": hb["brokerAddr"], "reason": reason, "ts": ts_ms,
+            SESSION_OPENED: hb["ts"]}
+
+
+def is_unvouched(d: Any) -> bool:
+    return isinstance(d, dict) and d.get("type") == UNVOUCHED
+
+
+def validate_unvouched(d: dict) -> dict:
+    """The canonical `unvouched` record, or InvalidHeartbeat naming the field."""
+    out = _broker_ref(d, UNVOUCHED)
+    if d.get("reason") not in UNVOUCHED_REASONS:
+        raise InvalidHeartbeat(f"reason: one of {', '.join(UNVOUCHED_REASONS)} is required")
+    out["reason"] = d["reason"]
+    opened = d.get(SESSION_OPENED)
+    if type(opened) is not int or not (1 <= opened <= out["ts"]):
+        raise InvalidHeartbeat(f"{SESSION_OPENED}: an integer in [1, {out['ts']}] is required")
+    out[SESSION_OPENED] = opened
+    return out
+
+
 def validate_disconnected(d: dict) -> dict:
     """The canonical `disconnected` record, or InvalidHeartbeat naming the field."""
     out = _broker_ref(d, DISCONNECTED)

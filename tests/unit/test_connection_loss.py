@@ -604,7 +604,7 @@ def _consumer_over(lane: LaneCalls) -> LivenessConsumer:
     """A liveness consumer without Kafka, over a fresh table, at NOW."""
     consumer = LivenessConsumer.__new__(LivenessConsumer)
     consumer.stats = {"bad_records": 0, "records": 0, "last_record_ms": 0, "disconnects": 0, "silences": 0,
-                      "sessions_opened": 0}
+                      "sessions_opened": 0, "sessions_unvouched": 0}
     consumer.svc = type("Svc", (), {"liveness": LivenessTable(), "now_ms": lambda self: NOW,
                                     "connection_loss": lane})()
     return consumer
@@ -704,3 +704,40 @@ def test_the_consumer_ends_a_session_s_word_at_its_disconnected_or_silent_record
     consumer._apply([Disconnected("c", "s", 1, NOW, records.CONNECTION_LOST, opened_ms=NOW - 60_000),
                      _silent(broker=2)])
     assert [table.session_vouches("c", "s", i) for i in (1, 2, 3)] == [False, False, True]
+
+
+def test_an_unvouched_record_ends_a_session_s_word_and_elects_nothing():
+    """A session its worker closed itself, or whose silence it did not report (its other sessions fell quiet too),
+    no longer speaks for its broker: past a stale view the lane does not elect that replica on its word. Found by
+    review: such sessions had no record, and a partitioned replica stayed vouched for."""
+    consumer = _consumer_over(LaneCalls())
+    table = consumer.svc.liveness
+    consumer._apply([Connected("c", "s", _live(i, NOW - 60_000)) for i in (2, 3)])
+    hb = {"clusterName": "c", "brokerName": "s", "brokerId": 2, "brokerAddr": "10.0.0.2:10911", "ts": NOW - 60_000}
+    older = {**hb, "brokerId": 3, "ts": NOW - 90_000}  # an older session of broker 3 than the one seen open
+    values = [records.encode(records.unvouched_record(h, records.SILENCE_UNREPORTED, NOW)) for h in (hb, older)]
+    items = [item for v in values for item in consumer._items_of(v)]
+    consumer._apply(items)
+    assert not table.session_vouches("c", "s", 2) and table.session_vouches("c", "s", 3)
+    assert consumer.stats["sessions_unvouched"] == 2 and consumer.svc.connection_loss.taken == []
+    for bad, field in (({"reason": "x"}, "reason"), ({records.SESSION_OPENED: NOW + 1}, records.SESSION_OPENED),
+                       ({"brokerId": 0}, "brokerId")):
+        rec = {**records.unvouched_record(hb, records.CLOSED_BY_WORKER, NOW), **bad}
+        try:
+            records.validate_unvouched(rec)
+        except records.InvalidHeartbeat as exc:
+            assert field in str(exc), (bad, exc)
+        else:
+            raise AssertionError(f"{bad} was taken")
+        assert consumer._items_of(records.encode(rec)) == []
+    st = Stack()  # then a crash past a stale view: no replica vouched for, so the lane waits as before
+    st.table.horizon_ms = NOW - 5_001
+    st.table.session_opened("c", "s", 2, NOW - 60_000)
+    st.table.session_ended("c", "s", 2, NOW - 60_000)  # (what the consumer does with the record)
+
+    def job_still_behind() -> None:
+        assert st.lane._view_waits
+        st.now_ms = NOW + 5_001
+
+    st.take(_lost(), meanwhile=job_still_behind)
+    assert st.master == (1, 1) and st.lane.stats["stale_view"] == 1

@@ -566,6 +566,19 @@ def test_a_session_connection_the_worker_closes_itself_says_nothing_and_may_idle
     proto.connection_lost(None)
     assert [r.get("type") for r in producer.sent] == [None]  # the session's heartbeat, no `disconnected`
     assert sessions.stats["closed_by_worker"] == 1 and len(sessions) == 0
+    # The nodes are told only that the session no longer speaks for its broker (nothing is failed over on it).
+    unvouched = producer.to_lane[-1]
+    assert unvouched["type"] == records.UNVOUCHED and unvouched["reason"] == records.CLOSED_BY_WORKER
+    assert records.validate_unvouched(unvouched)[records.SESSION_OPENED] == unvouched[records.SESSION_OPENED]
+    assert sessions.stats["unvouched"] == 1
+    stopping = SessionRegistry(producer)  # a stopping worker's closes say nothing at all
+    proto, t = IngestProtocol(producer, sessions=stopping), FakeTransport()
+    proto.connection_made(t)
+    proto.data_received(post(json.dumps(HB).encode(), "/v1/session"))
+    stopping.stop()
+    before = len(producer.to_lane)
+    stopping.closed_by_worker(proto)
+    assert len(producer.to_lane) == before and stopping.stats["unvouched"] == 0
 
 
 def test_a_worker_holds_thousands_of_broker_sessions():
@@ -886,7 +899,9 @@ def test_when_every_session_of_a_worker_falls_silent_together_none_is_reported()
         clock.t += 0.1
         sessions.sweep(heard + 100 * step)
     assert sessions.stats["silent"] == 0 and sessions.stats["silent_unreported"] == 4
-    assert [r["type"] for r in producer.to_lane] == ["connected"] * 4
+    # no `silent` record; each session only stops speaking for its broker at the nodes (`unvouched`)
+    assert [r["type"] for r in producer.to_lane] == ["connected"] * 4 + [records.UNVOUCHED] * 4
+    assert {r["reason"] for r in producer.to_lane[4:]} == {records.SILENCE_UNREPORTED}
     for o in others:  # they come back; broker 1 does not: still not reported (it went silent with the rest)
         _beat(o, brokerId=sessions._by_conn[o].hb["brokerId"])
     clock.t += 0.11  # (past the boundary, whatever the float sums)
