@@ -434,6 +434,8 @@ class Simulation:
     def _inject(self, kind: str) -> bool:
         rng, alive, down = self.rng, self.alive(), self.down()
         if kind == "partition":
+            if len(self.ids) < 2:  # a group of one has no two sides to cut it into
+                return False
             ids = self.ids[:]
             rng.shuffle(ids)
             cut = rng.randrange(1, len(ids))

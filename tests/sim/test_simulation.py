@@ -207,3 +207,12 @@ def test_wiped_nodes_rejoin_without_losing_acknowledged_writes(workload):
     for seed in range(500_000, 500_150):
         wipes += run_seed(seed, cfg).faults["wipe"]
     assert wipes > 20
+
+
+@pytest.mark.parametrize("workload", ["kv", "controller"])
+def test_a_group_of_one_runs_every_fault_it_can_take(workload):
+    # `electra sim --nodes 1` reported seed 2 as a failure of the group: the nemesis drew a partition and
+    # asked for a cut of one node into two sides (randrange(1, 1)); a group of one has no partition.
+    cfg = ci_config(workload, nodes=1)
+    for seed in range(12):
+        run_seed(seed, cfg)
