@@ -184,46 +184,46 @@ async def run_episode(cfg: RunConfig, cluster: ChaosCluster, n: int, kinds: list
     clients: list[asyncio.Task] = []
     heal_at = 0.0
     recovery: float | None = None
-    try:
-        await wl.setup_sets()
-        background = [asyncio.create_task(wl.observer_loop()), asyncio.create_task(wl.heartbeat_loop())]
-        background += [asyncio.create_task(wl.watch_loop(s)) for s in sets]
-        clients = [asyncio.create_task(wl.client_loop(s)) for s in sets for _ in range(cfg.procs_per_set)]
-        clients += [asyncio.create_task(wl.pinned_reader_loop(s)) for s in sets]
-        tasks = background + clients
-        t0 = log.now()
-        heal_due = 0.0
-        for f in sorted(faults, key=lambda f: f.start):
-            await asyncio.sleep(max(0.0, t0 + f.start - log.now()))
-            if f.kind == "power-loss":
-                await _just_after_an_acknowledged_change(log, timeout=8.0)
-            leader = await _leader(wl, cluster)
-            wl.pinned = cluster.endpoints[leader] if leader is not None else None
-            rec = log.add("fault-start", fault=f.kind, kind=f.kind, mode=f.mode, leader=leader)
-            await asyncio.to_thread(nemesis.start, f, leader)
-            rec.update(fault=f.label(), target=f.targets, detail=f.detail, injected=log.now())
-            heal_due = max(heal_due, rec["mono"] + (f.end - f.start))  # each fault lasts its full duration
-        await asyncio.sleep(max(0.0, heal_due - log.now()))
-        exit_codes = {i: cluster.exit_code(i) for i in cluster.ids if cluster.exit_code(i) is not None}
-        restarted = await asyncio.to_thread(nemesis.heal, faults)
-        heal_at = log.now()
-        for f in faults:
-            log.add("fault-end", fault=f.label(), kind=f.kind, target=f.targets, detail=f.detail,
-                    restarted=restarted, exit_codes=exit_codes)
-        # Recovery: the first write invoked after healing that is acknowledged.
-        deadline = time.monotonic() + cfg.recovery_bound_s + 2
-        while recovery is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            acked = [r for r in log.records if r["type"] == "ok"]
-            ops = {r["id"]: r for r in log.records if r["type"] == "invoke" and r["mono"] >= heal_at
-                   and r["op"] in ("apply_broker_id", "register", "elect", "alter_sss")}
-            done = [r["mono"] for r in acked if r["id"] in ops]
-            if done:
-                recovery = min(done) - heal_at
-        await asyncio.sleep(0.5)
-    finally:
-        await stop_workload(wl, clients, tasks, log)
-    try:
+    try:  # the workload's HTTP sessions are closed however the episode ends (Ctrl-C and SIGTERM included)
+        try:
+            await wl.setup_sets()
+            background = [asyncio.create_task(wl.observer_loop()), asyncio.create_task(wl.heartbeat_loop())]
+            background += [asyncio.create_task(wl.watch_loop(s)) for s in sets]
+            clients = [asyncio.create_task(wl.client_loop(s)) for s in sets for _ in range(cfg.procs_per_set)]
+            clients += [asyncio.create_task(wl.pinned_reader_loop(s)) for s in sets]
+            tasks = background + clients
+            t0 = log.now()
+            heal_due = 0.0
+            for f in sorted(faults, key=lambda f: f.start):
+                await asyncio.sleep(max(0.0, t0 + f.start - log.now()))
+                if f.kind == "power-loss":
+                    await _just_after_an_acknowledged_change(log, timeout=8.0)
+                leader = await _leader(wl, cluster)
+                wl.pinned = cluster.endpoints[leader] if leader is not None else None
+                rec = log.add("fault-start", fault=f.kind, kind=f.kind, mode=f.mode, leader=leader)
+                await asyncio.to_thread(nemesis.start, f, leader)
+                rec.update(fault=f.label(), target=f.targets, detail=f.detail, injected=log.now())
+                heal_due = max(heal_due, rec["mono"] + (f.end - f.start))  # each fault lasts its full duration
+            await asyncio.sleep(max(0.0, heal_due - log.now()))
+            exit_codes = {i: cluster.exit_code(i) for i in cluster.ids if cluster.exit_code(i) is not None}
+            restarted = await asyncio.to_thread(nemesis.heal, faults)
+            heal_at = log.now()
+            for f in faults:
+                log.add("fault-end", fault=f.label(), kind=f.kind, target=f.targets, detail=f.detail,
+                        restarted=restarted, exit_codes=exit_codes)
+            # Recovery: the first write invoked after healing that is acknowledged.
+            deadline = time.monotonic() + cfg.recovery_bound_s + 2
+            while recovery is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                acked = [r for r in log.records if r["type"] == "ok"]
+                ops = {r["id"]: r for r in log.records if r["type"] == "invoke" and r["mono"] >= heal_at
+                       and r["op"] in ("apply_broker_id", "register", "elect", "alter_sss")}
+                done = [r["mono"] for r in acked if r["id"] in ops]
+                if done:
+                    recovery = min(done) - heal_at
+            await asyncio.sleep(0.5)
+        finally:
+            await stop_workload(wl, clients, tasks, log)
         final = await _final_state(wl, cluster, sets, proc=10**6 + n)
         if not await _wait_caught_up(wl, cluster, 60.0):
             # The next episode could then hit the only up-to-date node and look like a lost write.
@@ -284,6 +284,7 @@ async def run(cfg: RunConfig) -> tuple[int, str]:
     results: list[EpisodeResult] = []
     if mutations.active():
         print(mutations.banner(), flush=True)
+    interrupted = False
     try:
         cluster.start()
         probe = Workload(list(cluster.endpoints.values()), {r: _credentials(cluster, r) for r in ("broker", "admin")},
@@ -306,8 +307,19 @@ async def run(cfg: RunConfig) -> tuple[int, str]:
                 print(f"  history: {r.history}\n  replay: {replay_command(cfg, n)}", flush=True)
                 if cfg.stop_on_failure:
                     break
+    except (asyncio.CancelledError, KeyboardInterrupt):  # Ctrl-C cancels this task; SIGTERM raises (interrupts.py)
+        interrupted = True
+        raise
     finally:
         cluster.close()
+        if interrupted:  # what the finished episodes found is reported all the same (exit 130 says it stopped short)
+            print(f"interrupted: reporting the {len(results)} finished episode(s)", flush=True)
+            print(report_run(cfg, results, skipped)[1], flush=True)
+    return report_run(cfg, results, skipped)
+
+
+def report_run(cfg: RunConfig, results: list[EpisodeResult], skipped: dict[str, str]) -> tuple[int, str]:
+    """Write report.html and print the unavailability per kind; returns (exit code, RESULT line)."""
     html = cfg.out_dir / "report.html"
     html.write_text(report.render(cfg, results, skipped))
     print(f"report: {html}", flush=True)
