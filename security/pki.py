@@ -99,10 +99,14 @@ def _previous_ca(bundle: Path, now: dt.datetime) -> bytes:
     """What a rollover keeps of the old bundle: the CA that signed until now (its first certificate), unless
     it expired. Only that one: every older CA leaves the bundle, so a retired CA stops being trusted at
     the next rollover (before, each rollover appended, and every CA ever used stayed trusted)."""
+    if not bundle.exists():  # a new CA (a certs dir without one, or `electra up` starting afresh)
+        return b""
     try:
         certs = x509.load_pem_x509_certificates(bundle.read_bytes())
-    except (OSError, ValueError):
-        return b""
+    except (OSError, ValueError) as exc:  # dropped, it would leave every node certificate it signed untrusted
+        raise ValueError(f"{bundle} cannot be read as a CA bundle ({str(exc).splitlines()[0] if str(exc) else exc!r}):"
+                         " a rollover keeps the CA in it trusted, so repair it first (or remove it to start over "
+                         "with a CA that nothing trusted before)") from None
     return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certs[:1] if c.not_valid_after_utc > now)
 
 

@@ -191,6 +191,25 @@ def test_cert_rollover_keeps_one_previous_ca_and_the_cluster_id(tmp_path, capsys
     assert "cluster id 'bad id!' cannot be named in a certificate: 1-128 characters" in capsys.readouterr().err
 
 
+
+def test_a_cert_rollover_over_an_unreadable_bundle_is_refused(tmp_path, capsys):
+    """QA: `create-ca --overwrite` over a damaged ca.crt dropped the CA in it without a word: the new bundle
+    trusted no node certificate signed so far (every TLS connection refused after distributing it)."""
+    from electra.cli import main
+
+    d = tmp_path / "certs"
+    assert main(["cert", "create-ca", "--certs-dir", str(d)]) == 0
+    key = (d / "ca.key").read_bytes()
+    (d / "ca.crt").write_text("junk\n")
+    capsys.readouterr()
+    assert main(["cert", "create-ca", "--certs-dir", str(d), "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {d / 'ca.crt'} cannot be read as a CA bundle (") and err.count("\n") == 1
+    assert (d / "ca.key").read_bytes() == key and (d / "ca.crt").read_text() == "junk\n"  # nothing replaced
+    (d / "ca.crt").unlink()  # removed on purpose: a new CA, trusted alone
+    assert main(["cert", "create-ca", "--certs-dir", str(d), "--overwrite"]) == 0
+    assert (d / "ca.crt").read_text().count("BEGIN CERTIFICATE") == 1
+
 def test_cert_files_are_never_writable_by_others_whatever_the_umask(tmp_path):
     import os
     import stat
