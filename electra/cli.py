@@ -1305,11 +1305,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"electra {args.cmd}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
+            return 128 + signal.SIGPIPE  # `electra history ... | head`: the reader had what it wanted, as `cat` ends
         message = explain_error(exc)
         if message is None:
             raise  # a bug: keep the traceback
         print(f"error: {message}", file=sys.stderr)
         return 1
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it; if so, stdout is pointed at /dev/null, so the
+    interpreter's flush at exit does not fail on it again ("Exception ignored ... BrokenPipeError")."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        gone = any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no real stdout (captured, closed)
+        return False
+    if gone:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    return gone
 
 
 def explain_error(exc: BaseException) -> str | None:

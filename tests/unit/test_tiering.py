@@ -306,6 +306,25 @@ def test_history_cli_reads_the_tables(tmp_path, capsys):
             main(["history", "--tier-uri", uri, "--at", "now", "--events-from", "0", "--after", bad])
 
 
+
+def test_history_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path, monkeypatch, capsys):
+    """QA: `electra history ... | head` ended with "error: BrokenPipeError: [Errno 32] Broken pipe" and exit 1,
+    as if the tier had failed; the reader had what it wanted: exit 141 (SIGPIPE's), as `cat` does, and no error."""
+    from electra.cli import main
+
+    uri = str(tmp_path / "tier")
+    store = TierStore(uri)
+    store.ensure()
+    entries, states, ts, _ = _replay(_workload(40))
+    _upload(store, entries, states, [40], snapshot_at={40}, ts=ts)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before a byte is written
+    with open(write_end, "w", buffering=1) as pipe:  # line by line, as to a terminal or a pipe that fills
+        monkeypatch.setattr(sys, "stdout", pipe)
+        assert main(["history", "--tier-uri", uri, "--at", "now"]) == 141
+        monkeypatch.undo()
+    assert capsys.readouterr().err == ""
+
 def test_history_cli_says_what_it_cannot_read(tmp_path, capsys):
     """A damaged table (or an object store that cannot be reached) is one line and exit 1, not a traceback."""
     from electra.cli import main
