@@ -100,6 +100,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     if args.pipeline:
         return _cmd_pipeline(args)
     kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
+    if not kinds:
+        refuse(f"--faults {args.faults!r} names no fault kind; known: {', '.join(KINDS)}")
     for k in kinds:
         try:
             parse_kind(k)
@@ -130,6 +132,8 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
 
     faults = DEFAULT_FAULTS if args.faults == DEFAULT_KINDS else args.faults
     kinds = [k.strip() for k in faults.split(",") if k.strip()]
+    if not kinds:
+        refuse(f"--faults {faults!r} names no fault kind (docs/chaos.md has the pipeline's)")
     for k in kinds:
         try:
             parse_entry(k)

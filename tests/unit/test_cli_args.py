@@ -103,6 +103,9 @@ def test_a_count_list_is_sorted_without_repeats():
     (["--faults", "kill,bogus"], "unknown fault kind 'bogus'"),
     (["--faults", "kill:nobody"], "fault 'kill' has no mode 'nobody'"),
     (["--pipeline", "--faults", "spark-kill,bogus2"], "known with --pipeline: kafka-restart, spark-kill"),
+    # QA: a list naming no kind ran into "no fault kind can be injected here", exit 1, as if the machine lacked them
+    (["--faults", ","], "error: --faults ',' names no fault kind; known: kill, pause"),
+    (["--pipeline", "--faults", " , "], "error: --faults ' , ' names no fault kind"),
 ])
 def test_chaos_refuses_an_unknown_fault_before_starting_anything(argv, match, capsys):
     args = build_parser().parse_args(["chaos", *argv])
