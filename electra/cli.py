@@ -1009,36 +1009,47 @@ def cmd_sim(args: argparse.Namespace) -> int:
     runs = (((w, args.seed) for w in workloads) if replay else
             ((workloads[k % len(workloads)], args.start + k) for k in range(args.seeds)))
     t0 = shown = time.monotonic()
-    violations = k = 0
-    for k, (workload, seed) in enumerate(runs, 1):
+    violations = k = caught = 0
+    interrupted, elapsed = False, None
+    with terminate_as_interrupt():  # SIGTERM stops it as Ctrl-C does: the seeds that ran are still reported
         try:
-            result = run_seed(seed, config(workload))
-            if replay:
-                print(f"seed {seed} ({workload}) passed: {result}")
-        except SimulationFailure as exc:
-            violations += 1
-            print(f"FAIL ({workload}) {exc.reason}" if not replay else f"FAIL ({workload}) {exc}", flush=True)
-            if replay:
-                print("--- full trace ---\n" + "\n".join(exc.trace))
-            else:
-                print(f"replay with: electra sim --seed {seed} --workload {workload} --nodes {args.nodes} "
-                      f"--duration-ms {args.duration_ms} --settle-ms {args.settle_ms} --mutations none")
-            if not args.keep_going:
-                break
-        if not replay and (k % max(1, total // 10) == 0 or k == total or time.monotonic() - shown >= 30):
-            shown = time.monotonic()  # each tenth of the run, and at least every 30 s
-            print(f"  {k}/{total} seeds, {violations} failed, {shown - t0:.1f}s", flush=True)
-    elapsed = time.monotonic() - t0
-    caught = 0
-    for name in muts:
-        exc = hunt_mutation(name)
-        if exc is not None:
-            caught += 1
-            print(f"mutation {name}: caught by seed {exc.seed}: {exc.reason}")
-        else:
-            print(f"mutation {name}: NOT caught")
+            for workload, seed in runs:
+                try:
+                    result = run_seed(seed, config(workload))
+                    if replay:
+                        print(f"seed {seed} ({workload}) passed: {result}")
+                except SimulationFailure as exc:
+                    violations += 1
+                    print(f"FAIL ({workload}) {exc.reason}" if not replay else f"FAIL ({workload}) {exc}", flush=True)
+                    if replay:
+                        print("--- full trace ---\n" + "\n".join(exc.trace))
+                    else:
+                        print(f"replay with: electra sim --seed {seed} --workload {workload} --nodes {args.nodes} "
+                              f"--duration-ms {args.duration_ms} --settle-ms {args.settle_ms} --mutations none")
+                    if not args.keep_going:
+                        k += 1
+                        break
+                k += 1  # seeds that ran to the end
+                if not replay and (k % max(1, total // 10) == 0 or k == total or time.monotonic() - shown >= 30):
+                    shown = time.monotonic()  # each tenth of the run, and at least every 30 s
+                    print(f"  {k}/{total} seeds, {violations} failed, {shown - t0:.1f}s", flush=True)
+            elapsed = time.monotonic() - t0
+            for name in muts:
+                exc = hunt_mutation(name)
+                if exc is not None:
+                    caught += 1
+                    print(f"mutation {name}: caught by seed {exc.seed}: {exc.reason}")
+                else:
+                    print(f"mutation {name}: NOT caught")
+        except KeyboardInterrupt:
+            interrupted = True
+            elapsed = time.monotonic() - t0 if elapsed is None else elapsed
+            print(f"interrupted: reporting the {k} seed(s) that ran", flush=True)
     print(f"RESULT seeds={k} workloads={','.join(workloads)} runtime=node violations={violations} "
           f"seeds_per_s={k / max(elapsed, 1e-9):.1f} mutations_caught={caught}/{len(muts)}")
+    if interrupted:
+        print("electra sim: interrupted", file=sys.stderr)
+        return 130
     return 1 if violations or caught < len(muts) else 0
 
 

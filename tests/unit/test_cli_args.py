@@ -594,3 +594,42 @@ def test_chaos_node_level_run_keeps_its_defaults_for_options_now_left_unset(monk
     assert main(["chaos", "--faults", "kill", "--out", str(tmp_path)]) == 0
     assert main(["chaos", "--faults", "kill", "--out", str(tmp_path), "--sets", "5", "--fsync-delay-ms", "7"]) == 0
     assert [(c.sets, c.fsync_delay_ms) for c in seen] == [(3, 0), (5, 7)]
+
+
+class _Terminated(Exception):
+    pass
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupted_sim_reports_the_seeds_that_ran(how, monkeypatch, capsys):
+    """QA: Ctrl-C in `electra sim --seeds 100000` printed no RESULT for the seeds that had run, and SIGTERM
+    ended it on the spot (exit -15, not a word), where `electra chaos` and the benchmarks stop as on Ctrl-C."""
+    import os
+    import signal
+
+    from electra.cli import main
+    from electra.consensus import simulation
+
+    ran = []
+
+    def run_seed(seed, cfg):
+        if len(ran) == 3:
+            if how == "ctrl-c":
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler interrupts here, in the main thread
+        ran.append(seed)
+        return "ok"
+
+    def terminated(*_):  # stands in for the default action (death) if the command installs no handler of its own
+        raise _Terminated
+
+    monkeypatch.setattr(simulation, "run_seed", run_seed)
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        assert main(["sim", "--seeds", "10", "--mutations", "none"]) == 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    out, err = capsys.readouterr()
+    assert "interrupted: reporting the 3 seed(s) that ran" in out
+    assert "RESULT seeds=3 workloads=kv,controller runtime=node violations=0 " in out
+    assert err == "electra sim: interrupted\n"
