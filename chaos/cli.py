@@ -7,6 +7,7 @@ import asyncio
 import time
 from pathlib import Path
 
+from electra.api.http_limits import DEFAULT_LIMITS
 from electra.cli_args import make_dir, refuse
 from electra.interrupts import terminate_as_interrupt
 
@@ -14,6 +15,7 @@ from .nemesis import KINDS, parse_kind
 
 DEFAULT_KINDS = "kill,pause,partition,delay,loss,clock,clock-rate,disk-full,torn-tail,slow-disk,power-loss"
 LONG_EPISODES = 1000
+MAX_SETS = DEFAULT_LIMITS.max_watchers  # one watcher per set, all of them possibly on one node
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,8 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"comma-separated fault kinds, one per episode in turn, each optionally KIND:MODE "
                         f"(kill:leader, partition:one-way, ...; known kinds: {', '.join(KINDS)})")
     c.add_argument("--mixed", action="store_true", help="up to three overlapping fault kinds per episode")
-    c.add_argument("--sets", type=int, minimum=1,
-                   help="broker sets per episode (independent keys; default 3)")
+    c.add_argument("--sets", type=int, minimum=1, maximum=MAX_SETS,
+                   help=f"broker sets per episode (independent keys; default 3, at most {MAX_SETS}: each set has its "
+                        f"SSE watcher, and a node serves at most {MAX_SETS} watchers)")
     c.add_argument("--tick-ms", type=int, minimum=1, maximum=60_000, default=100,
                    help="Raft tick of the nodes (default 100 as electra up; election timeout 10-13 ticks)")
     c.add_argument("--out", default=".electra/chaos",

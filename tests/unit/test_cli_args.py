@@ -633,3 +633,15 @@ def test_an_interrupted_sim_reports_the_seeds_that_ran(how, monkeypatch, capsys)
     assert "interrupted: reporting the 3 seed(s) that ran" in out
     assert "RESULT seeds=3 workloads=kv,controller runtime=node violations=0 " in out
     assert err == "electra sim: interrupted\n"
+
+
+def test_chaos_takes_no_more_sets_than_a_node_serves_watchers(capsys):
+    """QA: any --sets was taken: `--sets 1000000000` started the cluster, then built a billion set names (and
+    would have run four tasks and an SSE watcher each) until the kernel killed it for memory."""
+    from electra.api.http_limits import DEFAULT_LIMITS
+
+    assert build_parser().parse_args(["chaos", "--sets", str(DEFAULT_LIMITS.max_watchers)]).sets == 200
+    with pytest.raises(SystemExit) as exit_:  # refused by the parser: nothing started
+        build_parser().parse_args(["chaos", "--sets", "1000000000"])
+    assert exit_.value.code == 2
+    assert "argument --sets: must be at most 200, got 1000000000" in capsys.readouterr().err
