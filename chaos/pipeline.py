@@ -55,6 +55,7 @@ from .cluster import ChaosCluster
 from .history import HistoryLog
 from .nemesis import KINDS, Fault, Nemesis, parse_kind, schedule
 from .runner import (
+    LEADER_WAIT_S,
     EpisodeResult,
     RunConfig,
     _credentials,
@@ -62,6 +63,7 @@ from .runner import (
     _leader,
     _wait_caught_up,
     _wait_leader,
+    no_leader,
     stop_workload,
     summary_line,
 )
@@ -389,8 +391,8 @@ async def run(cfg: PipelineConfig) -> tuple[int, str]:
         probe = Workload(list(cluster.endpoints.values()), {r: _credentials(cluster, r) for r in ("broker", "admin")},
                          HistoryLog(), [], 0)
         try:
-            if await _wait_leader(probe, cluster, 30.0) is None:
-                raise RuntimeError("the controller group elected no leader:\n" + cluster.log_tail("node1"))
+            if await _wait_leader(probe, cluster, LEADER_WAIT_S) is None:
+                raise no_leader(cluster)
         finally:
             await probe.close()
         fleet = BrokerFleet(list(cluster.endpoints.values()), cfg.broker_sets, 3, cluster="pipe", heartbeat_s=1.0,

@@ -26,6 +26,7 @@ from .history import HistoryLog
 from .nemesis import Fault, Nemesis, parse_kind, schedule, supported
 from .workload import Workload
 
+LEADER_WAIT_S = 30.0  # for the started cluster's first leader
 FINAL_READ_S = 20.0  # to read every set's final state from a leader after the episode
 LONG_FAULT_S = (1.0, 6.0)  # --long: how long each fault lasts (seconds, drawn per fault)
 
@@ -237,6 +238,14 @@ async def run_episode(cfg: RunConfig, cluster: ChaosCluster, n: int, kinds: list
     return EpisodeResult(n, faults, findings, ops, path, log, heal_at)
 
 
+def no_leader(cluster: ChaosCluster) -> SystemExit:
+    """The run cannot start (nodes that cannot start or elect: a starved machine, a --fsync-delay-ms longer than
+    an election, ...): one line, exit 1, the last words of node 1's log and where the logs are; no traceback."""
+    last = cluster.log_tail("node1", lines=1).strip()
+    return SystemExit(f"error: the controller group elected no leader within {LEADER_WAIT_S:.0f}s "
+                      f"(logs in {cluster.logs}{'; node 1 last logged: ' + last[:300] if last else ''})")
+
+
 def summary_line(cfg: RunConfig, r: EpisodeResult) -> str:
     f = r.findings
     unav = max((s for _, s in f.unavailable), default=0.0)
@@ -290,8 +299,8 @@ async def run(cfg: RunConfig) -> tuple[int, str]:
         probe = Workload(list(cluster.endpoints.values()), {r: _credentials(cluster, r) for r in ("broker", "admin")},
                          HistoryLog(), [], 0)
         try:
-            if await _wait_leader(probe, cluster, 30.0) is None:
-                raise RuntimeError("the controller group elected no leader:\n" + cluster.log_tail("node1"))
+            if await _wait_leader(probe, cluster, LEADER_WAIT_S) is None:
+                raise no_leader(cluster)
         finally:
             await probe.close()
         started = time.monotonic()

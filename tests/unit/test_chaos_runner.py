@@ -107,3 +107,29 @@ def test_an_interrupted_run_reports_its_finished_episodes(monkeypatch, tmp_path,
     assert (tmp_path / "report.html").exists()
     assert "interrupted: reporting the 2 finished episode(s)" in out
     assert "RESULT episodes=2 fault_kinds=1 faults=2 ops=200 " in out
+
+
+def test_a_cluster_that_elects_no_leader_ends_the_run_with_one_line(monkeypatch, tmp_path):
+    # QA: `electra chaos --fsync-delay-ms 100000` (every vote waits 100 s for its fsync) ended after 30 s with a
+    # RuntimeError traceback and node 1's (empty) log tail.
+    cluster = FakeCluster()
+    cluster.logs = tmp_path / "logs"
+    cluster.logs.mkdir()
+    (cluster.logs / "node1.log").write_text("starting\nnode 1 starting: term=0\n")
+    cluster.log_tail = lambda name, lines=30: "\n".join(
+        (cluster.logs / f"{name}.log").read_text().splitlines()[-lines:])
+    monkeypatch.setattr(runner, "ChaosCluster", lambda *a, **k: cluster)
+    monkeypatch.setattr(runner, "Workload", FakeWorkload)
+
+    async def no_leader(*args) -> None:
+        return None
+
+    monkeypatch.setattr(runner, "_wait_leader", no_leader)
+    try:
+        asyncio.run(runner.run(runner.RunConfig(out_dir=tmp_path, kinds=["kill"])))
+    except SystemExit as exc:
+        assert exc.code == (f"error: the controller group elected no leader within 30s (logs in {cluster.logs}; "
+                            "node 1 last logged: node 1 starting: term=0)")
+    else:
+        raise AssertionError("the run went on without a leader")
+    assert cluster.closed
