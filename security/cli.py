@@ -20,6 +20,10 @@ def cmd_cert(args: argparse.Namespace) -> int:
         print("error: --name must not be empty (the audit log and revocation name the holder by it)", file=sys.stderr)
         return 2
     d = Path(args.certs_dir)
+    for option, path in (("--certs-dir", args.certs_dir), ("--out-dir", getattr(args, "out_dir", None))):
+        if path and Path(path).exists() and not Path(path).is_dir():  # not "[Errno 17] File exists" from mkdir
+            print(f"error: {option} {path} is a file, not a directory", file=sys.stderr)
+            return 2
     try:
         if args.action == "create-ca":
             cid = create_ca(d, cluster_id=args.cluster_id, days=args.days, overwrite=args.overwrite)

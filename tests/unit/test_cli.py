@@ -210,6 +210,21 @@ def test_a_cert_rollover_over_an_unreadable_bundle_is_refused(tmp_path, capsys):
     assert main(["cert", "create-ca", "--certs-dir", str(d), "--overwrite"]) == 0
     assert (d / "ca.crt").read_text().count("BEGIN CERTIFICATE") == 1
 
+
+def test_cert_names_a_file_given_for_a_directory(tmp_path, capsys):
+    """QA: `create-ca --certs-dir FILE` and `create-node --out-dir FILE` said "error: [Errno 17] File exists"."""
+    from electra.cli import main
+
+    d, f = tmp_path / "certs", tmp_path / "afile"
+    f.write_text("x")
+    assert main(["cert", "create-ca", "--certs-dir", str(d)]) == 0
+    capsys.readouterr()
+    assert main(["cert", "create-ca", "--certs-dir", str(f)]) == 2
+    assert capsys.readouterr().err == f"error: --certs-dir {f} is a file, not a directory\n"
+    assert main(["cert", "create-node", "--certs-dir", str(d), "--id", "1", "--out-dir", str(f)]) == 2
+    assert capsys.readouterr().err == f"error: --out-dir {f} is a file, not a directory\n"
+    assert f.read_text() == "x" and not (d / "node-1.key").exists()
+
 def test_cert_files_are_never_writable_by_others_whatever_the_umask(tmp_path):
     import os
     import stat
