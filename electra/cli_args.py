@@ -93,6 +93,8 @@ def topic_prefix(text: str) -> str:
 def make_dir(path: str | Path, option: str) -> Path:
     """Create the directory an option names (parents too) before anything starts, or refuse with the reason
     (a file in the way, no permission) instead of a traceback after the work began."""
+    if Path(path).exists() and not Path(path).is_dir():  # mkdir would say only "File exists"
+        refuse(f"{option} {path} is a file, not a directory")
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -645,3 +645,15 @@ def test_chaos_takes_no_more_sets_than_a_node_serves_watchers(capsys):
         build_parser().parse_args(["chaos", "--sets", "1000000000"])
     assert exit_.value.code == 2
     assert "argument --sets: must be at most 200, got 1000000000" in capsys.readouterr().err
+
+
+def test_a_file_given_for_an_output_directory_is_named_as_such(tmp_path, capsys):
+    """QA: `electra chaos --out FILE` said "cannot create the directory (File exists)"."""
+    from electra.cli_args import make_dir
+
+    f = tmp_path / "afile"
+    f.write_text("x")
+    with pytest.raises(SystemExit) as exit_:
+        make_dir(f, "--out")
+    assert exit_.value.code == 2 and capsys.readouterr().err == f"error: --out {f} is a file, not a directory\n"
+    assert make_dir(tmp_path / "a" / "b", "--out").is_dir()
