@@ -577,7 +577,7 @@ def _read_ids(path: Path) -> dict[str, int]:
 
 
 COMMANDS = ("kill SET ID | hang SET ID | revive SET ID | kill-master SET | hang-master SET | list [SET] | status "
-            "| quit")
+            "| help | quit")
 _USAGE = {"kill": "kill SET ID", "hang": "hang SET ID", "revive": "revive SET ID", "kill-master": "kill-master SET",
           "hang-master": "hang-master SET", "list": "list [SET]"}
 
@@ -620,6 +620,9 @@ def _carry_out(fleet: BrokerFleet, parts: list[str]) -> str:
     verb = parts[0]
     if verb in ("kill", "hang"):
         name, bid = _broker_arg(fleet, parts)
+        b = fleet._find(name, bid)
+        if not b.alive or (verb == "hang" and b.hung):  # a second kill or hang changed nothing, yet said it did
+            return f"broker {bid} of {name} is {'killed' if not b.alive else 'hung'} already (`revive {name} {bid}`)"
         b = (fleet.kill if verb == "kill" else fleet.hang)(name, bid)
         fleet.watch_failover(name)
         return f"{'killed' if verb == 'kill' else 'hung'} {b.addr}"
@@ -639,6 +642,8 @@ def _carry_out(fleet: BrokerFleet, parts: list[str]) -> str:
         return f"{'killed' if verb == 'kill-master' else 'hung'} master {m.broker_id} of {name}"
     if verb == "list":
         return _listing(fleet, parts)
+    if verb == "help":
+        return f"commands: {COMMANDS}"
     if verb == "status":
         masters = sum(1 for n in fleet.by_set if fleet.master_of(n))
         return f"sets with a live master: {masters}/{len(fleet.by_set)}; {fleet.stats}"
@@ -702,7 +707,10 @@ async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, dur
                 quit_asked = True
                 break
             if not registered:
-                if parts[0] == "status":
+                if parts[0] == "help":
+                    print(f"commands: {COMMANDS} (all but status and quit wait for the fleet to register)",
+                          flush=True)
+                elif parts[0] == "status":
                     print(f"registering: {fleet.registered_sets}/{groups} sets; requests {fleet.stats['requests']}, "
                           f"failed {fleet.stats['errors']}"
                           + (f", the last with: {fleet.last_error}" if fleet.last_error else ""), flush=True)

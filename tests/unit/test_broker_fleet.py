@@ -219,3 +219,44 @@ def test_ctrl_c_stops_the_simulator_while_stdin_is_idle():
         if sim.poll() is None:
             sim.kill()
             sim.wait()
+
+
+def test_help_lists_the_commands_and_a_second_kill_or_hang_says_it_changed_nothing(capsys):
+    """Probe: `help` (the word an operator tries first) was an 'unknown command', and `kill SET ID` of a broker
+    already killed (or `hang` of one already hung) answered `killed ...`/`hung ...` again as if it had acted."""
+    from electra.broker_simulator import COMMANDS, _command
+
+    async def main():
+        fleet = _registered_fleet()
+        try:
+            for line in ("help", "kill sim-set-0 2", "kill sim-set-0 2", "hang sim-set-0 2", "hang sim-set-1 3",
+                         "hang sim-set-1 3", "kill sim-set-1 3"):
+                assert _command(fleet, line) is False
+            assert capsys.readouterr().out.splitlines() == [
+                f"commands: {COMMANDS}", "killed 10.0.0.2:10911",
+                "broker 2 of sim-set-0 is killed already (`revive sim-set-0 2`)",
+                "broker 2 of sim-set-0 is killed already (`revive sim-set-0 2`)",
+                "hung 10.0.1.3:10911", "broker 3 of sim-set-1 is hung already (`revive sim-set-1 3`)",
+                "killed 10.0.1.3:10911"]  # a hung broker may still be killed
+            assert "| help |" in COMMANDS
+        finally:
+            await fleet.stop()
+
+    run(main())
+
+
+def test_help_answers_while_the_fleet_registers(capsys):
+    """Probe: `help` before registration was queued and then called an unknown command."""
+    import time
+
+    from electra.broker_simulator import COMMANDS, run_simulator
+
+    async def script(lines):
+        for line in lines:
+            yield line
+        await asyncio.sleep(3600)
+
+    t0 = time.monotonic()
+    stats = run(run_simulator(["127.0.0.1:1"], 1, 3, duration_s=60, commands=script(["help\n", "quit\n"])))
+    assert stats["quit"] and time.monotonic() - t0 < 10
+    assert capsys.readouterr().out.startswith(f"commands: {COMMANDS} (all but status and quit wait")
