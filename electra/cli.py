@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from electra.api.ports import port_taken
@@ -517,6 +517,15 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- electra up
+def status_env_line(endpoints: Iterable[str], creds=None) -> str:
+    """The `export` line that points `electra status`/`admin` at this stack: its endpoints (else they default to
+    127.0.0.1:7301-7303, another stack or none when `up` ran with --http-port) and, when secure, CA and token."""
+    line = f"export ELECTRA_ENDPOINTS={','.join(endpoints)}"
+    if creds is not None:
+        line += f" ELECTRA_CA_FILE={creds.ca_file} ELECTRA_TOKEN_FILE={creds.token_file('admin')}"
+    return line
+
+
 def dashboard_hint(endpoint: str, creds) -> str:
     """The dashboard URL of a secure local stack, signed in by the observer token in its fragment (which the
     browser never sends: the page exchanges it for a read-only cookie), and how to trust the local CA."""
@@ -677,11 +686,11 @@ def _run_stack(stack, cfg, args: argparse.Namespace) -> int:
         if stack.creds is not None:
             print(f"secure: mutual TLS between nodes, HTTPS, tokens (cluster id {stack.creds.cluster_id}); "
                   f"CA, certificates and role tokens in {stack.creds.certs_dir}. For `electra status/admin`:\n"
-                  f"  export ELECTRA_CA_FILE={stack.creds.ca_file} "
-                  f"ELECTRA_TOKEN_FILE={stack.creds.token_file('admin')}")
+                  f"  {status_env_line(stack.endpoints.values(), stack.creds)}")
             print(dashboard_hint(next(iter(stack.endpoints.values())), stack.creds), flush=True)
         else:
             print(INSECURE_BANNER, flush=True)
+            print(f"for `electra status/admin`: {status_env_line(stack.endpoints.values())}", flush=True)
         leader = asyncio.run(_wait_for_http_leader(list(stack.endpoints.values()), timeout=30,
                                                    credentials=stack.creds.credentials("admin")
                                                    if stack.creds else None, exited=stack.exited))

@@ -260,3 +260,4 @@ def test_help_answers_while_the_fleet_registers(capsys):
     stats = run(run_simulator(["127.0.0.1:1"], 1, 3, duration_s=60, commands=script(["help\n", "quit\n"])))
     assert stats["quit"] and time.monotonic() - t0 < 10
     assert capsys.readouterr().out.startswith(f"commands: {COMMANDS} (all but status and quit wait")
+

@@ -320,3 +320,18 @@ def test_settings_a_node_would_ignore_are_refused(monkeypatch, capsys):
                                    monkeypatch), "^error: --tier-uri, --front-ends: only a controller node takes these")
     assert _node([*base, "--state-machine", "kv"], monkeypatch).state_machine == "kv"
     assert _node([*base, "--tier-uri", "/t", "--tier-options", "a=b"], monkeypatch).tier_options == {"a": "b"}
+
+
+def test_up_tells_status_and_admin_its_endpoints(tmp_path):
+    """Probe: `electra up --http-port 27301` printed only `export ELECTRA_CA_FILE=... ELECTRA_TOKEN_FILE=...`, so
+    `electra status` then asked 127.0.0.1:7301-7303 (nothing there, or another stack) and every row said
+    'unreachable'."""
+    from types import SimpleNamespace
+
+    from electra.cli import status_env_line
+
+    creds = SimpleNamespace(ca_file=tmp_path / "ca.crt", token_file=lambda role: tmp_path / f"{role}.token")
+    assert status_env_line(["127.0.0.1:27301", "127.0.0.1:27302"], creds) == (
+        f"export ELECTRA_ENDPOINTS=127.0.0.1:27301,127.0.0.1:27302 ELECTRA_CA_FILE={tmp_path}/ca.crt "
+        f"ELECTRA_TOKEN_FILE={tmp_path}/admin.token")
+    assert status_env_line(["127.0.0.1:7301"]) == "export ELECTRA_ENDPOINTS=127.0.0.1:7301"
