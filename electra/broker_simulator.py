@@ -690,8 +690,9 @@ async def run_simulator(endpoints: list[str], groups: int, replicas: int, *, dur
                 if item.exception() is not None:
                     raise item.exception()
                 registered = True
-                print(f"{groups} broker sets x {replicas} replicas registered in {time.monotonic() - t0:.1f}s; "
-                      f"commands: {COMMANDS}", flush=True)
+                # With no stdin (`--no-stdin`, `electra up --demo` off a terminal) there are no commands to list.
+                print(f"{groups} broker sets x {replicas} replicas registered in {time.monotonic() - t0:.1f}s"
+                      + (f"; commands: {COMMANDS}" if commands is not None else ""), flush=True)
                 lines, waiting = waiting, []
                 if any(_command(fleet, line) for line in lines):
                     quit_asked = True

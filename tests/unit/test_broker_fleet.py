@@ -261,3 +261,17 @@ def test_help_answers_while_the_fleet_registers(capsys):
     assert stats["quit"] and time.monotonic() - t0 < 10
     assert capsys.readouterr().out.startswith(f"commands: {COMMANDS} (all but status and quit wait")
 
+
+
+def test_a_fleet_without_stdin_does_not_offer_commands(capsys, monkeypatch):
+    """Probe: `electra up --demo` off a terminal said 'demo commands are off', and the next line, the fleet's, listed
+    the commands to type."""
+    from electra.broker_simulator import BrokerFleet, run_simulator
+
+    async def registered(self, progress=False):
+        return None
+
+    monkeypatch.setattr(BrokerFleet, "start", registered)
+    run(run_simulator(["127.0.0.1:1"], 1, 3, duration_s=0.5, commands=None))
+    out = capsys.readouterr().out
+    assert "broker sets x 3 replicas registered in" in out and "commands:" not in out, out
