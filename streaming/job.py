@@ -367,6 +367,9 @@ def run_job(cfg: JobConfig, stop: threading.Event | None = None) -> int:
     query = None
     code = 0
     try:
+        if stop.is_set():  # a SIGTERM while Spark started: do not build the source and the query (10 s and more)
+            log.info("stopped before the query started")
+            return code
         query = build_query(spark, cfg, sink)
         log.info("query started: id=%s run=%s", query.id, query.runId)
         while not stop.is_set():

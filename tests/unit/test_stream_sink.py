@@ -190,3 +190,40 @@ def test_a_worker_without_the_drivers_credential_leaves_proposals_to_the_sink(cl
     rows = _decide_a_proposal(OperatorProposer([leader.address], driver_has=(True, True)))
     [(_, _, payload)] = [r for r in rows if r[0] == "proposal"]
     assert SENT_FIELD not in json.loads(payload) and leader.posts == []
+
+
+def test_a_job_stopped_while_spark_starts_does_not_build_its_query(monkeypatch):
+    """Probe: SIGTERM to `electra up` while the job's Spark started took 16-19 s: the job went on to set up its
+    Kafka source and start the query (10 s and more on this machine) before it looked at its stop flag."""
+    import threading
+
+    from electra.streaming import job
+
+    stop = threading.Event()
+    calls: list[str] = []
+
+    class FakeSpark:
+        version = "test"
+        sparkContext = type("Ctx", (), {"master": "local[1]"})()
+
+        def stop(self):
+            calls.append("spark.stop")
+
+    def build_spark(_cfg):
+        stop.set()  # the signal arrives while the JVM starts
+        return FakeSpark()
+
+    class FakeSink:
+        def __init__(self, _cfg):
+            pass
+
+        def close(self):
+            calls.append("sink.close")
+
+    monkeypatch.setattr(job, "build_spark", build_spark)
+    monkeypatch.setattr(job, "BatchSink", FakeSink)
+    monkeypatch.setattr(job, "ProgressLog", lambda *a: None)
+    monkeypatch.setattr(job, "build_query", lambda *a: calls.append("build_query"))
+    cfg = JobConfig(bootstrap="127.0.0.1:1", controllers=["127.0.0.1:1"], checkpoint="/nonexistent")
+    assert job.run_job(cfg, stop) == 0
+    assert calls == ["sink.close", "spark.stop"], calls
